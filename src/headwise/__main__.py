@@ -1,0 +1,3 @@
+from headwise.cli import main
+
+main()

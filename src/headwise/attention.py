@@ -1,0 +1,257 @@
+"""``MultiHeadAttention``: a thin holder of the four projections around :mod:`headwise.functional`.
+
+Shape legend: B batch, L query length, S key length (cached ones included), D model width,
+H query heads, Hkv key/value heads, Dh head width.
+
+Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True where a query **may not**
+attend; a float mask is added to the scores. A query row with every key masked gets zero weights and a
+zero attention output (before ``Wo``) — never NaN, in forward and backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from headwise import functional, masks
+from headwise.cache import KVCache
+from headwise.positional.base import PositionalPart
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, Vaswani et al. 2017 §3.2.2, batch-first, with GQA/MQA, RoPE, ALiBi and a KV cache.
+
+    ``Wq``, ``Wk``, ``Wv``, ``Wo`` are separate ``nn.Linear`` layers, as in the first article's
+    from-scratch module (66,048 parameters at ``d_model=128, num_heads=4``).
+
+    Args:
+        d_model: D, the width of queries and of the output.
+        num_heads: H, query heads.
+        num_kv_heads: Hkv (default H); must divide H. Key/value head g serves query heads
+            ``g·H/Hkv … (g+1)·H/Hkv − 1`` (grouped-query attention, Ainslie et al. 2023; 1 = multi-query,
+            Shazeer 2019), as Hugging Face Llama's ``repeat_kv``.
+        head_dim: Dh (default ``D // H``); real configs allow ``H·Dh ≠ D``.
+        bias: biases on all four projections.
+        dropout: dropout probability on the attention weights while training, in [0, 1).
+        kdim, vdim: widths of the key and value inputs (default D), as ``nn.MultiheadAttention``.
+        positional: a part acting inside attention — ``RotaryEmbedding(head_dim)``, ``ALiBi(num_heads)`` — or None.
+        scale: score scale (default ``1 / sqrt(Dh)``).
+        backend: ``"auto"`` (``F.scaled_dot_product_attention`` unless weights are asked for), ``"math"``
+            (the readable softmax path) or ``"sdpa"``.
+    Raises:
+        ValueError / TypeError: sizes that are not positive integers, ``D % H ≠ 0`` without ``head_dim``,
+        ``H % Hkv ≠ 0``, dropout outside [0, 1), an unknown backend, a positional part that does not fit.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        positional: PositionalPart | None = None,
+        scale: float | None = None,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        _positive_int("d_model", d_model)
+        _positive_int("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        _positive_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads: expected a divisor of num_heads={num_heads}, got {num_kv_heads}")
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(
+                    f"num_heads: expected a divisor of d_model={d_model} (or pass head_dim), got {num_heads}"
+                )
+            head_dim = d_model // num_heads
+        _positive_int("head_dim", head_dim)
+        kdim = d_model if kdim is None else kdim
+        vdim = d_model if vdim is None else vdim
+        _positive_int("kdim", kdim)
+        _positive_int("vdim", vdim)
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
+        if backend not in functional.BACKENDS:
+            raise ValueError(f"backend: expected one of {functional.BACKENDS}, got {backend!r}")
+        if positional is not None:
+            if not isinstance(positional, PositionalPart):
+                raise TypeError(
+                    f"positional: expected a PositionalPart (RotaryEmbedding, ALiBi) or None, got {type(positional).__name__}"
+                )
+            positional.check(num_heads=num_heads, head_dim=head_dim)
+
+        self.d_model, self.num_heads, self.num_kv_heads, self.head_dim = (
+            d_model,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
+        self.kdim, self.vdim, self.dropout, self.scale, self.backend = (
+            kdim,
+            vdim,
+            float(dropout),
+            scale,
+            backend,
+        )
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.Wq = nn.Linear(d_model, num_heads * head_dim, **kw)
+        self.Wk = nn.Linear(kdim, num_kv_heads * head_dim, **kw)
+        self.Wv = nn.Linear(vdim, num_kv_heads * head_dim, **kw)
+        self.Wo = nn.Linear(num_heads * head_dim, d_model, **kw)
+        self.positional = positional
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dropout={self.dropout}, backend={self.backend!r}"
+        )
+
+    # -- input checks ------------------------------------------------------------------------------
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, t, width in (
+            ("query", query, self.d_model),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3:
+                raise ValueError(
+                    f"{name}: expected a rank-3 tensor (B, L, {width}), got shape {tuple(t.shape)}"
+                )
+            if t.shape[-1] != width:
+                raise ValueError(f"{name}: expected last dimension {width}, got shape {tuple(t.shape)}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                f"query, key, value: batch sizes differ: {query.shape[0]}, {key.shape[0]}, {value.shape[0]}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key, value: sequence lengths differ: {key.shape[1]} and {value.shape[1]}")
+
+    @staticmethod
+    def _positions(position_ids: Tensor | None, B: int, L: int, offset: int, device) -> Tensor:
+        if position_ids is None:
+            return torch.arange(offset, offset + L, device=device)  # (L,)
+        if (
+            not isinstance(position_ids, Tensor)
+            or position_ids.is_floating_point()
+            or position_ids.dtype == torch.bool
+        ):
+            raise TypeError(f"position_ids: expected an integer tensor, got {position_ids!r:.80}")
+        if tuple(position_ids.shape) not in ((L,), (B, L)):
+            raise ValueError(
+                f"position_ids: expected shape (L,)=({L},) or (B, L)=({B}, {L}), got {tuple(position_ids.shape)}"
+            )
+        return position_ids.to(device)
+
+    # -- forward -----------------------------------------------------------------------------------
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        average_weights: bool = True,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (default: ``query`` itself — self-attention).
+
+        Args:
+            query: ``(B, L, D)``; key: ``(B, S, kdim)``; value: ``(B, S, vdim)`` (defaults to ``key``).
+            attn_mask: bool (True = may not attend) or float (added): ``(L, S)``, ``(B, L, S)`` or ``(B, H, L, S)``,
+                S counting cached keys.
+            key_padding_mask: ``(B, S)``, bool (True = padding) or float (added).
+            is_causal: query slot ``i`` attends key slots ``j ≤ i`` (slots count from the start of the cache);
+                combined with any other mask.
+            need_weights: also return the attention weights (math path).
+            average_weights: weights ``(B, L, S)`` averaged over heads (True) or ``(B, H, L, S)``.
+            position_ids: token positions ``(L,)`` or ``(B, L)`` for RoPE / ALiBi (default: the slots
+                ``cache.length … cache.length + L − 1``).
+            cache: a :class:`KVCache`; the new keys and values are appended to it.
+        Returns:
+            ``(out (B, L, D), weights or None)``.
+        Raises:
+            ValueError / TypeError: wrong rank, width or dtype of an input, differing batch sizes, masks or
+            positions whose shape or dtype does not fit, a full cache.
+        """
+        self_attention = key is None and value is None
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        B, L, _ = query.shape
+        S_new, dh = key.shape[1], self.head_dim
+        offset = 0 if cache is None else cache.length
+
+        q = self.Wq(query).view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
+        k = self.Wk(key).view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+        v = self.Wv(value).view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+
+        q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
+        k_pos = q_pos if self_attention else torch.arange(offset, offset + S_new, device=query.device)
+        if self.positional is not None:
+            q, k = self.positional.rotate_qk(q, k, q_pos, k_pos)
+        if cache is not None:
+            k, v, k_pos = cache.update(k, v, k_pos)  # (B, Hkv, S, Dh), (B, S)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            if position_ids is None:
+                k_pos = k_pos[0]  # (S,): default positions are the same for every item
+        S = k.shape[2]
+        bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
+
+        # Causal: plain top-left causality goes to the kernel as a flag; otherwise it is a mask on slots.
+        only_causal = attn_mask is None and key_padding_mask is None and bias is None
+        kernel_causal = is_causal and only_causal and offset == 0 and L == S
+        causal_slots = None
+        if is_causal and not kernel_causal:
+            causal_slots = (
+                torch.arange(offset, offset + L, device=query.device),
+                torch.arange(S, device=query.device),
+            )
+        blocked, bias = masks.build(
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal_slots=causal_slots,
+            bias=bias,
+            batch=B,
+            heads=q.shape[1],
+            L=L,
+            S=S,
+            dtype=q.dtype,
+        )
+        out, weights = functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            blocked=blocked,
+            bias=bias,
+            is_causal=kernel_causal,
+            scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            backend=self.backend,
+        )  # (B, H, L, Dh), (B, H, L, S)
+        out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D)
+        if weights is not None and average_weights:
+            weights = weights.mean(dim=1)  # (B, L, S)
+        return out, weights

@@ -1,0 +1,120 @@
+"""Masks: the one place where headwise's mask convention is converted.
+
+Convention (as ``torch.nn.MultiheadAttention``): a **boolean** mask is True where a query **may not**
+attend; a **float** mask is added to the scores (``-inf`` blocks). Inside headwise a mask travels as
+two parts, ``blocked`` (bool, True = may not attend) and ``bias`` (float, added), both broadcastable
+to ``(B, H, L, S)``. ``to_sdpa`` converts them to what ``F.scaled_dot_product_attention`` wants (the
+opposite boolean meaning), here and nowhere else.
+
+Shape legend: B batch, H heads, L query length, S key length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_dtype(name: str, mask: Tensor) -> None:
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"{name}: expected a bool or floating-point tensor, got dtype {mask.dtype}")
+
+
+def causal(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Bool ``(..., L, S)``: True where the key slot ``j`` comes after the query slot ``i``."""
+    return k_pos[..., None, :] > q_pos[..., :, None]
+
+
+def split(mask: Tensor | None, name: str) -> tuple[Tensor | None, Tensor | None]:
+    """A user mask as ``(blocked, bias)``: bool masks block, float masks add."""
+    if mask is None:
+        return None, None
+    _check_dtype(name, mask)
+    return (mask, None) if mask.dtype == torch.bool else (None, mask)
+
+
+def build(
+    *,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    causal_slots: tuple[Tensor, Tensor] | None,
+    bias: Tensor | None,
+    batch: int,
+    heads: int,
+    L: int,
+    S: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Combine every mask of one attention call into ``(blocked, bias)``.
+
+    Args:
+        attn_mask: ``(L, S)``, ``(B, L, S)`` or ``(B, H, L, S)``, bool or float.
+        key_padding_mask: ``(B, S)``, bool (True = padding) or float (added).
+        causal_slots: ``(q_slots (L,), k_slots (S,))`` for a causal mask, or None.
+        bias: a positional score bias (ALiBi) broadcastable to ``(B, H, L, S)``, or None.
+        batch, heads, L, S: the call's sizes, for checking shapes.
+        dtype: the scores' dtype, for float masks.
+    Returns:
+        ``blocked`` bool and ``bias`` float tensors of rank 4 (broadcastable to ``(B, H, L, S)``), or None.
+    Raises:
+        ValueError / TypeError: a mask whose shape does not fit or whose dtype is neither bool nor float.
+    """
+    blocked_parts: list[Tensor] = []
+    bias_parts: list[Tensor] = [] if bias is None else [bias]
+    if attn_mask is not None:
+        _check_dtype("attn_mask", attn_mask)
+        shape = tuple(attn_mask.shape)
+        if attn_mask.dim() == 2 and shape == (L, S):
+            m = attn_mask[None, None]  # (1, 1, L, S)
+        elif attn_mask.dim() == 3 and shape == (batch, L, S):
+            m = attn_mask[:, None]  # (B, 1, L, S)
+        elif attn_mask.dim() == 4 and shape == (batch, heads, L, S):
+            m = attn_mask
+        else:
+            raise ValueError(
+                f"attn_mask: expected shape (L, S)=({L}, {S}), (B, L, S)=({batch}, {L}, {S}) or "
+                f"(B, H, L, S)=({batch}, {heads}, {L}, {S}), got {shape}"
+            )
+        (blocked_parts if m.dtype == torch.bool else bias_parts).append(m)
+    if key_padding_mask is not None:
+        _check_dtype("key_padding_mask", key_padding_mask)
+        if tuple(key_padding_mask.shape) != (batch, S):
+            raise ValueError(
+                f"key_padding_mask: expected shape (B, S)=({batch}, {S}), got {tuple(key_padding_mask.shape)}"
+            )
+        m = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+        (blocked_parts if m.dtype == torch.bool else bias_parts).append(m)
+    if causal_slots is not None:
+        blocked_parts.append(causal(*causal_slots)[None, None])  # (1, 1, L, S)
+
+    blocked = None
+    for m in blocked_parts:
+        blocked = m if blocked is None else blocked | m
+    total = None
+    for m in bias_parts:
+        m = m.to(dtype)
+        total = m if total is None else total + m
+    return blocked, total
+
+
+def to_sdpa(blocked: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The ``attn_mask`` of ``F.scaled_dot_product_attention``: bool True = *may* attend, or float added."""
+    if bias is None:
+        return None if blocked is None else ~blocked
+    if blocked is None:
+        return bias.to(dtype)
+    return bias.to(dtype).masked_fill(blocked, float("-inf"))
+
+
+def dead_rows(blocked: Tensor | None, bias: Tensor | None) -> Tensor | None:
+    """Bool ``(..., L, 1)``: True for query rows with every key blocked (or at ``-inf``); None if none can be."""
+    dead = None
+    if blocked is not None and bias is not None:
+        dead = (blocked | torch.isneginf(bias)).all(-1, keepdim=True)
+    elif blocked is not None:
+        dead = blocked.all(-1, keepdim=True)
+    elif bias is not None:
+        dead = torch.isneginf(bias).all(-1, keepdim=True)
+    if dead is not None and not bool(dead.any()):
+        return None
+    return dead

@@ -1,0 +1,163 @@
+"""Scaled dot-product and multi-head attention in NumPy: the answer key.
+
+Shape legend: B batch, L query length, S key length, D model width, H heads, Hkv key/value heads,
+Dh head width. Leading batch dimensions are optional everywhere (``...``).
+
+Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True where a query **may not**
+attend; a float mask is added to the scores (``-inf`` blocks). A query row with every key blocked gets
+all-zero weights and a zero output — never NaN.
+
+Weights follow the ``x @ w`` convention of the second article: ``wq`` has shape ``(D, H·Dh)``, i.e. the
+transpose of a ``torch.nn.Linear`` weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from headwise.reference.positional import alibi_bias, apply_rope, causal_mask
+
+
+def _split_mask(mask):
+    """Return (blocked bool or None, bias float or None) for a user mask."""
+    if mask is None:
+        return None, None
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        return mask, None
+    if np.issubdtype(mask.dtype, np.floating):
+        return None, mask
+    raise TypeError(f"mask: expected a bool or float array, got dtype {mask.dtype}")
+
+
+def softmax(x, axis=-1, mask=None):
+    """Numerically stable softmax (max-subtracted).
+
+    Args:
+        x: scores, any shape.
+        axis: axis to normalise over.
+        mask: optional bool array broadcastable to ``x``; True entries are excluded and get weight 0.
+    Returns:
+        Array of ``x``'s shape; every row sums to 1, or is all 0 when every entry of it is masked
+        (or is ``-inf``).
+    """
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        x = x.astype(np.float64)
+    if mask is not None:
+        x = np.where(np.asarray(mask, dtype=bool), -np.inf, x)
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s == 0, 1.0, s)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    """softmax(q kᵀ · scale + mask) v, Vaswani et al. 2017 eq. (1).
+
+    Args:
+        q: ``(..., L, Dh)``; k: ``(..., S, Dh)``; v: ``(..., S, Dv)``.
+        mask: bool (True = may not attend) or float (added), broadcastable to ``(..., L, S)``.
+        scale: defaults to ``1 / sqrt(Dh)``.
+    Returns:
+        ``(out (..., L, Dv), weights (..., L, S))``.
+    """
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (..., L, S)
+    blocked, bias = _split_mask(mask)
+    if bias is not None:
+        scores = scores + bias
+    weights = softmax(scores, axis=-1, mask=blocked)
+    return weights @ v, weights
+
+
+def split_heads(x, num_heads):
+    """``(..., L, H·Dh) -> (..., H, L, Dh)``."""
+    x = np.asarray(x)
+    *lead, L, F = x.shape
+    if F % num_heads:
+        raise ValueError(f"num_heads: {num_heads} does not divide the feature width {F}")
+    x = x.reshape(*lead, L, num_heads, F // num_heads)  # (..., L, H, Dh)
+    return np.swapaxes(x, -2, -3)  # (..., H, L, Dh)
+
+
+def merge_heads(x):
+    """``(..., H, L, Dh) -> (..., L, H·Dh)``: the concatenation of the heads."""
+    x = np.swapaxes(np.asarray(x), -2, -3)  # (..., L, H, Dh)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def multi_head_attention(
+    x,
+    params: Mapping[str, np.ndarray],
+    num_heads: int,
+    *,
+    context=None,
+    mask=None,
+    num_kv_heads: int | None = None,
+    causal: bool = False,
+    positions=None,
+    key_positions=None,
+    rope: Mapping | None = None,
+    alibi: bool = False,
+    scale=None,
+):
+    """Multi-head attention, Vaswani et al. 2017 §3.2.2, with the modern variants.
+
+    Args:
+        x: queries' input ``(L, D)`` or ``(B, L, D)``.
+        params: ``wq (D, H·Dh)``, ``wk (Dk, Hkv·Dh)``, ``wv (Dv, Hkv·Dh)``, ``wo (H·Dh, D)`` and optional
+            biases ``bq, bk, bv, bo`` (``x @ w + b`` convention).
+        num_heads: H.
+        context: keys' and values' input ``(S, Dk)`` / ``(B, S, Dk)``; defaults to ``x``.
+        mask: bool (True = may not attend) or float (added), broadcastable to ``(B, H, L, S)``.
+        num_kv_heads: Hkv for grouped-query attention (1 = multi-query); defaults to H. Key/value head
+            ``g`` serves query heads ``g·H/Hkv … (g+1)·H/Hkv − 1``.
+        causal: block keys whose position is after the query's.
+        positions / key_positions: integer positions of queries ``(L,)`` and keys ``(S,)``
+            (default ``0…L−1`` / ``0…S−1``); used by causal, RoPE and ALiBi.
+        rope: ``{"base": 10000.0, "convention": "half" | "interleaved"}`` to rotate q and k.
+        alibi: add the ALiBi bias ``−m_h·|i − j|`` (Press et al. 2022).
+    Returns:
+        ``(out, weights)``: ``out`` like ``x``; ``weights (H, L, S)`` or ``(B, H, L, S)``.
+    """
+    p = params
+    x = np.asarray(x)
+    ctx = x if context is None else np.asarray(context)
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    q = x @ p["wq"] + p.get("bq", 0.0)  # (..., L, H·Dh)
+    k = ctx @ p["wk"] + p.get("bk", 0.0)  # (..., S, Hkv·Dh)
+    v = ctx @ p["wv"] + p.get("bv", 0.0)
+    q = split_heads(q, num_heads)  # (..., H, L, Dh)
+    k = split_heads(k, num_kv_heads)  # (..., Hkv, S, Dh)
+    v = split_heads(v, num_kv_heads)
+    L, S = q.shape[-2], k.shape[-2]
+    q_pos = np.arange(L) if positions is None else np.asarray(positions)
+    if key_positions is not None:
+        k_pos = np.asarray(key_positions)
+    else:
+        k_pos = q_pos if context is None else np.arange(S)
+    if rope is not None:
+        q = apply_rope(q, q_pos, **rope)
+        k = apply_rope(k, k_pos, **rope)
+    group = num_heads // num_kv_heads
+    k = np.repeat(k, group, axis=-3)  # (..., H, S, Dh)
+    v = np.repeat(v, group, axis=-3)
+    blocked, bias = _split_mask(mask)
+    if causal:
+        c = causal_mask(q_pos, k_pos)
+        blocked = c if blocked is None else (blocked | c)
+    if alibi:
+        a = alibi_bias(num_heads, q_pos, k_pos)  # (H, L, S)
+        bias = a if bias is None else bias + a
+    if blocked is not None and bias is not None:
+        total = np.where(blocked, -np.inf, bias)
+    else:
+        total = blocked if blocked is not None else bias
+    out, weights = scaled_dot_product_attention(q, k, v, mask=total, scale=scale)
+    out = merge_heads(out) @ p["wo"] + p.get("bo", 0.0)  # (..., L, D)
+    return out, weights
