@@ -2,36 +2,45 @@
 
 Shape legend used everywhere: B batch, L query length, S key length, D model width, H heads,
 Hkv key/value heads, Dh head width. Boolean masks are True where a query may not attend.
+
+The torch-based names load lazily (PEP 562), so ``import headwise.reference`` — the NumPy answer
+key — never imports torch.
 """
 
-from headwise import functional, masks
-from headwise.attention import MultiHeadAttention
-from headwise.block import AttentionBlock, EmbeddingWithPE
-from headwise.cache import KVCache
-from headwise.positional import (
-    ALiBi,
-    LearnedPositionalEmbedding,
-    PositionalPart,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    alibi_slopes,
-    sinusoidal_table,
-)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "MultiHeadAttention",
-    "AttentionBlock",
-    "EmbeddingWithPE",
-    "KVCache",
-    "PositionalPart",
-    "RotaryEmbedding",
-    "ALiBi",
-    "alibi_slopes",
-    "LearnedPositionalEmbedding",
-    "SinusoidalPositionalEncoding",
-    "sinusoidal_table",
-    "functional",
-    "masks",
-]
+_LAZY = {
+    "MultiHeadAttention": "headwise.attention",
+    "AttentionBlock": "headwise.block",
+    "EmbeddingWithPE": "headwise.block",
+    "KVCache": "headwise.cache",
+    "PositionalPart": "headwise.positional",
+    "RotaryEmbedding": "headwise.positional",
+    "ALiBi": "headwise.positional",
+    "alibi_slopes": "headwise.positional",
+    "LearnedPositionalEmbedding": "headwise.positional",
+    "SinusoidalPositionalEncoding": "headwise.positional",
+    "sinusoidal_table": "headwise.positional",
+}
+_SUBMODULES = {"functional", "masks", "reference", "interop", "positional"}
+
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"headwise.{name}")
+    else:
+        raise AttributeError(f"module 'headwise' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__ + ["__version__"]
