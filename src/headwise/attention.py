@@ -90,7 +90,8 @@ class MultiHeadAttention(nn.Module):
         if positional is not None:
             if not isinstance(positional, PositionalPart):
                 raise TypeError(
-                    f"positional: expected a PositionalPart (RotaryEmbedding, ALiBi) or None, got {type(positional).__name__}"
+                    "positional: expected a PositionalPart (RotaryEmbedding, ALiBi) or None, "
+                    f"got {type(positional).__name__}"
                 )
             positional.check(num_heads=num_heads, head_dim=head_dim)
 
@@ -130,9 +131,7 @@ class MultiHeadAttention(nn.Module):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                raise ValueError(
-                    f"{name}: expected a rank-3 tensor (B, L, {width}), got shape {tuple(t.shape)}"
-                )
+                raise ValueError(f"{name}: expected a rank-3 tensor (B, L, {width}), got shape {tuple(t.shape)}")
             if t.shape[-1] != width:
                 raise ValueError(f"{name}: expected last dimension {width}, got shape {tuple(t.shape)}")
             if not t.is_floating_point():
@@ -148,11 +147,7 @@ class MultiHeadAttention(nn.Module):
     def _positions(position_ids: Tensor | None, B: int, L: int, offset: int, device) -> Tensor:
         if position_ids is None:
             return torch.arange(offset, offset + L, device=device)  # (L,)
-        if (
-            not isinstance(position_ids, Tensor)
-            or position_ids.is_floating_point()
-            or position_ids.dtype == torch.bool
-        ):
+        if not isinstance(position_ids, Tensor) or position_ids.is_floating_point() or position_ids.dtype == torch.bool:
             raise TypeError(f"position_ids: expected an integer tensor, got {position_ids!r:.80}")
         if tuple(position_ids.shape) not in ((L,), (B, L)):
             raise ValueError(

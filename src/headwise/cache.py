@@ -68,7 +68,10 @@ class KVCache:
 
     def __repr__(self) -> str:
         b, h, c, d = self.k.shape
-        return f"KVCache(batch_size={b}, capacity={c}, num_kv_heads={h}, head_dim={d}, length={self.length}, dtype={self.k.dtype})"
+        return (
+            f"KVCache(batch_size={b}, capacity={c}, num_kv_heads={h}, head_dim={d}, "
+            f"length={self.length}, dtype={self.k.dtype})"
+        )
 
     def reset(self) -> None:
         """Forget every slot (the buffers are kept)."""
