@@ -1,0 +1,9 @@
+"""Pictures of attention and positions (matplotlib, Agg; the ``viz`` layer — the core never imports it).
+
+- :func:`headwise.viz.attention.plot_attention_heads` — one heatmap per head, tokens on both axes.
+- :func:`headwise.viz.positional.plot_positional_encoding` — a positions × dimensions table
+  (the first article's Figure 2).
+
+Every picture is written atomically (a temporary name in the same folder, then ``os.replace``).
+Import the submodules directly; this package imports nothing, so ``import headwise.viz`` stays cheap.
+"""

@@ -1,0 +1,67 @@
+"""Atomic figure files: a temporary name in the destination folder, then ``os.replace``.
+
+A reader of the destination path sees either the previous file or the complete new one, never a
+half-written picture.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Formats matplotlib writes that the command line accepts, by file suffix.
+FORMATS = ("png", "svg", "pdf")
+
+
+@dataclass(frozen=True)
+class HeatmapFile:
+    """A picture written to disk.
+
+    Attributes:
+        path: where it is.
+        width, height: its size in pixels (``figsize · dpi``).
+    """
+
+    path: Path
+    width: int
+    height: int
+
+
+def image_format(path: str | os.PathLike) -> str:
+    """The format named by ``path``'s suffix.
+
+    Raises:
+        ValueError: the suffix is not one of :data:`FORMATS`.
+    """
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise ValueError(f"path: expected a file name ending in .png, .svg or .pdf, got {str(path)!r}")
+    return suffix
+
+
+def save_figure(fig, path: str | os.PathLike, *, dpi: int) -> Path:
+    """Write ``fig`` (a ``matplotlib.figure.Figure``) to ``path`` atomically.
+
+    Args:
+        fig: the figure.
+        path: destination; its folder must exist. The format comes from the suffix (png, svg, pdf).
+        dpi: dots per inch; the picture is ``figsize · dpi`` pixels (no tight cropping).
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    Raises:
+        ValueError: an unsupported suffix.
+        OSError: the folder is missing or not writable (nothing is left behind).
+    """
+    path = Path(path)
+    fmt = image_format(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # same folder: os.replace is atomic
+    try:
+        with open(tmp, "xb") as fh:  # usual permissions (umask), unlike mkstemp's 0600
+            fig.savefig(fh, format=fmt, dpi=dpi)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
