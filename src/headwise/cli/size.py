@@ -1,0 +1,276 @@
+"""``headwise size``: attention parameters, totals and KV-cache sizes of real architectures.
+
+A thin layer over :mod:`headwise.sizing`: it parses, calls, and prints rich tables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headwise.cli._app import CLIError, app
+
+_SEQ_HELP = "Cached positions per sequence (default: the model's context length)."
+
+
+@app.command()
+def size(
+    name: Annotated[
+        str | None, typer.Argument(help="An architecture, e.g. llama-3-8b (see --all for the list).")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Read a Hugging Face config.json instead of a name.")
+    ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="One row per built-in architecture (the article's table).")
+    ] = False,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help=_SEQ_HELP)] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Sequences in the batch (default 1).")] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="KV-cache element type: bf16|fp16|fp32|int8 (default bf16).")
+    ] = None,
+) -> None:
+    """Attention parameters (Q, K, V, O), their share of the model, and the KV cache, GQA vs MHA."""
+    from rich.console import Console
+
+    from headwise import sizing
+
+    console = Console()
+    if not console.is_terminal:  # files and pipes: wide enough that no number is cut
+        console = Console(width=140)
+    given = [flag for flag, value in (("NAME", name), ("--config", config), ("--all", all_ or None)) if value]
+    if len(given) != 1:
+        raise CLIError(
+            "give one of an architecture NAME, --config config.json or --all"
+            + (f"; got {' and '.join(given)}" if given else "")
+        )
+    if all_:
+        extra = [f for f, v in (("--seq-len", seq_len), ("--batch", batch), ("--dtype", dtype)) if v is not None]
+        if extra:
+            raise CLIError(f"{', '.join(extra)} apply to one model, not to --all")
+        _print_all(console, sizing)
+        return
+    dtype = "bf16" if dtype is None else dtype
+    sizing.dtype_bytes(dtype)  # refuse a bad dtype before printing anything
+    arch = sizing.from_hf_config(config) if config is not None else sizing.get_arch(name)
+    seq = arch.max_positions if seq_len is None else seq_len
+    sizing.kv_cache_bytes(arch, seq, 1 if batch is None else batch, dtype)  # checks seq_len and batch
+    _print_one(console, sizing, arch, seq, 1 if batch is None else batch, dtype)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _compact(quantity: str, value: float) -> str:
+    """A claimed figure as an article would write it: 2.1B, 8B, 117M, 26%."""
+    from headwise.sizing.units import format_count
+
+    if quantity == "attention_share":
+        return f"{100 * value:.3g}%"
+    text = format_count(value, 3)
+    number, suffix = text[:-1], text[-1]
+    return f"{float(number):g}{suffix}"
+
+
+def _article_note(sizing, arch) -> tuple[str, str]:
+    """(short note, full sentence) on what the article says about ``arch``; empty when nothing."""
+    from headwise.sizing.units import format_count
+
+    checks = sizing.check_article(arch)
+    if not checks:
+        return "", ""
+    claimed = {c.quantity: _compact(c.quantity, c.claimed) for c in checks}
+    if "attention" in claimed and "total" in claimed:
+        short = f"{claimed['attention']} of {claimed['total']}"
+    elif "attention" in claimed:
+        short = f"{claimed['attention']} attention"
+    elif "total" in claimed:
+        short = f"{claimed['total']} total"
+    else:
+        short = ""
+    if "attention_share" in claimed:
+        short = f"{short}, {claimed['attention_share']}" if short else claimed["attention_share"]
+    verdict = "agrees" if all(c.agrees for c in checks) else "OFF"
+    label = {"attention": "attention", "total": "total", "attention_share": "share"}
+    parts = []
+    for c in checks:
+        computed = _pct(c.computed) if c.quantity == "attention_share" else format_count(c.computed)
+        state = "agrees" if c.agrees else "off"
+        parts.append(f"{label[c.quantity]} {computed} (article {claimed[c.quantity]}: {state})")
+    full = f'the article ({arch.article.where}) says "{arch.article.text}"; computed: {"; ".join(parts)}.'
+    if arch.article.comment and verdict == "OFF":
+        full += f" — {arch.article.comment}."
+    return f"article: {short} — {verdict}", full
+
+
+def _print_all(console, sizing) -> None:
+    from rich.table import Table
+
+    from headwise.sizing.units import format_count
+
+    table = Table(title="MHA parameter count in real models (computed from each architecture)")
+    for header in ("model", "d_model", "layers", "heads", "KV heads", "attention", "total", "share"):
+        table.add_column(header, justify="left" if header == "model" else "right", no_wrap=True)
+    table.add_column("vs published", justify="right", no_wrap=True)
+    table.add_column("note", no_wrap=True)
+    footnotes = []
+    for arch in sizing.load_architectures():
+        attention, total = sizing.attention_params(arch).total, sizing.total_params(arch)
+        published = f"{100 * (total / arch.published_total - 1):+.3f}%" if arch.published_total else "—"
+        short, full = _article_note(sizing, arch)
+        if full and "OFF" in short:
+            footnotes.append(f"[{len(footnotes) + 1}] {arch.name}: {full}")
+            short += f" [{len(footnotes)}]"
+        table.add_row(
+            arch.name,
+            str(arch.hidden_size),
+            str(arch.num_layers),
+            str(arch.num_heads),
+            str(arch.num_kv_heads),
+            format_count(attention),
+            format_count(total),
+            _pct(attention / total),
+            published,
+            short,
+        )
+    console.print(table)
+    archs = sizing.load_architectures()
+    gqa = [a.name for a in archs if a.num_kv_heads != a.num_heads]
+    wide = [
+        f"{a.name} ({a.num_heads}·{a.head_dim} = {a.num_heads * a.head_dim} ≠ {a.hidden_size})"
+        for a in archs
+        if a.num_heads * a.head_dim != a.hidden_size
+    ]
+    console.print(
+        "attention = W_Q, W_K, W_V, W_O with their biases, over all layers; share = attention / total; "
+        "'vs published' = computed total against the published figure (sources in the data file). "
+        "The article's 4·d_model² per layer holds only for plain MHA with heads·head_dim = d_model: "
+        f"GQA shrinks W_K and W_V by heads / KV heads ({', '.join(gqa) or 'none here'})"
+        + (f", and heads·head_dim differs from d_model in {', '.join(wide)}." if wide else "."),
+        highlight=False,
+    )
+    for note in footnotes:
+        console.print(note, highlight=False)
+
+
+def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> None:
+    from rich.table import Table
+
+    from headwise.sizing.units import format_bytes, format_count
+
+    att = sizing.attention_params(arch)
+    parts = sizing.param_breakdown(arch)
+    total = parts.total
+    n = arch.num_layers
+    variant = arch.attention_variant
+    heads = (
+        f"{arch.num_heads} heads"
+        if variant == "MHA"
+        else f"{arch.num_heads} query heads share {arch.num_kv_heads} key/value heads ({arch.group_size} per group)"
+    )
+    ffn = "gated, 3 matrices" if arch.ffn == "gated" else "2 matrices"
+    console.print(f"[bold]{arch.name}[/bold] — {arch.kind}, {variant}: {heads}", highlight=False)
+    console.print(
+        f"d_model {arch.hidden_size} · {n} layers · head_dim {arch.head_dim} · FFN {arch.intermediate_size} "
+        f"({ffn}{', ' + arch.activation if arch.activation else ''}) · vocab {arch.vocab_size} · "
+        f"context {arch.max_positions} · {arch.norm}",
+        highlight=False,
+    )
+    if arch.source:
+        console.print(f"source: {arch.source}", highlight=False)
+
+    qdim, kvdim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    table = Table(title="Attention parameters (weights + biases)")
+    table.add_column("projection")
+    table.add_column("shape (in → out)", justify="right")
+    table.add_column("bias")
+    table.add_column("per layer", justify="right")
+    table.add_column(f"all {n} layers", justify="right")
+    rows = (
+        ("W_Q", arch.hidden_size, qdim, arch.qkv_bias, att.q),
+        ("W_K", arch.hidden_size, kvdim, arch.qkv_bias, att.k),
+        ("W_V", arch.hidden_size, kvdim, arch.qkv_bias, att.v),
+        ("W_O", qdim, arch.hidden_size, arch.o_bias, att.o),
+    )
+    for label, fan_in, fan_out, bias, count in rows:
+        table.add_row(label, f"{fan_in} → {fan_out}", "yes" if bias else "no", f"{count:,}", f"{count * n:,}")
+    table.add_row("total", "", "", f"{att.per_layer:,}", f"{att.total:,} ({format_count(att.total)})", style="bold")
+    console.print(table)
+
+    table = Table(title="All parameters")
+    table.add_column("part")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    for label, count in (
+        ("attention (Q, K, V, O)", parts.attention),
+        ("feed-forward", parts.ffn),
+        ("embeddings" + (" (+ positions)" if arch.learned_positions else ""), parts.embeddings),
+        ("norms", parts.layer_norms + parts.final_norm),
+        ("pooler", parts.pooler),
+        ("output head" + (" (tied: counted in embeddings)" if arch.output_head == "tied" else ""), parts.output_head),
+    ):
+        if count or label.startswith("output head (tied"):
+            table.add_row(label, f"{count:,}", _pct(count / total))
+    table.add_row("total", f"{total:,} ({format_count(total)})", "100.0%", style="bold")
+    console.print(table)
+    if arch.published_total:
+        console.print(
+            f"published: {arch.published_text or format_count(arch.published_total)} — "
+            f"{arch.published_source} — computed {total:,}: "
+            f"{100 * (total / arch.published_total - 1):+.3f}%",
+            highlight=False,
+        )
+
+    mha = sizing.as_mha(arch)
+    own_tok, mha_tok = sizing.kv_cache_bytes(arch, 1, 1, dtype), sizing.kv_cache_bytes(mha, 1, 1, dtype)
+    own_all = sizing.kv_cache_bytes(arch, seq_len, batch, dtype)
+    mha_all = sizing.kv_cache_bytes(mha, seq_len, batch, dtype)
+    table = Table(title=f"KV cache ({dtype}, seq_len {seq_len} × batch {batch})")
+    table.add_column("attention")
+    table.add_column("KV heads", justify="right")
+    table.add_column("per token", justify="right")
+    table.add_column(f"{seq_len} × {batch}", justify="right")
+    table.add_column("attention params", justify="right")
+    table.add_row(
+        f"{arch.name} ({variant})",
+        str(arch.num_kv_heads),
+        f"{own_tok:,} B ({format_bytes(own_tok)})",
+        f"{own_all:,} B ({format_bytes(own_all)})",
+        format_count(att.total),
+    )
+    if variant != "MHA":
+        mha_att = sizing.attention_params(mha).total
+        table.add_row(
+            "plain MHA",
+            str(mha.num_kv_heads),
+            f"{mha_tok:,} B ({format_bytes(mha_tok)})",
+            f"{mha_all:,} B ({format_bytes(mha_all)})",
+            format_count(mha_att),
+        )
+    console.print(table)
+    console.print(
+        "per token = 2 (K and V) × layers × KV heads × head_dim × bytes per element; every layer caches "
+        "every position.",
+        highlight=False,
+    )
+    if variant != "MHA":
+        console.print(
+            f"{variant} saving: {arch.num_heads / arch.num_kv_heads:g}× smaller cache than plain MHA "
+            f"({format_bytes(mha_all - own_all)} less at {seq_len} × {batch}), and "
+            f"{format_count(sizing.attention_params(mha).total - att.total)} fewer attention parameters.",
+            highlight=False,
+        )
+    else:
+        console.print("plain MHA: num_kv_heads = num_heads, so there is no GQA saving.", highlight=False)
+    if arch.kind == "encoder":
+        console.print(
+            "an encoder keeps no KV cache while it runs; the figures say what one would hold.", highlight=False
+        )
+    if arch.notes:
+        console.print(f"note: {arch.notes}", highlight=False)
+    _, full = _article_note(sizing, arch)
+    if full:
+        console.print(f"note: {full}", highlight=False)
