@@ -1,0 +1,95 @@
+"""Per-head attention statistics (Clark et al. 2019; Voita et al. 2019) as pure NumPy functions.
+
+Shape legend: B batch, H heads, L sequence length; NL layers, N = NL · H heads of a whole model.
+
+Every metric takes attention weights ``(B, H, L, L)`` (or one sentence's ``(H, L, L)``) and a
+:class:`TokenInfo` saying which positions are real tokens, [CLS], [SEP] or punctuation. Padded
+positions are excluded from every metric. One concept per module:
+
+- :mod:`~headwise.analysis.tokens` — :class:`TokenInfo`, :func:`token_info`.
+- :mod:`~headwise.analysis.targets` — attention to [CLS], [SEP], punctuation, self, previous, next.
+- :mod:`~headwise.analysis.entropy` — row entropy with Clark et al.'s smoothing, [CLS]-row entropy, ln n.
+- :mod:`~headwise.analysis.distance` — mean attention distance |i − j|.
+- :mod:`~headwise.analysis.confidence` — Voita's confidence and positional-head test.
+- :mod:`~headwise.analysis.divergence` — Jensen–Shannon divergence / distance between heads.
+- :mod:`~headwise.analysis.mds` — classical MDS map of the heads.
+- :mod:`~headwise.analysis.roles` — role labels with documented thresholds.
+- :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
+  :func:`analyze_texts`, :class:`CorpusFile`).
+- :mod:`~headwise.analysis.attend` — adapters that run a model and return its maps and token info.
+"""
+
+from headwise.analysis.attend import block_attend, model_attend
+from headwise.analysis.confidence import (
+    VOITA_POSITIONAL_THRESHOLD,
+    argmax_offsets,
+    confidence,
+    positional_heads,
+)
+from headwise.analysis.corpus import METRICS, CorpusFile, HeadReport, HeadStats, analyze_texts
+from headwise.analysis.distance import mean_attention_distance
+from headwise.analysis.divergence import (
+    CLARK_JS_SMOOTHING,
+    js_distance_between_heads,
+    js_divergence_between_heads,
+)
+from headwise.analysis.entropy import (
+    CLARK_ENTROPY_SMOOTHING,
+    attention_entropy,
+    cls_entropy,
+    entropy_ratio,
+    row_entropy,
+    uniform_entropy,
+)
+from headwise.analysis.mds import classical_mds
+from headwise.analysis.roles import ROLES, RoleThresholds, head_roles
+from headwise.analysis.targets import (
+    attention_to_cls,
+    attention_to_mask,
+    attention_to_next,
+    attention_to_offset,
+    attention_to_previous,
+    attention_to_punctuation,
+    attention_to_self,
+    attention_to_sep,
+)
+from headwise.analysis.tokens import CLARK_PUNCTUATION, TokenInfo, token_info
+
+__all__ = [
+    "TokenInfo",
+    "token_info",
+    "CLARK_PUNCTUATION",
+    "attention_to_mask",
+    "attention_to_offset",
+    "attention_to_cls",
+    "attention_to_sep",
+    "attention_to_punctuation",
+    "attention_to_self",
+    "attention_to_previous",
+    "attention_to_next",
+    "CLARK_ENTROPY_SMOOTHING",
+    "row_entropy",
+    "attention_entropy",
+    "cls_entropy",
+    "uniform_entropy",
+    "entropy_ratio",
+    "mean_attention_distance",
+    "VOITA_POSITIONAL_THRESHOLD",
+    "confidence",
+    "argmax_offsets",
+    "positional_heads",
+    "CLARK_JS_SMOOTHING",
+    "js_divergence_between_heads",
+    "js_distance_between_heads",
+    "classical_mds",
+    "ROLES",
+    "RoleThresholds",
+    "head_roles",
+    "METRICS",
+    "HeadReport",
+    "HeadStats",
+    "analyze_texts",
+    "CorpusFile",
+    "model_attend",
+    "block_attend",
+]

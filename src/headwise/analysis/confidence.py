@@ -1,0 +1,129 @@
+"""Voita et al. 2019's head confidence and positional-head test ("Analyzing Multi-Head Self-Attention", §4).
+
+Shape legend: B batch, H heads, L sequence length.
+
+- **Confidence**: "the average of its maximum attention weight excluding the end of sentence symbol,
+  where average is taken over tokens": ``c = mean over query tokens i of max_j α_ij``. In a BERT
+  input the counterparts of Voita's end-of-sentence symbol are the special tokens, so the query rows
+  of [CLS] and [SEP] are left out (``exclude_special=True``). Unlike Clark et al.'s sentence means, the
+  average is over tokens: a corpus's long sentences weigh more.
+- **Positional head**: a head is positional "if at least 90% of the time its maximum attention
+  weight is assigned to a specific relative position". For every query token i (the same tokens as
+  for confidence), take the offset ``k_i = argmax_j α_ij − i``; the head's share is the frequency of
+  its most common offset, and it is positional when that share is ≥ ``threshold`` (0.9). Voita et al.
+  find the offsets −1 and +1 in practice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from headwise.analysis.tokens import TokenInfo, as_attention, squeeze
+
+__all__ = ["VOITA_POSITIONAL_THRESHOLD", "query_rows", "row_max", "confidence", "argmax_offsets", "positional_heads"]
+
+#: Voita et al.'s share of tokens whose argmax sits at one relative position.
+VOITA_POSITIONAL_THRESHOLD = 0.9
+
+
+def query_rows(info: TokenInfo, exclude_special: bool = True) -> np.ndarray:
+    """``(B, L)`` bool: the query tokens these statistics average over (real ones, maybe not [CLS]/[SEP])."""
+    return info.valid & ~info.special if exclude_special else info.valid
+
+
+def row_max(attn, info: TokenInfo | None = None) -> np.ndarray:
+    """``(B, H, L)`` (or ``(H, L)``) largest weight of each query row; 0 at padded rows."""
+    a, info, unbatched = as_attention(attn, info)
+    return squeeze(a.max(axis=-1), unbatched)
+
+
+def confidence(attn, info: TokenInfo | None = None, *, exclude_special: bool = True) -> np.ndarray:
+    """Voita's confidence of each head in each sentence: the mean of the row maxima.
+
+    Args:
+        attn: ``(B, H, L, L)`` or ``(H, L, L)``.
+        info: token info (None: every position real, none special).
+        exclude_special: leave out the query rows of [CLS] and [SEP].
+    Returns:
+        ``(B, H)`` or ``(H,)``; NaN for a sentence with no query row left.
+    """
+    a, info, unbatched = as_attention(attn, info)
+    rows = query_rows(info, exclude_special)  # (B, L)
+    count = rows.sum(axis=1)[:, None]  # (B, 1)
+    total = np.where(rows[:, None, :], a.max(axis=-1), 0.0).sum(axis=-1)  # (B, H)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return squeeze(out, unbatched)
+
+
+def argmax_offsets(attn, info: TokenInfo | None = None) -> np.ndarray:
+    """``argmax_j α_ij − i`` for every query row: ``(B, H, L)`` (or ``(H, L)``) integers.
+
+    Ties go to the smallest j. Padded rows hold 0; select rows with :func:`query_rows`.
+    """
+    a, info, unbatched = as_attention(attn, info)
+    off = np.argmax(a, axis=-1) - np.arange(a.shape[-1])  # (B, H, L)
+    return squeeze(np.where(info.valid[:, None, :], off, 0), unbatched)
+
+
+def offset_histogram(attn, info: TokenInfo | None, max_length: int, *, exclude_special: bool = True) -> np.ndarray:
+    """Count, per head, the query tokens whose argmax sits at each offset −(max_length−1) … max_length−1.
+
+    Returns:
+        ``(H, 2·max_length − 1)`` integer counts; column ``k + max_length − 1`` is offset k.
+    """
+    a, info, _ = as_attention(attn, info)
+    if a.shape[-1] > max_length:
+        raise ValueError(f"max_length: expected at least the sequence length {a.shape[-1]}, got {max_length}")
+    off = np.argmax(a, axis=-1) - np.arange(a.shape[-1])  # (B, H, L)
+    rows = np.broadcast_to(query_rows(info, exclude_special)[:, None, :], off.shape)  # (B, H, L)
+    heads = np.broadcast_to(np.arange(a.shape[1])[None, :, None], off.shape)  # (B, H, L)
+    hist = np.zeros((a.shape[1], 2 * max_length - 1), dtype=np.int64)
+    np.add.at(hist, (heads[rows], off[rows] + max_length - 1), 1)
+    return hist
+
+
+def positional_from_histogram(
+    hist: np.ndarray, threshold: float = VOITA_POSITIONAL_THRESHOLD
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Share and offset of each head's most common argmax offset, and whether share ≥ threshold.
+
+    Args:
+        hist: ``(…, 2·max_length − 1)`` counts from :func:`offset_histogram` (summed over a corpus).
+    Returns:
+        ``(share, offset, is_positional)``, each of shape ``hist.shape[:-1]``; share NaN and offset 0
+        for a head with no counted token.
+    """
+    if not 0.0 < float(threshold) <= 1.0:
+        raise ValueError(f"threshold: expected a number in (0, 1], got {threshold!r}")
+    hist = np.asarray(hist)
+    center = (hist.shape[-1] - 1) // 2
+    total = hist.sum(axis=-1)
+    best = hist.argmax(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(total > 0, hist.max(axis=-1) / np.maximum(total, 1), np.nan)
+    offset = np.where(total > 0, best - center, 0)
+    return share, offset, np.nan_to_num(share, nan=0.0) >= threshold
+
+
+def positional_heads(
+    attn,
+    info: TokenInfo | None = None,
+    *,
+    threshold: float = VOITA_POSITIONAL_THRESHOLD,
+    exclude_special: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Voita's positional-head test over all query tokens of a batch.
+
+    Args:
+        attn: ``(B, H, L, L)`` or ``(H, L, L)``.
+        info: token info (None: every position real, none special).
+        threshold: the share of tokens that must have their argmax at one offset (0.9).
+        exclude_special: leave out the query rows of [CLS] and [SEP].
+    Returns:
+        ``(share, offset, is_positional)``, each ``(H,)``: the most common argmax offset of each head,
+        the share of tokens that have it, and ``share ≥ threshold``.
+    """
+    length = np.shape(attn)[-1]
+    hist = offset_histogram(attn, info, length, exclude_special=exclude_special)
+    return positional_from_histogram(hist, threshold)

@@ -1,0 +1,415 @@
+"""Corpus mode: every per-head metric of a model, aggregated over many sentences in constant memory.
+
+Shape legend: NL layers, H heads per layer, N = NL · H heads of the whole model, B batch, L length.
+
+:class:`HeadStats` takes batches of attention maps (one ``(B, H, L, L)`` array per layer) with their
+:class:`TokenInfo` and keeps only running sums: per-head sums and counts of each sentence-level metric
+(Clark et al.'s metrics average sentences, each counting once), token-level sums for Voita's confidence,
+a histogram of argmax offsets per head (bounded by ``max_length``) and the ``(N, N)`` Jensen–Shannon
+sums. Memory does not grow with the corpus. :func:`analyze_texts` drives a model over an iterable of
+texts in batches, with a progress bar; :class:`CorpusFile` streams a text file line by line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD, offset_histogram, positional_from_histogram
+from headwise.analysis.distance import mean_attention_distance
+from headwise.analysis.divergence import CLARK_JS_SMOOTHING, sentence_js_sums
+from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, cls_entropy, entropy_ratio, row_entropy
+from headwise.analysis.mds import classical_mds
+from headwise.analysis.roles import RoleThresholds, head_roles
+from headwise.analysis.targets import attention_to_mask, attention_to_offset
+from headwise.analysis.tokens import TokenInfo, mean_over_rows
+
+__all__ = ["METRICS", "HeadReport", "HeadStats", "analyze_texts", "CorpusFile"]
+
+#: Every per-head metric of a :class:`HeadReport`, with a one-line meaning (used by tables and docs).
+METRICS = {
+    "cls": "mean attention to [CLS]",
+    "sep": "mean attention to [SEP]",
+    "punct": "mean attention to punctuation (. and ,)",
+    "self": "mean attention of a token to itself",
+    "prev": "mean attention to the previous token",
+    "next": "mean attention to the next token",
+    "entropy": "mean row entropy, nats (Clark et al.'s smoothing)",
+    "entropy_cls": "entropy of the [CLS] row, nats",
+    "uniform_entropy": "ln n: entropy of uniform attention, nats",
+    "entropy_ratio": "entropy / ln n (1 = uniform)",
+    "distance": "mean attention distance |i - j|, tokens",
+    "confidence": "Voita's confidence: mean of each row's maximum",
+    "positional_share": "share of tokens whose argmax is at the head's most common offset",
+    "positional_offset": "the head's most common argmax offset (j - i)",
+}
+_SENTENCE_METRICS = (
+    "cls",
+    "sep",
+    "punct",
+    "self",
+    "prev",
+    "next",
+    "entropy",
+    "entropy_cls",
+    "entropy_ratio",
+    "distance",
+)
+
+
+@dataclass
+class HeadReport:
+    """Every metric of every head of a model over a corpus.
+
+    Attributes:
+        metrics: name (see :data:`METRICS`) → ``(NL, H)`` array.
+        positional: ``(NL, H)`` bool, Voita's test (share ≥ 0.9).
+        roles: ``(NL, H)`` role labels (:func:`headwise.analysis.roles.head_roles`).
+        js_divergence: ``(N, N)`` mean per-token JS divergence (nats) between heads, N = NL · H
+            (head n is layer ``n // H``, head ``n % H``), or None when not computed.
+        js_distance: ``(N, N)`` its square root, or None.
+        mds: ``(N, 2)`` classical-MDS map of the heads from ``js_distance``, or None.
+        num_sentences, num_tokens: what was aggregated (real tokens, special ones included).
+        thresholds: the role thresholds used.
+    """
+
+    metrics: dict[str, np.ndarray]
+    positional: np.ndarray
+    roles: np.ndarray
+    js_divergence: np.ndarray | None
+    js_distance: np.ndarray | None
+    mds: np.ndarray | None
+    num_sentences: int
+    num_tokens: int
+    thresholds: RoleThresholds = field(default_factory=RoleThresholds)
+
+    @property
+    def num_layers(self) -> int:
+        return self.roles.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.roles.shape[1]
+
+    def rows(self) -> list[dict]:
+        """One dict per head (layer-major), with ``layer``, ``head``, every metric, ``positional``, ``role``
+        and, when computed, the MDS coordinates ``mds_x`` / ``mds_y``."""
+        out = []
+        for layer in range(self.num_layers):
+            for head in range(self.num_heads):
+                row: dict = {"layer": layer, "head": head}
+                for name in METRICS:
+                    v = self.metrics[name][layer, head]
+                    row[name] = int(v) if name == "positional_offset" else _num(v)
+                row["positional"] = bool(self.positional[layer, head])
+                row["role"] = str(self.roles[layer, head])
+                if self.mds is not None:
+                    n = layer * self.num_heads + head
+                    row["mds_x"], row["mds_y"] = _num(self.mds[n, 0]), _num(self.mds[n, 1])
+                out.append(row)
+        return out
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: sizes, metric meanings, thresholds, per-head rows and the head distances."""
+        return {
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_sentences": self.num_sentences,
+            "num_tokens": self.num_tokens,
+            "metrics": METRICS,
+            "role_thresholds": {
+                "position": self.thresholds.position,
+                "sink": self.thresholds.sink,
+                "broad": self.thresholds.broad,
+                "positional_share": VOITA_POSITIONAL_THRESHOLD,
+            },
+            "heads": self.rows(),
+            "js_divergence": None if self.js_divergence is None else _nested(self.js_divergence),
+            "js_distance": None if self.js_distance is None else _nested(self.js_distance),
+        }
+
+
+def _num(v) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _nested(a: np.ndarray) -> list:
+    return [[round(float(x), 8) for x in row] for row in a]
+
+
+class HeadStats:
+    """Running per-head statistics over sentences (constant memory).
+
+    Args:
+        num_layers, num_heads: NL and H of the model.
+        max_length: the longest sentence accepted (sizes the offset histogram; BERT: 512).
+        js: also accumulate the Jensen–Shannon sums between heads (the costliest part: N² · n² per sentence).
+        thresholds: role thresholds for :meth:`result`.
+        entropy_smoothing, js_smoothing: Clark et al.'s ε values (10⁻⁴ and 10⁻³).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_heads: int,
+        *,
+        max_length: int = 512,
+        js: bool = True,
+        thresholds: RoleThresholds | None = None,
+        entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
+        js_smoothing: float = CLARK_JS_SMOOTHING,
+    ):
+        for name, v in (("num_layers", num_layers), ("num_heads", num_heads), ("max_length", max_length)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {v!r}")
+        self.num_layers, self.num_heads, self.max_length = num_layers, num_heads, max_length
+        self.js = js
+        self.thresholds = thresholds or RoleThresholds()
+        self.entropy_smoothing, self.js_smoothing = entropy_smoothing, js_smoothing
+        n = num_layers * num_heads
+        self._sum = {m: np.zeros(n) for m in _SENTENCE_METRICS}
+        self._count = {m: np.zeros(n, dtype=np.int64) for m in _SENTENCE_METRICS}
+        self._uniform_sum = 0.0
+        self._conf_sum = np.zeros(n)
+        self._conf_count = 0
+        self._hist = np.zeros((n, 2 * max_length - 1), dtype=np.int64)
+        self._js_sum = np.zeros((n, n)) if js else None
+        self.num_sentences = 0
+        self.num_tokens = 0
+
+    def update(self, attentions: Sequence, info: TokenInfo) -> None:
+        """Add a batch.
+
+        Args:
+            attentions: NL arrays (or CPU tensors) ``(B, H, L, L)``, one per layer.
+            info: the batch's token info, masks ``(B, L)``.
+        Raises:
+            ValueError: a number of layers or heads that differs from the accumulator's, shapes that do
+            not fit ``info``, a sentence longer than ``max_length``.
+        """
+        if len(attentions) != self.num_layers:
+            raise ValueError(f"attentions: expected {self.num_layers} layers, got {len(attentions)}")
+        layers = [np.asarray(a) for a in attentions]
+        valid = np.asarray(info.valid, dtype=bool)
+        for k, a in enumerate(layers):
+            if a.ndim != 4 or a.shape[1] != self.num_heads or a.shape[0] != valid.shape[0]:
+                raise ValueError(
+                    f"attentions[{k}]: expected shape ({valid.shape[0]}, {self.num_heads}, L, L), got {a.shape}"
+                )
+            if a.shape[2:] != (valid.shape[1], valid.shape[1]):
+                raise ValueError(f"attentions[{k}]: expected L = {valid.shape[1]} to fit info, got {a.shape}")
+        for b in range(valid.shape[0]):
+            idx = np.flatnonzero(valid[b])
+            if idx.size == 0:
+                continue
+            if idx.size > self.max_length:
+                raise ValueError(f"attentions: a sentence of {idx.size} tokens exceeds max_length={self.max_length}")
+            p = np.concatenate([a[b][:, idx][:, :, idx] for a in layers], axis=0)  # (N, n, n)
+            sent = TokenInfo(
+                valid=np.ones((1, idx.size), dtype=bool),
+                cls=np.asarray(info.cls)[b : b + 1, idx],
+                sep=np.asarray(info.sep)[b : b + 1, idx],
+                punct=np.asarray(info.punct)[b : b + 1, idx],
+            )
+            self._add_sentence(p[None].astype(np.float64), sent)
+
+    def _add_sentence(self, p: np.ndarray, info: TokenInfo) -> None:
+        # p: (1, N, n, n), every position real. The public metric functions validate and renormalise.
+        eps = self.entropy_smoothing
+        values = {
+            "cls": attention_to_mask(p, info.cls, info),
+            "sep": attention_to_mask(p, info.sep, info),
+            "punct": attention_to_mask(p, info.punct, info),
+            "self": attention_to_offset(p, 0, info),
+            "prev": attention_to_offset(p, -1, info),
+            "next": attention_to_offset(p, 1, info),
+            "entropy": mean_over_rows(row_entropy(p, info, smoothing=eps), info.valid),
+            "entropy_cls": cls_entropy(p, info, smoothing=eps),
+            "entropy_ratio": entropy_ratio(p, info, smoothing=eps),
+            "distance": mean_attention_distance(p, info),
+        }
+        for name, v in values.items():
+            v = v[0]  # (N,)
+            ok = ~np.isnan(v)
+            self._sum[name] += np.where(ok, v, 0.0)
+            self._count[name] += ok
+        n = p.shape[-1]
+        self._uniform_sum += math.log(n)
+        rows = info.valid[0] & ~info.special[0]  # (n,) Voita's query tokens
+        self._conf_sum += p[0].max(axis=-1)[:, rows].sum(axis=-1)
+        self._conf_count += int(rows.sum())
+        self._hist += offset_histogram(p, info, self.max_length)
+        if self._js_sum is not None:
+            self._js_sum += sentence_js_sums(p[0], self.js_smoothing)
+        self.num_sentences += 1
+        self.num_tokens += n
+
+    def result(self) -> HeadReport:
+        """The aggregated :class:`HeadReport` (the accumulator stays usable).
+
+        Raises:
+            ValueError: no sentence was added.
+        """
+        if self.num_sentences == 0:
+            raise ValueError("corpus: expected at least one sentence with a real token, got none")
+        shape = (self.num_layers, self.num_heads)
+        metrics = {}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for name in _SENTENCE_METRICS:
+                c = self._count[name]
+                metrics[name] = np.where(c > 0, self._sum[name] / np.maximum(c, 1), np.nan).reshape(shape)
+            conf = self._conf_sum / self._conf_count if self._conf_count else np.full(self._conf_sum.shape, np.nan)
+        metrics["uniform_entropy"] = np.full(shape, self._uniform_sum / self.num_sentences)
+        metrics["confidence"] = conf.reshape(shape)
+        share, offset, positional = positional_from_histogram(self._hist)
+        metrics["positional_share"] = share.reshape(shape)
+        metrics["positional_offset"] = offset.reshape(shape)
+        metrics = {name: metrics[name] for name in METRICS}
+        js_div = js_dist = mds = None
+        if self._js_sum is not None:
+            js_div = self._js_sum / self.num_tokens
+            js_dist = np.sqrt(js_div)
+            mds = classical_mds(js_dist, 2)
+        return HeadReport(
+            metrics=metrics,
+            positional=positional.reshape(shape),
+            roles=head_roles(metrics, self.thresholds),
+            js_divergence=js_div,
+            js_distance=js_dist,
+            mds=mds,
+            num_sentences=self.num_sentences,
+            num_tokens=self.num_tokens,
+            thresholds=self.thresholds,
+        )
+
+
+#: What an ``attend`` function returns for a list of texts: per-layer ``(B, H, L, L)`` maps and token info.
+AttentionBatch = tuple[Sequence, TokenInfo]
+
+
+def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for t in texts:
+        batch.append(t)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def analyze_texts(
+    texts: Iterable[str],
+    attend: Callable[[list[str]], AttentionBatch],
+    *,
+    num_layers: int,
+    num_heads: int,
+    max_length: int = 512,
+    batch_size: int = 32,
+    total: int | None = None,
+    progress: bool = False,
+    js: bool = True,
+    thresholds: RoleThresholds | None = None,
+) -> HeadReport:
+    """Run ``attend`` over texts in batches and aggregate every head metric (streaming).
+
+    Args:
+        texts: any iterable of texts (read lazily: a :class:`CorpusFile` streams a file).
+        attend: maps a list of B texts to ``(attentions, info)``: NL arrays ``(B, H, L, L)`` and their
+            :class:`TokenInfo` (e.g. :func:`headwise.analysis.model_attend`).
+        num_layers, num_heads, max_length: the model's NL, H and longest input.
+        batch_size: texts per call of ``attend``.
+        total: number of texts, for the progress bar (None: unknown).
+        progress: show a rich progress bar on stderr.
+        js: compute the Jensen–Shannon distances and the MDS map.
+        thresholds: role thresholds.
+    Returns:
+        The :class:`HeadReport`.
+    Raises:
+        ValueError: ``batch_size`` < 1, no text.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    stats = HeadStats(num_layers, num_heads, max_length=max_length, js=js, thresholds=thresholds)
+    if not progress:
+        for batch in _batches(texts, batch_size):
+            stats.update(*attend(batch))
+        return stats.result()
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold cyan]heads[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("sentences · {task.fields[tokens]:,} tokens"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("corpus", total=total, tokens=0)
+        for batch in _batches(texts, batch_size):
+            stats.update(*attend(batch))
+            bar.update(task, advance=len(batch), tokens=stats.num_tokens)
+    return stats.result()
+
+
+class CorpusFile:
+    """Stream the non-empty lines of a UTF-8 text file, skipping (and counting) undecodable ones.
+
+    A line that is not valid UTF-8 is skipped, never guessed at; its number is recorded in
+    ``undecodable`` (the first 20 kept) and counted in ``num_undecodable``. Surrounding whitespace is
+    stripped; blank lines are skipped and counted in ``num_blank``. Iterating again rereads the file.
+
+    Args:
+        path: the text file.
+    Raises:
+        FileNotFoundError: no such file. ValueError: a directory.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"corpus: no such file: {self.path}")
+        if os.path.isdir(self.path):
+            raise ValueError(f"corpus: expected a text file, got a directory: {self.path}")
+        self.num_undecodable = 0
+        self.num_blank = 0
+        self.undecodable: list[int] = []
+
+    def __iter__(self) -> Iterator[str]:
+        self.num_undecodable, self.num_blank, self.undecodable = 0, 0, []
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError:
+                    self.num_undecodable += 1
+                    if len(self.undecodable) < 20:
+                        self.undecodable.append(number)
+                    continue
+                if line.startswith("\ufeff"):
+                    line = line[1:].strip()
+                if not line:
+                    self.num_blank += 1
+                    continue
+                yield line
+
+    def count(self) -> int:
+        """Number of lines the iteration yields (one pass over the file, constant memory)."""
+        return sum(1 for _ in self)

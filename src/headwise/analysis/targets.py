@@ -1,0 +1,115 @@
+"""Average attention to token kinds and to relative positions (Clark et al. 2019, §3.1 and §3.2).
+
+Shape legend: B batch, H heads, L sequence length.
+
+For one sentence of n real tokens and one head with weights α (rows: queries i, columns: keys j),
+Clark et al.'s average attention to a set T of key positions is
+
+    A_T = (1/n) Σ_i Σ_{j ∈ T} α_ij,
+
+the mean over the n query tokens of the weight each puts on T. "To the previous token" is
+``A = (1/n) Σ_i α_{i,i-1}``: the first token has no previous one and contributes 0, so a head that
+always looks back scores (n − 1)/n, not 1 (Clark et al.'s notebook divides by n too). Over a corpus
+the per-sentence values are averaged, each sentence counting once (:mod:`headwise.analysis.corpus`).
+
+Every function takes ``attn`` ``(B, H, L, L)`` or ``(H, L, L)`` and a :class:`TokenInfo` (None: all
+positions real, none special) and returns ``(B, H)`` (or ``(H,)``); padded rows and keys are excluded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows, squeeze
+
+__all__ = [
+    "attention_to_mask",
+    "attention_to_offset",
+    "attention_to_cls",
+    "attention_to_sep",
+    "attention_to_punctuation",
+    "attention_to_self",
+    "attention_to_previous",
+    "attention_to_next",
+]
+
+
+def _to_mask(a: np.ndarray, info: TokenInfo, targets: np.ndarray) -> np.ndarray:
+    per_row = (a * targets[:, None, None, :]).sum(axis=-1)  # (B, H, L)
+    return mean_over_rows(per_row, info.valid)
+
+
+def _to_offset(a: np.ndarray, info: TokenInfo, offset: int) -> np.ndarray:
+    length = a.shape[-1]
+    per_row = np.zeros(a.shape[:-1])  # (B, H, L)
+    if abs(offset) < length:
+        rows = np.arange(max(0, -offset), min(length, length - offset))
+        per_row[..., rows] = a[..., rows, rows + offset]
+    return mean_over_rows(per_row, info.valid)
+
+
+def attention_to_mask(attn, targets, info: TokenInfo | None = None) -> np.ndarray:
+    """Average attention to the key positions marked in ``targets``: ``(1/n) Σ_i Σ_{j∈T} α_ij``.
+
+    Args:
+        attn: ``(B, H, L, L)`` or ``(H, L, L)``.
+        targets: ``(B, L)`` (or ``(L,)``) bool, the key positions T.
+        info: token info (None: every position real).
+    Returns:
+        ``(B, H)`` or ``(H,)``, in [0, 1].
+    """
+    a, info, unbatched = as_attention(attn, info)
+    t = np.asarray(targets, dtype=bool)
+    if t.ndim == 1:
+        t = t[None]  # (1, L)
+    if t.shape != info.valid.shape:
+        raise ValueError(f"targets: expected shape {info.valid.shape}, got {t.shape}")
+    return squeeze(_to_mask(a, info, t & info.valid), unbatched)
+
+
+def attention_to_offset(attn, offset: int, info: TokenInfo | None = None) -> np.ndarray:
+    """Average attention from each token i to token i + offset: ``(1/n) Σ_i α_{i,i+offset}``.
+
+    ``offset`` 0 is the token itself, −1 the previous token, +1 the next one. A query whose
+    i + offset falls outside the sentence contributes 0 (Clark et al.'s convention).
+
+    Returns:
+        ``(B, H)`` or ``(H,)``.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
+        raise TypeError(f"offset: expected an integer, got {offset!r}")
+    a, info, unbatched = as_attention(attn, info)
+    return squeeze(_to_offset(a, info, int(offset)), unbatched)
+
+
+def attention_to_cls(attn, info: TokenInfo) -> np.ndarray:
+    """Average attention to [CLS] (``info.cls``). Returns ``(B, H)`` or ``(H,)``."""
+    a, info, unbatched = as_attention(attn, info)
+    return squeeze(_to_mask(a, info, info.cls), unbatched)
+
+
+def attention_to_sep(attn, info: TokenInfo) -> np.ndarray:
+    """Average attention to [SEP] (``info.sep``; all separators of the sentence together)."""
+    a, info, unbatched = as_attention(attn, info)
+    return squeeze(_to_mask(a, info, info.sep), unbatched)
+
+
+def attention_to_punctuation(attn, info: TokenInfo) -> np.ndarray:
+    """Average attention to punctuation tokens (``info.punct``; by default ``.`` and ``,`` as Clark et al.)."""
+    a, info, unbatched = as_attention(attn, info)
+    return squeeze(_to_mask(a, info, info.punct), unbatched)
+
+
+def attention_to_self(attn, info: TokenInfo | None = None) -> np.ndarray:
+    """Average attention of each token to itself, ``(1/n) Σ_i α_ii``; identity maps give 1."""
+    return attention_to_offset(attn, 0, info)
+
+
+def attention_to_previous(attn, info: TokenInfo | None = None) -> np.ndarray:
+    """Average attention to the previous token, ``(1/n) Σ_i α_{i,i−1}``; at most (n − 1)/n."""
+    return attention_to_offset(attn, -1, info)
+
+
+def attention_to_next(attn, info: TokenInfo | None = None) -> np.ndarray:
+    """Average attention to the next token, ``(1/n) Σ_i α_{i,i+1}``; at most (n − 1)/n."""
+    return attention_to_offset(attn, 1, info)

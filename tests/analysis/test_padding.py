@@ -1,0 +1,171 @@
+"""Padding must not change the metrics of the real tokens; the corpus aggregate must equal its parts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from headwise import analysis as A
+
+TOKENS = [
+    ["[CLS]", "in", "the", "beginning", ",", "god", "created", ".", "[SEP]"],
+    ["[CLS]", "it", "was", "good", ".", "[SEP]"],
+]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _sentence_maps(rng, heads, n):
+    return _softmax(rng.normal(size=(heads, n, n)) * 3)
+
+
+def _pad(maps, length, rng, leak=0.0):
+    """Embed (H, n, n) maps into (H, L, L): garbage rows at padded queries, `leak` of each real row moved
+    onto padded keys (0 for a model that masks them, as BERT)."""
+    heads, n, _ = maps.shape
+    out = _softmax(rng.normal(size=(heads, length, length)) * 5)  # garbage everywhere
+    out[:, :n, :n] = maps * (1 - leak)
+    if leak:
+        out[:, :n, n:] = leak * _softmax(rng.normal(size=(heads, n, length - n)))
+    else:
+        out[:, :n, n:] = 0.0
+    return out
+
+
+METRIC_FUNCS = {
+    "cls": lambda a, i: A.attention_to_cls(a, i),
+    "sep": lambda a, i: A.attention_to_sep(a, i),
+    "punct": lambda a, i: A.attention_to_punctuation(a, i),
+    "self": lambda a, i: A.attention_to_self(a, i),
+    "prev": lambda a, i: A.attention_to_previous(a, i),
+    "next": lambda a, i: A.attention_to_next(a, i),
+    "entropy": lambda a, i: A.attention_entropy(a, i),
+    "entropy_cls": lambda a, i: A.cls_entropy(a, i),
+    "entropy_ratio": lambda a, i: A.entropy_ratio(a, i),
+    "distance": lambda a, i: A.mean_attention_distance(a, i),
+    "confidence": lambda a, i: A.confidence(a, i),
+}
+
+
+@pytest.mark.parametrize("leak", [0.0, 0.3])
+def test_padding_does_not_change_any_metric(leak):
+    rng = np.random.default_rng(0)
+    heads, length = 4, 14
+    singles = [_sentence_maps(rng, heads, len(t)) for t in TOKENS]
+    batch = np.stack([_pad(m, length, rng, leak) for m in singles])  # (B, H, L, L)
+    info = A.token_info(TOKENS, length=length)
+    for name, f in METRIC_FUNCS.items():
+        got = f(batch, info)  # (B, H)
+        for b, (m, toks) in enumerate(zip(singles, TOKENS)):
+            alone = f(m[None], A.token_info([toks]))[0]  # the unpadded sentence
+            np.testing.assert_allclose(got[b], alone, rtol=1e-12, atol=1e-15, err_msg=name)
+    # Voita's positional test pools tokens: padding must add none.
+    share, offset, _ = A.positional_heads(batch, info)
+    pooled = np.concatenate(
+        [A.argmax_offsets(m[None], A.token_info([t]))[0][:, 1:-1] for m, t in zip(singles, TOKENS)], axis=1
+    )  # (H, tokens) without [CLS]/[SEP] rows
+    for h in range(heads):
+        values, counts = np.unique(pooled[h], return_counts=True)
+        assert share[h] == pytest.approx(counts.max() / pooled.shape[1])
+        assert offset[h] == values[np.argmax(counts)]
+
+
+def test_padding_test_has_teeth():
+    """Averaging over every row, padded ones included, gives other numbers: the test above can fail."""
+    rng = np.random.default_rng(0)
+    m = _sentence_maps(rng, 4, 6)
+    padded = _pad(m, 14, rng)
+    naive = np.mean(np.diagonal(padded, axis1=-2, axis2=-1), axis=-1)
+    assert not np.allclose(naive, A.attention_to_self(m))
+    no_mask = A.attention_to_self(padded)  # treating padding as real tokens
+    assert not np.allclose(no_mask, A.attention_to_self(m))
+
+
+def test_js_between_heads_ignores_padding():
+    rng = np.random.default_rng(1)
+    singles = [_sentence_maps(rng, 5, len(t)) for t in TOKENS]
+    batch = np.stack([_pad(m, 12, rng) for m in singles])
+    info = A.token_info(TOKENS, length=12)
+    got = A.js_divergence_between_heads(batch, info)
+    both = sum(A.js_divergence_between_heads(m) * m.shape[-1] for m in singles) / sum(len(t) for t in TOKENS)
+    np.testing.assert_allclose(got, both, rtol=1e-12, atol=1e-15)
+
+
+def _layers(rng, tokens, num_layers, heads, length):
+    """Per-layer (B, H, L, L) padded maps, and the per-sentence (NL, H, n, n) originals."""
+    singles = [np.stack([_sentence_maps(rng, heads, len(t)) for _ in range(num_layers)]) for t in tokens]
+    layers = [np.stack([_pad(s[layer], length, rng) for s in singles]) for layer in range(num_layers)]
+    return layers, singles
+
+
+def test_corpus_aggregate_equals_sentence_means_and_is_order_free():
+    rng = np.random.default_rng(2)
+    tokens = TOKENS + [["[CLS]", "amen", ",", "amen", ".", "[SEP]", "x"][:6]]
+    layers, singles = _layers(rng, tokens, 2, 3, 11)
+    info = A.token_info(tokens, length=11)
+    stats = A.HeadStats(2, 3, max_length=16)
+    stats.update(layers, info)
+    report = stats.result()
+    # Clark-style metrics: the mean over sentences of each sentence's value.
+    for name in ("cls", "sep", "punct", "prev", "entropy", "distance"):
+        per_sentence = [
+            np.stack([METRIC_FUNCS[name](s[k], A.token_info([t])) for k in range(2)]) for s, t in zip(singles, tokens)
+        ]
+        np.testing.assert_allclose(report.metrics[name], np.mean(per_sentence, axis=0), rtol=1e-12, err_msg=name)
+    # Voita's confidence: the mean over query tokens (not sentences) of the row maxima.
+    maxima = [s.max(-1)[:, :, 1:-1] for s in singles]  # (NL, H, n - 2): without [CLS] and [SEP]
+    np.testing.assert_allclose(report.metrics["confidence"], np.concatenate(maxima, -1).mean(-1), rtol=1e-12)
+    assert report.num_sentences == 3 and report.num_tokens == sum(len(t) for t in tokens)
+    assert report.js_divergence.shape == (6, 6) and report.mds.shape == (6, 2)
+    # Streaming: the same sentences in two batches, in another order, give the same report.
+    again = A.HeadStats(2, 3, max_length=16)
+    again.update([a[[2]] for a in layers], A.token_info(tokens[2:], length=11))
+    again.update([a[[1, 0]] for a in layers], A.token_info([tokens[1], tokens[0]], length=11))
+    second = again.result()
+    for name in A.METRICS:
+        np.testing.assert_allclose(second.metrics[name], report.metrics[name], rtol=1e-12, err_msg=name)
+    np.testing.assert_allclose(second.js_divergence, report.js_divergence, rtol=1e-10, atol=1e-15)
+    np.testing.assert_array_equal(second.roles, report.roles)
+
+
+def test_corpus_memory_does_not_grow():
+    rng = np.random.default_rng(3)
+    stats = A.HeadStats(1, 2, max_length=8)
+    sizes = []
+    for _ in range(3):
+        layers, _ = _layers(rng, TOKENS[1:], 1, 2, 8)
+        stats.update(layers, A.token_info(TOKENS[1:], length=8))
+        sizes.append(sum(v.nbytes for v in vars(stats).values() if isinstance(v, np.ndarray)))
+    assert sizes[0] == sizes[-1] and stats.num_sentences == 3
+
+
+def test_analyze_texts_streams_batches():
+    rng = np.random.default_rng(4)
+    calls = []
+
+    def attend(texts):
+        calls.append(len(texts))
+        toks = [["[CLS]"] + t.split() + ["[SEP]"] for t in texts]
+        length = max(map(len, toks))
+        maps = [np.stack([_pad(_sentence_maps(rng, 2, len(t)), length, rng) for t in toks])]
+        return maps, A.token_info(toks, length=length)
+
+    texts = (f"word {'x ' * (k % 4)}end" for k in range(7))  # a generator: read lazily
+    report = A.analyze_texts(texts, attend, num_layers=1, num_heads=2, max_length=16, batch_size=3)
+    assert calls == [3, 3, 1] and report.num_sentences == 7
+    with pytest.raises(ValueError, match="batch_size"):
+        A.analyze_texts([], attend, num_layers=1, num_heads=2, batch_size=0)
+    with pytest.raises(ValueError, match="at least one sentence"):
+        A.analyze_texts([], attend, num_layers=1, num_heads=2)
+
+
+def test_head_stats_checks_shapes():
+    stats = A.HeadStats(2, 3, max_length=8)
+    info = A.token_info([["a", "b"]])
+    with pytest.raises(ValueError, match="expected 2 layers"):
+        stats.update([np.ones((1, 3, 2, 2)) / 2], info)
+    with pytest.raises(ValueError, match=r"attentions\[0\]"):
+        stats.update([np.ones((1, 4, 2, 2)) / 2] * 2, info)
