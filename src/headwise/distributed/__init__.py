@@ -1,0 +1,37 @@
+"""Attention beyond one device, on ``torch.distributed``: tensor-parallel heads and ring attention.
+
+- :func:`ring_attention` — context parallelism: the sequence is sharded across ranks, key/value shards
+  travel around a ring (Liu et al. 2023); exact, differentiable, causal with a zigzag layout option.
+- :class:`ContextParallelAttention` — a :class:`headwise.MultiHeadAttention` run on sequence shards
+  through :func:`ring_attention`.
+- :func:`parallelize_attention` — tensor parallelism: whole heads per rank through DTensor
+  (``ColwiseParallel`` Wq/Wk/Wv, ``RowwiseParallel`` Wo, as in Megatron-LM and torchtitan).
+
+Tested on CPU with gloo; written for NCCL on GPUs (see docs/distributed.md).
+"""
+
+from headwise.distributed._group import init_from_env, shutdown
+from headwise.distributed.kernels import CpuFlashKernel, CudaEfficientKernel, CudaFlashKernel, MathKernel
+from headwise.distributed.ring import (
+    LAYOUTS,
+    gather_sequence,
+    ring_attention,
+    shard_positions,
+    shard_sequence,
+    unshard_sequence,
+)
+
+__all__ = [
+    "LAYOUTS",
+    "CpuFlashKernel",
+    "CudaEfficientKernel",
+    "CudaFlashKernel",
+    "MathKernel",
+    "gather_sequence",
+    "init_from_env",
+    "ring_attention",
+    "shard_positions",
+    "shard_sequence",
+    "shutdown",
+    "unshard_sequence",
+]
