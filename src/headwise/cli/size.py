@@ -100,9 +100,10 @@ def _article_note(sizing, arch) -> tuple[str, str]:
         computed = _pct(c.computed) if c.quantity == "attention_share" else format_count(c.computed)
         state = "agrees" if c.agrees else "off"
         parts.append(f"{label[c.quantity]} {computed} (article {claimed[c.quantity]}: {state})")
-    full = f'the article ({arch.article.where}) says "{arch.article.text}"; computed: {"; ".join(parts)}.'
+    full = f'the article ({arch.article.where}) says "{arch.article.text}"; computed: {"; ".join(parts)}'
     if arch.article.comment and verdict == "OFF":
-        full += f" — {arch.article.comment}."
+        full += f" — {arch.article.comment}"
+    full += "."
     return f"article: {short} — {verdict}", full
 
 
