@@ -1,0 +1,40 @@
+"""The two source articles as checkable claims: what each prints, and what headwise computes.
+
+``headwise verify`` prints :func:`check_all`'s results as a table::
+
+    from headwise.articles import all_claims, check_all
+    results = check_all()                 # one Result per claim, in the articles' order
+    [r for r in results if r.status == "FAIL"]   # [] when everything reproduces
+
+See :mod:`headwise.articles.claim` for the statuses (pass / erratum / FAIL) and the comparison rules.
+"""
+
+from __future__ import annotations
+
+from headwise.articles import techbyte, under_the_hood
+from headwise.articles.claim import ERRATUM, FAIL, PASS, Claim, Result, check
+
+__all__ = ["ARTICLES", "Claim", "Result", "PASS", "ERRATUM", "FAIL", "all_claims", "check", "check_all"]
+
+#: article key -> (title, file name in ``shared/seeds/``)
+ARTICLES = {
+    under_the_hood.KEY: ("LLM Under the Hood, Part 4: Multi-Head Attention", "000_5713966d6f8be7c5.txt"),
+    techbyte.KEY: ("TechByteByByte: Multi-Head Attention", "001_c2870792325014b6.txt"),
+}
+
+
+def all_claims(article: str | None = None) -> list[Claim]:
+    """The claims of one article (a key of :data:`ARTICLES`), or of both (None).
+
+    Raises:
+        ValueError: an unknown article key.
+    """
+    if article is not None and article not in ARTICLES:
+        raise ValueError(f"article: expected one of {sorted(ARTICLES)}, got {article!r}")
+    found = under_the_hood.claims() + techbyte.claims()
+    return [c for c in found if article is None or c.article == article]
+
+
+def check_all(claims: list[Claim] | None = None) -> list[Result]:
+    """Check ``claims`` (default: :func:`all_claims`), in order."""
+    return [check(c) for c in (all_claims() if claims is None else claims)]
