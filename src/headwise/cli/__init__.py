@@ -15,6 +15,21 @@ import typer
 
 from headwise.cli._app import CLIError, app
 
+try:  # typer >= 0.29 carries its own copy of click, whose exceptions are not click's
+    from typer._click import exceptions as _typer_click
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _typer_click = click.exceptions
+
+
+
+def _both(name: str) -> tuple[type[BaseException], ...]:
+    return tuple({getattr(m, name) for m in (click.exceptions, _typer_click) if hasattr(m, name)})
+
+
+_NO_ARGS, _USAGE, _ABORT, _CLICK, _EXIT = (
+    _both(n) for n in ("NoArgsIsHelpError", "UsageError", "Abort", "ClickException", "Exit")
+)
+
 __all__ = ["app", "main", "CLIError"]
 
 for _mod in pkgutil.iter_modules(__path__):
@@ -33,19 +48,21 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         rc = command.main(args=argv, prog_name="headwise", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as e:  # `headwise` alone: the help, exit 0
+    except _NO_ARGS as e:  # `headwise` alone: the help, exit 0
         print(e.ctx.get_help() if e.ctx else str(e))
         sys.exit(0)
-    except click.exceptions.UsageError as e:
+    except _USAGE as e:
         hint = f" (see 'headwise {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else ""
         _fail(f"{e.format_message()}{hint}")
-    except click.exceptions.Abort:
+    except _ABORT:
         print("headwise: interrupted", file=sys.stderr)
         sys.exit(130)
     except KeyboardInterrupt:
         print("headwise: interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.exceptions.ClickException as e:
+    except _EXIT as e:
+        sys.exit(e.exit_code)
+    except _CLICK as e:
         _fail(e.format_message())
     except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
         _fail(str(e))

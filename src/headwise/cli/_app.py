@@ -21,3 +21,8 @@ app = typer.Typer(
 
 class CLIError(Exception):
     """A user's mistake: printed as one line on stderr, exit status 2."""
+
+
+@app.callback()
+def _root() -> None:
+    """Multi-head attention and positional encodings: run, verify, measure and picture them."""
