@@ -459,10 +459,19 @@ def test_llama_partial_rotary_is_rejected_by_name():
         from_hf(attn)
 
 
-def test_mistral_sliding_window_is_rejected_by_name():
-    config = MistralConfig(
-        hidden_size=D, num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=48,
-        vocab_size=32, sliding_window=16,
-    )  # fmt: skip
-    with pytest.raises(ValueError, match=r"config\.sliding_window=16"):
-        from_hf(MistralModel(config).layers[0].self_attn)
+def test_llama_rope_parameters_per_layer_type_are_rejected():
+    attn = _llama(num_hidden_layers=1).layers[0].self_attn
+    attn.config.rope_parameters = {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    with pytest.raises(ValueError, match=r"rope_parameters: RoPE settings per layer type \(full_attention\)"):
+        from_hf(attn)
+
+
+def test_sliding_windows_are_rejected_by_name():
+    small = dict(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=48)
+    mistral = MistralModel(MistralConfig(vocab_size=32, sliding_window=16, **small))
+    with pytest.raises(ValueError, match=r"config\.sliding_window=16.*MistralAttention"):
+        from_hf(mistral.layers[0].self_attn)
+    windowed = dict(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    qwen = Qwen2Model(Qwen2Config(vocab_size=32, **windowed, **small))
+    with pytest.raises(ValueError, match=r"config\.sliding_window=8.*Qwen2Attention"):
+        from_hf(qwen.layers[0].self_attn)

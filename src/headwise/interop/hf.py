@@ -144,13 +144,14 @@ def _heads(features: int, head_dim: int, what: str) -> int:
 # -- Llama, Mistral, Qwen2 ------------------------------------------------------------------------------
 
 
-def _rope_parameters(config, layer_type: str | None) -> tuple[dict, str]:
-    """The RoPE settings as one flat dict (transformers 5 ``rope_parameters`` or 4.x ``rope_theta``/``rope_scaling``)."""
+def _rope_parameters(config) -> tuple[dict, str]:
+    """RoPE settings as one flat dict: transformers 5 ``rope_parameters``; 4.x ``rope_theta``, ``rope_scaling``."""
     params = getattr(config, "rope_parameters", None)
     if params is not None:
         where = "config.rope_parameters"
-        if layer_type is not None and isinstance(params.get(layer_type), dict):  # one dict per layer type
-            params, where = params[layer_type], f"config.rope_parameters[{layer_type!r}]"
+        nested = [k for k, v in params.items() if isinstance(v, dict)]
+        if nested:
+            raise ValueError(f"{where}: RoPE settings per layer type ({', '.join(nested)}) are not supported")
         params = dict(params)
     else:
         where = "config.rope_scaling"
@@ -159,8 +160,8 @@ def _rope_parameters(config, layer_type: str | None) -> tuple[dict, str]:
     return params, where
 
 
-def _rope_from_config(config, head_dim: int, layer_type: str | None) -> RotaryEmbedding:
-    params, where = _rope_parameters(config, layer_type)
+def _rope_from_config(config, head_dim: int) -> RotaryEmbedding:
+    params, where = _rope_parameters(config)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ValueError(
@@ -169,7 +170,8 @@ def _rope_from_config(config, head_dim: int, layer_type: str | None) -> RotaryEm
     partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if partial is not None and float(partial) != 1.0:
         raise ValueError(
-            f"{where}: partial_rotary_factor={partial!r} is not supported (headwise rotates the whole head; expected 1.0)"
+            f"{where}: partial_rotary_factor={partial!r} is not supported "
+            "(headwise rotates the whole head; expected 1.0)"
         )
     scaling = None
     if kind != "default":
@@ -196,9 +198,6 @@ def _from_llama_like(m) -> MultiHeadAttention:
     head_dim = int(m.head_dim)
     num_heads = _heads(m.q_proj.out_features, head_dim, "q_proj")
     num_kv_heads = _heads(m.k_proj.out_features, head_dim, "k_proj")
-    layer_type = getattr(m, "layer_type", None)
-    if layer_type is None and getattr(config, "layer_types", None) and m.layer_idx is not None:
-        layer_type = config.layer_types[m.layer_idx]
     projections = (m.q_proj, m.k_proj, m.v_proj, m.o_proj)
     return _build(
         like=m.q_proj.weight,
@@ -210,7 +209,7 @@ def _from_llama_like(m) -> MultiHeadAttention:
         biases=tuple(p.bias for p in projections),
         dropout=getattr(m, "attention_dropout", 0.0),
         scale=float(getattr(m, "scaling", head_dim**-0.5)),
-        positional=_rope_from_config(config, head_dim, layer_type),
+        positional=_rope_from_config(config, head_dim),
     )
 
 
