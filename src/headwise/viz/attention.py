@@ -114,7 +114,7 @@ def plot_attention_heads(
                     value = w[h, i, j]
                     ax.text(
                         j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                        color="black" if value > 0.6 else "white",
+                        color="black" if value > 0.6 else "white", in_layout=False,  # inside the axes: no need
                     )  # fmt: skip
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     if title:
