@@ -80,11 +80,11 @@ def _count(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
-    """The first article's ``AttentionBlock`` on ``text``, random weights from ``seed``.
+def check_sizes(heads: int, d_model: int) -> None:
+    """The untrained block's sizes: ``d_model`` a positive even multiple of ``heads``.
 
     Raises:
-        CLIError: sizes that do not fit (``d_model`` not a positive even multiple of ``heads``).
+        CLIError: naming the option.
     """
     if heads <= 0:
         raise CLIError(f"--heads: expected a positive integer, got {heads}")
@@ -94,6 +94,15 @@ def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
         raise CLIError(f"--d-model: expected a multiple of --heads={heads}, got {d_model}")
     if d_model % 2:
         raise CLIError(f"--d-model: expected an even width (sinusoidal positions come in sin/cos pairs), got {d_model}")
+
+
+def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
+    """The first article's ``AttentionBlock`` on ``text``, random weights from ``seed``.
+
+    Raises:
+        CLIError: sizes that do not fit (``d_model`` not a positive even multiple of ``heads``).
+    """
+    check_sizes(heads, d_model)
     tokens = tokenize(text)
     vocab = vocabulary(tokens)
 
@@ -144,6 +153,19 @@ def real_model_available() -> bool:
     return hasattr(models, "load_bert")
 
 
+def check_layer(layer: int) -> None:
+    """``layer`` is one of the bundled model's layers (read from its config.json, before loading weights).
+
+    Raises:
+        CLIError: naming ``--layer``.
+    """
+    from headwise.models import BertConfig, default_model_path
+
+    layers = BertConfig.from_file(default_model_path() / "config.json").num_hidden_layers
+    if not 0 <= layer < layers:
+        raise CLIError(f"--layer: expected 0 … {layers - 1} (all-MiniLM-L6-v2 has {layers} layers), got {layer}")
+
+
 def run_minilm(text: str, layer: int) -> Run:
     """The pretrained all-MiniLM-L6-v2 encoder of :mod:`headwise.models` on ``text``; layer ``layer``'s heads.
 
@@ -158,10 +180,9 @@ def run_minilm(text: str, layer: int) -> Run:
 
     from headwise.models import encode, load_bert
 
+    check_layer(layer)
     model, tokenizer = load_bert()
     config = model.config
-    if not 0 <= layer < config.num_hidden_layers:
-        raise CLIError(f"--layer: expected 0 … {config.num_hidden_layers - 1}, got {layer}")
     batch = encode(tokenizer, [text], max_length=MAX_TOKENS)
     with torch.no_grad():
         result = model(batch.input_ids, batch.attention_mask, output_attentions=True)
@@ -268,17 +289,20 @@ def demo(
         for option, value in (("--heads", heads), ("--d-model", d_model), ("--seed", seed)):
             if value is not None:
                 raise CLIError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
-        tokenize(text)  # the same check of the text, before loading anything
+        layer = 0 if layer is None else layer
+        tokenize(text)  # the same checks as the model's, before loading anything
+        if real_model_available():
+            check_layer(layer)
         prepare_folder(out, "--out")
-        run = run_minilm(text, 0 if layer is None else layer)
+        run = run_minilm(text, layer)
     else:
         if layer is not None:
             raise CLIError("--layer: applies to --model minilm only (the untrained block has one layer)")
+        heads, d_model = 4 if heads is None else heads, 128 if d_model is None else d_model
+        check_sizes(heads, d_model)
         tokenize(text)
         prepare_folder(out, "--out")
-        run = run_untrained(
-            text, 4 if heads is None else heads, 128 if d_model is None else d_model, 0 if seed is None else seed
-        )
+        run = run_untrained(text, heads, d_model, 0 if seed is None else seed)
 
     from rich.console import Console
 
