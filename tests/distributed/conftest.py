@@ -25,6 +25,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_FAILURES: dict[tuple[str, int], str] = {}  # a world that failed is not started again for every test
+
+
 def launch(worker: str, world_size: int, workdir: Path, *, timeout_s: float = TIMEOUT_S) -> list[dict]:
     """Run ``workers/<worker>`` on ``world_size`` ranks with torchrun's environment variables.
 
@@ -32,6 +35,8 @@ def launch(worker: str, world_size: int, workdir: Path, *, timeout_s: float = TI
     port) and writes ``workdir/rank<r>.pt``. Returns those dicts in rank order; fails the test with the
     ranks' logs if any rank exits non-zero or the world outlives ``timeout_s``.
     """
+    if (worker, world_size) in _FAILURES:
+        pytest.fail(f"(failed earlier in this session) {_FAILURES[worker, world_size]}")
     port = free_port()
     procs, logs = [], []
     for rank in range(world_size):
@@ -73,7 +78,8 @@ def launch(worker: str, world_size: int, workdir: Path, *, timeout_s: float = TI
     if failed is None and any(p.returncode for p in procs):
         failed = "a rank failed"
     if failed:
-        pytest.fail(f"{worker}: {failed}\n" + "\n".join(text))
+        _FAILURES[worker, world_size] = message = f"{worker}: {failed}\n" + "\n".join(text)
+        pytest.fail(message)
     return [torch.load(workdir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from headwise import MultiHeadAttention, RotaryEmbedding
 from headwise import functional as HF
 from headwise.distributed import ring_attention, shard_positions, shard_sequence, unshard_sequence
 
@@ -68,8 +69,57 @@ def make_cases(P):
 
 CASE_NAMES = list(make_cases(2))
 
+MODULE_CONFIG = dict(d_model=32, num_heads=8, num_kv_heads=4, head_dim=8, rope=True)
 
-@pytest.fixture(scope="module", params=(2, 4), ids=lambda p: f"world{p}")
+
+def _module(config, dtype):
+    cfg = dict(config)
+    if cfg.pop("rope", False):
+        cfg["positional"] = RotaryEmbedding(cfg["head_dim"])
+    return MultiHeadAttention(**cfg, dtype=dtype)
+
+
+def make_module_cases(P):
+    """ContextParallelAttention around a GQA + RoPE MultiHeadAttention (and a cross-attention one)."""
+    cases = {}
+    specs = [
+        ("module-float64-causal-contiguous", torch.float64, True, "contiguous", MODULE_CONFIG, None),
+        ("module-float64-causal-zigzag", torch.float64, True, "zigzag", MODULE_CONFIG, None),
+        ("module-float32-causal-zigzag", torch.float32, True, "zigzag", MODULE_CONFIG, None),
+        (
+            "module-float64-cross",
+            torch.float64,
+            False,
+            "contiguous",
+            dict(d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, kdim=12, vdim=20, rope=True),
+            4,
+        ),
+    ]
+    for i, (name, dtype, causal, layout, config, s_per_rank) in enumerate(specs):
+        torch.manual_seed(1000 + i)
+        m = _module(config, dtype)
+        L = LP * P
+        case = {
+            "config": config,
+            "dtype": dtype,
+            "causal": causal,
+            "layout": layout,
+            "kernel": None,
+            "state": m.state_dict(),
+            "x": torch.randn(B, L, 32, dtype=dtype),
+            "g": torch.randn(B, L, 32, dtype=dtype),
+        }
+        if s_per_rank:
+            case["key"] = torch.randn(B, s_per_rank * P, 12, dtype=dtype)
+            case["value"] = torch.randn(B, s_per_rank * P, 20, dtype=dtype)
+        cases[name] = case
+    return cases
+
+
+MODULE_CASE_NAMES = list(make_module_cases(2))
+
+
+@pytest.fixture(scope="module", params=(2, pytest.param(4, marks=pytest.mark.slow)), ids=lambda p: f"world{p}")
 def world(request, tmp_path_factory, launch_world):
     P = request.param
     workdir = tmp_path_factory.mktemp(f"ring{P}")
@@ -78,6 +128,7 @@ def world(request, tmp_path_factory, launch_world):
     base = {n: torch.randn(B, H, LP * P, DH, generator=g, dtype=torch.float64) for n in ("q", "k", "v", "qx")}
     payload = {
         "cases": cases,
+        "module_cases": make_module_cases(P),
         "base": base,
         "gather_case": CASE_NAMES[6],
         "subgroup_case": _case(
@@ -112,6 +163,42 @@ def test_matches_single_process(world, name):
         assert got.dtype == case["dtype"] and got.shape == ref[part].shape
         err = (got - ref[part]).abs().max().item()
         assert err <= tol, f"{name} {part}: max |ring − single| = {err:.3g} > {tol:g} (world {P})"
+
+
+@pytest.mark.parametrize("name", MODULE_CASE_NAMES)
+def test_context_parallel_module_matches_single_process(world, name):
+    """ContextParallelAttention(mha) on shards == mha on the full sequence; summed parameter gradients too."""
+    P, payload, ranks = world
+    case = payload["module_cases"][name]
+    m = _module(case["config"], case["dtype"])
+    m.load_state_dict(case["state"])
+    x = case["x"].clone().requires_grad_()
+    kv = [case["key"], case["value"]] if "key" in case else []
+    out, _ = m(x, *kv, is_causal=case["causal"])
+    (out * case["g"]).sum().backward()
+    tol = TOL[case["dtype"]]
+    for part, want in (("out", out.detach()), ("dx", x.grad)):
+        got = unshard_sequence([r["results"][name][part] for r in ranks], layout=case["layout"], dim=1)
+        err = (got - want).abs().max().item()
+        assert err <= tol, f"{name} {part}: {err:.3g}"
+    for pname, p in m.named_parameters():
+        for r in ranks:
+            err = (r["results"][name]["grads"][pname] - p.grad).abs().max().item()
+            assert err <= tol, f"{name} grad {pname} on rank {r['rank']}: {err:.3g}"
+
+
+def test_context_parallel_module_refuses_what_it_cannot_do():
+    from headwise import ALiBi
+    from headwise.distributed import ContextParallelAttention
+
+    with pytest.raises(ValueError, match="ALiBi adds a score bias"):
+        ContextParallelAttention(MultiHeadAttention(16, 4, positional=ALiBi(4)))
+    with pytest.raises(TypeError, match="expected a headwise.MultiHeadAttention"):
+        ContextParallelAttention(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="layout"):
+        ContextParallelAttention(MultiHeadAttention(16, 4), layout="striped")
+    with pytest.raises(RuntimeError, match="no process group"):
+        ContextParallelAttention(MultiHeadAttention(16, 4))(torch.zeros(1, 4, 16))
 
 
 def test_subgroup_ring(world):

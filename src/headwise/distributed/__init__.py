@@ -11,6 +11,7 @@ Tested on CPU with gloo; written for NCCL on GPUs (see docs/distributed.md).
 """
 
 from headwise.distributed._group import init_from_env, shutdown
+from headwise.distributed.context_parallel import ContextParallelAttention
 from headwise.distributed.kernels import CpuFlashKernel, CudaEfficientKernel, CudaFlashKernel, MathKernel
 from headwise.distributed.ring import (
     LAYOUTS,
@@ -20,15 +21,18 @@ from headwise.distributed.ring import (
     shard_sequence,
     unshard_sequence,
 )
+from headwise.distributed.tensor_parallel import parallelize_attention
 
 __all__ = [
     "LAYOUTS",
+    "ContextParallelAttention",
     "CpuFlashKernel",
     "CudaEfficientKernel",
     "CudaFlashKernel",
     "MathKernel",
     "gather_sequence",
     "init_from_env",
+    "parallelize_attention",
     "ring_attention",
     "shard_positions",
     "shard_sequence",

@@ -13,7 +13,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from headwise.distributed import gather_sequence, init_from_env, ring_attention, shard_sequence, shutdown
+from headwise.distributed import (
+    ContextParallelAttention,
+    gather_sequence,
+    init_from_env,
+    ring_attention,
+    shard_sequence,
+    shutdown,
+)
 
 
 def run_case(case, rank, world, group=None):
@@ -42,6 +49,30 @@ def run_case(case, rank, world, group=None):
     return {"out": out.detach(), "dq": grads["q"], "dk": grads["k"], "dv": grads["v"]}
 
 
+def run_module_case(case, rank, world):
+    """ContextParallelAttention on this rank's shard of x (B, L, D); gradients summed over the world."""
+    from headwise import MultiHeadAttention, RotaryEmbedding
+
+    cfg = dict(case["config"])
+    if cfg.pop("rope", False):
+        cfg["positional"] = RotaryEmbedding(cfg["head_dim"])
+    m = MultiHeadAttention(**cfg, dtype=case["dtype"])
+    m.load_state_dict(case["state"])
+    layout = case["layout"]
+    cp = ContextParallelAttention(m, layout=layout, kernel=case["kernel"])
+
+    def shard(t):
+        return shard_sequence(t, rank=rank, world_size=world, layout=layout, dim=1)
+
+    x = shard(case["x"]).clone().requires_grad_()
+    kv = [shard(case["key"]), shard(case["value"])] if "key" in case else []
+    out, weights = cp(x, *kv, is_causal=case["causal"])
+    assert weights is None
+    (out * shard(case["g"])).sum().backward()
+    cp.reduce_gradients()
+    return {"out": out.detach(), "dx": x.grad, "grads": {n: p.grad for n, p in m.named_parameters()}}
+
+
 def capture(fn):
     try:
         fn()
@@ -63,6 +94,8 @@ def main(workdir: Path):
     for name, case in cases.items():
         results[name] = run_case(case, rank, world)
     seconds = time.perf_counter() - t0
+    for name, case in payload["module_cases"].items():
+        results[name] = run_module_case(case, rank, world)
 
     # gather_sequence: the full output on every rank
     c = cases[payload["gather_case"]]
