@@ -153,7 +153,7 @@ def claims() -> list[Claim]:
         c(
             key="tb.concat.shape",
             what="concatenated output shape",
-            printed="Concatenated output (shape (3, 4) ):",
+            printed="Concatenated output (shape (3, 4)):",
             compute=lambda: example()["concatenated"].shape,
             rule=Shape("numpy"),
         ),
@@ -167,7 +167,7 @@ def claims() -> list[Claim]:
         c(
             key="tb.output.shape",
             what="final output shape",
-            printed="Final multi-head attention output (shape (3, 4) ):",
+            printed="Final multi-head attention output (shape (3, 4)):",
             compute=lambda: example()["output"].shape,
             rule=Shape("numpy"),
         ),

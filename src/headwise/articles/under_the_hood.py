@@ -19,7 +19,7 @@ __all__ = ["KEY", "claims"]
 
 KEY = "part4"
 
-_MHA = "PyTorch's built-in and a from-scratch version"
+_MHA = "PyTorch’s built-in and a from-scratch version"
 _POSITION = "The position problem"
 _PE = "Computing the PE matrix in PyTorch"
 _INJECT = "Injecting position into the model"

@@ -7,6 +7,8 @@ reproduced as such, 1 when any fails.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from headwise.cli._app import app
@@ -37,8 +39,12 @@ def _table(title: str, results, first_number: int):
 
 @app.command()
 def verify(
-    article: str = typer.Option(None, "--article", help="Only one article: 'part4' or 'techbyte' (default both)."),
-    width: int = typer.Option(None, "--width", help="Line width (default: the terminal's; 140 into a file)."),
+    article: Annotated[
+        str | None, typer.Option("--article", help="Only one article: 'part4' or 'techbyte' (default both).")
+    ] = None,
+    width: Annotated[
+        int | None, typer.Option("--width", help="Line width (default: the terminal's; 140 into a file).")
+    ] = None,
 ) -> None:
     """Re-run every example of both articles: what each prints, what headwise computes, pass / FAIL / erratum."""
     from rich.console import Console

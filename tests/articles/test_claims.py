@@ -1,0 +1,170 @@
+"""The articles' claims: transcribed faithfully, all reproduced (errata as errata), and the checks can fail."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headwise.articles import ARTICLES, ERRATUM, FAIL, PASS, all_claims, check, check_all
+from headwise.articles.claim import Above, Approx, Below, Claim, Count, Decimals, Holds, Shape, Text
+
+SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"  # ../shared/seeds next to the checkout
+
+#: the claims the issue names, by key
+REQUIRED = {
+    "p4.builtin.out",
+    "p4.builtin.weights",
+    "p4.builtin.equal",
+    "p4.scratch.params",
+    "p4.equivariance",
+    "p4.equivariance.pe",
+    "p4.pe.row0",
+    "p4.pe.row1",
+    "p4.pe.row7",
+    "p4.emb.shape",
+    "p4.token5.pos0",
+    "p4.token5.pos1",
+    "p4.block.out",
+    "p4.block.params",
+    "p4.llama2.attention",
+    "p4.llama2.total",
+    "p4.llama2.share",
+    "p4.llama3.attention",
+    "tb.weights.h1",
+    "tb.weights.h2",
+    "tb.concat",
+    "tb.output",
+    "tb.table.h2.sat",
+}
+#: the known errata (shared/seeds/README.md, plus GPT-2's 117M)
+ERRATA = {"tb.table.h2.sat", "p4.llama2.total", "p4.llama2.share", "p4.llama3.attention", "p4.gpt2.total"}
+
+
+def _printed(key: str) -> str:
+    return next(c.printed for c in all_claims() if c.key == key)
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {r.claim.key: r for r in check_all()}
+
+
+def test_every_claim_reproduces(results):
+    failed = {k: r.shown for k, r in results.items() if r.status == FAIL}
+    assert failed == {}
+    assert {k for k, r in results.items() if r.status == ERRATUM} == ERRATA
+    assert set(results) >= REQUIRED
+
+
+def test_keys_unique_and_articles_known():
+    claims = all_claims()
+    assert len({c.key for c in claims}) == len(claims)
+    assert {c.article for c in claims} == set(ARTICLES)
+    assert [c.key for c in all_claims("techbyte")] == [c.key for c in claims if c.article == "techbyte"]
+    with pytest.raises(ValueError, match="article"):
+        all_claims("nope")
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the source articles are not at {SEEDS}")
+def test_printed_text_is_verbatim_from_the_article():
+    for claim in all_claims():
+        article = _squash((SEEDS / ARTICLES[claim.article][1]).read_text(encoding="utf-8"))
+        assert _squash(claim.printed) in article, claim.key
+        assert claim.value is None or claim.value in claim.printed, claim.key
+        assert _squash(claim.section) in article, claim.key
+
+
+def test_typo_erratum_gives_the_matrix_value(results):
+    """The article's table line for head 2 / 'sat' disagrees with its own matrix; headwise gives the matrix's."""
+    typo = results["tb.table.h2.sat"]
+    matrix = Decimals(4).parse(results["tb.weights.h2"].claim.printed)
+    assert typo.claim.expected == pytest.approx(0.2603)
+    assert round(typo.computed, 4) == pytest.approx(matrix[0, 1]) == pytest.approx(0.1943)
+
+
+def test_llama_figures_from_the_formula(results):
+    """Computed by headwise.sizing; checked here against the formula of the errata note."""
+    assert results["p4.llama2.attention"].computed == 32 * 4 * 4096**2
+    assert results["p4.llama3.attention"].computed == 32 * (2 * 4096**2 + 2 * 4096 * 1024)
+    share = results["p4.llama2.share"].computed
+    assert share == pytest.approx(32 * 4 * 4096**2 / results["p4.llama2.total"].computed)
+    assert 0.31 < share < 0.33
+
+
+def test_equivariance_is_round_off_without_positions_only(results):
+    assert results["p4.equivariance"].computed < 1e-6
+    assert results["p4.equivariance.pe"].computed > 1e-2
+
+
+# -- the rules --------------------------------------------------------------------------------------
+
+
+def test_decimals_reads_numpy_and_list_prints():
+    d = Decimals(4)
+    m = d.parse("[[0.472  0.2676 0.2603]\n [0.2635 0.3618 0.3746]\n [0.4565 0.2735 0.27  ]]")
+    assert m.shape == (3, 3) and m[2, 2] == 0.27 and m[0, 0] == 0.472
+    assert d.parse("[[-0.0194 -0.8694]\n [ 0.3008 -0.8794]]").tolist() == [[-0.0194, -0.8694], [0.3008, -0.8794]]
+    assert d.parse("PE[7]    : [0.6570, 0.7539, -0.8593]").tolist() == [0.657, 0.7539, -0.8593]
+    assert float(d.parse("Head 2 -> 'sat': 0.2603")) == 0.2603
+
+
+def test_decimals_agrees_only_to_the_printed_rounding():
+    d = Decimals(4)
+    expected = d.parse("[0.8415, 0.5403]")
+    assert d.agrees(expected, np.array([0.84147, 0.54030]))
+    assert not d.agrees(expected, np.array([0.84137, 0.54030]))  # off by 1e-4
+    assert not d.agrees(expected, np.array([0.84147]))  # wrong shape
+    assert not d.agrees(d.parse("[[1.0, 2.0]]"), np.array([1.0, 2.0]))
+
+
+def test_other_rules():
+    assert Shape().parse("Output shape  : torch.Size([2, 10, 128])") == (2, 10, 128)
+    assert Shape().parse("Concatenated output (shape (3, 4) ):") == (3, 4)
+    assert Shape().agrees((2, 10), (2, 10)) and not Shape().agrees((2, 10), (10, 2))
+    assert Shape("numpy").show((3, 4)) == "(3, 4)" and Shape().show((3, 4)) == "torch.Size([3, 4])"
+    assert Count().parse("Parameters    : 1,346,048") == 1_346_048
+    assert Count().parse("d_k=64") == 64 and Count().parse("zero") == 0
+    assert Approx(0.05).parse("~1.5B") == 1.5e9 and Approx().parse("26%") == pytest.approx(0.26)
+    assert Approx(0.05).agrees(2.1e9, 2_147_483_648) and not Approx(0.05).agrees(1.5e9, 1_342_177_280)
+    assert Below(1e-6).agrees(None, 1.19e-7) and not Below(1e-6).agrees(None, 2e-6)
+    assert Above(1e-3).agrees(None, 0.09) and not Above(1e-3).agrees(None, 1e-7)
+    assert Text().agrees("cat", "cat") and not Text().agrees("cat", "mat")
+    assert Holds().agrees(True, (True, "x")) and not Holds().agrees(True, (False, "x"))
+
+
+def _claim(**kw) -> Claim:
+    base = dict(key="k", article="part4", section="s", what="w", printed="66,048", compute=lambda: 66_048, rule=Count())
+    return Claim(**{**base, **kw})
+
+
+def test_status_logic():
+    assert check(_claim()).status == PASS
+    assert check(_claim(printed="66,049")).status == FAIL
+    # an erratum holds only when the article is wrong AND headwise gives the correction
+    assert check(_claim(printed="66,049", correct="66,048")).status == ERRATUM
+    assert check(_claim(printed="66,048", correct="66,048")).status == FAIL  # the article is right after all
+    assert check(_claim(printed="66,049", correct="66,047")).status == FAIL  # neither
+    broken = check(_claim(compute=lambda: 1 / 0))
+    assert broken.status == FAIL and "ZeroDivisionError" in broken.shown
+
+
+@pytest.mark.parametrize(
+    "key, printed",
+    [
+        ("p4.scratch.params", "Parameters   : 66,049"),
+        ("p4.pe.row1", "PE[1]    : [0.8415, 0.5403, 0.6816, 0.7318, 0.5332, 0.8461]"),
+        ("p4.block.out", "Output shape  : torch.Size([2, 16, 127])"),
+        ("tb.output", _printed("tb.output").replace("1.0458", "1.0459")),
+        ("tb.table.h2.sat", "Head 2 -> 'sat': 0.1943"),  # the erratum no longer holds
+    ],
+)
+def test_a_changed_printed_value_fails(key, printed):
+    claim = next(c for c in all_claims() if c.key == key)
+    assert check(dataclasses.replace(claim, printed=printed)).status == FAIL
