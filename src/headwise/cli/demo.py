@@ -272,13 +272,21 @@ def demo(
     ),
     model: Annotated[
         str,
-        typer.Option("--model", help="'untrained' (the article's random block), 'minilm' (pretrained), or 'auto'."),
+        typer.Option(
+            "--model",
+            help="'minilm' (pretrained all-MiniLM-L6-v2), 'untrained' (the first article's random block), or "
+            "'auto': minilm when headwise.models can load it (and no --heads/--d-model/--seed), else untrained.",
+        ),
     ] = "auto",
     layer: Annotated[
         int | None, typer.Option("--layer", help="Layer shown with --model minilm (0-based, default 0).")
     ] = None,
 ) -> None:
-    """Run a sentence through multi-head attention: shapes, parameter count, every head's weights, two pictures."""
+    """Run a sentence through multi-head attention.
+
+    Prints the shapes, the parameter count and every head's attention weights; writes attention.png
+    (one heatmap per head) and positional_encoding.png into --out.
+    """
     if model not in MODELS:
         raise CLIError(f"--model: expected one of {', '.join(MODELS)}, got {model!r}")
     chosen = model

@@ -17,7 +17,10 @@ def pe(
     d_model: Annotated[int, typer.Option("--d-model", help="Dimensions (columns); even.")] = 64,
     out: Annotated[Path, typer.Option("--out", help="The picture to write (.png, .svg or .pdf).")] = Path("pe.png"),
 ) -> None:
-    """Draw the sinusoidal positional encoding (positions × dimensions), as the first article's Figure 2."""
+    """Draw the sinusoidal positional encoding (Figure 2).
+
+    A heatmap of positions × dimensions, as the first article's Figure 2.
+    """
     if max_len <= 0:
         raise CLIError(f"--max-len: expected a positive integer, got {max_len}")
     if d_model <= 0 or d_model % 2:

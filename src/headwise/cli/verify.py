@@ -46,7 +46,11 @@ def verify(
         int | None, typer.Option("--width", help="Line width (default: the terminal's; 140 into a file).")
     ] = None,
 ) -> None:
-    """Re-run every example of both articles: what each prints, what headwise computes, pass / FAIL / erratum."""
+    """Re-run both articles' examples and check them.
+
+    A table per article: claim, what the article prints, what headwise computes, pass / FAIL /
+    erratum. Exit status 1 when any claim fails.
+    """
     from rich.console import Console
 
     from headwise.articles import ARTICLES, FAIL, all_claims, check_all
