@@ -76,10 +76,17 @@ def verify(
         number += len(mine)
         console.print()
     if notes:
-        console.print("Notes:")
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(justify="right", no_wrap=True)
+        grid.add_column(no_wrap=True)
+        grid.add_column()
         for n, r in notes:
-            label = f"[{_STYLE[r.status]}]{r.status}[/]" if r.status != "pass" else "pass"
-            console.print(f"  #{n} ({label}) {r.claim.note}")
+            grid.add_row(f"#{n}", Text(r.status, style=_STYLE[r.status]), r.claim.note)
+        console.print("Notes:")
+        console.print(grid)
         console.print()
     counts = {s: sum(r.status == s for r in results) for s in ("pass", "erratum", FAIL)}
     console.print(
