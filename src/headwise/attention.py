@@ -11,11 +11,21 @@ zero attention output (before ``Wo``) — never NaN, in forward and backward.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise import functional, masks
 from headwise.cache import KVCache
 from headwise.positional.base import PositionalPart
+
+# Fewest tokens (B·L) for which the Q/K/V projections run as one product (see ``_project``).
+FUSE_MIN_TOKENS = 1024
+
+
+def _global_hooks() -> bool:
+    """Whether any module-wide forward hook is registered (``nn.modules.module.register_module_forward_hook``)."""
+    mod = nn.modules.module
+    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_forward_pre_hooks", None))
 
 
 def _positive_int(name: str, value) -> None:
@@ -155,6 +165,42 @@ class MultiHeadAttention(nn.Module):
             )
         return position_ids.to(device)
 
+    # -- projections -------------------------------------------------------------------------------
+    def _fusable(self, *linears: nn.Linear) -> bool:
+        """True when ``linears`` may be run as one matrix product: plain ``nn.Linear`` layers with plain
+        tensors (not DTensor shards) and no hooks, so that skipping their ``forward`` changes nothing."""
+        if _global_hooks():
+            return False
+        for m in linears:
+            if type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks:
+                return False
+            if any(type(p) not in (nn.Parameter, Tensor) for p in (m.weight, m.bias) if p is not None):
+                return False
+        return True
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor):
+        """``(q (B, L, H·Dh), k (B, S, Hkv·Dh), v (B, S, Hkv·Dh))``.
+
+        Fast path: when the three inputs are one tensor (self-attention) the projections run as one
+        matrix product with the weights concatenated per call (Wq; Wk; Wv), and keys and values likewise
+        when they share an input — the same numbers, one pass over the input. Only for
+        ``FUSE_MIN_TOKENS`` tokens or more, where the concatenation costs little next to the product.
+        """
+        fuse = ()
+        if key is value and key.shape[0] * key.shape[1] >= FUSE_MIN_TOKENS:
+            if query is key and self._fusable(self.Wq, self.Wk, self.Wv):
+                fuse = (self.Wq, self.Wk, self.Wv)
+            elif self._fusable(self.Wk, self.Wv):
+                fuse = (self.Wk, self.Wv)
+        if not fuse:
+            return self.Wq(query), self.Wk(key), self.Wv(value)
+        weight = torch.cat([m.weight for m in fuse])  # (ΣOut, In)
+        bias = None if fuse[0].bias is None else torch.cat([m.bias for m in fuse])
+        parts = F.linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out) each
+        if len(fuse) == 3:
+            return parts
+        return (self.Wq(query), *parts)
+
     # -- forward -----------------------------------------------------------------------------------
     def forward(
         self,
@@ -198,9 +244,10 @@ class MultiHeadAttention(nn.Module):
         S_new, dh = key.shape[1], self.head_dim
         offset = 0 if cache is None else cache.length
 
-        q = self.Wq(query).view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
-        k = self.Wk(key).view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
-        v = self.Wv(value).view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+        q, k, v = self._project(query, key, value)
+        q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
+        k = k.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+        v = v.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
 
         q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
         k_pos = q_pos if self_attention else torch.arange(offset, offset + S_new, device=query.device)
@@ -214,11 +261,13 @@ class MultiHeadAttention(nn.Module):
         S = k.shape[2]
         bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
 
-        # Causal: plain top-left causality goes to the kernel as a flag; otherwise it is a mask on slots.
+        # Causal: plain top-left causality goes to the kernel as a flag; one new token after the cache
+        # sees every key (no mask at all); otherwise it is a mask on slots.
         only_causal = attn_mask is None and key_padding_mask is None and bias is None
         kernel_causal = is_causal and only_causal and offset == 0 and L == S
+        sees_all = is_causal and L == 1 and offset + 1 == S
         causal_slots = None
-        if is_causal and not kernel_causal:
+        if is_causal and not kernel_causal and not sees_all:
             causal_slots = (
                 torch.arange(offset, offset + L, device=query.device),
                 torch.arange(S, device=query.device),
@@ -234,19 +283,34 @@ class MultiHeadAttention(nn.Module):
             S=S,
             dtype=q.dtype,
         )
-        out, weights = functional.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            blocked=blocked,
-            bias=bias,
-            is_causal=kernel_causal,
-            scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            backend=self.backend,
-        )  # (B, H, L, Dh), (B, H, L, S)
-        out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D)
-        if weights is not None and average_weights:
-            weights = weights.mean(dim=1)  # (B, L, S)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights and self.backend != "math":
+            # Weights by blocks; averaged over heads without forming (B, H, L, S).
+            out, weights = functional.attention_weights(
+                q,
+                k,
+                v,
+                blocked=blocked,
+                bias=bias,
+                is_causal=kernel_causal,
+                scale=self.scale,
+                dropout_p=dropout_p,
+                average_heads=average_weights,
+            )  # (B, H, L, Dh), (B, L, S) or (B, H, L, S)
+        else:
+            out, weights = functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                blocked=blocked,
+                bias=bias,
+                is_causal=kernel_causal,
+                scale=self.scale,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
+                backend=self.backend,
+            )  # (B, H, L, Dh), (B, H, L, S)
+            if weights is not None and average_weights:
+                weights = weights.mean(dim=1)  # (B, L, S)
+        out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D); a view for sdpa
         return out, weights

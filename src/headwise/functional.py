@@ -117,6 +117,103 @@ def attention_sdpa(
     return out
 
 
+# Scores held at once by the need-weights path: 2**21 elements is 8 MB in float32 — small enough to stay
+# in the cache and in the allocator's reused heap (glibc maps blocks over 32 MB afresh, page by page).
+_WEIGHTS_CHUNK = 1 << 21
+
+
+def _rank4(m: Tensor | None) -> Tensor | None:
+    return None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))  # (B|1, H|1, L|1, S|1)
+
+
+def _part(m: Tensor | None, b: slice, h: slice, r: slice) -> Tensor | None:
+    """The ``[b, h, r]`` block of a rank-4 mask broadcastable to ``(B, H, L, S)``; size-1 axes stay."""
+    if m is None:
+        return None
+    return m[
+        b if m.shape[0] > 1 else slice(None),
+        h if m.shape[1] > 1 else slice(None),
+        r if m.shape[2] > 1 else slice(None),
+    ]
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    average_heads: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The fast path that returns weights: :func:`attention_math`'s maths, a block of scores at a time.
+
+    Loops over batch items, groups of heads and (for long sequences) query rows so that at most
+    ``_WEIGHTS_CHUNK`` scores exist at once besides the returned weights; uses the fused ``torch.softmax``
+    and in-place scaling/masking. With ``average_heads`` the ``(B, H, L, S)`` weights are never formed.
+    Tested to agree with :func:`attention_math` (``tests/core/test_fast_paths.py``).
+
+    Args:
+        q: ``(B, H, L, Dh)``; k, v: ``(B, Hkv, S, Dh)``; blocked, bias, is_causal, scale, dropout_p: as
+            :func:`scaled_dot_product_attention` (``is_causal`` top-left aligned).
+        average_heads: return weights averaged over heads ``(B, L, S)`` instead of ``(B, H, L, S)``.
+    Returns:
+        ``(out (B, H, L, Dh), weights (B, H, L, S) or (B, L, S))``; ``out`` is laid out as
+        ``(B, L, H, Dh)`` in memory, so merging heads is a view.
+    """
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = repeat_kv(k, H).transpose(-2, -1)  # (B, H, Dh, S)
+    v = repeat_kv(v, H)  # (B, H, S, Dv)
+    q = q * scale  # scaling q (L·Dh products) is cheaper than scaling the scores (L·S)
+    blocked, bias = _rank4(blocked), _rank4(bias)
+    per_head = max(1, _WEIGHTS_CHUNK // max(1, L * S))
+    groups = -(-H // min(H, per_head))
+    hc = -(-H // groups)  # heads per block, balanced
+    rc = L if hc > 1 else max(1, min(L, _WEIGHTS_CHUNK // max(1, S)))  # query rows per block
+    out = q.new_empty(B, L, H, Dv)  # (B, L, H, Dv): heads merge with a view
+    weights = q.new_empty((B, L, S) if average_heads else (B, H, L, S))
+    key_slots = torch.arange(S, device=q.device)
+    for b0 in range(B):
+        bs = slice(b0, b0 + 1)
+        for r0 in range(0, L, rc):
+            rs = slice(r0, min(L, r0 + rc))
+            mean = None
+            for h0 in range(0, H, hc):
+                hs = slice(h0, min(H, h0 + hc))
+                s = q[b0, hs, rs] @ k[b0, hs]  # (h, r, S)
+                part_bias = _part(bias, bs, hs, rs)
+                if part_bias is not None:
+                    s += part_bias[0]
+                part = _part(blocked, bs, hs, rs)
+                part = None if part is None else part[0]
+                if is_causal:
+                    c = masks.causal(torch.arange(rs.start, rs.stop, device=q.device), key_slots)  # (r, S)
+                    part = c if part is None else part | c
+                dead = masks.dead_rows(part, part_bias[0] if part_bias is not None else None)
+                if part is not None:
+                    s.masked_fill_(part, float("-inf"))
+                if dead is not None:  # a row with no key left: zeros, and no NaN in the gradient
+                    s.masked_fill_(dead, 0.0)
+                w = torch.softmax(s, dim=-1)  # (h, r, S)
+                if dead is not None:
+                    w = w.masked_fill(dead, 0.0)
+                if dropout_p > 0.0:
+                    w = F.dropout(w, p=dropout_p)
+                out[b0, rs, hs] = (w @ v[b0, hs]).transpose(0, 1)  # (r, h, Dv)
+                if average_heads:
+                    mean = w.sum(0) if mean is None else mean + w.sum(0)  # (r, S)
+                else:
+                    weights[b0, hs, rs] = w
+            if average_heads:
+                weights[b0, rs] = mean / H
+    return out.transpose(1, 2), weights  # (B, H, L, Dv), weights
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -139,14 +236,19 @@ def scaled_dot_product_attention(
         is_causal: also block keys ``j > i`` (top-left aligned, as ``F.scaled_dot_product_attention``).
         scale: defaults to ``1 / sqrt(Dh)``.
         dropout_p: dropout on the attention weights (pass 0 in eval).
-        need_weights: return the weights ``(B, H, L, S)``; forces the math path.
+        need_weights: return the weights ``(B, H, L, S)``: with ``backend="math"`` from the readable path,
+            otherwise from :func:`attention_weights` (the same maths in blocks, tested to agree).
         backend: ``"math"`` (readable softmax), ``"sdpa"`` (``F.scaled_dot_product_attention``) or
             ``"auto"`` (sdpa unless weights are needed).
     Returns:
         ``(out (B, H, L, Dh), weights (B, H, L, S) or None)``.
     """
     _check(q, k, v, backend)
-    if need_weights or backend == "math":
+    if need_weights and backend != "math":
+        return attention_weights(
+            q, k, v, blocked=blocked, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p
+        )
+    if backend == "math":
         if is_causal:
             L, S = q.shape[-2], k.shape[-2]
             c = masks.causal(torch.arange(L, device=q.device), torch.arange(S, device=q.device))

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from headwise.reference.blocked import blocked_attention
 from headwise.reference.positional import alibi_bias, apply_rope, causal_mask
 
 
@@ -55,16 +56,21 @@ def softmax(x, axis=-1, mask=None):
     return e / np.where(s == 0, 1.0, s)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, *, block_size=None):
     """softmax(q kᵀ · scale + mask) v, Vaswani et al. 2017 eq. (1).
 
     Args:
         q: ``(..., L, Dh)``; k: ``(..., S, Dh)``; v: ``(..., S, Dv)``.
         mask: bool (True = may not attend) or float (added), broadcastable to ``(..., L, S)``.
         scale: defaults to ``1 / sqrt(Dh)``.
+        block_size: if given, visit the keys this many at a time with the online-softmax recurrence of
+            FlashAttention (:func:`headwise.reference.blocked.blocked_attention`): memory ``O(L · block_size)``,
+            no weights formed.
     Returns:
-        ``(out (..., L, Dv), weights (..., L, S))``.
+        ``(out (..., L, Dv), weights (..., L, S))``; weights are None in the blocked mode.
     """
+    if block_size is not None:
+        return blocked_attention(q, k, v, mask, scale, block_size=block_size), None
     q, k, v = (np.asarray(a) for a in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (..., L, S)

@@ -1,0 +1,107 @@
+"""Blocked scaled dot-product attention in NumPy: the online-softmax recurrence of FlashAttention.
+
+Shape legend: L query length, S key length, Dh head width, Dv value width, N the block size; leading
+batch/head dimensions are optional (``...``).
+
+The keys are visited ``N`` at a time. For every query row the recurrence keeps a running maximum
+``m``, a running normaliser ``l`` and an unnormalised output ``acc`` (Milakov & Gimelshein 2018,
+"Online normalizer calculation for softmax"; Dao et al. 2022, "FlashAttention", Algorithm 1)::
+
+    s     = q kⱼᵀ · scale (+ bias, blocked -> -inf)        # (L, N) scores of key block j
+    m'    = max(m, rowmax(s))
+    p     = exp(s - m')
+    l     = l · exp(m - m') + rowsum(p)
+    acc   = acc · exp(m - m') + p vⱼ
+    m     = m'
+    out   = acc / l                                        # after the last block
+
+so no ``(L, S)`` array ever exists: memory is ``O(L · N)`` per leading index, and the result equals
+:func:`headwise.reference.scaled_dot_product_attention` up to float64 round-off. Leading indices are
+visited one at a time for the same reason. A query row with every key blocked yields a zero output
+(``l = 0``), as in the plain mode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _split_mask(mask):
+    if mask is None:
+        return None, None
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        return mask, None
+    if np.issubdtype(mask.dtype, np.floating):
+        return None, mask
+    raise TypeError(f"mask: expected a bool or float array, got dtype {mask.dtype}")
+
+
+def blocked_attention(q, k, v, mask=None, scale=None, *, block_size: int):
+    """``softmax(q kᵀ · scale + mask) v`` computed ``block_size`` keys at a time (online softmax).
+
+    Args:
+        q: ``(..., L, Dh)``; k: ``(..., S, Dh)``; v: ``(..., S, Dv)``.
+        mask: bool (True = may not attend) or float (added), broadcastable to ``(..., L, S)``.
+        scale: defaults to ``1 / sqrt(Dh)``.
+        block_size: N, keys per block (a positive integer; ``N ≥ S`` is a single block).
+    Returns:
+        ``out (..., L, Dv)`` in the inputs' floating dtype (float64 for float64 inputs).
+    Raises:
+        ValueError: a ``block_size`` that is not a positive integer; shapes that do not fit.
+        TypeError: a mask that is neither bool nor float.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0:
+        raise ValueError(f"block_size: expected a positive integer, got {block_size!r}")
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    if q.dtype.kind != "f":
+        q = q.astype(np.float64)
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"q, k, v: expected (..., L, Dh), (..., S, Dh), (..., S, Dv), got {q.shape}, {k.shape}, {v.shape}"
+        )
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    L, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    blocked, bias = _split_mask(mask)
+    full = (*lead, L, S)
+    # broadcast views: no memory
+    blocked = None if blocked is None else np.broadcast_to(blocked, np.broadcast_shapes(blocked.shape, full))
+    bias = None if bias is None else np.broadcast_to(bias, np.broadcast_shapes(bias.shape, full))
+    lead = np.broadcast_shapes(lead, *(() if a is None else a.shape[:-2] for a in (blocked, bias)))
+    dtype = np.result_type(q.dtype, k.dtype, v.dtype, *(() if bias is None else (bias.dtype,)))
+    out = np.empty((*lead, L, Dv), dtype=dtype)
+    for idx in np.ndindex(*lead):
+        qi = _at(q, idx, lead) * scale  # (L, Dh); scaling q is cheaper than scaling each block of scores
+        ki, vi = _at(k, idx, lead), _at(v, idx, lead)  # (S, Dh), (S, Dv)
+        bl, bi = _at(blocked, idx, lead), _at(bias, idx, lead)  # (L, S) views or None
+        m = np.full((L, 1), -np.inf, dtype=dtype)  # running row maximum
+        lsum = np.zeros((L, 1), dtype=dtype)  # running normaliser
+        acc = np.zeros((L, Dv), dtype=dtype)  # running unnormalised output
+        for j0 in range(0, S, block_size):
+            j1 = min(S, j0 + block_size)
+            s = qi @ ki[j0:j1].T  # (L, N)
+            if bi is not None:
+                s += bi[:, j0:j1]
+            if bl is not None:
+                s[bl[:, j0:j1]] = -np.inf
+            m_new = np.maximum(m, s.max(axis=1, keepdims=True))  # (L, 1)
+            m_safe = np.where(np.isfinite(m_new), m_new, 0.0)  # a row with no key yet: shift by 0
+            np.subtract(s, m_safe, out=s)
+            p = np.exp(s, out=s)  # (L, N); blocked entries give exp(-inf) = 0
+            correction = np.exp(m - m_safe)  # (L, 1); 0 while m = -inf
+            lsum = lsum * correction + p.sum(axis=1, keepdims=True)
+            acc *= correction
+            acc += p @ vi[j0:j1]  # (L, Dv)
+            m = m_new
+        out[idx] = acc / np.where(lsum == 0, 1.0, lsum)  # rows with every key blocked stay 0
+    return out
+
+
+def _at(a, idx, lead):
+    """``a[idx]`` for ``a`` broadcastable to ``lead + a.shape[-2:]`` (size-1 leading axes repeat)."""
+    if a is None:
+        return None
+    extra = len(lead) - (a.ndim - 2)
+    sub = tuple(0 if a.shape[d] == 1 else i for d, i in enumerate(idx[extra:]))
+    return a[sub]
