@@ -13,6 +13,7 @@ Writes ``OUT/attention.png`` (one heatmap per head, tokens on both axes) and
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -183,7 +184,9 @@ def run_minilm(text: str, layer: int) -> Run:
     check_layer(layer)
     model, tokenizer = load_bert()
     config = model.config
-    batch = encode(tokenizer, [text], max_length=MAX_TOKENS)
+    with warnings.catch_warnings(record=True):  # too long: cut to MAX_TOKENS, said in the notes below
+        warnings.simplefilter("always")
+        batch = encode(tokenizer, [text], max_length=MAX_TOKENS)
     with torch.no_grad():
         result = model(batch.input_ids, batch.attention_mask, output_attentions=True)
     weights = result.attentions[layer]  # (1, H, L, L)
@@ -211,8 +214,18 @@ def run_minilm(text: str, layer: int) -> Run:
         ],
         positions=model.embed.position.weight[: max(PE_ROWS, L)].detach().numpy(),
         positions_caption=f"learned position embeddings of all-MiniLM-L6-v2 (rows 0–{L - 1} used here)",
-        notes=[f"{H} heads of width {attn.head_dim}; WordPiece tokens, lower-cased, with [CLS] and [SEP]"],
+        notes=[f"{H} heads of width {attn.head_dim}; WordPiece tokens, lower-cased, with [CLS] and [SEP]"]
+        + (
+            [f"the text has {batch.num_tokens[0]} word pieces: cut to the first {MAX_TOKENS} (with [SEP])"]
+            if batch.truncated[0]
+            else []
+        ),
     )
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _print_run(console, run: Run, text: str) -> None:
@@ -323,7 +336,7 @@ def demo(
     for name, draw in (
         (
             "attention.png",
-            lambda p: plot_attention_heads(run.weights, run.tokens, p, title=f"{run.title}: {text!r}"),
+            lambda p: plot_attention_heads(run.weights, run.tokens, p, title=f"{run.title}: {_short(text)!r}"),
         ),
         (
             "positional_encoding.png",

@@ -20,6 +20,8 @@ __all__ = ["HeatmapFile", "attention_layout", "plot_attention_heads"]
 
 #: Most heads side by side before the panels wrap to a new row.
 MAX_COLUMNS = 4
+#: Largest panel side, in inches (about 20 tokens); longer texts get smaller labels.
+MAX_PANEL = 10.0
 #: Tokens up to which every cell is written in its panel.
 ANNOTATE_UP_TO = 12
 
@@ -28,11 +30,12 @@ def attention_layout(num_heads: int, num_tokens: int) -> tuple[int, int, float]:
     """``(rows, columns, panel inches)`` of the grid for ``num_heads`` panels of ``num_tokens`` tokens.
 
     At most :data:`MAX_COLUMNS` panels per row; a panel grows with the number of tokens so that the
-    labels stay legible (0.45 in per token, at least 2.8 in).
+    labels stay legible (0.45 in per token, at least 2.8 in, at most :data:`MAX_PANEL` in, where the
+    labels shrink instead).
     """
     cols = min(num_heads, MAX_COLUMNS)
     rows = math.ceil(num_heads / cols)
-    panel = max(2.8, 0.45 * num_tokens + 1.0)
+    panel = min(MAX_PANEL, max(2.8, 0.45 * num_tokens + 1.0))
     return rows, cols, panel
 
 
@@ -90,6 +93,7 @@ def plot_attention_heads(
         raise ValueError(f"head_labels: expected {H} labels, got {len(labels)}")
 
     rows, cols, panel = attention_layout(H, max(L, S))
+    label_size = min(8.0, 0.8 * 72 * (panel - 1.0) / max(L, S))  # points: at most 80% of a cell's height
     top = 0.6 if title else 0.2
     figsize = (cols * panel + 1.0, rows * panel + top)  # + a colour bar column, + the title
     fig = Figure(figsize=figsize, layout="constrained")
@@ -102,8 +106,8 @@ def plot_attention_heads(
             continue
         image = ax.imshow(w[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
         ax.set_title(labels[h], fontsize=10)
-        ax.set_xticks(range(S), key_tokens, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
-        ax.set_yticks(range(L), tokens, fontsize=8)
+        ax.set_xticks(range(S), key_tokens, rotation=60, ha="right", rotation_mode="anchor", fontsize=label_size)
+        ax.set_yticks(range(L), tokens, fontsize=label_size)
         if h % cols == 0:
             ax.set_ylabel("query")
         if h // cols == rows - 1 or h + cols >= H:
