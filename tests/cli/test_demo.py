@@ -141,3 +141,14 @@ def test_demo_default_is_the_pretrained_model(run_cli, tmp_path):
     assert read_png(tmp_path / "attention.png").shape[0] > 0
     assert_user_error(run_cli("demo", "--layer", "6", "--out", str(tmp_path / "new")), "--layer", "6")
     assert not (tmp_path / "new").exists()
+
+
+def test_demo_auto_falls_back_to_the_untrained_block(run_cli, tmp_path, monkeypatch):
+    import headwise.cli.demo as demo
+
+    monkeypatch.setattr(demo, "real_model_available", lambda: False)
+    outcome = run_cli("demo", "--out", str(tmp_path), "--text", "a b")
+    assert outcome.code == 0, outcome.err
+    assert "untrained AttentionBlock" in outcome.out and "(1, 4, 2, 2)" in outcome.out
+    assert_user_error(run_cli("demo", "--model", "minilm", "--out", str(tmp_path / "new")), "--model minilm")
+    assert not (tmp_path / "new").exists()

@@ -29,6 +29,7 @@ MODELS = ("auto", "untrained", "minilm")
 MAX_TOKENS = 64
 #: rows of the positional-encoding picture (at least the sentence's length): the article's Figure 2 has 50
 PE_ROWS = 50
+_NO_MODEL = "--model minilm: needs headwise.models and the bundled checkpoint (pip install 'headwise[models]')"
 
 
 def tokenize(text: str) -> list[str]:
@@ -145,6 +146,10 @@ def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
 
 def real_model_available() -> bool:
     """Whether :mod:`headwise.models` can load the bundled pretrained all-MiniLM-L6-v2 here."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("tokenizers", "safetensors")):  # the models extra
+        return False
     try:
         from headwise import models
 
@@ -174,9 +179,7 @@ def run_minilm(text: str, layer: int) -> Run:
         CLIError: :mod:`headwise.models` cannot load the model, or ``layer`` is out of range.
     """
     if not real_model_available():
-        raise CLIError(
-            "--model minilm: needs headwise.models and the bundled checkpoint (pip install 'headwise[models]')"
-        )
+        raise CLIError(_NO_MODEL)
     import torch
 
     from headwise.models import encode, load_bert
@@ -312,8 +315,9 @@ def demo(
                 raise CLIError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
         layer = 0 if layer is None else layer
         tokenize(text)  # the same checks as the model's, before loading anything
-        if real_model_available():
-            check_layer(layer)
+        if not real_model_available():
+            raise CLIError(_NO_MODEL)
+        check_layer(layer)
         prepare_folder(out, "--out")
         run = run_minilm(text, layer)
     else:
