@@ -214,8 +214,9 @@ def _ring_forward(q, k, v, ring: _Ring, causal, layout, scale, kernel: BlockKern
             o, l_old = out[:, :, qs], lse[:, :, qs]  # views, updated in place
             l_new = torch.logaddexp(l_old, lse_b.to(acc))
             o.mul_(torch.exp(l_old - l_new)[..., None])
-            o.add_(out_b.to(acc) * torch.exp(lse_b.to(acc) - l_new)[..., None])
+            o.addcmul_(out_b, torch.exp(lse_b.to(acc) - l_new)[..., None])  # no (B, H, Lp, Dh) temporary
             l_old.copy_(l_new)
+            del out_b, lse_b  # free the block result before the next kernel call
         if pending is not None:
             kv = ring.finish(pending)
     return out.to(q.dtype), lse
@@ -252,6 +253,7 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, causal, layout, scale, 
             dk_acc, dv_acc = _unpack(dkv, k.shape, v.shape)
             dk_acc[:, :, ks] += dk_b
             dv_acc[:, :, ks] += dv_b
+            del dq_b, dk_b, dv_b  # free the block gradients before the next kernel call
         dkv_pending = ring.start(dkv, tag=1)
         if kv_pending is not None:
             kv = ring.finish(kv_pending)
