@@ -169,3 +169,17 @@ def test_head_stats_checks_shapes():
         stats.update([np.ones((1, 3, 2, 2)) / 2], info)
     with pytest.raises(ValueError, match=r"attentions\[0\]"):
         stats.update([np.ones((1, 4, 2, 2)) / 2] * 2, info)
+
+
+def test_js_of_long_sentences_uses_evenly_spaced_rows():
+    rng = np.random.default_rng(5)
+    tokens = [TOKENS[0]]
+    maps = np.stack([_sentence_maps(rng, 2, 9)])  # one layer, (H=2, 9, 9)
+    stats = A.HeadStats(1, 2, max_length=16, js_max_rows=4)
+    stats.update([maps[None, 0]], A.token_info(tokens))
+    rows = [0, 3, 5, 8]  # round(linspace(0, 8, 4))
+    eps, n = 1e-3, 9
+    p, q = ((1 - eps) * maps[0, h][rows] + eps / n for h in range(2))
+    m = 0.5 * (p + q)
+    expected = np.mean(0.5 * (p * np.log(p / m)).sum(-1) + 0.5 * (q * np.log(q / m)).sum(-1))
+    assert stats.result().js_divergence[0, 1] == pytest.approx(expected, rel=1e-10)

@@ -17,6 +17,7 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
   :func:`analyze_texts`, :class:`CorpusFile`).
 - :mod:`~headwise.analysis.attend` — adapters that run a model and return its maps and token info.
+- :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`bert_sentence_heads`).
 """
 
 from headwise.analysis.attend import block_attend, model_attend
@@ -43,6 +44,7 @@ from headwise.analysis.entropy import (
 )
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import ROLES, RoleThresholds, head_roles
+from headwise.analysis.sentence import SentenceHeads, analyze_sentence, bert_sentence_heads
 from headwise.analysis.targets import (
     attention_to_cls,
     attention_to_mask,
@@ -92,4 +94,7 @@ __all__ = [
     "CorpusFile",
     "model_attend",
     "block_attend",
+    "SentenceHeads",
+    "analyze_sentence",
+    "bert_sentence_heads",
 ]

@@ -1,0 +1,227 @@
+// headwise head view: tokens in two columns, one line per (query, key) pair whose opacity is the
+// attention weight, drawn on a canvas. Data: the JSON block #headview-data (see headwise/viz/headview.py).
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("headview-data").textContent);
+  var n = data.n, L = data.layers, H = data.heads, K = data.k;
+
+  function decode(b64) {
+    var s = atob(b64), out = new Uint8Array(s.length);
+    for (var i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+    return out;
+  }
+  var wq = decode(data.weights);                 // (L, H, n, K) weight · 255, rounded
+  var kb = decode(data.keys);                    // (L, H, n, K) key index, uint16 little-endian
+  var keys = new Uint16Array(kb.length / 2);
+  for (var i = 0; i < keys.length; i++) keys[i] = kb[2 * i] | (kb[2 * i + 1] << 8);
+
+  var state = { layer: 0, heads: [], hover: null };
+  for (var h = 0; h < H; h++) state.heads.push(true);
+
+  function colour(h) { return "hsl(" + Math.round((h * 360) / H) + ", 75%, 42%)"; }
+
+  document.getElementById("hv-title").textContent = data.title || "head view";
+  document.getElementById("hv-subtitle").textContent = data.subtitle || "";
+  document.getElementById("hv-note").textContent = data.note || "";
+
+  var layerSel = document.getElementById("hv-layer");
+  for (var l = 0; l < L; l++) {
+    var o = document.createElement("option");
+    o.value = String(l); o.textContent = String(l);
+    layerSel.appendChild(o);
+  }
+  var headsBox = document.getElementById("hv-heads");
+  var boxes = [];
+  var roleSpans = [];
+  for (var h2 = 0; h2 < H; h2++) {
+    var lab = document.createElement("label");
+    lab.dataset.head = String(h2);
+    var cb = document.createElement("input");
+    cb.type = "checkbox"; cb.checked = true; cb.dataset.head = String(h2);
+    var sw = document.createElement("span");
+    sw.className = "sw"; sw.style.background = colour(h2);
+    var txt = document.createElement("span");
+    txt.textContent = String(h2);
+    var role = document.createElement("span");
+    role.className = "role";
+    lab.appendChild(cb); lab.appendChild(sw); lab.appendChild(txt); lab.appendChild(role);
+    headsBox.appendChild(lab);
+    boxes.push(cb); roleSpans.push(role);
+  }
+
+  // The canvas covers only the visible part of the token list (a scroll container with a spacer):
+  // the browser rasterises a viewport-sized bitmap, and lines outside the view are skipped.
+  var wrap = document.getElementById("hv-wrap");
+  var canvas = document.getElementById("hv-canvas");
+  var spacer = document.getElementById("hv-spacer");
+  var ctx = canvas.getContext("2d");
+  var rowH = n > 128 ? 14 : 18, padTop = 6, font = (n > 128 ? 11 : 13) + "px system-ui, sans-serif";
+  var total = padTop * 2 + n * rowH;
+  var geom = { colW: 0, left: 0, right: 0, width: 0, view: 0 };
+
+  function layout() {
+    var width = Math.max(360, wrap.clientWidth);
+    var avail = Math.max(200, window.innerHeight - wrap.getBoundingClientRect().top - 8);
+    var view = Math.min(total, Math.floor(avail));
+    wrap.style.height = view + "px";
+    spacer.style.height = Math.max(0, total - view) + "px";
+    ctx.font = font;
+    var widest = 0;
+    for (var i = 0; i < n; i++) widest = Math.max(widest, ctx.measureText(data.tokens[i]).width);
+    var colW = Math.min(Math.ceil(widest) + 12, Math.floor(width * 0.3));
+    var dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.floor(width * dpr); canvas.height = Math.floor(view * dpr);
+    canvas.style.width = width + "px"; canvas.style.height = view + "px";
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    geom = { colW: colW, left: colW, right: width - colW, width: width, view: view };
+  }
+
+  function y(i) { return padTop + i * rowH + rowH / 2; }   // in list coordinates
+
+  function clip(text, maxW) {
+    if (ctx.measureText(text).width <= maxW) return text;
+    var t = text;
+    while (t.length > 1 && ctx.measureText(t + "…").width > maxW) t = t.slice(0, -1);
+    return t + "…";
+  }
+
+  var BUDGET = 20000;                               // most lines drawn at once without hovering
+  var status = document.getElementById("hv-status");
+
+  // Call fn(q, yQuery, yKey) for every stored weight of head h in the current layer that is drawn now:
+  // q > 0, inside the view, and through the hovered token if any.
+  function visitHead(h, fn) {
+    var hv = state.hover, top = wrap.scrollTop, bottom = top + geom.view;
+    var base = (state.layer * H + h) * n * K;
+    var r0 = 0, r1 = n;
+    if (hv && hv.side === "left") { r0 = hv.index; r1 = hv.index + 1; }
+    for (var r = r0; r < r1; r++) {
+      var off = base + r * K, ya = y(r);
+      for (var k = 0; k < K; k++) {
+        var q = wq[off + k];
+        if (q === 0) continue;
+        var j = keys[off + k];
+        if (hv && hv.side === "right" && j !== hv.index) continue;
+        var yb = y(j);
+        if ((ya < top && yb < top) || (ya > bottom && yb > bottom)) continue;   // outside the view
+        fn(q, ya, yb);
+      }
+    }
+  }
+  function visit(fn) { for (var h = 0; h < H; h++) if (state.heads[h]) visitHead(h, fn); }
+
+  function render() {
+    var t0 = performance.now();
+    var layer = state.layer, hv = state.hover;
+    var top = wrap.scrollTop, bottom = top + geom.view;
+    ctx.clearRect(0, 0, geom.width, geom.view);
+    ctx.font = font; ctx.textBaseline = "middle";
+    var first = Math.max(0, Math.floor((top - padTop) / rowH)), last = Math.min(n - 1, Math.ceil((bottom - padTop) / rowH));
+    for (var i = first; i <= last; i++) {
+      var yi = y(i) - top;
+      var hiL = hv && hv.side === "left" && hv.index === i, hiR = hv && hv.side === "right" && hv.index === i;
+      if (hiL || hiR) {
+        ctx.fillStyle = "#fff3bf";
+        if (hiL) ctx.fillRect(0, yi - rowH / 2, geom.left - 4, rowH);
+        if (hiR) ctx.fillRect(geom.right + 4, yi - rowH / 2, geom.colW - 4, rowH);
+      }
+      ctx.fillStyle = "#1d2330";
+      var tok = clip(data.tokens[i], geom.colW - 12);
+      ctx.textAlign = "right"; ctx.fillText(tok, geom.left - 8, yi);
+      ctx.textAlign = "left"; ctx.fillText(tok, geom.right + 8, yi);
+    }
+    var x0 = geom.left, x1 = geom.right, drawn = 0;
+    ctx.lineWidth = n > 128 ? 1 : 1.5;
+    // Pass 1: how many visible lines at each opacity level. Past BUDGET lines, the faintest levels are
+    // left out (the page says so); hovering a token always shows all of its lines.
+    var hist = new Uint32Array(256);
+    visit(function (q) { hist[q]++; });
+    var qmin = 1, count = 0;
+    for (var q = 255; q >= 1; q--) {
+      if (count + hist[q] > BUDGET) { qmin = q + 1; break; }
+      count += hist[q];
+    }
+    for (var h = 0; h < H; h++) {
+      if (!state.heads[h]) continue;
+      var buckets = new Array(256);                 // one path per opacity level: few stroke() calls
+      visitHead(h, function (q, ya, yb) {
+        if (q < qmin) return;
+        var p = buckets[q] || (buckets[q] = new Path2D());
+        p.moveTo(x0, ya - top); p.lineTo(x1, yb - top);
+        drawn++;
+      });
+      ctx.strokeStyle = colour(h);
+      for (var b = 1; b < 256; b++) {
+        if (!buckets[b]) continue;
+        ctx.globalAlpha = b / 255;
+        ctx.stroke(buckets[b]);
+      }
+      ctx.globalAlpha = 1;
+    }
+    canvas.dataset.minWeight = (qmin / 255).toFixed(4);
+    status.textContent = qmin > 1
+      ? "lines under " + (qmin / 255).toFixed(3) + " hidden (" + count + " drawn); hover a token to see all of its lines"
+      : "";
+    var ms = performance.now() - t0;
+    canvas.dataset.lines = String(drawn);
+    canvas.dataset.layer = String(layer);
+    canvas.dataset.heads = state.heads.map(function (on, k) { return on ? k : -1; }).filter(function (k) { return k >= 0; }).join(",");
+    canvas.dataset.hover = hv ? hv.side + ":" + hv.index : "";
+    canvas.dataset.renderMs = ms.toFixed(1);
+    api.lastRenderMs = ms;
+    api.lines = drawn;
+  }
+
+  function updateRoles() {
+    for (var h = 0; h < H; h++) {
+      var r = data.roles ? data.roles[state.layer][h] : "";
+      roleSpans[h].textContent = r ? "· " + r : "";
+      roleSpans[h].parentElement.title = "layer " + state.layer + ", head " + h + (r ? ": " + r : "");
+    }
+  }
+
+  layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); updateRoles(); render(); });
+  boxes.forEach(function (cb, h) {
+    cb.addEventListener("change", function () { state.heads[h] = cb.checked; render(); });
+    cb.parentElement.addEventListener("dblclick", function (ev) {
+      ev.preventDefault();
+      for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
+      render();
+    });
+  });
+  function setAll(on) { for (var k = 0; k < H; k++) { state.heads[k] = on; boxes[k].checked = on; } render(); }
+  document.getElementById("hv-all").addEventListener("click", function () { setAll(true); });
+  document.getElementById("hv-none").addEventListener("click", function () { setAll(false); });
+
+  function hit(ev) {
+    var rect = canvas.getBoundingClientRect();
+    var x = ev.clientX - rect.left, yy = ev.clientY - rect.top + wrap.scrollTop;
+    var i = Math.floor((yy - padTop) / rowH);
+    if (i < 0 || i >= n || ev.clientY < rect.top || ev.clientY > rect.bottom) return null;
+    if (x <= geom.left) return { side: "left", index: i };
+    if (x >= geom.right) return { side: "right", index: i };
+    return null;
+  }
+  canvas.addEventListener("mousemove", function (ev) {
+    var h = hit(ev), cur = state.hover;
+    if ((h === null && cur === null) || (h && cur && h.side === cur.side && h.index === cur.index)) return;
+    state.hover = h; render();
+  });
+  canvas.addEventListener("mouseleave", function () { if (state.hover) { state.hover = null; render(); } });
+  var pending = false;
+  wrap.addEventListener("scroll", function () {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(function () { pending = false; render(); });
+  });
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () { layout(); render(); }, 100);
+  });
+
+  var api = { state: state, render: render, data: data, lastRenderMs: 0, lines: 0 };
+  window.headview = api;
+  layout(); updateRoles(); render();
+  document.body.dataset.ready = "1";
+})();

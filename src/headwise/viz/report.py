@@ -1,0 +1,120 @@
+"""Every output of ``headwise heads`` in one call: heads.json, heads.csv, heads.png, roles.png, headview.html.
+
+Each file is written to a temporary name in the output folder and renamed into place, so the folder
+never holds a half-written file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from headwise.viz._atomic import write_text_atomic
+
+__all__ = ["OUTPUTS", "report_json", "report_csv", "write_head_views", "write_heads_outputs"]
+
+#: The files :func:`write_heads_outputs` writes, in order.
+OUTPUTS = ("heads.json", "heads.csv", "heads.png", "roles.png", "headview.html")
+
+
+def report_json(report, *, extra: dict | None = None) -> str:
+    """The report as JSON text (see :meth:`HeadReport.to_dict`), with ``extra`` fields first."""
+    data = dict(extra or {})
+    data.update(report.to_dict())
+    return json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def report_csv(report) -> str:
+    """One CSV row per head (layer-major), every metric, ``positional``, ``role`` and the MDS coordinates."""
+    rows = report.rows()
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def write_head_views(
+    sentence,
+    out_dir: str | os.PathLike,
+    *,
+    report=None,
+    layer: int | None = None,
+    title: str = "",
+) -> dict[str, Path]:
+    """Write ``heads.png``, ``roles.png`` and ``headview.html`` for one sentence.
+
+    Args:
+        sentence: a :class:`~headwise.analysis.SentenceHeads` (tokens, ``(NL, H, n, n)`` maps, report).
+        out_dir: an existing folder.
+        report: the report drawn in ``roles.png`` and used for the role labels (default the sentence's
+            own; pass a corpus report to show corpus roles).
+        layer: draw only this layer in ``heads.png`` (the head view keeps every layer, starting there).
+        title: a line naming the model, used in every picture.
+    Returns:
+        ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
+    """
+    from headwise.viz.heads import plot_head_grid
+    from headwise.viz.headview import write_headview
+    from headwise.viz.roles import plot_role_maps
+
+    out = Path(out_dir)
+    report = report or sentence.report
+    roles = report.roles.tolist()
+    text = " ".join(sentence.tokens)
+    layers = None if layer is None else [layer]
+    paths = {}
+    paths["heads.png"] = plot_head_grid(
+        sentence.attentions,
+        sentence.tokens,
+        out / "heads.png",
+        layers=layers,
+        roles=roles,
+        title=f"{title} — attention of every head on one sentence".strip(" —"),
+    ).path
+    scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
+    paths["roles.png"] = plot_role_maps(report, out / "roles.png", title=f"{title} — per-head metrics ({scope})").path
+    paths["headview.html"] = write_headview(
+        sentence.attentions,
+        sentence.tokens,
+        out / "headview.html",
+        roles=roles,
+        title=f"{title} head view".strip(),
+        subtitle=text if len(text) <= 600 else text[:600] + " …",
+    )
+    return paths
+
+
+def write_heads_outputs(
+    sentence,
+    report,
+    out_dir: str | os.PathLike,
+    *,
+    layer: int | None = None,
+    title: str = "",
+    extra: dict | None = None,
+) -> dict[str, Path]:
+    """Write all of :data:`OUTPUTS` to ``out_dir`` (created if needed), each atomically.
+
+    Args:
+        sentence: the example sentence's :class:`~headwise.analysis.SentenceHeads` (pictures, head view).
+        report: the :class:`~headwise.analysis.HeadReport` to save (the corpus one, or the sentence's).
+        out_dir: the output folder.
+        layer: restrict ``heads.png`` to one layer.
+        title: the model's name for the pictures.
+        extra: fields put first in ``heads.json`` (model, corpus, sentence …).
+    Returns:
+        file name → path, in the order of :data:`OUTPUTS`.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "heads.json": write_text_atomic(out / "heads.json", report_json(report, extra=extra)),
+        "heads.csv": write_text_atomic(out / "heads.csv", report_csv(report)),
+    }
+    paths.update(write_head_views(sentence, out, report=report, layer=layer, title=title))
+    return {name: paths[name] for name in OUTPUTS}

@@ -1,0 +1,124 @@
+"""heads.png, roles.png, the head view's data, and the atomic writing of every output."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from headwise import analysis as A
+from headwise.viz.heads import plot_head_grid
+from headwise.viz.headview import EXACT_UP_TO, TOP_K, headview_payload, render_headview, write_headview
+from headwise.viz.report import OUTPUTS, report_csv, report_json, write_heads_outputs
+from headwise.viz.roles import plot_role_maps
+
+TOKENS = ["[CLS]", "it", "was", "good", ",", "very", "good", ".", "[SEP]"]
+
+
+def _maps(rng, layers=2, heads=3, n=9):  # n = len(TOKENS)
+    x = rng.normal(size=(layers, heads, n, n)) * 3
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _sentence(rng):
+    maps = _maps(rng)
+    info = A.token_info([TOKENS])
+    stats = A.HeadStats(2, 3, max_length=16)
+    stats.update([m[None] for m in maps], info)
+    return A.SentenceHeads(stats.result(), list(TOKENS), maps.astype(np.float32))
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_head_grid_and_role_maps(tmp_path):
+    s = _sentence(np.random.default_rng(0))
+    grid = plot_head_grid(s.attentions, s.tokens, tmp_path / "heads.png", roles=s.report.roles)
+    assert _png_size(grid.path) == (grid.width, grid.height)
+    one = plot_head_grid(s.attentions, s.tokens, tmp_path / "one.png", layers=[1])
+    assert one.height < grid.height * 1.5
+    roles = plot_role_maps(s.report, tmp_path / "roles.png", title="t")
+    assert _png_size(roles.path) == (roles.width, roles.height)
+    with pytest.raises(ValueError, match="layers"):
+        plot_head_grid(s.attentions, s.tokens, tmp_path / "x.png", layers=[2])
+    with pytest.raises(ValueError, match="tokens"):
+        plot_head_grid(s.attentions, s.tokens[:-1], tmp_path / "x.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads.png", "one.png", "roles.png"]  # no temp files
+
+
+def _decode(payload):
+    layers, heads, n, k = payload["layers"], payload["heads"], payload["n"], payload["k"]
+    keys = np.frombuffer(base64.b64decode(payload["keys"]), dtype="<u2").reshape(layers, heads, n, k)
+    weights = np.frombuffer(base64.b64decode(payload["weights"]), dtype=np.uint8).reshape(layers, heads, n, k)
+    dense = np.zeros((layers, heads, n, n))
+    np.put_along_axis(dense, keys.astype(np.int64), weights / 255.0, axis=-1)
+    return dense
+
+
+def test_headview_payload_round_trips_the_weights():
+    maps = _maps(np.random.default_rng(1))
+    payload = headview_payload(maps, TOKENS, roles=[["a", "b", "c"], ["d", "e", "f"]])
+    assert payload["k"] == len(TOKENS) and payload["dropped"] == 0.0
+    np.testing.assert_allclose(_decode(payload), maps, atol=0.5 / 255 + 1e-7)  # quantised to 1/255
+
+
+def test_headview_keeps_the_largest_weights_of_long_texts():
+    n = EXACT_UP_TO + 16
+    maps = _maps(np.random.default_rng(2), 1, 2, n)
+    payload = headview_payload(maps, [str(i) for i in range(n)])
+    assert payload["k"] == TOP_K
+    dense = _decode(payload)
+    kth = np.sort(maps, axis=-1)[..., -TOP_K][..., None]  # (1, 2, n, 1): the K-th largest weight of each row
+    kept = maps >= kth
+    np.testing.assert_allclose(dense[kept], maps[kept], atol=0.5 / 255 + 1e-7)
+    assert np.all(dense[~kept] == 0)
+    assert payload["dropped"] == pytest.approx(np.max(1 - np.where(kept, maps, 0).sum(-1)), abs=1e-5)
+
+
+def test_headview_is_self_contained_and_escapes_text(tmp_path):
+    maps = _maps(np.random.default_rng(3), 1, 2, 4)
+    path = write_headview(maps, ["</script>", "<!--", "&amp;", "é"], tmp_path / "v.html", title="<b>t</b>")
+    html = path.read_text(encoding="utf-8")
+    assert html.count("</script>") == 2  # the data block's and the script's own closing tags only
+    assert "<b>t</b>" not in html and "\\u003cb>t\\u003c/b>" in html
+    for remote in ("http://", "https://", "src=", "<link"):
+        assert remote not in html
+    data = html.split('id="headview-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(data)["tokens"] == ["</script>", "<!--", "&amp;", "é"]
+    assert "__HEADVIEW" not in render_headview(headview_payload(maps, ["a", "b", "c", "d"]))
+
+
+def test_write_heads_outputs_writes_every_file_atomically(tmp_path):
+    s = _sentence(np.random.default_rng(4))
+    out = tmp_path / "out"
+    paths = write_heads_outputs(s, s.report, out, title="tiny", extra={"model": "tiny"})
+    assert list(paths) == list(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # nothing half-written left
+    data = json.loads((out / "heads.json").read_text())
+    assert data["model"] == "tiny" and data["num_layers"] == 2 and len(data["heads"]) == 6
+    assert data["heads"][4]["prev"] == pytest.approx(float(s.report.metrics["prev"][1, 1]))
+    assert len(data["js_distance"]) == 6
+    lines = (out / "heads.csv").read_text().splitlines()
+    assert lines[0].startswith("layer,head,cls,sep,punct") and len(lines) == 7
+    assert report_csv(s.report) == (out / "heads.csv").read_text()
+    assert json.loads(report_json(s.report))["num_heads"] == 3
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from headwise.viz import _atomic
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    (tmp_path / "heads.json").write_text("old")
+    monkeypatch.setattr(_atomic.os, "replace", boom)
+    with pytest.raises(OSError, match="No space"):
+        _atomic.write_text_atomic(tmp_path / "heads.json", "new")
+    assert [p.name for p in tmp_path.iterdir()] == ["heads.json"]
+    assert (tmp_path / "heads.json").read_text() == "old"
