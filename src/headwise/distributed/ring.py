@@ -163,9 +163,9 @@ class _Ring:
         return recv
 
 
-def _pack(a: Tensor, b: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+def _pack(a: Tensor, b: Tensor) -> Tensor:
     """One flat contiguous buffer holding ``a`` then ``b`` (one message per hop instead of two)."""
-    return torch.cat([a.reshape(-1), b.reshape(-1)]).to(dtype or a.dtype)
+    return torch.cat([a.reshape(-1), b.reshape(-1)])
 
 
 def _unpack(buf: Tensor, a_shape: torch.Size, b_shape: torch.Size) -> tuple[Tensor, Tensor]:
