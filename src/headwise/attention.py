@@ -11,7 +11,6 @@ zero attention output (before ``Wo``) — never NaN, in forward and backward.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise import functional, masks
@@ -20,6 +19,9 @@ from headwise.positional.base import PositionalPart
 
 # Fewest tokens (B·L) for which the Q/K/V projections run as one product (see ``_project``).
 FUSE_MIN_TOKENS = 1024
+# Most bytes of projected q, k, v attended at once; larger batches go a few items at a time
+# (see ``MultiHeadAttention._items_per_chunk``).
+CHUNK_BYTES = 16 << 20
 
 
 def _global_hooks() -> bool:
@@ -193,13 +195,39 @@ class MultiHeadAttention(nn.Module):
             elif self._fusable(self.Wk, self.Wv):
                 fuse = (self.Wk, self.Wv)
         if not fuse:
-            return self.Wq(query), self.Wk(key), self.Wv(value)
+            return self._linear(self.Wq, query), self._linear(self.Wk, key), self._linear(self.Wv, value)
         weight = torch.cat([m.weight for m in fuse])  # (ΣOut, In)
         bias = None if fuse[0].bias is None else torch.cat([m.bias for m in fuse])
-        parts = F.linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out) each
+        parts = functional.linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out)
         if len(fuse) == 3:
             return parts
-        return (self.Wq(query), *parts)
+        return (self._linear(self.Wq, query), *parts)
+
+    def _items_per_chunk(self, query, key, attn_mask, key_padding_mask, position_ids, cache) -> int:
+        """How many batch items to attend at a time: all of them, unless the projected q, k, v of the whole
+        batch exceed ``CHUNK_BYTES``.
+
+        Batch items are independent, so attending a few at a time changes no number; it keeps each
+        intermediate small enough for the allocator to reuse (glibc maps every block over 32 MB afresh,
+        and touching its pages costs about 2 µs per 4 KiB on the benchmark machine — 17 ms for the
+        38 MB of q, k, v at (8, 512, 768)) and for the q, k, v of a chunk to be read back from cache.
+        Not with a KV cache (its rows are the batch) nor when a mask's or positions' batch size is wrong
+        (the unchunked call raises the error).
+        """
+        B, L, S = query.shape[0], query.shape[1], key.shape[1]
+        if B == 1 or cache is not None:
+            return B
+        per_item = (L * self.Wq.out_features + S * (self.Wk.out_features + self.Wv.out_features)) * query.element_size()
+        if B * per_item <= CHUNK_BYTES:
+            return B
+        for t, batch_dims in ((attn_mask, (3, 4)), (key_padding_mask, (2,)), (position_ids, (2,))):
+            if isinstance(t, Tensor) and t.dim() in batch_dims and t.shape[0] != B:
+                return B
+        return max(1, CHUNK_BYTES // per_item)
+
+    def _linear(self, m: nn.Linear, x: Tensor) -> Tensor:
+        """``m(x)``, through :func:`headwise.functional.linear` when that changes nothing but speed."""
+        return functional.linear(x, m.weight, m.bias) if self._fusable(m) else m(x)
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(
@@ -243,6 +271,29 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = query.shape
         S_new, dh = key.shape[1], self.head_dim
         offset = 0 if cache is None else cache.length
+
+        items = self._items_per_chunk(query, key, attn_mask, key_padding_mask, position_ids, cache)
+        if items < B:  # a large batch, attended a few items at a time (see _items_per_chunk)
+            parts = []
+            for i in range(0, B, items):
+                b = slice(i, i + items)
+                parts.append(
+                    self.forward(
+                        query[b],
+                        None if self_attention else key[b],
+                        None if self_attention else value[b],
+                        attn_mask=attn_mask if attn_mask is None or attn_mask.dim() == 2 else attn_mask[b],
+                        key_padding_mask=None if key_padding_mask is None else key_padding_mask[b],
+                        is_causal=is_causal,
+                        need_weights=need_weights,
+                        average_weights=average_weights,
+                        position_ids=position_ids
+                        if position_ids is None or position_ids.dim() == 1
+                        else position_ids[b],
+                    )
+                )
+            out = torch.cat([o for o, _ in parts])  # (B, L, D)
+            return out, (torch.cat([w for _, w in parts]) if need_weights else None)
 
         q, k, v = self._project(query, key, value)
         q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
@@ -312,5 +363,5 @@ class MultiHeadAttention(nn.Module):
             )  # (B, H, L, Dh), (B, H, L, S)
             if weights is not None and average_weights:
                 weights = weights.mean(dim=1)  # (B, L, S)
-        out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D); a view for sdpa
+        out = self._linear(self.Wo, out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D); a view for sdpa
         return out, weights

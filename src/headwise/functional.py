@@ -22,6 +22,45 @@ from headwise import masks
 BACKENDS = ("auto", "math", "sdpa")
 
 
+def _onednn_linear_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
+
+
+_ONEDNN_LINEAR = _onednn_linear_available()
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: ``x Wᵀ + b``, ``(..., In) -> (..., Out)``.
+
+    For float32 on the CPU when no gradient is recorded (and autocast is off), it runs oneDNN's matmul
+    with the bias added in the kernel's epilogue (``torch.ops.mkldnn._linear_pointwise``, the op
+    TorchInductor's CPU path uses) instead of MKL's ``addmm``, which first copies the bias into the
+    output; on the AMD Zen 4 benchmark machine that is about 25% faster for projection-sized products.
+    The result equals ``F.linear``'s up to float32 round-off (tested). Everything else goes to ``F.linear``.
+    """
+    if (
+        _ONEDNN_LINEAR
+        and type(x) is Tensor
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and x.dim() >= 2
+        and x.numel() > 0
+        and (bias is None or bias.dtype == torch.float32)
+        and not torch.is_autocast_enabled("cpu")
+        and not (
+            torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
+    ):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 def softmax(scores: Tensor, blocked: Tensor | None = None) -> Tensor:
     """Max-subtracted softmax over the last axis; blocked (or ``-inf``) entries get 0.
 

@@ -26,12 +26,22 @@ from headwise import functional as HF
 TOL = 1e-12
 
 
-def _linear_calls(m, *args, **kwargs):
-    """Run ``m(*args, **kwargs)`` counting calls of ``nn.Linear.forward``."""
-    real = nn.Linear.forward
-    with mock.patch.object(nn.Linear, "forward", autospec=True, side_effect=real) as spy:
+def _products(m, *args, **kwargs):
+    """Run ``m(*args, **kwargs)``, listing the output width of every projection it runs (in order)."""
+    widths = []
+    real_linear, real_forward = HF.linear, nn.Linear.forward
+
+    def spy_linear(x, weight, bias=None):
+        widths.append(weight.shape[0])
+        return real_linear(x, weight, bias)
+
+    def spy_forward(self, x):
+        widths.append(self.out_features)
+        return real_forward(self, x)
+
+    with mock.patch.object(HF, "linear", spy_linear), mock.patch.object(nn.Linear, "forward", spy_forward):
         result = m(*args, **kwargs)
-    return result, spy.call_count
+    return result, widths
 
 
 # -- fused projections ----------------------------------------------------------------------------------
@@ -42,8 +52,8 @@ def test_fused_qkv_equals_reference_outputs_and_gradients(hkv, bias):
     B, L, d, h = 2, attention_module.FUSE_MIN_TOKENS // 2, 16, 4  # B·L = FUSE_MIN_TOKENS: fused
     m = headwise.MultiHeadAttention(d, h, num_kv_heads=hkv, bias=bias).double()
     x = torch.randn(B, L, d, dtype=torch.float64, requires_grad=True)
-    (out, _), calls = _linear_calls(m, x, is_causal=True)
-    assert calls == 1  # Wq, Wk, Wv as one product (not nn.Linear.forward), then Wo
+    (out, _), widths = _products(m, x, is_causal=True)
+    assert widths == [(h + 2 * hkv) * (d // h), d]  # Wq; Wk; Wv as one product, then Wo
     r_out, _ = ref.multi_head_attention(np64(x), ref_params(m), h, num_kv_heads=hkv, causal=True)
     np.testing.assert_allclose(np64(out), r_out, atol=TOL, rtol=0)
 
@@ -51,10 +61,10 @@ def test_fused_qkv_equals_reference_outputs_and_gradients(hkv, bias):
     grads = torch.autograd.grad(out, [x, *m.parameters()], g)
     # the unfused path (hooks make the module call each Linear) gives the same gradients
     handles = [lin.register_forward_hook(lambda *a: None) for lin in (m.Wq, m.Wk)]
-    (out2, _), calls2 = _linear_calls(m, x, is_causal=True)
+    (out2, _), widths2 = _products(m, x, is_causal=True)
     for hd in handles:
         hd.remove()
-    assert calls2 == 4
+    assert widths2 == [d, hkv * (d // h), hkv * (d // h), d]
     grads2 = torch.autograd.grad(out2, [x, *m.parameters()], g)
     torch.testing.assert_close(out, out2, atol=TOL, rtol=0)
     for a, b in zip(grads, grads2):
@@ -63,12 +73,12 @@ def test_fused_qkv_equals_reference_outputs_and_gradients(hkv, bias):
 
 def test_fused_kv_for_one_context_equals_reference():
     torch.manual_seed(1)
-    m = headwise.MultiHeadAttention(16, 4, num_kv_heads=2, kdim=6, vdim=6).double()
+    m = headwise.MultiHeadAttention(16, 4, num_kv_heads=1, kdim=6, vdim=6).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     ctx = torch.randn(2, attention_module.FUSE_MIN_TOKENS // 2, 6, dtype=torch.float64)
-    (out, w), calls = _linear_calls(m, x, ctx, need_weights=True, average_weights=False)
-    assert calls == 2  # Wq and Wo through their Linears; Wk and Wv as one product over the shared context
-    r_out, r_w = ref.multi_head_attention(np64(x), ref_params(m), 4, num_kv_heads=2, context=np64(ctx))
+    (out, w), widths = _products(m, x, ctx, need_weights=True, average_weights=False)
+    assert widths == [4 + 4, 16, 16]  # Wk; Wv as one product over the shared context, then Wq, Wo
+    r_out, r_w = ref.multi_head_attention(np64(x), ref_params(m), 4, num_kv_heads=1, context=np64(ctx))
     np.testing.assert_allclose(np64(out), r_out, atol=TOL, rtol=0)
     np.testing.assert_allclose(np64(w), r_w, atol=TOL, rtol=0)
 
@@ -76,8 +86,103 @@ def test_fused_kv_for_one_context_equals_reference():
 def test_short_inputs_are_not_fused():
     m = headwise.MultiHeadAttention(16, 4).double()
     x = torch.randn(1, 8, 16, dtype=torch.float64)
-    _, calls = _linear_calls(m, x)
-    assert calls == 4
+    _, widths = _products(m, x)
+    assert widths == [16, 16, 16, 16]
+
+
+# -- oneDNN linear -------------------------------------------------------------------------------------
+def test_linear_equals_f_linear():
+    torch.manual_seed(5)
+    x = torch.randn(3, 70, 48)
+    w, b = torch.randn(96, 48), torch.randn(96)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    with torch.no_grad():
+        torch.testing.assert_close(HF.linear(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            HF.linear(x.transpose(0, 1), w, b).transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(HF.linear(x, w).double(), want - b.double(), rtol=1e-5, atol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert HF.linear(x, w, b).dtype == torch.bfloat16  # autocast still applies
+    # with autograd it is F.linear itself, differentiable
+    wg = w.clone().requires_grad_(True)
+    y = HF.linear(x, wg, b)
+    assert torch.equal(y, torch.nn.functional.linear(x, wg, b))
+    y.sum().backward()
+    assert wg.grad is not None
+
+
+# -- batch chunks ---------------------------------------------------------------------------------------
+CHUNK_CASES = ["plain", "causal", "mask2", "mask3", "mask4", "padding", "positions", "weights", "cross"]
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES)
+def test_batch_chunks_equal_one_pass(case, monkeypatch):
+    torch.manual_seed(6)
+    B, L, d, h = 5, 6, 16, 4
+    m = headwise.MultiHeadAttention(d, h, num_kv_heads=2, positional=headwise.RotaryEmbedding(4)).double()
+    x = torch.randn(B, L, d, dtype=torch.float64, requires_grad=True)
+    g = torch.Generator().manual_seed(7)
+    kw = {}
+    args = (x,)
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "mask2":
+        kw["attn_mask"] = torch.rand(L, L, generator=g) < 0.3
+    elif case == "mask3":
+        kw["attn_mask"] = torch.randn(B, L, L, generator=g, dtype=torch.float64)
+    elif case == "mask4":
+        kw["attn_mask"] = torch.rand(B, h, L, L, generator=g) < 0.3
+    elif case == "padding":
+        kw["key_padding_mask"] = torch.rand(B, L, generator=g) < 0.3
+    elif case == "positions":
+        kw["position_ids"] = torch.randint(0, 50, (B, L), generator=g)
+    elif case == "weights":
+        kw.update(need_weights=True, average_weights=False, is_causal=True)
+    elif case == "cross":
+        ctx = torch.randn(B, L + 3, d, dtype=torch.float64, generator=g)
+        args = (x, ctx)
+    per_item = (L * d + (L + 3 if case == "cross" else L) * 2 * 8) * 8  # bytes of q, k, v per item
+    out_one, w_one = m(*args, **kw)
+    grad_one = torch.autograd.grad(out_one.sum(), [x, *m.parameters()])
+    monkeypatch.setattr(attention_module, "CHUNK_BYTES", 2 * per_item)  # two items at a time: 2 + 2 + 1
+    assert (
+        m._items_per_chunk(x, args[-1], kw.get("attn_mask"), kw.get("key_padding_mask"), kw.get("position_ids"), None)
+        == 2
+    )
+    out, w = m(*args, **kw)
+    torch.testing.assert_close(out, out_one, atol=TOL, rtol=0)
+    if w_one is not None:
+        torch.testing.assert_close(w, w_one, atol=TOL, rtol=0)
+    for a, b in zip(torch.autograd.grad(out.sum(), [x, *m.parameters()]), grad_one):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+def test_batch_chunks_keep_shape_errors(monkeypatch):
+    monkeypatch.setattr(attention_module, "CHUNK_BYTES", 1)
+    m = headwise.MultiHeadAttention(8, 2)
+    x = torch.randn(4, 3, 8)
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        m(x, key_padding_mask=torch.zeros(5, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        m(x, attn_mask=torch.zeros(6, 3, 3, dtype=torch.bool))
+
+
+def test_float32_fast_path_equals_nn_multihead_attention():
+    """fused + oneDNN + batch chunks, in float32 inference, against torch's own module (≤ 1e-5)."""
+    torch.manual_seed(8)
+    B, L, d, h = 6, 200, 64, 4  # 1200 tokens: fused; q, k, v 150 kB per item
+    m = headwise.MultiHeadAttention(d, h).eval()
+    t = headwise.interop.to_torch(m).eval()
+    x = torch.randn(B, L, d)
+    pad = torch.rand(B, L) < 0.2
+    with torch.no_grad():
+        with mock.patch.object(attention_module, "CHUNK_BYTES", 2 * L * 3 * d * 4):
+            assert m._items_per_chunk(x, x, None, pad, None, None) == 2
+            got, w = m(x, key_padding_mask=pad, need_weights=True)
+        want, w_want = t(x, x, x, key_padding_mask=pad, need_weights=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w, w_want, rtol=1e-5, atol=1e-6)
 
 
 # -- the blocked need-weights path ----------------------------------------------------------------------

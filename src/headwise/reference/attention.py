@@ -17,7 +17,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from headwise.reference.blocked import blocked_attention
 from headwise.reference.positional import alibi_bias, apply_rope, causal_mask
 
 
@@ -70,6 +69,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, *, block_size=N
         ``(out (..., L, Dv), weights (..., L, S))``; weights are None in the blocked mode.
     """
     if block_size is not None:
+        from headwise.reference.blocked import blocked_attention
+
         return blocked_attention(q, k, v, mask, scale, block_size=block_size), None
     q, k, v = (np.asarray(a) for a in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
