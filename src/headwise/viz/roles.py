@@ -99,8 +99,9 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     ax.legend(
         handles=[Patch(color=colours[index[r]], label=r) for r in present],
         fontsize=6,
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.18),
+        ncol=3,
         frameon=False,
     )
 
