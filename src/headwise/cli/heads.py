@@ -184,7 +184,10 @@ def heads(
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("headwise-out/heads"),
     batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus sentences per model call.", min=1)] = 32,
 ) -> None:
-    """Per-head statistics and roles (Clark et al. 2019, Voita et al. 2019): table, JSON, CSV, pictures, head view."""
+    """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
+
+    The metrics of Clark et al. 2019 and Voita et al. 2019, over TEXT or a corpus (see headwise.analysis).
+    """
     from rich.console import Console
 
     if text is not None and not text.strip():
