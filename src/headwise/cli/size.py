@@ -54,6 +54,8 @@ def size(
         return
     dtype = "bf16" if dtype is None else dtype
     sizing.dtype_bytes(dtype)  # refuse a bad dtype before printing anything
+    if config is not None and not config.is_file() and not (config / "config.json").is_file():
+        raise CLIError(f"--config: no such file: '{config}' (expected a Hugging Face config.json)")
     arch = sizing.from_hf_config(config) if config is not None else sizing.get_arch(name)
     seq = arch.max_positions if seq_len is None else seq_len
     sizing.kv_cache_bytes(arch, seq, 1 if batch is None else batch, dtype)  # checks seq_len and batch

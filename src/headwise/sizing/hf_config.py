@@ -88,7 +88,12 @@ def _read(path_or_dict: Any) -> tuple[Mapping[str, Any], str, str]:
     if path.is_dir():
         path = path / "config.json"
     where = str(path)
-    text = path.read_text(encoding="utf-8")  # FileNotFoundError as is
+    if not path.is_file():
+        raise FileNotFoundError(f"config: no such file: {where}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: expected a UTF-8 JSON file, got undecodable byte at offset {e.start}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
