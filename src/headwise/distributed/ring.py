@@ -147,20 +147,34 @@ class _Ring:
         if self.world == 1:
             return None, send
         recv = torch.empty_like(send)
-        works = dist.batch_isend_irecv(
-            [
-                dist.P2POp(dist.isend, send, self.next, self.group, tag),
-                dist.P2POp(dist.irecv, recv, self.prev, self.group, tag),
-            ]
-        )
+        try:
+            works = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, send, self.next, self.group, tag),
+                    dist.P2POp(dist.irecv, recv, self.prev, self.group, tag),
+                ]
+            )
+        except RuntimeError as e:
+            raise self._lost(e) from e
         return works, recv
 
-    @staticmethod
-    def finish(pending) -> Tensor:
+    def finish(self, pending) -> Tensor:
         works, recv = pending
-        for w in works or ():
-            w.wait()
+        try:
+            for w in works or ():
+                w.wait()
+        except RuntimeError as e:  # gloo / NCCL: a peer crashed, hung past the timeout or left
+            raise self._lost(e) from e
         return recv
+
+    def _lost(self, error: RuntimeError) -> RuntimeError:
+        """The error every healthy rank raises when a ring exchange fails (within the collective timeout)."""
+        detail = " ".join(str(error).split())
+        return RuntimeError(
+            f"ring_attention: rank {dist.get_rank()} could not exchange key/value shards with its ring "
+            f"neighbours (sending to rank {self.next}, receiving from rank {self.prev}): a rank crashed, "
+            f"stopped answering within the collective timeout, or left the ring ({detail})"
+        )
 
 
 def _pack(a: Tensor, b: Tensor) -> Tensor:
