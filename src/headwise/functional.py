@@ -135,10 +135,13 @@ def attention_sdpa(
 ) -> Tensor:
     """The fast path: ``F.scaled_dot_product_attention`` (flash / fused kernels). Returns ``out (B,H,L,Dh)``.
 
-    ``is_causal`` here means top-left aligned (query i sees keys j <= i) and is only passed to the
-    kernel when there is no other mask.
+    ``is_causal`` here means top-left aligned (query i sees keys j <= i). Alone it goes to the kernel
+    as a flag; beside another mask it is folded into ``blocked`` (the kernel ignores the flag then).
     """
     gqa = q.shape[1] != k.shape[1]
+    if is_causal and (blocked is not None or bias is not None):
+        c = masks.causal(torch.arange(q.shape[-2], device=q.device), torch.arange(k.shape[-2], device=q.device))
+        blocked, is_causal = (c if blocked is None else blocked | c), False
     mask = masks.to_sdpa(blocked, bias, q.dtype)
     out = F.scaled_dot_product_attention(
         q,
@@ -146,7 +149,7 @@ def attention_sdpa(
         v,
         attn_mask=mask,
         dropout_p=dropout_p,
-        is_causal=is_causal and mask is None,
+        is_causal=is_causal,
         scale=scale,
         enable_gqa=gqa,
     )

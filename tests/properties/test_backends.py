@@ -85,21 +85,13 @@ def test_every_functional_backend_equals_the_plain_and_the_blocked_reference(inp
     m_out, m_w = functional.scaled_dot_product_attention(q, k, v, backend="math", need_weights=True, **kw)
     a_out, a_w = functional.scaled_dot_product_attention(q, k, v, backend="auto", need_weights=True, **kw)
     outs = [("math", m_out), ("auto+weights", a_out)]
-    if not (causal and (blocked is not None or bias is not None)):  # that combination: the xfail below
-        outs.append(("sdpa", functional.scaled_dot_product_attention(q, k, v, backend="sdpa", **kw)[0]))
+    outs.append(("sdpa", functional.scaled_dot_product_attention(q, k, v, backend="sdpa", **kw)[0]))
     for name, out in outs:
         np.testing.assert_allclose(out.numpy(), r_out, rtol=0, atol=ATOL, err_msg=name)
     np.testing.assert_allclose(m_w.numpy(), r_w, rtol=0, atol=ATOL)
     np.testing.assert_allclose(a_w.numpy(), r_w, rtol=0, atol=ATOL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="functional.scaled_dot_product_attention(backend='sdpa' or 'auto' without weights) drops "
-    "is_causal when a blocked/bias mask is also given (attention_sdpa passes is_causal only without a "
-    "mask, and the caller does not fold it in); MultiHeadAttention is not affected. For the lead "
-    "(functional.py).",
-)
 @given(sdpa_inputs(), st.sampled_from(["sdpa", "auto"]))
 def test_sdpa_backend_keeps_causality_alongside_a_mask(inputs, backend):
     q, k, v, blocked, bias, scale, _ = inputs
