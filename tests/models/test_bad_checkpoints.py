@@ -102,6 +102,9 @@ def test_bad_config_values(folder):
         M.load_bert(folder)
     with pytest.raises(ValueError, match="hidden_act"):
         M.BertConfig(hidden_act="swish")
+    (folder / "config.json").write_text(json.dumps({"model_type": "roberta", "hidden_size": 32}))
+    with pytest.raises(ValueError, match=r"config\.json: model_type='roberta' is not a BERT encoder"):
+        M.load_bert(folder)
 
 
 def test_missing_tokenizer(folder):

@@ -138,14 +138,15 @@ def _analyze_corpus(corpus: Path, attend, num_layers, num_heads, max_length, bat
 
     reader = analysis.CorpusFile(corpus)
     total = reader.count()
+    if total == 0:  # one line: the error says what was skipped
+        skipped = f" ({reader.num_undecodable} undecodable line(s) skipped)" if reader.num_undecodable else ""
+        raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus}'{skipped}")
     if reader.num_undecodable:
         where = ", ".join(map(str, reader.undecodable[:5]))
         _warn(
             f"--corpus: skipped {reader.num_undecodable} line(s) that are not valid UTF-8 "
             f"(line {where}{' …' if reader.num_undecodable > 5 else ''})"
         )
-    if total == 0:
-        raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus}'")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TruncationWarning)
         report = analysis.analyze_texts(

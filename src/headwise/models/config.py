@@ -78,11 +78,14 @@ class BertConfig:
         """Read the known fields of a Hugging Face config dict; check what the encoder cannot do.
 
         Raises:
-            ValueError: ``model_type`` other than BERT-like, relative position embeddings, a decoder
+            ValueError: a ``model_type`` other than ``"bert"``, relative position embeddings, a decoder
             config, or a field out of range (the message names ``source`` and the field).
         """
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        model_type = data.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(f"{source}: model_type={model_type!r} is not a BERT encoder (expected 'bert')")
         kind = data.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(f"{source}: position_embedding_type={kind!r} is not supported (only 'absolute')")
