@@ -26,7 +26,7 @@ _LAZY = {
     "SinusoidalPositionalEncoding": "headwise.positional",
     "sinusoidal_table": "headwise.positional",
 }
-_SUBMODULES = {"functional", "masks", "reference", "interop", "positional"}
+_SUBMODULES = {"functional", "masks", "reference", "interop", "positional", "models", "analysis", "viz", "sizing"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
