@@ -27,9 +27,7 @@ class EmbeddingWithPE(nn.Module):
         ValueError: bad sizes; ``L > max_len``; token ids outside the vocabulary.
     """
 
-    def __init__(
-        self, vocab_size: int, d_model: int, max_len: int = 512, *, positional: str | None = "sinusoidal"
-    ):
+    def __init__(self, vocab_size: int, d_model: int, max_len: int = 512, *, positional: str | None = "sinusoidal"):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

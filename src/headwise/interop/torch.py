@@ -68,18 +68,14 @@ def to_torch(m: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multihead
     if not isinstance(m, MultiHeadAttention):
         raise TypeError(f"m: expected a headwise.MultiHeadAttention, got {type(m).__name__}")
     if m.num_kv_heads != m.num_heads:
-        raise ValueError(
-            f"m: num_kv_heads={m.num_kv_heads} (grouped-query) has no nn.MultiheadAttention equivalent"
-        )
+        raise ValueError(f"m: num_kv_heads={m.num_kv_heads} (grouped-query) has no nn.MultiheadAttention equivalent")
     if m.num_heads * m.head_dim != m.d_model:
         raise ValueError(f"m: num_heads·head_dim={m.num_heads * m.head_dim} differs from d_model={m.d_model}")
     if m.positional is not None or m.scale is not None:
         raise ValueError("m: a positional part or a custom scale has no nn.MultiheadAttention equivalent")
     biases = [lin.bias is not None for lin in (m.Wq, m.Wk, m.Wv, m.Wo)]
     if len(set(biases)) != 1:
-        raise ValueError(
-            f"m: nn.MultiheadAttention needs biases on all four projections or none, got {biases}"
-        )
+        raise ValueError(f"m: nn.MultiheadAttention needs biases on all four projections or none, got {biases}")
     w = m.Wo.weight
     out = nn.MultiheadAttention(
         m.d_model,

@@ -22,9 +22,7 @@ from headwise.positional.base import PositionalPart
 CONVENTIONS = ("half", "interleaved")
 
 
-def rope_frequencies(
-    head_dim: int, base: float = 10000.0, scaling: dict | None = None, device=None
-) -> Tensor:
+def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: dict | None = None, device=None) -> Tensor:
     """``θ_i`` for ``i = 0 … Dh/2 − 1``, float64, with optional context-extension scaling.
 
     ``scaling`` follows Hugging Face's ``rope_scaling``: ``{"rope_type": "linear", "factor": f}``
@@ -49,9 +47,7 @@ def rope_frequencies(
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / high) & (wavelen <= old / low)
         return torch.where(medium, smoothed, scaled)
-    raise ValueError(
-        f"scaling: rope_type {kind!r} is not supported (expected 'default', 'linear' or 'llama3')"
-    )
+    raise ValueError(f"scaling: rope_type {kind!r} is not supported (expected 'default', 'linear' or 'llama3')")
 
 
 def rope_angles(positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,9 +78,7 @@ class RotaryEmbedding(PositionalPart):
         scaling: Hugging Face ``rope_scaling`` dict (``linear``, ``llama3``) or None.
     """
 
-    def __init__(
-        self, head_dim: int, *, base: float = 10000.0, convention: str = "half", scaling: dict | None = None
-    ):
+    def __init__(self, head_dim: int, *, base: float = 10000.0, convention: str = "half", scaling: dict | None = None):
         super().__init__()
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ValueError(f"head_dim: RoPE needs a positive even head width, got {head_dim!r}")
