@@ -1,4 +1,5 @@
-"""Atomic figure files: a temporary name in the destination folder, then ``os.replace``.
+"""Figure files, written atomically (:func:`headwise._io.atomic_write`: a temporary name in the
+destination folder, then ``os.replace``).
 
 A reader of the destination path sees either the previous file or the complete new one, never a
 half-written picture.
@@ -7,9 +8,10 @@ half-written picture.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from headwise._io import atomic_write
 
 #: Formats matplotlib writes that the command line accepts, by file suffix.
 FORMATS = ("png", "svg", "pdf")
@@ -56,12 +58,6 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int) -> Path:
     """
     path = Path(path)
     fmt = image_format(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # same folder: os.replace is atomic
-    try:
-        with open(tmp, "xb") as fh:  # usual permissions (umask), unlike mkstemp's 0600
-            fig.savefig(fh, format=fmt, dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format=fmt, dpi=dpi)
     return path

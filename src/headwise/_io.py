@@ -1,0 +1,62 @@
+"""Files that appear whole or not at all — the one mechanism every writer of headwise uses.
+
+:func:`atomic_write` opens a temporary file beside the destination (``.<name>.<random>.tmp`` in the same
+folder, so that the final rename stays on one file system), lets the caller write it, flushes it to disk
+and renames it over the destination with ``os.replace`` — atomic on POSIX and Windows. If anything goes
+wrong before the rename (an error, a full disk, Ctrl-C: any ``BaseException``), the temporary file is
+removed and the destination is untouched: a reader sees the previous file or the complete new one,
+never a half-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_write", "write_text_atomic", "TEMP_PREFIX", "TEMP_SUFFIX"]
+
+#: Temporary names are ``TEMP_PREFIX + name + "." + 12 hex digits + TEMP_SUFFIX``.
+TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
+_MODES = ("w", "wb")
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str = "utf-8") -> Iterator[IO]:
+    """Write ``path`` through a temporary file that is renamed over it only when the block succeeds.
+
+    Args:
+        path: the destination; its folder must exist.
+        mode: ``"w"`` (text, ``encoding``, no newline translation) or ``"wb"`` (bytes).
+        encoding: the text encoding for ``"w"``.
+    Yields:
+        The open temporary file.
+    Raises:
+        ValueError: another ``mode``.
+        OSError: the folder is missing or not writable, or the disk is full (nothing is left behind).
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
+    path = Path(path)
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
+    # "x": never clobber; the usual permissions (umask), unlike mkstemp's 0600
+    text = {"encoding": encoding, "newline": ""} if mode == "w" else {}
+    try:
+        with open(tmp, mode.replace("w", "x"), **text) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` with :func:`atomic_write`. Returns ``path`` as a Path."""
+    with atomic_write(path, "w") as fh:
+        fh.write(text)
+    return Path(path)
