@@ -35,6 +35,12 @@ def flops_mha(B: int, L: int, D: int, S: int | None = None, causal: bool = False
     return 8 * B * L * D * D + (att / 2 if causal else att)
 
 
+def gemm_call(n: int = 2048, dtype=torch.float32) -> Callable[[], object]:
+    """A zero-argument ``a @ b`` on random ``(n, n)`` matrices: the GEMM rate timed beside the contenders."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    return lambda: a @ b
+
+
 def _time_once(fn: Callable[[], object], number: int) -> float:
     return tb.Timer(stmt="fn()", globals={"fn": fn}).timeit(number).median
 
@@ -52,19 +58,19 @@ def compare(
         contenders: name -> zero-argument callable (ratios are taken afterwards with :func:`ratio`).
         rounds: how many alternating rounds.
         target_s: seconds each contender is timed per round (``number`` calls, fixed after a warm-up).
-        warmup: untimed calls of each contender before the first round.
+        warmup: untimed calls of each contender before the first round (at least one; the fastest of them
+            sets how many calls a round makes).
     Returns:
         ``{"rounds": rounds, "number": {name: n}, "times_s": {name: [per-round seconds per call]},
         "median_s": {name: median}}``.
     """
-    for fn in contenders.values():
-        for _ in range(warmup):
-            fn()
     number = {}
     for name, fn in contenders.items():
-        t0 = time.perf_counter()
-        fn()
-        one = time.perf_counter() - t0
+        one = float("inf")
+        for _ in range(max(1, warmup)):  # the warm-up calls also size the rounds
+            t0 = time.perf_counter()
+            fn()
+            one = min(one, time.perf_counter() - t0)
         number[name] = max(1, min(1000, int(target_s / max(one, 1e-6))))
     names = list(contenders)
     times: dict[str, list[float]] = {n: [] for n in names}

@@ -1,9 +1,13 @@
 """One forward in a fresh process, reporting its time and the process's peak memory (one JSON line).
 
-Peak memory is the process's peak resident set size, ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, read by
-the process itself after the forward: it counts everything the process ever held — the interpreter, the
-libraries, the weights and inputs, and every intermediate of the forward. ``setup_peak_mib`` is the same
-figure read just before the forward, so ``peak_mib - setup_peak_mib`` bounds what the forward itself added.
+Peak memory is the process's peak resident set size, the kernel's high-water mark ``VmHWM`` from
+``/proc/self/status``, read by the process itself after the forward: it counts everything the process ever
+held — the interpreter, the libraries, the weights and inputs, and every intermediate of the forward.
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss`` would be wrong here: Linux carries the parent's RSS at
+``fork`` into the child's ``ru_maxrss`` across ``exec``, so every child of a big parent reports at least
+the parent's size. ``VmHWM`` belongs to the new address space alone; it falls back to ``ru_maxrss`` where
+``/proc`` is missing.) ``setup_peak_mib`` is the same figure read just before the forward, so
+``peak_mib - setup_peak_mib`` bounds what the forward itself added.
 
     python benchmarks/memcase.py --impl headwise --B 1 --L 65536 --D 512 --H 8
     python benchmarks/memcase.py --impl torch ...          # nn.MultiheadAttention, same weights
@@ -20,6 +24,13 @@ import time
 
 
 def _peak_mib() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:  # pragma: no cover - not Linux
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 

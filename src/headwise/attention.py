@@ -19,9 +19,6 @@ from headwise.positional.base import PositionalPart
 
 # Fewest tokens (B·L) for which the Q/K/V projections run as one product (see ``_project``).
 FUSE_MIN_TOKENS = 1024
-# Most bytes of projected q, k, v attended at once; larger batches go a few items at a time
-# (see ``MultiHeadAttention._items_per_chunk``).
-CHUNK_BYTES = 16 << 20
 
 
 def _global_hooks() -> bool:
@@ -203,28 +200,6 @@ class MultiHeadAttention(nn.Module):
             return parts
         return (self._linear(self.Wq, query), *parts)
 
-    def _items_per_chunk(self, query, key, attn_mask, key_padding_mask, position_ids, cache) -> int:
-        """How many batch items to attend at a time: all of them, unless the projected q, k, v of the whole
-        batch exceed ``CHUNK_BYTES``.
-
-        Batch items are independent, so attending a few at a time changes no number; it keeps each
-        intermediate small enough for the allocator to reuse (glibc maps every block over 32 MB afresh,
-        and touching its pages costs about 2 µs per 4 KiB on the benchmark machine — 17 ms for the
-        38 MB of q, k, v at (8, 512, 768)) and for the q, k, v of a chunk to be read back from cache.
-        Not with a KV cache (its rows are the batch) nor when a mask's or positions' batch size is wrong
-        (the unchunked call raises the error).
-        """
-        B, L, S = query.shape[0], query.shape[1], key.shape[1]
-        if B == 1 or cache is not None:
-            return B
-        per_item = (L * self.Wq.out_features + S * (self.Wk.out_features + self.Wv.out_features)) * query.element_size()
-        if B * per_item <= CHUNK_BYTES:
-            return B
-        for t, batch_dims in ((attn_mask, (3, 4)), (key_padding_mask, (2,)), (position_ids, (2,))):
-            if isinstance(t, Tensor) and t.dim() in batch_dims and t.shape[0] != B:
-                return B
-        return max(1, CHUNK_BYTES // per_item)
-
     def _linear(self, m: nn.Linear, x: Tensor) -> Tensor:
         """``m(x)``, through :func:`headwise.functional.linear` when that changes nothing but speed."""
         return functional.linear(x, m.weight, m.bias) if self._fusable(m) else m(x)
@@ -271,29 +246,6 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = query.shape
         S_new, dh = key.shape[1], self.head_dim
         offset = 0 if cache is None else cache.length
-
-        items = self._items_per_chunk(query, key, attn_mask, key_padding_mask, position_ids, cache)
-        if items < B:  # a large batch, attended a few items at a time (see _items_per_chunk)
-            parts = []
-            for i in range(0, B, items):
-                b = slice(i, i + items)
-                parts.append(
-                    self.forward(
-                        query[b],
-                        None if self_attention else key[b],
-                        None if self_attention else value[b],
-                        attn_mask=attn_mask if attn_mask is None or attn_mask.dim() == 2 else attn_mask[b],
-                        key_padding_mask=None if key_padding_mask is None else key_padding_mask[b],
-                        is_causal=is_causal,
-                        need_weights=need_weights,
-                        average_weights=average_weights,
-                        position_ids=position_ids
-                        if position_ids is None or position_ids.dim() == 1
-                        else position_ids[b],
-                    )
-                )
-            out = torch.cat([o for o, _ in parts])  # (B, L, D)
-            return out, (torch.cat([w for _, w in parts]) if need_weights else None)
 
         q, k, v = self._project(query, key, value)
         q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)

@@ -112,64 +112,8 @@ def test_linear_equals_f_linear():
     assert wg.grad is not None
 
 
-# -- batch chunks ---------------------------------------------------------------------------------------
-CHUNK_CASES = ["plain", "causal", "mask2", "mask3", "mask4", "padding", "positions", "weights", "cross"]
-
-
-@pytest.mark.parametrize("case", CHUNK_CASES)
-def test_batch_chunks_equal_one_pass(case, monkeypatch):
-    torch.manual_seed(6)
-    B, L, d, h = 5, 6, 16, 4
-    m = headwise.MultiHeadAttention(d, h, num_kv_heads=2, positional=headwise.RotaryEmbedding(4)).double()
-    x = torch.randn(B, L, d, dtype=torch.float64, requires_grad=True)
-    g = torch.Generator().manual_seed(7)
-    kw = {}
-    args = (x,)
-    if case == "causal":
-        kw["is_causal"] = True
-    elif case == "mask2":
-        kw["attn_mask"] = torch.rand(L, L, generator=g) < 0.3
-    elif case == "mask3":
-        kw["attn_mask"] = torch.randn(B, L, L, generator=g, dtype=torch.float64)
-    elif case == "mask4":
-        kw["attn_mask"] = torch.rand(B, h, L, L, generator=g) < 0.3
-    elif case == "padding":
-        kw["key_padding_mask"] = torch.rand(B, L, generator=g) < 0.3
-    elif case == "positions":
-        kw["position_ids"] = torch.randint(0, 50, (B, L), generator=g)
-    elif case == "weights":
-        kw.update(need_weights=True, average_weights=False, is_causal=True)
-    elif case == "cross":
-        ctx = torch.randn(B, L + 3, d, dtype=torch.float64, generator=g)
-        args = (x, ctx)
-    per_item = (L * d + (L + 3 if case == "cross" else L) * 2 * 8) * 8  # bytes of q, k, v per item
-    out_one, w_one = m(*args, **kw)
-    grad_one = torch.autograd.grad(out_one.sum(), [x, *m.parameters()])
-    monkeypatch.setattr(attention_module, "CHUNK_BYTES", 2 * per_item)  # two items at a time: 2 + 2 + 1
-    assert (
-        m._items_per_chunk(x, args[-1], kw.get("attn_mask"), kw.get("key_padding_mask"), kw.get("position_ids"), None)
-        == 2
-    )
-    out, w = m(*args, **kw)
-    torch.testing.assert_close(out, out_one, atol=TOL, rtol=0)
-    if w_one is not None:
-        torch.testing.assert_close(w, w_one, atol=TOL, rtol=0)
-    for a, b in zip(torch.autograd.grad(out.sum(), [x, *m.parameters()]), grad_one):
-        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
-
-
-def test_batch_chunks_keep_shape_errors(monkeypatch):
-    monkeypatch.setattr(attention_module, "CHUNK_BYTES", 1)
-    m = headwise.MultiHeadAttention(8, 2)
-    x = torch.randn(4, 3, 8)
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        m(x, key_padding_mask=torch.zeros(5, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="attn_mask"):
-        m(x, attn_mask=torch.zeros(6, 3, 3, dtype=torch.bool))
-
-
 def test_float32_fast_path_equals_nn_multihead_attention():
-    """fused + oneDNN + batch chunks, in float32 inference, against torch's own module (≤ 1e-5)."""
+    """fused projection + oneDNN linear + SDPA, in float32 inference, against torch's own module (≤ 1e-5)."""
     torch.manual_seed(8)
     B, L, d, h = 6, 200, 64, 4  # 1200 tokens: fused; q, k, v 150 kB per item
     m = headwise.MultiHeadAttention(d, h).eval()
@@ -177,9 +121,8 @@ def test_float32_fast_path_equals_nn_multihead_attention():
     x = torch.randn(B, L, d)
     pad = torch.rand(B, L) < 0.2
     with torch.no_grad():
-        with mock.patch.object(attention_module, "CHUNK_BYTES", 2 * L * 3 * d * 4):
-            assert m._items_per_chunk(x, x, None, pad, None, None) == 2
-            got, w = m(x, key_padding_mask=pad, need_weights=True)
+        got, _ = m(x, key_padding_mask=pad)
+        _, w = m(x, key_padding_mask=pad, need_weights=True)
         want, w_want = t(x, x, x, key_padding_mask=pad, need_weights=True)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w, w_want, rtol=1e-5, atol=1e-6)

@@ -15,10 +15,10 @@ The keys are visited ``N`` at a time. For every query row the recurrence keeps a
     m     = m'
     out   = acc / l                                        # after the last block
 
-so no ``(L, S)`` array ever exists: memory is ``O(L · N)`` per leading index, and the result equals
-:func:`headwise.reference.scaled_dot_product_attention` up to float64 round-off. Leading indices are
-visited one at a time for the same reason. A query row with every key blocked yields a zero output
-(``l = 0``), as in the plain mode.
+so no ``(L, S)`` array ever exists. Query rows are taken ``N`` at a time as well, and leading indices one
+at a time, so the work arrays are ``(N, N)`` scores plus the ``(L, Dv)`` output: memory ``O(L · N)`` at
+most. The result equals :func:`headwise.reference.scaled_dot_product_attention` up to float64 round-off.
+A query row with every key blocked yields a zero output (``l = 0``), as in the plain mode.
 """
 
 from __future__ import annotations
@@ -75,27 +75,43 @@ def blocked_attention(q, k, v, mask=None, scale=None, *, block_size: int):
         qi = _at(q, idx, lead) * scale  # (L, Dh); scaling q is cheaper than scaling each block of scores
         ki, vi = _at(k, idx, lead), _at(v, idx, lead)  # (S, Dh), (S, Dv)
         bl, bi = _at(blocked, idx, lead), _at(bias, idx, lead)  # (L, S) views or None
-        m = np.full((L, 1), -np.inf, dtype=dtype)  # running row maximum
-        lsum = np.zeros((L, 1), dtype=dtype)  # running normaliser
-        acc = np.zeros((L, Dv), dtype=dtype)  # running unnormalised output
-        for j0 in range(0, S, block_size):
-            j1 = min(S, j0 + block_size)
-            s = qi @ ki[j0:j1].T  # (L, N)
-            if bi is not None:
-                s += bi[:, j0:j1]
-            if bl is not None:
-                s[bl[:, j0:j1]] = -np.inf
-            m_new = np.maximum(m, s.max(axis=1, keepdims=True))  # (L, 1)
-            m_safe = np.where(np.isfinite(m_new), m_new, 0.0)  # a row with no key yet: shift by 0
-            np.subtract(s, m_safe, out=s)
-            p = np.exp(s, out=s)  # (L, N); blocked entries give exp(-inf) = 0
-            correction = np.exp(m - m_safe)  # (L, 1); 0 while m = -inf
-            lsum = lsum * correction + p.sum(axis=1, keepdims=True)
-            acc *= correction
-            acc += p @ vi[j0:j1]  # (L, Dv)
-            m = m_new
-        out[idx] = acc / np.where(lsum == 0, 1.0, lsum)  # rows with every key blocked stay 0
+        for i0 in range(0, L, block_size):  # a block of query rows at a time: (N, N) scores stay in cache
+            i1 = min(L, i0 + block_size)
+            out[idx][i0:i1] = _query_block(
+                qi[i0:i1],
+                ki,
+                vi,
+                None if bl is None else bl[i0:i1],
+                None if bi is None else bi[i0:i1],
+                block_size,
+                dtype,
+            )
     return out
+
+
+def _query_block(q, k, v, blocked, bias, block_size, dtype):
+    """The recurrence for one block of query rows: ``q (n, Dh)`` against every key, ``block_size`` at a time."""
+    n, S = q.shape[0], k.shape[0]
+    m = np.full((n, 1), -np.inf, dtype=dtype)  # running row maximum
+    lsum = np.zeros((n, 1), dtype=dtype)  # running normaliser
+    acc = np.zeros((n, v.shape[-1]), dtype=dtype)  # running unnormalised output
+    for j0 in range(0, S, block_size):
+        j1 = min(S, j0 + block_size)
+        s = q @ k[j0:j1].T  # (n, N)
+        if bias is not None:
+            s += bias[:, j0:j1]
+        if blocked is not None:
+            s[blocked[:, j0:j1]] = -np.inf
+        m_new = np.maximum(m, s.max(axis=1, keepdims=True))  # (n, 1)
+        m_safe = np.where(np.isfinite(m_new), m_new, 0.0)  # a row with no key yet: shift by 0
+        np.subtract(s, m_safe, out=s)
+        p = np.exp(s, out=s)  # (n, N); blocked entries give exp(-inf) = 0
+        correction = np.exp(m - m_safe)  # (n, 1); 0 while m = -inf
+        lsum = lsum * correction + p.sum(axis=1, keepdims=True)
+        acc *= correction
+        acc += p @ v[j0:j1]  # (n, Dv)
+        m = m_new
+    return acc / np.where(lsum == 0, 1.0, lsum)  # rows with every key blocked stay 0
 
 
 def _at(a, idx, lead):
