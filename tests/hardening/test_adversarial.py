@@ -321,8 +321,6 @@ LLAMA_TYPES = {
 # Owners (notes/status.md) of the files whose fix an xfail row waits for.
 CORE = "functional.py / attention.py / masks.py: the lead's, helper-6 at work on them"
 POSITIONAL = "positional/: the lead's"
-MODELS = "models/: helper-2 at work on it"
-HEADS_CLI = "cli/heads.py: helper-2 at work on it"
 
 LIBRARY = [
     # --- MultiHeadAttention: ranks, widths, heads, masks, dtypes
@@ -639,7 +637,6 @@ LIBRARY = [
         lambda ws: load(ws.checkpoint(config=set_("model_type", "gpt2"))),
         ValueError,
         r"model_type.*'gpt2'",
-        xfail=f"BertConfig.from_dict's docstring promises it; not checked ({MODELS})",
     ),
     raises(
         "ckpt/no-tokenizer",
@@ -833,7 +830,6 @@ COMMAND_LINE = [
         "heads/corpus-only-undecodable",
         lambda ws: untrained("--corpus", str(ws.file("bad.txt", b"\xff\xfe\n\xc3\x28\n")))(ws),
         r"--corpus: no non-empty UTF-8 line in '.*bad\.txt'",
-        xfail=f"two stderr lines: the skipped-lines warning, then the error ({HEADS_CLI})",
     ),
     exits(
         "heads/empty-corpus",
