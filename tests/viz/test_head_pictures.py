@@ -111,14 +111,14 @@ def test_write_heads_outputs_writes_every_file_atomically(tmp_path):
 
 
 def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from headwise.viz import _atomic
+    from headwise import _io
 
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     (tmp_path / "heads.json").write_text("old")
-    monkeypatch.setattr(_atomic.os, "replace", boom)
+    monkeypatch.setattr(_io.os, "replace", boom)
     with pytest.raises(OSError, match="No space"):
-        _atomic.write_text_atomic(tmp_path / "heads.json", "new")
+        _io.write_text_atomic(tmp_path / "heads.json", "new")
     assert [p.name for p in tmp_path.iterdir()] == ["heads.json"]
     assert (tmp_path / "heads.json").read_text() == "old"

@@ -4,6 +4,7 @@
 - :func:`headwise.viz.positional.plot_positional_encoding` — a positions × dimensions table
   (the first article's Figure 2).
 
-Every picture is written atomically (a temporary name in the same folder, then ``os.replace``).
+Every file is written atomically by :func:`headwise._io.atomic_write` (a temporary name in the same
+folder, then ``os.replace``).
 Import the submodules directly; this package imports nothing, so ``import headwise.viz`` stays cheap.
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headwise.viz._atomic import write_text_atomic
+from headwise._io import write_text_atomic
 
 __all__ = ["EXACT_UP_TO", "TOP_K", "headview_payload", "render_headview", "write_headview"]
 

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from headwise.viz._atomic import write_text_atomic
+from headwise._io import write_text_atomic
 
 __all__ = ["OUTPUTS", "report_json", "report_csv", "write_head_views", "write_heads_outputs"]
 
