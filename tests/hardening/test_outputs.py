@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -329,3 +330,19 @@ def test_heads_corpus_memory_is_flat_from_1k_to_10k_sentences(tmp_path):
     assert peaks[10_000] - peaks[1_000] <= RSS_GROWTH_BOUND_MB, peaks
     stats = json.loads((tmp_path / "o10000" / "heads.json").read_text())
     assert stats["corpus"]["sentences"] == 10_000
+
+
+def test_one_mechanism_writes_every_file():
+    """No module of the package writes a file other than through headwise._io.atomic_write."""
+    src = Path(__file__).parents[2] / "src" / "headwise"
+    writers = ("os.replace(", ".write_text(", ".write_bytes(", "shutil.copy", "torch.save(", "np.save(")
+    offenders = []
+    for path in sorted(src.rglob("*.py")):
+        if path.name == "_io.py" or "data" in path.relative_to(src).parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        offenders += [f"{path.relative_to(src)}: {w}" for w in writers if w in text]
+        offenders += [f"{path.relative_to(src)}: {m}" for m in re.findall(r"\bopen\([^)]*[\"'][wxa]b?[\"']", text)]
+        if "savefig(" in text and "atomic_write" not in text:
+            offenders.append(f"{path.relative_to(src)}: savefig outside atomic_write")
+    assert offenders == []
