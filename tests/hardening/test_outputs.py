@@ -117,18 +117,13 @@ def wait_until_reading(proc: subprocess.Popen, big: Path, timeout_s: float = 60)
 
 def assert_interrupted(code: int, err: str) -> None:
     """Exit 130, no traceback; besides the progress bar's last frame, at most the one line
-    ``headwise: interrupted`` (that it is printed at all: the strict xfail below)."""
+    ``headwise: interrupted``."""
     assert code == 130, (code, err)
     assert "Traceback" not in err, err
     lines = [line for line in err.strip().splitlines() if "heads corpus" not in line]  # the progress bar
     assert lines in ([], ["headwise: interrupted"]), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="typer turns KeyboardInterrupt into Exit(130) and, with standalone_mode=False, returns 130: "
-    "headwise.cli.main exits 130 without its 'headwise: interrupted' line (cli/__init__.py: the lead's)",
-)
 def test_ctrl_c_prints_one_line(tmp_path, monkeypatch, capsys):
     from headwise import analysis
 

@@ -37,6 +37,9 @@ for _mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 
+_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+
 def _fail(message: str) -> None:
     message = " ".join(str(message).split())  # one line, whatever the exception held
     print(f"headwise: error: {message}", file=sys.stderr)
@@ -54,16 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     except _USAGE as e:
         hint = f" (see 'headwise {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else ""
         _fail(f"{e.format_message()}{hint}")
-    except _ABORT:
-        print("headwise: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        print("headwise: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except (*_ABORT, KeyboardInterrupt):
+        rc = _INTERRUPTED
     except _EXIT as e:
-        sys.exit(e.exit_code)
+        rc = e.exit_code
     except _CLICK as e:
         _fail(e.format_message())
     except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
         _fail(str(e))
-    sys.exit(rc if isinstance(rc, int) else 0)
+    rc = rc if isinstance(rc, int) else 0
+    if rc == _INTERRUPTED:  # typer turns Ctrl-C inside a command into exit status 130, silently
+        print("headwise: interrupted", file=sys.stderr)
+    sys.exit(rc)
