@@ -816,8 +816,8 @@ def whole_outputs(ws, _):
 
 
 COMMAND_LINE = [
-    exits("cli/unknown-option", lambda ws: ["--bogus"], r"No such option: --bogus"),
-    exits("cli/unknown-command", lambda ws: ["attend"], r"No such command 'attend'"),
+    exits("headwise/unknown-option", lambda ws: ["--bogus"], r"No such option: --bogus"),
+    exits("headwise/unknown-command", lambda ws: ["attend"], r"No such command 'attend'"),
     # heads
     exits(
         "heads/empty-text", untrained(""), r"TEXT: expected a non-empty text, got an empty one", check=nothing_written
@@ -915,12 +915,17 @@ COMMAND_LINE = [
     exits(
         "size/negative-seq-len",
         lambda ws: ["size", "llama-3-8b", "--seq-len", "-1"],
-        r"seq_len must be a positive integer, got -1",
+        r"--seq-len: expected a positive integer, got -1",
     ),
     exits(
         "size/unknown-dtype",
         lambda ws: ["size", "llama-3-8b", "--dtype", "fp8"],
-        r"dtype must be one of bf16\|fp16\|fp32\|int8; got 'fp8'",
+        r"--dtype: expected one of bf16\|fp16\|fp32\|int8, got 'fp8'",
+    ),
+    exits(
+        "size/zero-batch",
+        lambda ws: ["size", "llama-3-8b", "--batch", "0"],
+        r"--batch: expected a positive integer, got 0",
     ),
     exits(
         "size/all-with-batch", lambda ws: ["size", "--all", "--batch", "2"], r"--batch apply to one model, not to --all"

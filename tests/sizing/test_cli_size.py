@@ -104,8 +104,9 @@ def get_arch_from(path):
     ("args", "needle"),
     [
         (["llama-4-8b"], "Llama-3-8B"),  # suggestions
-        (["llama-3-8b", "--dtype", "fp8"], "dtype"),
-        (["llama-3-8b", "--seq-len", "0"], "seq_len"),
+        (["llama-3-8b", "--dtype", "fp8"], "--dtype: expected one of bf16|fp16|fp32|int8, got 'fp8'"),
+        (["llama-3-8b", "--seq-len", "0"], "--seq-len: expected a positive integer, got 0"),
+        (["llama-3-8b", "--batch", "-2"], "--batch: expected a positive integer, got -2"),
         (["--all", "--seq-len", "5"], "--seq-len"),
         (["llama-3-8b", "--all"], "give one of"),
         ([], "give one of"),

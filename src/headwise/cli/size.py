@@ -53,7 +53,11 @@ def size(
         _print_all(console, sizing)
         return
     dtype = "bf16" if dtype is None else dtype
-    sizing.dtype_bytes(dtype)  # refuse a bad dtype before printing anything
+    if dtype not in sizing.DTYPE_BYTES:  # refuse a bad option before printing anything
+        raise CLIError(f"--dtype: expected one of {'|'.join(sizing.DTYPE_BYTES)}, got {dtype!r}")
+    for option, value in (("--seq-len", seq_len), ("--batch", batch)):
+        if value is not None and value <= 0:
+            raise CLIError(f"{option}: expected a positive integer, got {value}")
     if config is not None and not config.is_file() and not (config / "config.json").is_file():
         raise CLIError(f"--config: no such file: '{config}' (expected a Hugging Face config.json)")
     arch = sizing.from_hf_config(config) if config is not None else sizing.get_arch(name)
