@@ -145,6 +145,16 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{name}: expected last dimension {width}, got shape {tuple(t.shape)}")
             if not t.is_floating_point():
                 raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
+            if t.shape[1] == 0:
+                raise ValueError(f"{name}: expected at least one token, got shape {tuple(t.shape)}")
+        weight_dtype = self.Wq.weight.dtype
+        if not torch.is_autocast_enabled(query.device.type):
+            for name, t in (("query", query), ("key", key), ("value", value)):
+                if t.dtype != weight_dtype:
+                    raise TypeError(
+                        f"{name}: expected dtype {weight_dtype} (the module's; cast one of them, or use autocast), "
+                        f"got {t.dtype}"
+                    )
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(
                 f"query, key, value: batch sizes differ: {query.shape[0]}, {key.shape[0]}, {value.shape[0]}"

@@ -85,7 +85,7 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     return x.repeat_interleave(num_heads // hkv, dim=1)  # (B, H, S, Dh)
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, backend: str) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, backend: str, blocked: Tensor | None, bias: Tensor | None) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -98,6 +98,18 @@ def _check(q: Tensor, k: Tensor, v: Tensor, backend: str) -> None:
             f"k, v: expected the same number of key/value heads dividing the {q.shape[1]} query heads, "
             f"got {k.shape[1]} and {v.shape[1]}"
         )
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(f"q, k, v: batch sizes differ: {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: expected head width Dh={q.shape[-1]} (q's), got shape {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k, v: key lengths differ: {k.shape[-2]} and {v.shape[-2]}")
+    if blocked is not None and (not isinstance(blocked, Tensor) or blocked.dtype != torch.bool):
+        raise TypeError(
+            f"blocked: expected a bool tensor (True = may not attend), got {getattr(blocked, 'dtype', blocked)!r}"
+        )
+    if bias is not None and (not isinstance(bias, Tensor) or not bias.is_floating_point()):
+        raise TypeError(f"bias: expected a floating-point tensor, got {getattr(bias, 'dtype', bias)!r}")
 
 
 def attention_math(
@@ -287,7 +299,7 @@ def scaled_dot_product_attention(
     Returns:
         ``(out (B, H, L, Dh), weights (B, H, L, S) or None)``.
     """
-    _check(q, k, v, backend)
+    _check(q, k, v, backend, blocked, bias)
     if need_weights and backend != "math":
         return attention_weights(
             q, k, v, blocked=blocked, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p

@@ -16,6 +16,8 @@ from torch import Tensor
 
 
 def _check_dtype(name: str, mask: Tensor) -> None:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float), got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"{name}: expected a bool or floating-point tensor, got dtype {mask.dtype}")
 

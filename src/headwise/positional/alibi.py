@@ -53,6 +53,8 @@ class ALiBi(PositionalPart):
 
     def __init__(self, num_heads: int):
         super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads: expected a positive integer, got {num_heads!r}")
         self.num_heads = num_heads
         self.register_buffer("head_ids", torch.arange(num_heads), persistent=False)
 

@@ -100,6 +100,8 @@ class RotaryEmbedding(PositionalPart):
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x (B, H, L, Dh)`` rotated at ``positions (L,)`` or ``(B, L)``."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"x: expected last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}")
         cos, sin = rope_angles(positions, self.inv_freq)
         return apply_rope(x, cos, sin, self.convention)
 
