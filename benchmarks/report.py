@@ -38,8 +38,10 @@ def _fmt(v, digits=3) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+        if v != 0 and abs(v) < 1e-3:
             return f"{v:.2e}"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
         return f"{v:.{digits}g}"
     return str(v)
 
@@ -168,6 +170,8 @@ def _per_target(name: str, r: dict) -> list[str]:
     elif name == "decode":
         st = r["stack"]
         lines += _contender_table(r["table"]) + [""]
+        if "table_1_thread" in r:
+            lines += ["With one torch thread for both:", ""] + _contender_table(r["table_1_thread"]) + [""]
         lines += [
             f"Decoded output equals the full causal forward to {r['max_abs_diff_decode_vs_full']:.1e}. "
             f"12-layer stack (residual headwise attention layers, D = 768, H = 12, float32, B = 1): prompt "
@@ -330,10 +334,39 @@ results under `benchmarks/results/quick/`, no docs).
 """
 
 
+def _spread(res: dict) -> list[str]:
+    """Every full run recorded in ``results/history.jsonl``, for the targets measured more than once."""
+    path = RESULTS / "history.jsonl"
+    if not path.exists():
+        return []
+    runs: dict[str, list[tuple[str, float, str | None]]] = {}
+    for line in path.read_text().splitlines():
+        h = json.loads(line)
+        for row in h["summary"]:
+            if isinstance(row["value"], (int, float)) and row["pass"] is not None:
+                runs.setdefault(row["metric"], []).append((h["written"], row["value"], h.get("note")))
+    many = {m: v for m, v in runs.items() if len(v) > 1}
+    if not many:
+        return []
+    lines = [
+        "## Run-to-run spread",
+        "",
+        "Every full run of a target on this shared machine, from `benchmarks/results/history.jsonl` (the tables "
+        "above show the latest). The spread is the load from other jobs; the latest run is not chosen as the best.",
+        "",
+        "| target | runs (written: value) |",
+        "|---|---|",
+    ]
+    for metric, vals in many.items():
+        cells = "; ".join(f"{w}: {_fmt(v)}" + (f" ({n})" if n else "") for w, v, n in vals)
+        lines.append(f"| {metric} | {cells} |".replace("max |", "max \\|"))
+    return lines + [""]
+
+
 def render(res: dict) -> str:
     lines = [INTRO.replace("{FAST_PATHS}", _fast_paths()), "## Machine and versions", ""] + _machine(res) + [""]
     lines += ["## Every target", ""] + _summary_rows(res) + [""]
-    lines += _notes(res) + ["## Per target", ""]
+    lines += _notes(res) + _spread(res) + ["## Per target", ""]
     for name in ORDER:
         if name in res:
             lines += _per_target(name, res[name])
@@ -393,7 +426,7 @@ def _notes(res: dict) -> list[str]:
         out.append(
             f"- **decode tokens/s.** With {dec['threads']} threads {dec['tokens_per_s']:.0f} tokens/s, with 1 thread "
             f"{dec['tokens_per_s_1_thread']:.0f}: a decode step is ~50 small ops, and on this shared machine each "
-            "parallel region waits for the second thread to be scheduled. A dedicated machine does not pay that."
+            "parallel region can wait for the second thread to be scheduled; one thread never waits."
         )
     blk = res.get("blocked", {})
     rows = [r for r in blk.get("summary", []) if r["pass"] is False and "time" in r["metric"]]
