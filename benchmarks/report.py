@@ -277,7 +277,7 @@ FAST_PATHS = [
     ),
     (
         "oneDNN linear",
-        "float32, CPU, no autograd, no autocast",
+        "float32 or bfloat16, CPU, no autograd, no autocast",
         "`torch.ops.mkldnn._linear_pointwise`: the bias added in the kernel's epilogue, not copied in first by `addmm`",
     ),
     (
