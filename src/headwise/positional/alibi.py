@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from headwise import reference
 from headwise.positional.base import PositionalPart
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """Head slopes ``m_h`` (float64, ``(H,)``).
+    """Head slopes ``m_h`` (float64, ``(H,)``) — :func:`headwise.reference.alibi_slopes` as a tensor.
 
     For a power of two n: ``2^(−8h/n)``, ``h = 1 … n``. Otherwise the slopes of the closest lower power
     of two, then every other slope of the next power of two — the paper's code, BLOOM
@@ -19,16 +18,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
         raise ValueError(f"num_heads: expected a positive integer, got {num_heads!r}")
-
-    def pow2(n: int) -> list[float]:
-        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    closest = 2 ** math.floor(math.log2(num_heads))
-    slopes = pow2(closest)
-    if closest != num_heads:
-        slopes += pow2(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float64)
+    return torch.from_numpy(reference.alibi_slopes(num_heads))
 
 
 def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

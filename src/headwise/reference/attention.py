@@ -17,19 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from headwise.reference._masks import split_mask as _split_mask
 from headwise.reference.positional import alibi_bias, apply_rope, causal_mask
-
-
-def _split_mask(mask):
-    """Return (blocked bool or None, bias float or None) for a user mask."""
-    if mask is None:
-        return None, None
-    mask = np.asarray(mask)
-    if mask.dtype == np.bool_:
-        return mask, None
-    if np.issubdtype(mask.dtype, np.floating):
-        return None, mask
-    raise TypeError(f"mask: expected a bool or float array, got dtype {mask.dtype}")
 
 
 def softmax(x, axis=-1, mask=None):

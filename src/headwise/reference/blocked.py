@@ -29,16 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _split_mask(mask):
-    if mask is None:
-        return None, None
-    mask = np.asarray(mask)
-    if mask.dtype == np.bool_:
-        return mask, None
-    if np.issubdtype(mask.dtype, np.floating):
-        return None, mask
-    raise TypeError(f"mask: expected a bool or float array, got dtype {mask.dtype}")
+from headwise.reference._masks import split_mask as _split_mask
 
 
 def blocked_attention(q, k, v, mask=None, scale=None, *, block_size: int):
