@@ -214,6 +214,33 @@ class MultiHeadAttention(nn.Module):
         """``m(x)``, through :func:`headwise.functional.linear` when that changes nothing but speed."""
         return functional.linear(x, m.weight, m.bias) if self._fusable(m) else m(x)
 
+    def _masks(self, attn_mask, key_padding_mask, is_causal, q_pos, k_pos, *, B, H, L, S, offset, dtype):
+        """Every mask of one call as ``(blocked, bias, kernel_causal)`` (see :func:`headwise.masks.build`)."""
+        bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
+        # Causal: plain top-left causality goes to the kernel as a flag; one new token after the cache
+        # sees every key (no mask at all); otherwise it is a mask on slots.
+        only_causal = attn_mask is None and key_padding_mask is None and bias is None
+        kernel_causal = is_causal and only_causal and offset == 0 and L == S
+        sees_all = is_causal and L == 1 and offset + 1 == S
+        causal_slots = None
+        if is_causal and not kernel_causal and not sees_all:
+            causal_slots = (
+                torch.arange(offset, offset + L, device=q_pos.device),
+                torch.arange(S, device=q_pos.device),
+            )
+        blocked, bias = masks.build(
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal_slots=causal_slots,
+            bias=bias,
+            batch=B,
+            heads=H,
+            L=L,
+            S=S,
+            dtype=dtype,
+        )
+        return blocked, bias, kernel_causal
+
     # -- forward -----------------------------------------------------------------------------------
     def forward(
         self,
@@ -272,30 +299,25 @@ class MultiHeadAttention(nn.Module):
             if position_ids is None:
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
         S = k.shape[2]
-        bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
-
-        # Causal: plain top-left causality goes to the kernel as a flag; one new token after the cache
-        # sees every key (no mask at all); otherwise it is a mask on slots.
-        only_causal = attn_mask is None and key_padding_mask is None and bias is None
-        kernel_causal = is_causal and only_causal and offset == 0 and L == S
-        sees_all = is_causal and L == 1 and offset + 1 == S
-        causal_slots = None
-        if is_causal and not kernel_causal and not sees_all:
-            causal_slots = (
-                torch.arange(offset, offset + L, device=query.device),
-                torch.arange(S, device=query.device),
+        try:
+            blocked, bias, kernel_causal = self._masks(
+                attn_mask,
+                key_padding_mask,
+                is_causal,
+                q_pos,
+                k_pos,
+                B=B,
+                H=q.shape[1],
+                L=L,
+                S=S,
+                offset=offset,
+                dtype=q.dtype,
             )
-        blocked, bias = masks.build(
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            causal_slots=causal_slots,
-            bias=bias,
-            batch=B,
-            heads=q.shape[1],
-            L=L,
-            S=S,
-            dtype=q.dtype,
-        )
+        except Exception:
+            if cache is not None:
+                cache.length = offset  # a rejected call leaves the cache as it was
+            raise
+
         dropout_p = self.dropout if self.training else 0.0
         if need_weights and self.backend != "math":
             # Weights by blocks; averaged over heads without forming (B, H, L, S).

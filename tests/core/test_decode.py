@@ -59,3 +59,18 @@ def test_cache_shape_mismatch_is_an_error():
     cache = headwise.KVCache(2, 8, 2, 8)
     with pytest.raises(ValueError, match="cache: expected keys and values of shape"):
         m(torch.randn(1, 3, 16), cache=cache)
+
+
+def test_a_rejected_call_leaves_the_cache_as_it_was():
+    m = headwise.MultiHeadAttention(16, 2, positional=headwise.ALiBi(2))
+    cache = headwise.KVCache.for_module(m, 1, 8)
+    x = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        m(x, is_causal=True, cache=cache)
+        with pytest.raises(ValueError, match=r"key_padding_mask: expected shape \(B, S\)=\(1, 4\)"):
+            m(x[:, :1], is_causal=True, cache=cache, key_padding_mask=torch.zeros(1, 3, dtype=torch.bool))
+        assert cache.length == 3
+        # and decoding goes on exactly as if the bad call never happened
+        full, _ = m(torch.cat([x, x[:, :1]], 1), is_causal=True)
+        step, _ = m(x[:, :1], is_causal=True, cache=cache)
+    torch.testing.assert_close(step, full[:, 3:], rtol=0, atol=1e-6)
