@@ -21,7 +21,6 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     _typer_click = click.exceptions
 
 
-
 def _both(name: str) -> tuple[type[BaseException], ...]:
     return tuple({getattr(m, name) for m in (click.exceptions, _typer_click) if hasattr(m, name)})
 
