@@ -243,7 +243,7 @@ def target_decode(mode: Mode) -> dict:
         full, _ = m(x, is_causal=True)
 
         def decode():
-            cache.length = prefix  # forget the token appended by the previous call
+            cache.crop(prefix)  # forget the token appended by the previous call
             return m(x[:, prefix:], is_causal=True, cache=cache)[0]
 
         err = float((decode() - full[:, prefix:]).abs().max())
@@ -288,7 +288,7 @@ def target_decode(mode: Mode) -> dict:
     try:
         with torch.inference_mode():
             for c in caches:
-                c.length = n_prompt
+                c.crop(n_prompt)
             per_token_1 = []
             tok = h[:, -1:]
             for _ in range(n_new):

@@ -14,10 +14,10 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "MultiHeadAttention": "headwise.attention",
-    "AttentionBlock": "headwise.block",
-    "EmbeddingWithPE": "headwise.block",
-    "KVCache": "headwise.cache",
+    "MultiHeadAttention": "headwise.core.attention",
+    "AttentionBlock": "headwise.core.block",
+    "EmbeddingWithPE": "headwise.core.block",
+    "KVCache": "headwise.core.cache",
     "PositionalPart": "headwise.positional",
     "RotaryEmbedding": "headwise.positional",
     "ALiBi": "headwise.positional",
@@ -26,14 +26,18 @@ _LAZY = {
     "SinusoidalPositionalEncoding": "headwise.positional",
     "sinusoidal_table": "headwise.positional",
 }
-_SUBMODULES = {"functional", "masks", "reference", "interop", "positional", "models", "analysis", "viz", "sizing"}
+_SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "viz", "sizing"}
+# The core's maths modules, also reachable as ``headwise.functional`` and ``headwise.masks``.
+_CORE_MODULES = {"functional": "headwise.core.functional", "masks": "headwise.core.masks"}
 
-__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES | set(_CORE_MODULES))
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _CORE_MODULES:
+        value = importlib.import_module(_CORE_MODULES[name])
     elif name in _SUBMODULES:
         value = importlib.import_module(f"headwise.{name}")
     else:

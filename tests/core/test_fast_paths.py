@@ -20,8 +20,8 @@ from torch import nn
 import headwise
 import headwise.reference as ref
 from _helpers import np64, ref_params
-from headwise import attention as attention_module
-from headwise import functional as HF
+from headwise.core import attention as attention_module
+from headwise.core import functional as HF
 
 TOL = 1e-12
 

@@ -1,7 +1,7 @@
 """Ring attention on a real gloo world (2 and 4 ranks) against the single-process attention.
 
 One world per world size runs every sub-case (module-scoped fixture); the comparisons happen here,
-in the test process, against :func:`headwise.functional.scaled_dot_product_attention` on the full
+in the test process, against :func:`headwise.core.functional.scaled_dot_product_attention` on the full
 sequence: outputs and the gradients of q, k, v, float64 within 1e-8 and float32 within 1e-5.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from headwise import MultiHeadAttention, RotaryEmbedding
-from headwise import functional as HF
+from headwise.core import functional as HF
 from headwise.distributed import ring_attention, shard_positions, shard_sequence, unshard_sequence
 
 pytestmark = pytest.mark.distributed

@@ -36,7 +36,7 @@ import torch
 import headwise
 import headwise.reference as ref
 from headwise import MultiHeadAttention as MHA
-from headwise import functional
+from headwise.core import functional
 
 # ----------------------------------------------------------------------------------------------------
 # the row types

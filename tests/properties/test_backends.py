@@ -2,7 +2,7 @@
 
 The backends, all on the same ``q (B, H, L, Dh)``, ``k, v (B, Hkv, S, Dh)``:
 
-- ``headwise.functional.scaled_dot_product_attention`` with ``backend="math"`` (the readable softmax),
+- ``headwise.core.functional.scaled_dot_product_attention`` with ``backend="math"`` (the readable softmax),
   ``"sdpa"`` (``F.scaled_dot_product_attention``) and ``"auto"`` + ``need_weights`` (the blocked
   weights path);
 - the NumPy reference ``headwise.reference.scaled_dot_product_attention``, plain and blocked
@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise.reference as ref
-from headwise import functional
+from headwise.core import functional
 from headwise.distributed.kernels import CpuFlashKernel, MathKernel
 
 ATOL = 1e-12  # float64, every path against every other

@@ -75,7 +75,7 @@ def load_model(model: str | None):
         if model == "untrained":
             import torch
 
-            from headwise.block import AttentionBlock
+            from headwise.core.block import AttentionBlock
 
             _, tokenizer = models.load_bert()
             torch.manual_seed(UNTRAINED["seed"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from headwise.attention import MultiHeadAttention
+from headwise.core.attention import MultiHeadAttention
 from headwise.distributed._group import require_group
 from headwise.distributed.kernels import BlockKernel
 from headwise.distributed.ring import _check_layout, ring_attention, shard_positions

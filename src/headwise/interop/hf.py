@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from headwise.attention import MultiHeadAttention
+from headwise.core.attention import MultiHeadAttention
 from headwise.positional.rope import RotaryEmbedding
 
 SUPPORTED = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "GPT2Attention", "BertAttention")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise.attention import MultiHeadAttention
+from headwise.core.attention import MultiHeadAttention
 
 
 def from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headwise.attention import MultiHeadAttention
+from headwise.core.attention import MultiHeadAttention
 from headwise.models.config import BertConfig
 
 __all__ = ["BertEncoder", "BertOutput", "BertEmbeddings", "BertLayer"]

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from headwise import reference
+from headwise import checks
 from headwise.positional.base import PositionalPart
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """Head slopes ``m_h`` (float64, ``(H,)``) — :func:`headwise.reference.alibi_slopes` as a tensor.
+    """Head slopes ``m_h`` (float64, ``(H,)``).
 
     For a power of two n: ``2^(−8h/n)``, ``h = 1 … n``. Otherwise the slopes of the closest lower power
     of two, then every other slope of the next power of two — the paper's code, BLOOM
-    (``build_alibi_tensor``) and MPT (``gen_slopes``) agree on this.
+    (``build_alibi_tensor``) and MPT (``gen_slopes``) agree on this. Computed here in torch; a test holds
+    it equal to :func:`headwise.reference.alibi_slopes`.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads: expected a positive integer, got {num_heads!r}")
-    return torch.from_numpy(reference.alibi_slopes(num_heads))
+    checks.positive_int("num_heads", num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))  # the largest power of two ≤ H
+    h = torch.arange(1, closest + 1, dtype=torch.float64)
+    slopes = 2.0 ** (-8.0 * h / closest)  # (closest,)
+    if closest < num_heads:
+        extra = torch.arange(1, 2 * (num_heads - closest), 2, dtype=torch.float64)  # odd h of 2·closest
+        slopes = torch.cat([slopes, 2.0 ** (-8.0 * extra / (2 * closest))])  # (H,)
+    return slopes
 
 
 def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -43,8 +51,7 @@ class ALiBi(PositionalPart):
 
     def __init__(self, num_heads: int):
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads: expected a positive integer, got {num_heads!r}")
+        checks.positive_int("num_heads", num_heads)
         self.num_heads = num_heads
         self.register_buffer("head_ids", torch.arange(num_heads), persistent=False)
 

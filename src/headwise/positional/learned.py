@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from headwise import checks
+
 
 class LearnedPositionalEmbedding(nn.Module):
     """``weight (max_len, D)``; ``forward(x (B, L, D), offset=0) = x + weight[offset : offset + L]``."""
 
     def __init__(self, max_len: int, d_model: int, *, device=None, dtype=None):
         super().__init__()
-        for name, value in (("max_len", max_len), ("d_model", d_model)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        checks.positive_int("max_len", max_len)
+        checks.positive_int("d_model", d_model)
         self.max_len, self.d_model = max_len, d_model
         self.embedding = nn.Embedding(max_len, d_model, device=device, dtype=dtype)
 

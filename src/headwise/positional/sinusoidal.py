@@ -5,10 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+from headwise import checks
 
 
 def sinusoidal_table(
@@ -22,8 +19,8 @@ def sinusoidal_table(
     Raises:
         ValueError: non-positive sizes or an odd ``d_model``.
     """
-    _positive_int("max_len", max_len)
-    _positive_int("d_model", d_model)
+    checks.positive_int("max_len", max_len)
+    checks.positive_int("d_model", d_model)
     if d_model % 2:
         raise ValueError(f"d_model: expected an even width for sinusoidal positions, got {d_model}")
     pos = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)

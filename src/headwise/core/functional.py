@@ -4,7 +4,7 @@ Shape legend: B batch, L query length, S key length, H query heads, Hkv key/valu
 (H % Hkv == 0; Hkv < H is grouped-query attention, Hkv = 1 multi-query), Dh head width.
 
 Masks arrive as ``blocked`` (bool, True = may not attend) and ``bias`` (float, added to the scores),
-both broadcastable to ``(B, H, L, S)`` — see :mod:`headwise.masks`. A query row with every key blocked
+both broadcastable to ``(B, H, L, S)`` — see :mod:`headwise.core.masks`. A query row with every key blocked
 yields zero weights and a zero output, in forward and backward (``nn.MultiheadAttention`` yields NaN
 there, pytorch#41508).
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headwise import masks
+from headwise.core import masks
 
 BACKENDS = ("auto", "math", "sdpa")
 

@@ -1,4 +1,4 @@
-"""``MultiHeadAttention``: a thin holder of the four projections around :mod:`headwise.functional`.
+"""``MultiHeadAttention``: a thin holder of the four projections around :mod:`headwise.core.functional`.
 
 Shape legend: B batch, L query length, S key length (cached ones included), D model width,
 H query heads, Hkv key/value heads, Dh head width.
@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from headwise import functional, masks
-from headwise.cache import KVCache
+from headwise import checks
+from headwise.core import functional, masks
+from headwise.core.cache import KVCache
 from headwise.positional.base import PositionalPart
 
 # Fewest tokens (B·L) for which the Q/K/V projections run as one product (see ``_project``).
@@ -25,11 +26,6 @@ def _global_hooks() -> bool:
     """Whether any module-wide forward hook is registered (``nn.modules.module.register_module_forward_hook``)."""
     mod = nn.modules.module
     return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_forward_pre_hooks", None))
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
 
 
 class MultiHeadAttention(nn.Module):
@@ -75,10 +71,10 @@ class MultiHeadAttention(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("num_heads", num_heads)
+        checks.positive_int("d_model", d_model)
+        checks.positive_int("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        _positive_int("num_kv_heads", num_kv_heads)
+        checks.positive_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads: expected a divisor of num_heads={num_heads}, got {num_kv_heads}")
         if head_dim is None:
@@ -87,11 +83,11 @@ class MultiHeadAttention(nn.Module):
                     f"num_heads: expected a divisor of d_model={d_model} (or pass head_dim), got {num_heads}"
                 )
             head_dim = d_model // num_heads
-        _positive_int("head_dim", head_dim)
+        checks.positive_int("head_dim", head_dim)
         kdim = d_model if kdim is None else kdim
         vdim = d_model if vdim is None else vdim
-        _positive_int("kdim", kdim)
-        _positive_int("vdim", vdim)
+        checks.positive_int("kdim", kdim)
+        checks.positive_int("vdim", vdim)
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
         if backend not in functional.BACKENDS:
@@ -211,11 +207,11 @@ class MultiHeadAttention(nn.Module):
         return (self._linear(self.Wq, query), *parts)
 
     def _linear(self, m: nn.Linear, x: Tensor) -> Tensor:
-        """``m(x)``, through :func:`headwise.functional.linear` when that changes nothing but speed."""
+        """``m(x)``, through :func:`headwise.core.functional.linear` when that changes nothing but speed."""
         return functional.linear(x, m.weight, m.bias) if self._fusable(m) else m(x)
 
     def _masks(self, attn_mask, key_padding_mask, is_causal, q_pos, k_pos, *, B, H, L, S, offset, dtype):
-        """Every mask of one call as ``(blocked, bias, kernel_causal)`` (see :func:`headwise.masks.build`)."""
+        """Every mask of one call as ``(blocked, bias, kernel_causal)`` (see :func:`headwise.core.masks.build`)."""
         bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
         # Causal: plain top-left causality goes to the kernel as a flag; one new token after the cache
         # sees every key (no mask at all); otherwise it is a mask on slots.
@@ -315,7 +311,7 @@ class MultiHeadAttention(nn.Module):
             )
         except Exception:
             if cache is not None:
-                cache.length = offset  # a rejected call leaves the cache as it was
+                cache.crop(offset)  # a rejected call leaves the cache as it was
             raise
 
         dropout_p = self.dropout if self.training else 0.0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from headwise import checks
+
 
 class KVCache:
     """Preallocated keys and values of one attention layer.
@@ -43,8 +45,7 @@ class KVCache:
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+            checks.positive_int(name, value)
         shape = (batch_size, num_kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -73,9 +74,41 @@ class KVCache:
             f"length={self.length}, dtype={self.k.dtype})"
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached keys and values alone (the filled slots, not the preallocated capacity)."""
+        b, h, _, d = self.k.shape
+        return self.length * b * h * d * (self.k.element_size() + self.v.element_size())
+
     def reset(self) -> None:
         """Forget every slot (the buffers are kept)."""
         self.length = 0
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` slots and forget the rest, as Hugging Face's ``DynamicCache.crop``.
+
+        For callers that rewind: speculative decoding, or a benchmark that decodes the same token again.
+        A negative ``length`` drops that many slots from the end (``DynamicCache.crop``'s meaning too).
+        Raises:
+            ValueError: ``length`` not an integer or beyond the filled slots.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or abs(length) > self.length:
+            raise ValueError(f"length: expected an integer in [-{self.length}, {self.length}], got {length!r}")
+        self.length = length if length >= 0 else self.length + length
+
+    def check(self, k: Tensor, v: Tensor) -> None:
+        """Raise ValueError unless ``k, v (B, Hkv, n, Dh)`` fit this cache and its free slots."""
+        b, h, _, d = self.k.shape
+        if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d or v.shape != k.shape:
+            raise ValueError(
+                f"cache: expected keys and values of shape (B, Hkv, n, Dh)=({b}, {h}, n, {d}), "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        if self.length + k.shape[2] > self.capacity:
+            raise ValueError(
+                f"cache: appending {k.shape[2]} tokens to {self.length} cached ones exceeds its capacity of "
+                f"{self.capacity}"
+            )
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v (B, Hkv, n, Dh)`` at token ``positions`` (``(n,)`` or ``(B, n)``; default the slots).
@@ -85,18 +118,8 @@ class KVCache:
         Raises:
             ValueError: shapes that do not fit the cache, or more tokens than its capacity.
         """
-        b, h, _, d = self.k.shape
-        if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d or v.shape != k.shape:
-            raise ValueError(
-                f"cache: expected keys and values of shape (B, Hkv, n, Dh)=({b}, {h}, n, {d}), "
-                f"got {tuple(k.shape)} and {tuple(v.shape)}"
-            )
-        n = k.shape[2]
-        start, end = self.length, self.length + n
-        if end > self.capacity:
-            raise ValueError(
-                f"cache: appending {n} tokens to {start} cached ones exceeds its capacity of {self.capacity}"
-            )
+        self.check(k, v)
+        start, end = self.length, self.length + k.shape[2]
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)
         if positions is None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from headwise.attention import MultiHeadAttention
+from headwise import checks
+from headwise.core.attention import MultiHeadAttention
 from headwise.positional.learned import LearnedPositionalEmbedding
 from headwise.positional.sinusoidal import SinusoidalPositionalEncoding
 
@@ -30,10 +31,8 @@ class EmbeddingWithPE(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, max_len: int = 512, *, positional: str | None = "sinusoidal"):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        if positional not in POSITIONAL:
-            raise ValueError(f"positional: expected one of {POSITIONAL}, got {positional!r}")
+            checks.positive_int(name, value)
+        checks.one_of("positional", positional, POSITIONAL)
         self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
         self.emb = nn.Embedding(vocab_size, d_model)
         if positional == "sinusoidal":

@@ -1,0 +1,13 @@
+"""The PyTorch core: attention as pure functions, the module that holds the projections, masks, caches.
+
+One concept per file — ``functional`` (the maths: ``attention_math`` and the SDPA call), ``fastpath``
+(the optional fast kernels the readable path never needs), ``masks`` (the one mask convention and its
+one conversion), ``cache`` (``KVCache``), ``attention`` (``MultiHeadAttention``), ``block`` (the first
+article's embedding and attention block). Positional parts live beside it in :mod:`headwise.positional`.
+"""
+
+from headwise.core.attention import MultiHeadAttention
+from headwise.core.block import AttentionBlock, EmbeddingWithPE
+from headwise.core.cache import KVCache
+
+__all__ = ["AttentionBlock", "EmbeddingWithPE", "KVCache", "MultiHeadAttention"]
