@@ -1,39 +1,65 @@
 """Argument checks shared by every package, so that their messages cannot drift.
 
 Each raises with the message shape the whole project uses: ``"<name>: expected <what>, got <value>"``.
-Pure Python (no torch, no NumPy), so the NumPy reference may use it too.
+Pure Python (no torch, no NumPy), so the NumPy reference may use it too. Integers are any
+:class:`numbers.Integral` but ``bool`` (NumPy integers included, returned as ``int``); numbers any
+:class:`numbers.Real` but ``bool`` (returned as ``float``).
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def positive_int(name: str, value) -> int:
-    """``value`` if it is an ``int`` (not a bool) ≥ 1; else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """``int(value)`` if it is an integer (not a bool) ≥ 1; else ValueError naming ``name``."""
+    if not _is_int(value) or value <= 0:
         raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def non_negative_int(name: str, value) -> int:
-    """``value`` if it is an ``int`` (not a bool) ≥ 0; else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """``int(value)`` if it is an integer (not a bool) ≥ 0; else ValueError naming ``name``."""
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def positive_number(name: str, value) -> float:
     """``float(value)`` if it is a finite real number > 0; else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+    if not _is_real(value) or not 0 < value < float("inf"):
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
     return float(value)
 
 
 def probability(name: str, value) -> float:
     """``float(value)`` if it lies in ``[0, 1)`` (a dropout rate); else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not _is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name}: expected a probability in [0, 1), got {value!r}")
+    return float(value)
+
+
+def number_in(
+    name: str, value, low: float, high: float, *, low_closed: bool = True, high_closed: bool = False
+) -> float:
+    """``float(value)`` if it is a real number in the interval from ``low`` to ``high``; else ValueError.
+
+    ``low_closed`` / ``high_closed`` say whether the ends belong to the interval; the message writes it
+    as ``[low, high)`` and so on. NaN is never inside.
+    """
+    above = _is_real(value) and (value >= low if low_closed else value > low)
+    if not (above and (value <= high if high_closed else value < high)):
+        interval = f"{'[' if low_closed else '('}{low}, {high}{']' if high_closed else ')'}"
+        raise ValueError(f"{name}: expected a number in {interval}, got {value!r}")
     return float(value)
 
 

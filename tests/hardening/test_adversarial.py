@@ -715,7 +715,7 @@ LIBRARY = [
         r"c\.json: expected a UTF-8 JSON file",
     ),
     raises(
-        "size/negative-seq-len", lambda ws: _kv_bytes(-1), ValueError, r"seq_len must be a positive integer, got -1"
+        "size/negative-seq-len", lambda ws: _kv_bytes(-1), ValueError, r"seq_len: expected a positive integer, got -1"
     ),
     # --- distributed, without a process group
     raises(

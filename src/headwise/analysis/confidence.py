@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from headwise import checks
 from headwise.analysis.tokens import TokenInfo, as_attention, squeeze
 
 __all__ = ["VOITA_POSITIONAL_THRESHOLD", "query_rows", "row_max", "confidence", "argmax_offsets", "positional_heads"]
@@ -94,8 +95,7 @@ def positional_from_histogram(
         ``(share, offset, is_positional)``, each of shape ``hist.shape[:-1]``; share NaN and offset 0
         for a head with no counted token.
     """
-    if not 0.0 < float(threshold) <= 1.0:
-        raise ValueError(f"threshold: expected a number in (0, 1], got {threshold!r}")
+    checks.number_in("threshold", threshold, 0, 1, low_closed=False, high_closed=True)
     hist = np.asarray(hist)
     center = (hist.shape[-1] - 1) // 2
     total = hist.sum(axis=-1)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headwise import checks
 from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD, offset_histogram, positional_from_histogram
 from headwise.analysis.distance import mean_attention_distance
 from headwise.analysis.divergence import CLARK_JS_SMOOTHING, sentence_js_sums
@@ -167,10 +168,9 @@ class HeadStats:
         js_smoothing: float = CLARK_JS_SMOOTHING,
         js_max_rows: int = 128,
     ):
-        sizes = (("num_layers", num_layers), ("num_heads", num_heads), ("max_length", max_length))
-        for name, v in sizes + (("js_max_rows", js_max_rows),):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {v!r}")
+        sizes = {"num_layers": num_layers, "num_heads": num_heads, "max_length": max_length, "js_max_rows": js_max_rows}
+        for name, v in sizes.items():
+            checks.positive_int(name, v)
         self.num_layers, self.num_heads, self.max_length = num_layers, num_heads, max_length
         self.js = js
         self.thresholds = thresholds or RoleThresholds()
@@ -343,8 +343,7 @@ def analyze_texts(
     Raises:
         ValueError: ``batch_size`` < 1, no text.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    checks.positive_int("batch_size", batch_size)
     stats = HeadStats(num_layers, num_heads, max_length=max_length, js=js, thresholds=thresholds)
     if not progress:
         for batch in _batches(texts, batch_size):

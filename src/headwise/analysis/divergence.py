@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from headwise import checks
 from headwise.analysis.tokens import TokenInfo, as_attention
 
 __all__ = [
@@ -50,8 +51,7 @@ def js_divergence_sums(
     Returns:
         ``(sums (N, N), tokens)``: symmetric sums with a zero diagonal, and the number of tokens summed.
     """
-    if not 0.0 < float(smoothing) < 1.0:
-        raise ValueError(f"smoothing: expected a number in (0, 1), got {smoothing!r}")
+    checks.number_in("smoothing", smoothing, 0, 1, low_closed=False)
     a, info, _ = as_attention(attn, info)
     heads = a.shape[1]
     sums = np.zeros((heads, heads))

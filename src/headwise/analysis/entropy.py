@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from headwise import checks
 from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows, squeeze
 
 __all__ = [
@@ -39,9 +40,7 @@ CLARK_ENTROPY_SMOOTHING = 1e-4
 
 
 def _smoothing(value: float) -> float:
-    if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"smoothing: expected a number in [0, 1), got {value!r}")
-    return float(value)
+    return checks.number_in("smoothing", value, 0, 1)
 
 
 def _row_entropy(a: np.ndarray, info: TokenInfo, eps: float) -> np.ndarray:

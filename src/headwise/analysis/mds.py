@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from headwise import checks
+
 __all__ = ["classical_mds"]
 
 
@@ -30,8 +32,7 @@ def classical_mds(distances, dims: int = 2) -> np.ndarray:
     d = np.asarray(distances, dtype=np.float64)
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"distances: expected a square (N, N) matrix, got shape {d.shape}")
-    if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
-        raise ValueError(f"dims: expected a positive integer, got {dims!r}")
+    checks.positive_int("dims", dims)
     if not np.all(np.isfinite(d)) or np.any(d < 0) or not np.allclose(d, d.T, atol=1e-9):
         raise ValueError("distances: expected a finite, non-negative, symmetric matrix")
     n = d.shape[0]

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from headwise import checks
+
 __all__ = ["RoleThresholds", "SHARE_ROLES", "ROLES", "head_roles"]
 
 #: (role label, metric name, threshold field) in tie-breaking order.
@@ -59,8 +61,7 @@ class RoleThresholds:
 
     def __post_init__(self):
         for name, value in asdict(self).items():
-            if not 0.0 < float(value) <= 1.0:
-                raise ValueError(f"{name}: expected a threshold in (0, 1], got {value!r}")
+            checks.number_in(name, value, 0, 1, low_closed=False, high_closed=True)
 
 
 def head_roles(metrics: Mapping[str, np.ndarray], thresholds: RoleThresholds | None = None) -> np.ndarray:

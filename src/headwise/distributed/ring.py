@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from headwise import checks
 from headwise.distributed._group import all_gather_rows, describe_rows, require_group
 from headwise.distributed.kernels import BlockKernel, accumulation_dtype, resolve_kernel
 
@@ -56,8 +57,7 @@ def _check_layout(layout: str) -> None:
 def _check_divides(length: int, world_size: int, layout: str, what: str) -> int:
     """The number of equal chunks the layout cuts a sequence into, after checking it divides ``length``."""
     _check_layout(layout)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
-        raise ValueError(f"world_size: expected a positive integer, got {world_size!r}")
+    checks.positive_int("world_size", world_size)
     chunks = world_size if layout == "contiguous" else 2 * world_size
     if length % chunks:
         raise ValueError(

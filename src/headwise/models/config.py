@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from headwise import checks
+
 __all__ = ["BertConfig", "ACTIVATIONS"]
 
 #: ``hidden_act`` values the encoder implements: Hugging Face's ``"gelu"`` is the exact (erf) GELU;
@@ -51,22 +53,16 @@ class BertConfig:
             "max_position_embeddings",
             "type_vocab_size",
         ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"config {name}: expected a positive integer, got {v!r}")
+            checks.positive_int(f"config {name}", getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"config hidden_size: expected a multiple of num_attention_heads={self.num_attention_heads}, "
                 f"got {self.hidden_size}"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"config hidden_act: expected one of {ACTIVATIONS}, got {self.hidden_act!r}")
+        checks.one_of("config hidden_act", self.hidden_act, ACTIVATIONS)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or not 0.0 <= v < 1.0:
-                raise ValueError(f"config {name}: expected a probability in [0, 1), got {v!r}")
-        if not isinstance(self.layer_norm_eps, int | float) or not self.layer_norm_eps > 0:
-            raise ValueError(f"config layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
+            checks.probability(f"config {name}", getattr(self, name))
+        checks.positive_number("config layer_norm_eps", self.layer_norm_eps)
 
     @property
     def head_dim(self) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from headwise import checks
 from headwise.reference._masks import split_mask as _split_mask
 
 
@@ -46,8 +47,7 @@ def blocked_attention(q, k, v, mask=None, scale=None, *, block_size: int):
         ValueError: a ``block_size`` that is not a positive integer; shapes that do not fit.
         TypeError: a mask that is neither bool nor float.
     """
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0:
-        raise ValueError(f"block_size: expected a positive integer, got {block_size!r}")
+    checks.positive_int("block_size", block_size)
     q, k, v = (np.asarray(a) for a in (q, k, v))
     if q.dtype.kind != "f":
         q = q.astype(np.float64)

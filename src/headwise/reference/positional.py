@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from headwise import checks
+
 
 def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0):
     """The sinusoidal encoding of Vaswani et al. 2017 §3.5, ``(max_len, d_model)`` float64.
@@ -18,8 +20,7 @@ def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0):
     Raises:
         ValueError: ``max_len`` or ``d_model`` not positive, or ``d_model`` odd.
     """
-    if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
-        raise ValueError(f"max_len: expected a positive integer, got {max_len!r}")
+    checks.positive_int("max_len", max_len)
     if not isinstance(d_model, (int, np.integer)) or d_model <= 0 or d_model % 2:
         raise ValueError(f"d_model: expected a positive even integer, got {d_model!r}")
     pos = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
@@ -66,8 +67,7 @@ def alibi_slopes(num_heads: int):
     """ALiBi head slopes (Press et al. 2022): ``2^(−8h/n)`` for ``h = 1…n`` when n is a power of two;
     otherwise the closest power of two's slopes plus every other slope of the next power (as in the
     paper's code, BLOOM and MPT)."""
-    if not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
-        raise ValueError(f"num_heads: expected a positive integer, got {num_heads!r}")
+    checks.positive_int("num_heads", num_heads)
 
     def pow2(n):
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))

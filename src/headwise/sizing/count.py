@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from headwise import checks
 from headwise.sizing.arch import Architecture, ArticleClaim
 
 __all__ = [
@@ -213,9 +214,8 @@ def kv_cache_bytes(arch: Architecture, seq_len: int, batch: int = 1, dtype: str 
     Raises:
         ValueError: ``seq_len`` or ``batch`` not a positive integer, or an unknown ``dtype``.
     """
-    for key, value in (("seq_len", seq_len), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    checks.positive_int("seq_len", seq_len)
+    checks.positive_int("batch", batch)
     per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim  # K and V, every layer
     return per_token * seq_len * batch * dtype_bytes(dtype)
 
