@@ -154,8 +154,15 @@ def test_analyze_texts_streams_batches():
         return maps, A.token_info(toks, length=length)
 
     texts = (f"word {'x ' * (k % 4)}end" for k in range(7))  # a generator: read lazily
-    report = A.analyze_texts(texts, attend, num_layers=1, num_heads=2, max_length=16, batch_size=3)
+    seen = []
+    report = A.analyze_texts(
+        texts, attend, num_layers=1, num_heads=2, max_length=16, batch_size=3, progress=lambda *a: seen.append(a)
+    )
     assert calls == [3, 3, 1] and report.num_sentences == 7
+    # The progress callback: after every batch, the texts and real tokens aggregated so far.
+    lengths = [len(f"word {'x ' * (k % 4)}end".split()) + 2 for k in range(7)]
+    assert seen == [(3, sum(lengths[:3])), (6, sum(lengths[:6])), (7, sum(lengths))]
+    assert seen[-1][1] == report.num_tokens
     with pytest.raises(ValueError, match="batch_size"):
         A.analyze_texts([], attend, num_layers=1, num_heads=2, batch_size=0)
     with pytest.raises(ValueError, match="at least one sentence"):
@@ -183,3 +190,35 @@ def test_js_of_long_sentences_uses_evenly_spaced_rows():
     m = 0.5 * (p + q)
     expected = np.mean(0.5 * (p * np.log(p / m)).sum(-1) + 0.5 * (q * np.log(q / m)).sum(-1))
     assert stats.result().js_divergence[0, 1] == pytest.approx(expected, rel=1e-10)
+
+
+def test_a_tokenizer_batch_serves_as_token_info():
+    """What the model adapters return (an encoded batch: tokens with padding, attention mask) reads as the
+    token info built from the same tokens and mask."""
+    from types import SimpleNamespace
+
+    length = max(map(len, TOKENS))
+    padded = [t + ["[PAD]"] * (length - len(t)) for t in TOKENS]
+    mask = np.array([[1] * len(t) + [0] * (length - len(t)) for t in TOKENS])
+    expected = A.token_info(padded, mask)
+    got = A.as_token_info(SimpleNamespace(tokens=padded, attention_mask=mask))
+    for field in ("valid", "cls", "sep", "punct"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+    assert got.tokens == expected.tokens and A.as_token_info(expected) is expected
+    with pytest.raises(TypeError, match="info: expected a TokenInfo"):
+        A.as_token_info(mask)
+
+
+def test_analysis_draws_no_terminal_ui():
+    """The metrics package is a library: importing and running it loads no rich (the CLI's)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np; from headwise import analysis as A; "
+        "toks = [['[CLS]', 'a', '.', '[SEP]']]; maps = [np.full((1, 2, 4, 4), 0.25)]; "
+        "A.analyze_texts(['a .'], lambda b: (maps, A.token_info(toks)), num_layers=1, num_heads=2, "
+        "progress=lambda *a: None); "
+        "assert not [m for m in sys.modules if m == 'rich' or m.startswith('rich.')], 'rich imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

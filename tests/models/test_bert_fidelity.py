@@ -128,3 +128,23 @@ def test_encode_and_forward_check_their_inputs(tiny_checkpoint):
         model(torch.full((1, 3), 10_000, dtype=torch.long))
     out = model(torch.zeros((1, 3), dtype=torch.long), output_attentions=False)
     assert out.attentions is None and len(out.hidden_states) == 3
+
+
+def test_model_attend_returns_the_models_maps_and_the_batch_it_read(tiny_checkpoint):
+    """The adapter the analysis drives: the encoder's own per-layer weights, as float32 arrays, beside the
+    encoded batch; the batch reads as the token info of its tokens and mask."""
+    from headwise import analysis
+
+    model, tok = M.load_bert(tiny_checkpoint)
+    texts = ["the cat sat on the mat.", "dogs"]
+    maps, batch = M.model_attend(model, tok)(texts)
+    expected = M.encode(tok, texts)
+    assert torch.equal(batch.input_ids, expected.input_ids) and batch.tokens == expected.tokens
+    with torch.no_grad():
+        out = model(expected.input_ids, attention_mask=expected.attention_mask)
+    assert len(maps) == model.config.num_hidden_layers
+    for ours, theirs in zip(maps, out.attentions):
+        assert ours.dtype.name == "float32"
+        torch.testing.assert_close(torch.from_numpy(ours), theirs, rtol=0, atol=0)
+    info = analysis.as_token_info(batch)
+    assert info.valid.tolist() == expected.attention_mask.bool().tolist()

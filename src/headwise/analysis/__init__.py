@@ -16,11 +16,12 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.roles` — role labels with documented thresholds.
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
   :func:`analyze_texts`, :class:`CorpusFile`).
-- :mod:`~headwise.analysis.attend` — adapters that run a model and return its maps and token info.
-- :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`bert_sentence_heads`).
+- :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
+
+The package draws nothing on the terminal: :func:`analyze_texts` reports progress to a callback.
+The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).
 """
 
-from headwise.analysis.attend import block_attend, model_attend
 from headwise.analysis.confidence import (
     VOITA_POSITIONAL_THRESHOLD,
     argmax_offsets,
@@ -44,7 +45,7 @@ from headwise.analysis.entropy import (
 )
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import ROLES, RoleThresholds, head_roles
-from headwise.analysis.sentence import SentenceHeads, analyze_sentence, bert_sentence_heads
+from headwise.analysis.sentence import SentenceHeads, analyze_sentence
 from headwise.analysis.targets import (
     attention_to_cls,
     attention_to_mask,
@@ -55,11 +56,12 @@ from headwise.analysis.targets import (
     attention_to_self,
     attention_to_sep,
 )
-from headwise.analysis.tokens import CLARK_PUNCTUATION, TokenInfo, token_info
+from headwise.analysis.tokens import CLARK_PUNCTUATION, TokenInfo, as_token_info, token_info
 
 __all__ = [
     "TokenInfo",
     "token_info",
+    "as_token_info",
     "CLARK_PUNCTUATION",
     "attention_to_mask",
     "attention_to_offset",
@@ -92,9 +94,6 @@ __all__ = [
     "HeadStats",
     "analyze_texts",
     "CorpusFile",
-    "model_attend",
-    "block_attend",
     "SentenceHeads",
     "analyze_sentence",
-    "bert_sentence_heads",
 ]

