@@ -14,18 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from headwise import checks
-from headwise.core import functional, masks
+from headwise.core import fastpath, functional, masks
 from headwise.core.cache import KVCache
 from headwise.positional.base import PositionalPart
-
-# Fewest tokens (B·L) for which the Q/K/V projections run as one product (see ``_project``).
-FUSE_MIN_TOKENS = 1024
-
-
-def _global_hooks() -> bool:
-    """Whether any module-wide forward hook is registered (``nn.modules.module.register_module_forward_hook``)."""
-    mod = nn.modules.module
-    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_forward_pre_hooks", None))
 
 
 class MultiHeadAttention(nn.Module):
@@ -47,7 +38,12 @@ class MultiHeadAttention(nn.Module):
         positional: a part acting inside attention — ``RotaryEmbedding(head_dim)``, ``ALiBi(num_heads)`` — or None.
         scale: score scale (default ``1 / sqrt(Dh)``).
         backend: ``"auto"`` (``F.scaled_dot_product_attention`` unless weights are asked for), ``"math"``
-            (the readable softmax path) or ``"sdpa"``.
+            (the readable path end to end: the four ``nn.Linear``s called as modules and
+            :func:`headwise.core.functional.attention_math`) or ``"sdpa"``.
+        fast_projections: with a backend other than ``"math"``, run the projections through
+            :mod:`headwise.core.fastpath` (oneDNN's fused-bias linear; ``Wq; Wk; Wv`` as one product for
+            self-attention over ≥ 1024 tokens) — their weights are used directly, so their ``forward`` and
+            any hooks on them are not called. Set False (also as an attribute) to call each ``nn.Linear``.
     Raises:
         ValueError / TypeError: sizes that are not positive integers, ``D % H ≠ 0`` without ``head_dim``,
         ``H % Hkv ≠ 0``, dropout outside [0, 1), an unknown backend, a positional part that does not fit.
@@ -67,6 +63,7 @@ class MultiHeadAttention(nn.Module):
         positional: PositionalPart | None = None,
         scale: float | None = None,
         backend: str = "auto",
+        fast_projections: bool = True,
         device=None,
         dtype=None,
     ):
@@ -88,10 +85,8 @@ class MultiHeadAttention(nn.Module):
         vdim = d_model if vdim is None else vdim
         checks.positive_int("kdim", kdim)
         checks.positive_int("vdim", vdim)
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-        if backend not in functional.BACKENDS:
-            raise ValueError(f"backend: expected one of {functional.BACKENDS}, got {backend!r}")
+        checks.probability("dropout", dropout)
+        checks.one_of("backend", backend, functional.BACKENDS)
         if positional is not None:
             if not isinstance(positional, PositionalPart):
                 raise TypeError(
@@ -119,6 +114,7 @@ class MultiHeadAttention(nn.Module):
         self.Wv = nn.Linear(vdim, num_kv_heads * head_dim, **kw)
         self.Wo = nn.Linear(num_heads * head_dim, d_model, **kw)
         self.positional = positional
+        self.fast_projections = bool(fast_projections)
 
     def extra_repr(self) -> str:
         return (
@@ -171,71 +167,18 @@ class MultiHeadAttention(nn.Module):
         return position_ids.to(device)
 
     # -- projections -------------------------------------------------------------------------------
-    def _fusable(self, *linears: nn.Linear) -> bool:
-        """True when ``linears`` may be run as one matrix product: plain ``nn.Linear`` layers with plain
-        tensors (not DTensor shards) and no hooks, so that skipping their ``forward`` changes nothing."""
-        if _global_hooks():
-            return False
-        for m in linears:
-            if type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks:
-                return False
-            if any(type(p) not in (nn.Parameter, Tensor) for p in (m.weight, m.bias) if p is not None):
-                return False
-        return True
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(q (B, L, H·Dh), k (B, S, Hkv·Dh), v (B, S, Hkv·Dh))``: the projections, as modules on the
+        readable path, through :func:`headwise.core.fastpath.project` otherwise (the same numbers)."""
+        if self.backend == "math" or not self.fast_projections:
+            return self.Wq(query), self.Wk(key), self.Wv(value)
+        return fastpath.project(self, query, key, value)
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor):
-        """``(q (B, L, H·Dh), k (B, S, Hkv·Dh), v (B, S, Hkv·Dh))``.
-
-        Fast path: when the three inputs are one tensor (self-attention) the projections run as one
-        matrix product with the weights concatenated per call (Wq; Wk; Wv), and keys and values likewise
-        when they share an input — the same numbers, one pass over the input. Only for
-        ``FUSE_MIN_TOKENS`` tokens or more, where the concatenation costs little next to the product.
-        """
-        fuse = ()
-        if key is value and key.shape[0] * key.shape[1] >= FUSE_MIN_TOKENS:
-            if query is key and self._fusable(self.Wq, self.Wk, self.Wv):
-                fuse = (self.Wq, self.Wk, self.Wv)
-            elif self._fusable(self.Wk, self.Wv):
-                fuse = (self.Wk, self.Wv)
-        if not fuse:
-            return self._linear(self.Wq, query), self._linear(self.Wk, key), self._linear(self.Wv, value)
-        weight = torch.cat([m.weight for m in fuse])  # (ΣOut, In)
-        bias = None if fuse[0].bias is None else torch.cat([m.bias for m in fuse])
-        parts = functional.linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out)
-        if len(fuse) == 3:
-            return parts
-        return (self._linear(self.Wq, query), *parts)
-
-    def _linear(self, m: nn.Linear, x: Tensor) -> Tensor:
-        """``m(x)``, through :func:`headwise.core.functional.linear` when that changes nothing but speed."""
-        return functional.linear(x, m.weight, m.bias) if self._fusable(m) else m(x)
-
-    def _masks(self, attn_mask, key_padding_mask, is_causal, q_pos, k_pos, *, B, H, L, S, offset, dtype):
-        """Every mask of one call as ``(blocked, bias, kernel_causal)`` (see :func:`headwise.core.masks.build`)."""
-        bias = None if self.positional is None else self.positional.score_bias(q_pos, k_pos)
-        # Causal: plain top-left causality goes to the kernel as a flag; one new token after the cache
-        # sees every key (no mask at all); otherwise it is a mask on slots.
-        only_causal = attn_mask is None and key_padding_mask is None and bias is None
-        kernel_causal = is_causal and only_causal and offset == 0 and L == S
-        sees_all = is_causal and L == 1 and offset + 1 == S
-        causal_slots = None
-        if is_causal and not kernel_causal and not sees_all:
-            causal_slots = (
-                torch.arange(offset, offset + L, device=q_pos.device),
-                torch.arange(S, device=q_pos.device),
-            )
-        blocked, bias = masks.build(
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            causal_slots=causal_slots,
-            bias=bias,
-            batch=B,
-            heads=H,
-            L=L,
-            S=S,
-            dtype=dtype,
-        )
-        return blocked, bias, kernel_causal
+    def _output(self, x: Tensor) -> Tensor:
+        """``Wo(x)``: ``(B, L, H·Dh) -> (B, L, D)``."""
+        if self.backend == "math" or not self.fast_projections:
+            return self.Wo(x)
+        return fastpath.apply(self.Wo, x)
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(
@@ -279,13 +222,19 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = query.shape
         S_new, dh = key.shape[1], self.head_dim
         offset = 0 if cache is None else cache.length
+        S = offset + S_new
+        q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
 
         q, k, v = self._project(query, key, value)
         q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
         k = k.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
         v = v.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+        # The masks are checked before the cache changes (H: this rank's heads under tensor parallelism).
+        blocked, bias = masks.build(
+            attn_mask=attn_mask, key_padding_mask=key_padding_mask, batch=B, heads=q.shape[1], L=L, S=S,
+            dtype=q.dtype,
+        )  # fmt: skip
 
-        q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
         k_pos = q_pos if self_attention else torch.arange(offset, offset + S_new, device=query.device)
         if self.positional is not None:
             q, k = self.positional.rotate_qk(q, k, q_pos, k_pos)
@@ -294,54 +243,22 @@ class MultiHeadAttention(nn.Module):
             k, v = k.to(q.dtype), v.to(q.dtype)
             if position_ids is None:
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
-        S = k.shape[2]
-        try:
-            blocked, bias, kernel_causal = self._masks(
-                attn_mask,
-                key_padding_mask,
-                is_causal,
-                q_pos,
-                k_pos,
-                B=B,
-                H=q.shape[1],
-                L=L,
-                S=S,
-                offset=offset,
-                dtype=q.dtype,
-            )
-        except Exception:
-            if cache is not None:
-                cache.crop(offset)  # a rejected call leaves the cache as it was
-            raise
+        if self.positional is not None:
+            bias = masks.added(bias, self.positional.score_bias(q_pos, k_pos))  # ALiBi: (B|1, H, L, S)
 
-        dropout_p = self.dropout if self.training else 0.0
-        if need_weights and self.backend != "math":
-            # Weights by blocks; averaged over heads without forming (B, H, L, S).
-            out, weights = functional.attention_weights(
-                q,
-                k,
-                v,
-                blocked=blocked,
-                bias=bias,
-                is_causal=kernel_causal,
-                scale=self.scale,
-                dropout_p=dropout_p,
-                average_heads=average_weights,
-            )  # (B, H, L, Dh), (B, L, S) or (B, H, L, S)
-        else:
-            out, weights = functional.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                blocked=blocked,
-                bias=bias,
-                is_causal=kernel_causal,
-                scale=self.scale,
-                dropout_p=dropout_p,
-                need_weights=need_weights,
-                backend=self.backend,
-            )  # (B, H, L, Dh), (B, H, L, S)
-            if weights is not None and average_weights:
-                weights = weights.mean(dim=1)  # (B, L, S)
-        out = self._linear(self.Wo, out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D); a view for sdpa
+        out, weights = functional.attend(
+            q,
+            k,
+            v,
+            blocked=blocked,
+            bias=bias,
+            is_causal=is_causal,
+            q_offset=offset,
+            scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            average_heads=average_weights,
+            backend=self.backend,
+        )  # (B, H, L, Dh), weights (B, L, S) / (B, H, L, S) or None
+        out = self._output(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D)
         return out, weights

@@ -1,12 +1,20 @@
 """Attention as pure functions of tensors — the maths that the modules call.
 
 Shape legend: B batch, L query length, S key length, H query heads, Hkv key/value heads
-(H % Hkv == 0; Hkv < H is grouped-query attention, Hkv = 1 multi-query), Dh head width.
+(H % Hkv == 0; Hkv < H is grouped-query attention, Hkv = 1 multi-query), Dh query/key head width,
+Dv value head width (Dh unless a model says otherwise).
 
 Masks arrive as ``blocked`` (bool, True = may not attend) and ``bias`` (float, added to the scores),
-both broadcastable to ``(B, H, L, S)`` — see :mod:`headwise.core.masks`. A query row with every key blocked
+both broadcastable to ``(B, H, L, S)`` — see :mod:`headwise.core.masks`. Causality (and a sliding window)
+is decided by :func:`headwise.core.masks.causal` and nowhere else. A query row with every key blocked
 yields zero weights and a zero output, in forward and backward (``nn.MultiheadAttention`` yields NaN
 there, pytorch#41508).
+
+The readable path is :func:`attention_math`. :func:`scaled_dot_product_attention` is the one entry: it
+checks its inputs once and calls :func:`attend`, which picks the path — ``attention_math`` for
+``backend="math"``, ``F.scaled_dot_product_attention`` (:func:`attention_sdpa`) when it can compute the
+call, and :func:`headwise.core.fastpath.attention_weights` (the same maths a block of scores at a time)
+when weights are asked for or soft-capping / sinks are on, which the kernel cannot do.
 """
 
 from __future__ import annotations
@@ -17,63 +25,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headwise.core import masks
+from headwise import checks
+from headwise.core import fastpath, masks
 
 BACKENDS = ("auto", "math", "sdpa")
 
 
-def _onednn_linear_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
-_ONEDNN_LINEAR = _onednn_linear_available()
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: ``x Wᵀ + b``, ``(..., In) -> (..., Out)``.
-
-    For float32 and bfloat16 on the CPU when no gradient is recorded (and autocast is off), it runs
-    oneDNN's matmul with the bias added in the kernel's epilogue (``torch.ops.mkldnn._linear_pointwise``,
-    the op TorchInductor's CPU path uses) instead of ``addmm``, which first copies the bias into the output
-    (and, in float32, calls MKL); on the AMD Zen 4 benchmark machine that is 10-25% faster for
-    projection-sized products. The result equals ``F.linear``'s up to round-off (tested). Everything else
-    goes to ``F.linear``.
-    """
-    if (
-        _ONEDNN_LINEAR
-        and type(x) is Tensor
-        and x.dtype in _ONEDNN_DTYPES
-        and weight.dtype == x.dtype
-        and x.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and x.dim() >= 2
-        and x.numel() > 0
-        and (bias is None or bias.dtype == x.dtype)
-        and not torch.is_autocast_enabled("cpu")
-        and not (
-            torch.is_grad_enabled()
-            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-        )
-    ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-def softmax(scores: Tensor, blocked: Tensor | None = None) -> Tensor:
+def softmax(scores: Tensor, blocked: Tensor | None = None, sinks: Tensor | None = None) -> Tensor:
     """Max-subtracted softmax over the last axis; blocked (or ``-inf``) entries get 0.
 
+    ``sinks`` ``(H,)``: one extra logit per head (axis −3 of ``scores``) in every row's denominator and
+    with no value of its own, as GPT-OSS's ``s_aux``, so a row's weights sum to less than one.
     A row with every entry blocked gives all zeros and zero gradients, never NaN.
     """
     if blocked is not None:
         scores = scores.masked_fill(blocked, float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True).detach()  # softmax is shift-invariant: a constant
+    m = scores.amax(dim=-1, keepdim=True)  # (..., L, 1)
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(scores.dtype)[:, None, None]  # (H, 1, 1)
+        m = torch.maximum(m, sink)
+    m = m.detach()  # softmax is shift-invariant: a constant
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(scores - m)
     s = e.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        s = s + torch.exp(sink - m)  # a fully blocked row: e = 0, so its weights stay 0
     return e / torch.where(s == 0, torch.ones_like(s), s)
 
 
@@ -85,9 +62,152 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     return x.repeat_interleave(num_heads // hkv, dim=1)  # (B, H, S, Dh)
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, backend: str, blocked: Tensor | None, bias: Tensor | None) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+def attention_math(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """The readable path: ``softmax(cap(q kᵀ · scale) + bias) v``.
+
+    ``cap(x) = softcap · tanh(x / softcap)`` when ``softcap`` is given (Gemma 2), else ``x``.
+    Memory: the ``(B, H, L, S)`` scores and weights.
+    Returns ``(out (B, H, L, Dv), weights (B, H, L, S))``.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    h = q.shape[1]
+    k = repeat_kv(k, h)  # (B, H, S, Dh)
+    v = repeat_kv(v, h)  # (B, H, S, Dv)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, S)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
+    weights = softmax(scores, blocked, sinks)  # (B, H, L, S)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights  # (B, H, L, Dv), (B, H, L, S)
+
+
+def attention_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` (flash / fused kernels). Returns ``out (B, H, L, Dv)``.
+
+    ``is_causal`` is the kernel's flag (top-left aligned) and is only passed without masks. Memory: the
+    kernel's own (flash: O(L·Dh) per head) plus the ``(B|1, H|1, L, S)`` mask when masks are given.
+    """
+    mask = masks.to_sdpa(blocked, bias, q.dtype)
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    dead = masks.dead_rows(blocked, bias)
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+    return out
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    q_offset: int = 0,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    average_heads: bool = False,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`scaled_dot_product_attention` without its input checks — for callers that checked at
+    their own boundary (:class:`headwise.MultiHeadAttention`). Picks the path; see the module docstring.
+
+    ``q_offset``: the queries sit at key slots ``q_offset … q_offset + L − 1`` (0: top-left, the
+    kernel's convention; ``S − L``: after a cache) — it places the causal and window masks.
+    """
+    L, S = q.shape[-2], k.shape[-2]
+    kernel_capped = softcap is not None or sinks is not None  # what F.scaled_dot_product_attention cannot do
+    if backend == "math" or (torch.compiler.is_compiling() and (need_weights or kernel_capped)):
+        if is_causal:
+            blocked = masks.either(blocked, masks.causal_slots(L, S, offset=q_offset, window=window, device=q.device))
+        out, weights = attention_math(
+            q, k, v, blocked=blocked, bias=bias, scale=scale, softcap=softcap, sinks=sinks, dropout_p=dropout_p
+        )
+        if not need_weights:
+            return out, None
+        return out, (weights.mean(dim=1) if average_heads else weights)
+    if need_weights or kernel_capped:
+        return fastpath.attention_weights(
+            q,
+            k,
+            v,
+            blocked=blocked,
+            bias=bias,
+            is_causal=is_causal,
+            q_offset=q_offset,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            sinks=sinks,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            average_heads=average_heads,
+        )
+    # Plain causality from the first slot goes to the kernel as a flag (nothing L × S is built);
+    # otherwise it is a mask.
+    flag = is_causal and q_offset == 0 and window is None and blocked is None and bias is None
+    if is_causal and not flag:
+        blocked = masks.either(blocked, masks.causal_slots(L, S, offset=q_offset, window=window, device=q.device))
+    out = attention_sdpa(q, k, v, blocked=blocked, bias=bias, is_causal=flag, scale=scale, dropout_p=dropout_p)
+    return out, None
+
+
+def check_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    backend: str = "auto",
+) -> None:
+    """Raise ValueError / TypeError naming the argument unless the call fits :func:`attend`."""
+    checks.one_of("backend", backend, BACKENDS)
+    if not all(isinstance(t, Tensor) for t in (q, k, v)):
+        raise TypeError(
+            f"q, k, v: expected torch.Tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}"
+        )
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v: expected rank-4 tensors (B, H, L, Dh), got shapes {tuple(q.shape)}, "
@@ -110,164 +230,19 @@ def _check(q: Tensor, k: Tensor, v: Tensor, backend: str, blocked: Tensor | None
         )
     if bias is not None and (not isinstance(bias, Tensor) or not bias.is_floating_point()):
         raise TypeError(f"bias: expected a floating-point tensor, got {getattr(bias, 'dtype', bias)!r}")
-
-
-def attention_math(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    blocked: Tensor | None = None,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-) -> tuple[Tensor, Tensor]:
-    """The readable path: ``softmax(q kᵀ · scale + bias) v``. Returns ``(out (B,H,L,Dh), weights (B,H,L,S))``."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    h = q.shape[1]
-    k = repeat_kv(k, h)  # (B, H, S, Dh)
-    v = repeat_kv(v, h)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, S)
-    if bias is not None:
-        scores = scores + bias
-    weights = softmax(scores, blocked)  # (B, H, L, S)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return weights @ v, weights  # (B, H, L, Dh), (B, H, L, S)
-
-
-def attention_sdpa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    blocked: Tensor | None = None,
-    bias: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """The fast path: ``F.scaled_dot_product_attention`` (flash / fused kernels). Returns ``out (B,H,L,Dh)``.
-
-    ``is_causal`` here means top-left aligned (query i sees keys j <= i). Alone it goes to the kernel
-    as a flag; beside another mask it is folded into ``blocked`` (the kernel ignores the flag then).
-    """
-    gqa = q.shape[1] != k.shape[1]
-    if is_causal and (blocked is not None or bias is not None):
-        c = masks.causal(torch.arange(q.shape[-2], device=q.device), torch.arange(k.shape[-2], device=q.device))
-        blocked, is_causal = (c if blocked is None else blocked | c), False
-    mask = masks.to_sdpa(blocked, bias, q.dtype)
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=gqa,
-    )
-    dead = masks.dead_rows(blocked, bias)
-    if dead is not None:
-        out = out.masked_fill(dead, 0.0)
-    return out
-
-
-# Scores held at once by the need-weights path: 2**21 elements is 8 MB in float32 — small enough to stay
-# in the cache and in the allocator's reused heap (glibc maps blocks over 32 MB afresh, page by page).
-_WEIGHTS_CHUNK = 1 << 21
-
-
-def _rank4(m: Tensor | None) -> Tensor | None:
-    return None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))  # (B|1, H|1, L|1, S|1)
-
-
-def _part(m: Tensor | None, b: slice, h: slice, r: slice) -> Tensor | None:
-    """The ``[b, h, r]`` block of a rank-4 mask broadcastable to ``(B, H, L, S)``; size-1 axes stay."""
-    if m is None:
-        return None
-    return m[
-        b if m.shape[0] > 1 else slice(None),
-        h if m.shape[1] > 1 else slice(None),
-        r if m.shape[2] > 1 else slice(None),
-    ]
-
-
-def attention_weights(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    blocked: Tensor | None = None,
-    bias: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    average_heads: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """The fast path that returns weights: :func:`attention_math`'s maths, a block of scores at a time.
-
-    Loops over batch items, groups of heads and (for long sequences) query rows so that at most
-    ``_WEIGHTS_CHUNK`` scores exist at once besides the returned weights; uses the fused ``torch.softmax``
-    and in-place scaling/masking. With ``average_heads`` the ``(B, H, L, S)`` weights are never formed.
-    Tested to agree with :func:`attention_math` (``tests/core/test_fast_paths.py``).
-
-    Args:
-        q: ``(B, H, L, Dh)``; k, v: ``(B, Hkv, S, Dh)``; blocked, bias, is_causal, scale, dropout_p: as
-            :func:`scaled_dot_product_attention` (``is_causal`` top-left aligned).
-        average_heads: return weights averaged over heads ``(B, L, S)`` instead of ``(B, H, L, S)``.
-    Returns:
-        ``(out (B, H, L, Dh), weights (B, H, L, S) or (B, L, S))``; ``out`` is laid out as
-        ``(B, L, H, Dh)`` in memory, so merging heads is a view.
-    """
-    B, H, L, _ = q.shape
-    S, Dv = k.shape[-2], v.shape[-1]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k = repeat_kv(k, H).transpose(-2, -1)  # (B, H, Dh, S)
-    v = repeat_kv(v, H)  # (B, H, S, Dv)
-    q = q * scale  # scaling q (L·Dh products) is cheaper than scaling the scores (L·S)
-    blocked, bias = _rank4(blocked), _rank4(bias)
-    per_head = max(1, _WEIGHTS_CHUNK // max(1, L * S))
-    groups = -(-H // min(H, per_head))
-    hc = -(-H // groups)  # heads per block, balanced
-    rc = L if hc > 1 else max(1, min(L, _WEIGHTS_CHUNK // max(1, S)))  # query rows per block
-    out = q.new_empty(B, L, H, Dv)  # (B, L, H, Dv): heads merge with a view
-    weights = q.new_empty((B, L, S) if average_heads else (B, H, L, S))
-    key_slots = torch.arange(S, device=q.device)
-    for b0 in range(B):
-        bs = slice(b0, b0 + 1)
-        for r0 in range(0, L, rc):
-            rs = slice(r0, min(L, r0 + rc))
-            mean = None
-            for h0 in range(0, H, hc):
-                hs = slice(h0, min(H, h0 + hc))
-                s = q[b0, hs, rs] @ k[b0, hs]  # (h, r, S)
-                part_bias = _part(bias, bs, hs, rs)
-                if part_bias is not None:
-                    s += part_bias[0]
-                part = _part(blocked, bs, hs, rs)
-                part = None if part is None else part[0]
-                if is_causal:
-                    c = masks.causal(torch.arange(rs.start, rs.stop, device=q.device), key_slots)  # (r, S)
-                    part = c if part is None else part | c
-                dead = masks.dead_rows(part, part_bias[0] if part_bias is not None else None)
-                if part is not None:
-                    s.masked_fill_(part, float("-inf"))
-                if dead is not None:  # a row with no key left: zeros, and no NaN in the gradient
-                    s.masked_fill_(dead, 0.0)
-                w = torch.softmax(s, dim=-1)  # (h, r, S)
-                if dead is not None:
-                    w = w.masked_fill(dead, 0.0)
-                if dropout_p > 0.0:
-                    w = F.dropout(w, p=dropout_p)
-                out[b0, rs, hs] = (w @ v[b0, hs]).transpose(0, 1)  # (r, h, Dv)
-                if average_heads:
-                    mean = w.sum(0) if mean is None else mean + w.sum(0)  # (r, S)
-                else:
-                    weights[b0, hs, rs] = w
-            if average_heads:
-                weights[b0, rs] = mean / H
-    return out.transpose(1, 2), weights  # (B, H, L, Dv), weights
+    if window is not None:
+        checks.positive_int("window", window)
+        if not is_causal:
+            raise ValueError(f"window: a sliding window needs is_causal=True, got window={window} without it")
+    if softcap is not None:
+        checks.positive_number("softcap", softcap)
+    if sinks is not None and (
+        not isinstance(sinks, Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],)
+    ):
+        raise ValueError(
+            f"sinks: expected a float tensor of shape (H,)=({q.shape[1]},), one logit per query head, "
+            f"got {getattr(sinks, 'shape', sinks)!r}"
+        )
 
 
 def scaled_dot_product_attention(
@@ -278,39 +253,58 @@ def scaled_dot_product_attention(
     blocked: Tensor | None = None,
     bias: Tensor | None = None,
     is_causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    average_heads: bool = False,
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
-    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1) with GQA, masks and two paths.
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1) with GQA, masks and the modern kinds.
+
+    ``weights = softmax(cap(q kᵀ · scale) + bias, masked; sinks)``, ``out = weights v``.
 
     Args:
-        q: ``(B, H, L, Dh)``; k, v: ``(B, Hkv, S, Dh)``.
+        q: ``(B, H, L, Dh)``; k: ``(B, Hkv, S, Dh)``; v: ``(B, Hkv, S, Dv)``.
         blocked: bool, True = may not attend, broadcastable to ``(B, H, L, S)``.
         bias: float added to the scores (a float mask, ALiBi), broadcastable to ``(B, H, L, S)``.
-        is_causal: also block keys ``j > i`` (top-left aligned, as ``F.scaled_dot_product_attention``).
+        is_causal: query slot ``i`` attends key slots ``j ≤ i`` (top-left aligned, as
+            ``F.scaled_dot_product_attention``).
+        window: sliding window W (needs ``is_causal``): query ``i`` also may not attend keys ``j ≤ i − W``
+            (Mistral, Gemma 2's local layers; Hugging Face ``sliding_window``).
         scale: defaults to ``1 / sqrt(Dh)``.
+        softcap: ``c``: scores ``c · tanh(s / c)`` before bias and masks (Gemma 2's ``attn_logit_softcapping``).
+        sinks: ``(H,)`` learned sink logits joining each row's softmax denominator (GPT-OSS ``s_aux``).
         dropout_p: dropout on the attention weights (pass 0 in eval).
-        need_weights: return the weights ``(B, H, L, S)``: with ``backend="math"`` from the readable path,
-            otherwise from :func:`attention_weights` (the same maths in blocks, tested to agree).
-        backend: ``"math"`` (readable softmax), ``"sdpa"`` (``F.scaled_dot_product_attention``) or
-            ``"auto"`` (sdpa unless weights are needed).
+        need_weights: also return the weights actually used (window, soft-capping and sinks included).
+        average_heads: return them averaged over heads, ``(B, L, S)``.
+        backend: ``"math"`` (:func:`attention_math`), ``"sdpa"`` or ``"auto"`` (the same: the kernel when it
+            can compute the call, else the blocked path).
     Returns:
-        ``(out (B, H, L, Dh), weights (B, H, L, S) or None)``.
+        ``(out (B, H, L, Dv), weights (B, H, L, S) / (B, L, S) or None)``.
+    Raises:
+        ValueError / TypeError: shapes that do not fit, mask dtypes, a window without causality, a cap ≤ 0,
+        sinks whose count is not H, an unknown backend.
     """
-    _check(q, k, v, backend, blocked, bias)
-    if need_weights and backend != "math":
-        return attention_weights(
-            q, k, v, blocked=blocked, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p
-        )
-    if backend == "math":
-        if is_causal:
-            L, S = q.shape[-2], k.shape[-2]
-            c = masks.causal(torch.arange(L, device=q.device), torch.arange(S, device=q.device))
-            blocked = c if blocked is None else blocked | c
-        out, w = attention_math(q, k, v, blocked=blocked, bias=bias, scale=scale, dropout_p=dropout_p)
-        return out, (w if need_weights else None)
-    return attention_sdpa(
-        q, k, v, blocked=blocked, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p
-    ), None
+    check_inputs(
+        q, k, v, blocked=blocked, bias=bias, is_causal=is_causal, window=window, softcap=softcap, sinks=sinks,
+        backend=backend,
+    )  # fmt: skip
+    return attend(
+        q,
+        k,
+        v,
+        blocked=blocked,
+        bias=bias,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        softcap=softcap,
+        sinks=sinks,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+        average_heads=average_heads,
+        backend=backend,
+    )

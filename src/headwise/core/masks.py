@@ -22,9 +22,31 @@ def _check_dtype(name: str, mask: Tensor) -> None:
         raise TypeError(f"{name}: expected a bool or floating-point tensor, got dtype {mask.dtype}")
 
 
-def causal(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """Bool ``(..., L, S)``: True where the key slot ``j`` comes after the query slot ``i``."""
-    return k_pos[..., None, :] > q_pos[..., :, None]
+def causal(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+    """Bool ``(..., L, S)``: True where key ``j`` may not be seen by query ``i`` — the one causality rule.
+
+    Blocked: keys after the query (``k_pos[j] > q_pos[i]``) and, with a sliding ``window`` W, keys W or
+    more behind it (``k_pos[j] ≤ q_pos[i] − W``): query i sees the W positions ``i − W + 1 … i``, as
+    Mistral and Hugging Face's ``sliding_window_causal_mask_function`` (``kv_idx > q_idx − W``).
+    ``q_pos`` ``(..., L)`` and ``k_pos`` ``(..., S)`` are slots or token positions.
+    """
+    offset = k_pos[..., None, :] - q_pos[..., :, None]  # (..., L, S): j − i
+    blocked = offset > 0
+    if window is not None:
+        blocked = blocked | (offset <= -window)
+    return blocked
+
+
+def causal_slots(L: int, S: int, *, offset: int = 0, window: int | None = None, device=None) -> Tensor | None:
+    """:func:`causal` for queries at slots ``offset … offset + L − 1`` over keys at slots ``0 … S − 1``.
+
+    Returns ``(L, S)`` bool, or None when it blocks nothing (one new token after a cache shorter than the
+    window sees every key), so that decoding passes no mask to the kernel.
+    """
+    if L == 1 and offset == S - 1 and (window is None or window >= S):
+        return None
+    q = torch.arange(offset, offset + L, device=device)
+    return causal(q, torch.arange(S, device=device), window)
 
 
 def split(mask: Tensor | None, name: str) -> tuple[Tensor | None, Tensor | None]:
@@ -39,21 +61,19 @@ def build(
     *,
     attn_mask: Tensor | None,
     key_padding_mask: Tensor | None,
-    causal_slots: tuple[Tensor, Tensor] | None,
-    bias: Tensor | None,
     batch: int,
     heads: int,
     L: int,
     S: int,
     dtype: torch.dtype,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Combine every mask of one attention call into ``(blocked, bias)``.
+    """Check a call's user masks and combine them into ``(blocked, bias)``.
+
+    Causality is not a user mask here: it is decided by :func:`causal` where attention is computed.
 
     Args:
         attn_mask: ``(L, S)``, ``(B, L, S)`` or ``(B, H, L, S)``, bool or float.
         key_padding_mask: ``(B, S)``, bool (True = padding) or float (added).
-        causal_slots: ``(q_slots (L,), k_slots (S,))`` for a causal mask, or None.
-        bias: a positional score bias (ALiBi) broadcastable to ``(B, H, L, S)``, or None.
         batch, heads, L, S: the call's sizes, for checking shapes.
         dtype: the scores' dtype, for float masks.
     Returns:
@@ -62,7 +82,7 @@ def build(
         ValueError / TypeError: a mask whose shape does not fit or whose dtype is neither bool nor float.
     """
     blocked_parts: list[Tensor] = []
-    bias_parts: list[Tensor] = [] if bias is None else [bias]
+    bias_parts: list[Tensor] = []
     if attn_mask is not None:
         _check_dtype("attn_mask", attn_mask)
         shape = tuple(attn_mask.shape)
@@ -86,17 +106,27 @@ def build(
             )
         m = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
         (blocked_parts if m.dtype == torch.bool else bias_parts).append(m)
-    if causal_slots is not None:
-        blocked_parts.append(causal(*causal_slots)[None, None])  # (1, 1, L, S)
-
     blocked = None
     for m in blocked_parts:
-        blocked = m if blocked is None else blocked | m
+        blocked = either(blocked, m)
     total = None
     for m in bias_parts:
-        m = m.to(dtype)
-        total = m if total is None else total + m
+        total = added(total, m.to(dtype))
     return blocked, total
+
+
+def either(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """``a | b`` for bool masks, either of which may be None (nothing blocked)."""
+    if a is None:
+        return b
+    return a if b is None else a | b
+
+
+def added(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """``a + b`` for score biases, either of which may be None (nothing added)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def to_sdpa(blocked: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -117,6 +147,6 @@ def dead_rows(blocked: Tensor | None, bias: Tensor | None) -> Tensor | None:
         dead = blocked.all(-1, keepdim=True)
     elif bias is not None:
         dead = torch.isneginf(bias).all(-1, keepdim=True)
-    if dead is not None and not bool(dead.any()):
-        return None
+    if dead is not None and not torch.compiler.is_compiling() and not bool(dead.any()):
+        return None  # eager only: a data-dependent branch would break a compiled graph
     return dead

@@ -1,0 +1,255 @@
+"""The fast paths — beside the maths, never inside it.
+
+Nothing here is needed by the readable path (``backend="math"``: ``nn.Linear`` and
+:func:`headwise.core.functional.attention_math` end to end). Each function computes what the readable
+path computes, faster or in less memory, and is tested to agree with it (``tests/core/test_fast_paths.py``):
+
+- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue;
+- :func:`project`: a module's Q/K/V projections as one product when they share an input;
+- :func:`attention_weights`: attention that returns its weights (or applies soft-capping / sinks,
+  which ``F.scaled_dot_product_attention`` cannot), a block of scores at a time.
+
+Under ``torch.compile`` each of them steps aside for the plain operation (TorchInductor fuses on its own,
+and cannot lower oneDNN's private operator).
+
+Shape legend: B batch, L query length, S key length, H query heads, Hkv key/value heads, Dh head width
+(Dv value head width), In / Out a projection's widths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headwise.core import masks
+
+
+def _onednn_linear_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
+
+
+_ONEDNN_LINEAR = _onednn_linear_available()
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+# Fewest tokens (B·S) for which Q/K/V (or K/V) run as one product: below it the products are too small
+# for one wide product to pay.
+FUSE_MIN_TOKENS = 1024
+
+
+def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether oneDNN's linear gives exactly ``F.linear``'s result here: CPU float32/bf16 plain tensors,
+    no gradient recorded, no autocast, not inside ``torch.compile``."""
+    if not _ONEDNN_LINEAR or torch.compiler.is_compiling():
+        return False
+    if type(x) is not Tensor or x.device.type != "cpu" or x.dtype not in _ONEDNN_DTYPES or x.dim() < 2:
+        return False
+    if weight.dtype != x.dtype or weight.device.type != "cpu" or x.numel() == 0:
+        return False
+    if bias is not None and bias.dtype != x.dtype:
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        return False
+    grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    return not (torch.is_grad_enabled() and grads)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: ``x Wᵀ + b``, ``(..., In) -> (..., Out)``.
+
+    On the CPU in float32 / bfloat16 with no gradient recorded, oneDNN's matmul with the bias added in
+    its epilogue (``torch.ops.mkldnn._linear_pointwise``, the operator TorchInductor's CPU path emits)
+    instead of ``addmm``, which first copies the bias into the output and, in float32, calls MKL. The
+    result equals ``F.linear``'s up to round-off (tested). Everything else is ``F.linear``.
+    """
+    if _onednn_applies(x, weight, bias):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def _plain(m: nn.Module) -> bool:
+    """A plain ``nn.Linear`` holding plain tensors (not a subclass, not DTensor shards)."""
+    if type(m) is not nn.Linear:
+        return False
+    return all(type(p) in (nn.Parameter, Tensor) for p in (m.weight, m.bias) if p is not None)
+
+
+def apply(m: nn.Module, x: Tensor) -> Tensor:
+    """``m(x)`` for a plain ``nn.Linear`` through :func:`linear` (its ``forward`` is not called)."""
+    return linear(x, m.weight, m.bias) if _plain(m) else m(x)
+
+
+class _FusedWeights:
+    """Concatenated ``(weight (ΣOut, In), bias (ΣOut,) or None)`` of several ``nn.Linear``s.
+
+    While no gradient is recorded the concatenation is kept and reused until one of the weights is
+    replaced or changed in place (its version counter moves: ``load_state_dict``, an optimiser step,
+    ``.copy_``). With autograd it is formed per call, so that gradients reach each Linear's own weight.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._value = None
+
+    def __call__(self, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+        tensors = [p for m in linears for p in (m.weight, m.bias) if p is not None]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in tensors):
+            return self._concat(linears)
+        key = tuple((id(p), p._version, p.dtype, p.device) for p in tensors)
+        if key != self._key:
+            with torch.no_grad():
+                self._value = self._concat(linears)
+            self._key = key
+        return self._value
+
+    @staticmethod
+    def _concat(linears):
+        weight = torch.cat([m.weight for m in linears])  # (ΣOut, In)
+        bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])  # (ΣOut,)
+        return weight, bias
+
+
+def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(Wq(query) (B, L, H·Dh), Wk(key) (B, S, Hkv·Dh), Wv(value) (B, S, Hkv·Dh))`` for a
+    :class:`headwise.MultiHeadAttention`, the same numbers as calling the three ``nn.Linear``s.
+
+    When the three inputs are one tensor (self-attention) and hold at least ``FUSE_MIN_TOKENS`` tokens,
+    one matrix product with ``Wq; Wk; Wv`` stacked (as ``nn.MultiheadAttention``'s ``in_proj_weight`` and
+    gpt-fast's ``wqkv``); keys and values likewise when they share an input. The Linears' ``forward``
+    (and hooks on them) is not called: a caller that hooks them sets ``module.fast_projections = False``.
+    """
+    fuse: tuple[nn.Linear, ...] = ()
+    if not torch.compiler.is_compiling() and key is value and key.shape[0] * key.shape[1] >= FUSE_MIN_TOKENS:
+        if query is key and all(_plain(m) for m in (module.Wq, module.Wk, module.Wv)):
+            fuse = (module.Wq, module.Wk, module.Wv)
+        elif _plain(module.Wk) and _plain(module.Wv):
+            fuse = (module.Wk, module.Wv)
+    if not fuse:
+        return apply(module.Wq, query), apply(module.Wk, key), apply(module.Wv, value)
+    store = module.__dict__.setdefault("_fused_weights", {})  # not a parameter, buffer or state
+    weight, bias = store.setdefault(len(fuse), _FusedWeights())(fuse)
+    parts = linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out) each
+    if len(fuse) == 3:
+        return parts
+    return (apply(module.Wq, query), *parts)
+
+
+# Scores held at once by :func:`attention_weights`: 2**21 elements is 8 MB in float32 — small enough to
+# stay in the cache and in the allocator's reused heap (glibc maps blocks over 32 MB afresh, page by page).
+_WEIGHTS_CHUNK = 1 << 21
+
+
+def _rank4(m: Tensor | None) -> Tensor | None:
+    return None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))  # (B|1, H|1, L|1, S|1)
+
+
+def _part(m: Tensor | None, b: int, h: slice, r: slice) -> Tensor | None:
+    """The ``[b, h, r]`` block ``(h|1, r|1, S|1)`` of a rank-4 mask broadcastable to ``(B, H, L, S)``."""
+    if m is None:
+        return None
+    return m[
+        b if m.shape[0] > 1 else 0,
+        h if m.shape[1] > 1 else slice(None),
+        r if m.shape[2] > 1 else slice(None),
+    ]
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    q_offset: int = 0,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+    average_heads: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`headwise.core.functional.attention_math`'s maths, a block of scores at a time.
+
+    Loops over batch items, groups of heads and (for long sequences) query rows so that at most
+    ``_WEIGHTS_CHUNK`` scores exist at once besides the returned weights; causality and the window are
+    built per block (nothing ``L × S`` beyond the weights asked for). Memory: the output, the weights if
+    asked (``(B, H, L, S)``, or ``(B, L, S)`` with ``average_heads``), and one block of scores.
+
+    Args:
+        q: ``(B, H, L, Dh)``; k: ``(B, Hkv, S, Dh)``; v: ``(B, Hkv, S, Dv)``; the rest as
+            :func:`headwise.core.functional.scaled_dot_product_attention` (``is_causal`` and ``window`` for
+            queries at slots ``q_offset … q_offset + L − 1`` over keys at slots ``0 … S − 1``).
+        need_weights: return the weights (False: only the output — for soft-capping or sinks).
+        average_heads: weights averaged over heads ``(B, L, S)`` instead of ``(B, H, L, S)``.
+    Returns:
+        ``(out (B, H, L, Dv), weights or None)``; ``out`` is laid out as ``(B, L, H, Dv)`` in memory, so
+        merging heads is a view.
+    """
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = H // k.shape[1]
+    k = (k if group == 1 else k.repeat_interleave(group, dim=1)).transpose(-2, -1)  # (B, H, Dh, S)
+    v = v if group == 1 else v.repeat_interleave(group, dim=1)  # (B, H, S, Dv)
+    if softcap is None:
+        q = q * scale  # scaling q (L·Dh products) is cheaper than scaling the scores (L·S)
+    blocked, bias = _rank4(blocked), _rank4(bias)
+    per_head = max(1, _WEIGHTS_CHUNK // max(1, L * S))
+    groups = -(-H // min(H, per_head))
+    hc = -(-H // groups)  # heads per block, balanced
+    rc = L if hc > 1 else max(1, min(L, _WEIGHTS_CHUNK // max(1, S)))  # query rows per block
+    out = q.new_empty(B, L, H, Dv)  # (B, L, H, Dv): heads merge with a view
+    weights = None
+    if need_weights:
+        weights = q.new_empty((B, L, S) if average_heads else (B, H, L, S))
+    key_slots = torch.arange(S, device=q.device)
+    for b in range(B):
+        for r0 in range(0, L, rc):
+            rs = slice(r0, min(L, r0 + rc))
+            mean = None
+            for h0 in range(0, H, hc):
+                hs = slice(h0, min(H, h0 + hc))
+                s = q[b, hs, rs] @ k[b, hs]  # (h, r, S)
+                if softcap is not None:
+                    s = torch.tanh(s * (scale / softcap)) * softcap  # (h, r, S): Gemma 2's soft-capping
+                part_bias = _part(bias, b, hs, rs)
+                if part_bias is not None:
+                    s += part_bias
+                part = _part(blocked, b, hs, rs)
+                if is_causal:
+                    slots = torch.arange(q_offset + rs.start, q_offset + rs.stop, device=q.device)
+                    part = masks.either(part, masks.causal(slots, key_slots, window))  # (r, S)
+                dead = masks.dead_rows(part, part_bias)
+                if part is not None:
+                    s.masked_fill_(part, float("-inf"))
+                if dead is not None:  # a row with no key left: zeros, and no NaN in the gradient
+                    s.masked_fill_(dead, 0.0)
+                if sinks is None:
+                    w = torch.softmax(s, dim=-1)  # (h, r, S)
+                else:  # the sink logit joins the denominator (GPT-OSS ``s_aux``)
+                    sink = sinks[hs].to(s.dtype)[:, None, None]  # (h, 1, 1)
+                    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink)
+                    e = torch.exp(s - m)
+                    w = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink - m))  # (h, r, S)
+                if dead is not None:
+                    w = w.masked_fill(dead, 0.0)
+                if dropout_p > 0.0:
+                    w = F.dropout(w, p=dropout_p)
+                out[b, rs, hs] = (w @ v[b, hs]).transpose(0, 1)  # (r, h, Dv)
+                if weights is None:
+                    continue
+                if average_heads:
+                    mean = w.sum(0) if mean is None else mean + w.sum(0)  # (r, S)
+                else:
+                    weights[b, hs, rs] = w
+            if weights is not None and average_heads:
+                weights[b, rs] = mean / H
+    return out.transpose(1, 2), weights  # (B, H, L, Dv), weights
