@@ -17,6 +17,8 @@ _LAZY = {
     "MultiHeadAttention": "headwise.core.attention",
     "AttentionBlock": "headwise.core.block",
     "EmbeddingWithPE": "headwise.core.block",
+    "EncoderLayer": "headwise.core.layers",
+    "DecoderLayer": "headwise.core.layers",
     "KVCache": "headwise.core.cache",
     "PositionalPart": "headwise.positional",
     "RotaryEmbedding": "headwise.positional",

@@ -11,7 +11,7 @@ See :mod:`headwise.articles.claim` for the statuses (pass / erratum / FAIL) and 
 
 from __future__ import annotations
 
-from headwise.articles import techbyte, under_the_hood
+from headwise.articles import part5, techbyte, under_the_hood
 from headwise.articles.claim import ERRATUM, FAIL, PASS, Claim, Result, check
 
 __all__ = ["ARTICLES", "Claim", "Result", "PASS", "ERRATUM", "FAIL", "all_claims", "check", "check_all"]
@@ -31,7 +31,7 @@ def all_claims(article: str | None = None) -> list[Claim]:
     """
     if article is not None and article not in ARTICLES:
         raise ValueError(f"article: expected one of {sorted(ARTICLES)}, got {article!r}")
-    found = under_the_hood.claims() + techbyte.claims()
+    found = under_the_hood.claims() + part5.claims() + techbyte.claims()
     return [c for c in found if article is None or c.article == article]
 
 
