@@ -26,6 +26,7 @@ from transformers import (  # noqa: E402
 )
 
 import headwise  # noqa: E402
+from _hf_models import randomise  # noqa: E402
 from headwise.interop import from_hf  # noqa: E402
 
 TOL = 1e-5  # float32, absolute
@@ -33,21 +34,6 @@ D, H, B, L = 64, 4, 2, 12
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
-
-
-def _randomise(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Weights large enough that attention is far from uniform (HF's init, std 0.02, nearly averages)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(0.15 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:  # norm scales
-                p.copy_(1.0 + 0.1 * noise)
-    return model.eval()
 
 
 class _Capture:
@@ -105,19 +91,19 @@ def _llama(**overrides):
         attn_implementation="eager",
     )
     kw.update(overrides)
-    return _randomise(LlamaModel(LlamaConfig(**kw)))
+    return randomise(LlamaModel(LlamaConfig(**kw)))
 
 
 def _gpt2(**overrides):
     kw = dict(n_embd=D, n_head=H, n_layer=2, n_positions=64, vocab_size=32, bos_token_id=0, eos_token_id=0)
     kw.update(overrides)
-    return _randomise(GPT2Model(GPT2Config(attn_implementation="eager", **kw)))
+    return randomise(GPT2Model(GPT2Config(attn_implementation="eager", **kw)))
 
 
 def _bert(**overrides):
     kw = dict(hidden_size=D, num_attention_heads=H, num_hidden_layers=2, intermediate_size=48, vocab_size=32)
     kw.update(overrides)
-    return _randomise(BertModel(BertConfig(attn_implementation="eager", **kw)))
+    return randomise(BertModel(BertConfig(attn_implementation="eager", **kw)))
 
 
 def _run_layers(model, attn_modules, **forward_kwargs):
@@ -228,7 +214,7 @@ def test_llama_cached_decode_equals_hf_dynamic_cache():
 
 
 def test_mistral_equals_hf():
-    model = _randomise(
+    model = randomise(
         MistralModel(
             MistralConfig(
                 hidden_size=D,
@@ -251,7 +237,7 @@ def test_mistral_equals_hf():
 
 
 def test_qwen2_equals_hf_with_qkv_biases_only():
-    model = _randomise(
+    model = randomise(
         Qwen2Model(
             Qwen2Config(
                 hidden_size=D,

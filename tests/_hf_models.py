@@ -1,0 +1,84 @@
+"""Tiny random Hugging Face models of many families, built offline from configs (float32, eval).
+
+Weights are redrawn larger than Hugging Face's init (std 0.02 nearly averages) so that attention is far
+from uniform and a wrong mask, scale or head shows in the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB = 96
+_SMALL = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=VOCAB)
+_MOE = dict(num_experts_per_tok=2)
+
+# family -> config overrides (on top of _SMALL). Sliding windows are set below the test lengths.
+DECODERS = {
+    "llama": dict(num_key_value_heads=2),
+    "mistral": dict(num_key_value_heads=2, sliding_window=None),
+    "qwen2": dict(num_key_value_heads=2),
+    "qwen3": dict(num_key_value_heads=2, head_dim=8),
+    "gemma": dict(num_key_value_heads=1, head_dim=8),
+    "phi3": dict(num_key_value_heads=2, pad_token_id=0),
+    "olmo2": dict(num_key_value_heads=2),
+    "gpt2": dict(n_embd=32, n_head=4, n_layer=2),
+    "deepseek_v3": dict(
+        num_key_value_heads=4,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=6,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=16,
+        **_MOE,
+    ),
+}
+# Families whose attention needs a window, soft-capping or sinks from the core.
+DECODERS_MODERN = {
+    "mistral_window": ("mistral", dict(num_key_value_heads=2, sliding_window=4)),
+    "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0)),
+    "gemma3_text": ("gemma3_text", dict(num_key_value_heads=2, head_dim=8, sliding_window=4)),
+    "gpt_oss": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **_MOE)),
+}
+ENCODERS = {"bert": dict()}
+
+
+def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Redraw every parameter (matrices std 0.15, biases 0.1, other vectors — norm scales, sinks — 1 ± 0.1); eval."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.dim() > 1:
+                p.copy_(0.15 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(1.0 + 0.1 * noise)
+    return model.eval()
+
+
+def build(family: str, overrides: dict, *, attn: str = "eager", seed: int = 0) -> nn.Module:
+    """A tiny random model of ``family`` (``AutoModelForCausalLM``, or ``AutoModel`` for encoders)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, **{**_SMALL, **overrides})
+    kind = AutoModel if family in ENCODERS else AutoModelForCausalLM
+    torch.manual_seed(seed)
+    return randomise(kind.from_config(config, attn_implementation=attn, dtype=torch.float32), seed)
+
+
+def batch(B: int = 3, L: int = 9, seed: int = 1) -> dict:
+    """Token ids with left padding of 0, 2 and 4 tokens (B=3), and the 2-D mask (1 = real)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (B, L), generator=g)
+    mask = torch.ones(B, L, dtype=torch.long)
+    for b in range(B):
+        mask[b, : 2 * b] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return {"input_ids": ids, "attention_mask": mask}

@@ -1,0 +1,253 @@
+"""``attn_implementation="headwise"`` against Hugging Face's eager attention, family by family.
+
+Tiny random models (float32, eval) built offline from configs; a left-padded batch. Logits are compared on
+the real (non-padding) positions only: at a padding query every key is blocked, which headwise answers with
+zeros and eager with an even spread over the padding — neither reaches a real position.
+"""
+
+import pytest
+import torch
+
+import headwise.hf
+from _hf_models import DECODERS, DECODERS_MODERN, ENCODERS, batch, build
+from headwise.core import functional
+from headwise.hf import backend
+
+TOL_LOGITS = 1e-4  # float32, absolute, as asked of the backend
+CORE_HAS = {name for name in ("window", "softcap", "sinks") if backend.core_supports(name)}
+MODERN_NEEDS = {"mistral_window": {"window"}, "gemma2": {"window", "softcap"}, "gemma3_text": {"window"}}
+MODERN_NEEDS["gpt_oss"] = {"window", "sinks"}
+
+
+def _families():
+    cases = [pytest.param(f, o, id=f) for f, o in {**DECODERS, **ENCODERS}.items()]
+    for name, (family, overrides) in DECODERS_MODERN.items():
+        missing = MODERN_NEEDS[name] - CORE_HAS
+        marks = pytest.mark.skip(reason=f"the core has no {sorted(missing)} yet") if missing else ()
+        cases.append(pytest.param(family, overrides, id=name, marks=marks))
+    return cases
+
+
+def _output(model, inputs, **kwargs):
+    out = model(**inputs, **kwargs)
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+@pytest.mark.parametrize("family, overrides", _families())
+@pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
+def test_logits_equal_eager(tiny, family, overrides, padded):
+    eager, mine = tiny(family, overrides, "eager"), tiny(family, overrides, "headwise")
+    inputs = batch(L=9)
+    if not padded:
+        inputs["attention_mask"] = torch.ones_like(inputs["attention_mask"])
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        expected, got = _output(eager, inputs), _output(mine, inputs)
+    assert mine.config._attn_implementation == "headwise"
+    torch.testing.assert_close(got[real], expected[real], rtol=0, atol=TOL_LOGITS)
+
+
+@pytest.mark.parametrize("family, overrides", [p for p in _families() if p.id in DECODERS or p.id in DECODERS_MODERN])
+def test_generation_with_cache_gives_the_same_tokens(tiny, family, overrides):
+    eager, mine = tiny(family, overrides, "eager"), tiny(family, overrides, "headwise")
+    inputs = batch(L=7)
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        expected = eager.generate(**inputs, **kwargs)
+        got = mine.generate(**inputs, **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_set_attn_implementation_switches_a_loaded_model(tiny):
+    model = build("llama", DECODERS["llama"], attn="sdpa")
+    eager = tiny("llama", DECODERS["llama"], "eager")
+    model.set_attn_implementation("headwise")
+    inputs = batch()
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        torch.testing.assert_close(_output(model, inputs)[real], _output(eager, inputs)[real], rtol=0, atol=TOL_LOGITS)
+
+
+def test_output_attentions_returns_weights_on_headwise(tiny):
+    eager, mine = tiny("llama", DECODERS["llama"], "eager"), tiny("llama", DECODERS["llama"], "headwise")
+    inputs = batch()
+    real = inputs["attention_mask"].bool()[:, None, :, None]  # (B, 1, L, 1): real query rows
+    with torch.no_grad():
+        expected = eager(**inputs, output_attentions=True).attentions
+        got = mine(**inputs, output_attentions=True).attentions
+    assert len(got) == len(expected) == 2
+    for w, e in zip(got, expected):
+        torch.testing.assert_close(w[real.expand_as(w)], e[real.expand_as(e)], rtol=0, atol=1e-5)
+
+
+# -- the attention function on its own ------------------------------------------------------------------------
+
+
+class _Module(torch.nn.Module):
+    is_causal = True
+
+
+def _qkv(B=2, H=4, Hkv=2, L=5, S=5, Dh=8):
+    g = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(B, H, L, Dh, generator=g),
+        torch.randn(B, Hkv, S, Dh, generator=g),
+        torch.randn(B, Hkv, S, Dh, generator=g),
+    )
+
+
+def test_no_mask_is_causal_as_sdpa_and_matches_the_functional():
+    q, k, v = _qkv()
+    out, w = backend.attention_forward(_Module(), q, k, v, None, scaling=0.3)
+    ref, _ = functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, backend="math")
+    assert w is None
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=0, atol=1e-6)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-6)
+
+
+def test_is_causal_false_and_a_single_query_see_every_key():
+    q, k, v = _qkv()
+    out, _ = backend.attention_forward(_Module(), q, k, v, None, is_causal=False)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-6)
+    out1, _ = backend.attention_forward(_Module(), q[:, :, -1:], k, v, None)  # decode: the last slot
+    torch.testing.assert_close(out1, expected.transpose(1, 2)[:, -1:], rtol=0, atol=1e-6)
+
+
+def test_bool_mask_is_may_attend_and_float_mask_is_added():
+    q, k, v = _qkv()
+    allowed = torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    allowed[..., 0] = True
+    out, w = backend.attention_forward(_Module(), q, k, v, allowed, output_attentions=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-6)
+    assert torch.all(w.masked_select(~allowed.expand_as(w)) == 0)
+    additive = torch.randn(2, 1, 5, 5)
+    out, _ = backend.attention_forward(_Module(), q, k, v, additive)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-6)
+
+
+def test_position_bias_is_added_to_the_scores():
+    q, k, v = _qkv(Hkv=4)
+    bias = torch.randn(1, 4, 5, 5)
+    out, _ = backend.attention_forward(_Module(), q, k, v, None, position_bias=bias, is_causal=False)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-6)
+
+
+def test_a_fully_masked_row_gives_zeros_not_nan():
+    q, k, v = _qkv()
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    allowed[0, 0, 1] = False
+    out, w = backend.attention_forward(_Module(), q, k, v, allowed, output_attentions=True)
+    assert torch.all(out[0, 1] == 0) and torch.all(w[0, :, 1] == 0) and not out.isnan().any()
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("cu_seq_lens_q", torch.tensor([0, 5])),
+        ("max_length_k", 5),
+        ("indices", torch.zeros(2, 5, 2, dtype=torch.long)),
+        ("sinks", torch.zeros(4)),
+        ("deterministic", True),
+        ("something_new", 1.0),
+    ],
+)
+def test_unsupported_keywords_are_refused_by_name(name, value):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        backend.attention_forward(_Module(), q, k, v, None, **{name: value})
+
+
+def test_keywords_without_effect_or_none_are_accepted():
+    q, k, v = _qkv()
+    expected, _ = backend.attention_forward(_Module(), q, k, v, None)
+    got, _ = backend.attention_forward(
+        _Module(),
+        q,
+        k,
+        v,
+        None,
+        position_ids=torch.arange(5)[None],
+        use_cache=True,
+        cu_seq_lens_q=None,
+        softcap=None,
+        s_aux=None,
+        sliding_window=None,
+        deterministic=False,
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, value, feature", [("softcap", 30.0, "softcap"), ("s_aux", torch.zeros(4), "sinks")])
+def test_core_features_are_refused_until_the_core_has_them(name, value, feature):
+    if feature in CORE_HAS:
+        pytest.skip(f"the core has {feature!r}: the families test covers {name}")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        backend.attention_forward(_Module(), q, k, v, None, **{name: value})
+
+
+def test_a_window_with_no_mask_on_a_non_causal_call_is_refused():
+    q, k, v = _qkv()
+    if "window" not in CORE_HAS:
+        with pytest.raises(ValueError, match="^sliding_window: "):
+            backend.attention_forward(_Module(), q, k, v, None, sliding_window=2)
+    with pytest.raises(ValueError, match="^sliding_window: "):
+        backend.attention_forward(_Module(), q, k, v, None, sliding_window=2, is_causal=False)
+
+
+@pytest.mark.parametrize(
+    "mask, error, pattern",
+    [
+        (torch.ones(2, 5, dtype=torch.bool), ValueError, "attention_mask: expected a shape"),
+        (torch.ones(2, 1, 5, 4, dtype=torch.bool), ValueError, r"attention_mask: .*\(2, 1, 5, 4\)"),
+        (torch.ones(2, 1, 5, 5, dtype=torch.long), TypeError, "attention_mask: .*int64"),
+        ("causal", TypeError, "attention_mask: .*str"),
+    ],
+)
+def test_masks_it_cannot_read_are_refused(mask, error, pattern):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=pattern):
+        backend.attention_forward(_Module(), q, k, v, mask)
+
+
+# -- families off the interface -----------------------------------------------------------------------------------
+
+OFF_INTERFACE = {
+    "bloom": dict(hidden_size=32, n_head=4, n_layer=2, vocab_size=96),
+    "mpt": dict(d_model=32, n_heads=4, n_layers=2, vocab_size=96),
+    "falcon": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=96),
+}
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_a_family_off_the_interface_is_refused_when_it_runs(family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, **OFF_INTERFACE[family])
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+    with pytest.raises(ValueError, match=f"^model: the '{family}' family writes its own attention"):
+        model(input_ids=torch.randint(0, 96, (1, 4)))
+
+
+@pytest.mark.parametrize("family", sorted(OFF_INTERFACE))
+@pytest.mark.parametrize("use", ["capture", "ablate"])
+def test_capture_and_ablate_refuse_a_family_off_the_interface(family, use):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **OFF_INTERFACE[family])).eval()
+    before = model.config._attn_implementation
+    block = headwise.hf.capture(model) if use == "capture" else headwise.hf.ablate(model, {0: [0]})
+    with pytest.raises(ValueError, match=f"^model: the '{family}' family writes its own attention"), block:
+        pass
+    assert model.config._attn_implementation == before
+
+
+def test_not_a_transformers_model_is_refused():
+    pattern = "^model: expected a transformers PreTrainedModel, got Linear"
+    with pytest.raises(TypeError, match=pattern), headwise.hf.capture(torch.nn.Linear(2, 2)):
+        pass
