@@ -13,39 +13,40 @@ VOCAB = 96
 _SMALL = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=VOCAB)
 _MOE = dict(num_experts_per_tok=2)
 
-# family -> config overrides (on top of _SMALL). Sliding windows are set below the test lengths.
+# case -> (family, config overrides on top of _SMALL). Sliding windows (4) are shorter than the test batches.
 DECODERS = {
-    "llama": dict(num_key_value_heads=2),
-    "mistral": dict(num_key_value_heads=2, sliding_window=None),
-    "qwen2": dict(num_key_value_heads=2),
-    "qwen3": dict(num_key_value_heads=2, head_dim=8),
-    "gemma": dict(num_key_value_heads=1, head_dim=8),
-    "phi3": dict(num_key_value_heads=2, pad_token_id=0),
-    "olmo2": dict(num_key_value_heads=2),
-    "gpt2": dict(n_embd=32, n_head=4, n_layer=2),
-    "deepseek_v3": dict(
-        num_key_value_heads=4,
-        q_lora_rank=16,
-        kv_lora_rank=16,
-        qk_rope_head_dim=4,
-        qk_nope_head_dim=8,
-        v_head_dim=6,
-        n_routed_experts=4,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        moe_intermediate_size=16,
-        **_MOE,
-    ),
-}
-# Families whose attention needs a window, soft-capping or sinks from the core.
-DECODERS_MODERN = {
+    "llama": ("llama", dict(num_key_value_heads=2)),
+    "mistral": ("mistral", dict(num_key_value_heads=2, sliding_window=None)),
     "mistral_window": ("mistral", dict(num_key_value_heads=2, sliding_window=4)),
+    "qwen2": ("qwen2", dict(num_key_value_heads=2)),
+    "qwen3": ("qwen3", dict(num_key_value_heads=2, head_dim=8)),
+    "gemma": ("gemma", dict(num_key_value_heads=1, head_dim=8)),
     "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0)),
     "gemma3_text": ("gemma3_text", dict(num_key_value_heads=2, head_dim=8, sliding_window=4)),
+    "phi3": ("phi3", dict(num_key_value_heads=2, pad_token_id=0)),
+    "olmo2": ("olmo2", dict(num_key_value_heads=2)),
+    "gpt2": ("gpt2", dict(n_embd=32, n_head=4, n_layer=2)),
     "gpt_oss": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **_MOE)),
+    "deepseek_v3": (
+        "deepseek_v3",
+        dict(
+            num_key_value_heads=4,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=8,
+            v_head_dim=6,
+            n_routed_experts=4,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            moe_intermediate_size=16,
+            **_MOE,
+        ),
+    ),
 }
-ENCODERS = {"bert": dict()}
+ENCODERS = {"bert": ("bert", dict())}
+CASES = {**DECODERS, **ENCODERS}
 
 
 def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -63,12 +64,13 @@ def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
-def build(family: str, overrides: dict, *, attn: str = "eager", seed: int = 0) -> nn.Module:
-    """A tiny random model of ``family`` (``AutoModelForCausalLM``, or ``AutoModel`` for encoders)."""
+def build(case: str, *, attn: str = "eager", seed: int = 0) -> nn.Module:
+    """A tiny random model of ``CASES[case]`` (``AutoModelForCausalLM``, or ``AutoModel`` for encoders)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+    family, overrides = CASES[case]
     config = AutoConfig.for_model(family, **{**_SMALL, **overrides})
-    kind = AutoModel if family in ENCODERS else AutoModelForCausalLM
+    kind = AutoModel if case in ENCODERS else AutoModelForCausalLM
     torch.manual_seed(seed)
     return randomise(kind.from_config(config, attn_implementation=attn, dtype=torch.float32), seed)
 

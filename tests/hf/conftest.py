@@ -11,15 +11,11 @@ from _hf_models import build  # noqa: E402
 
 
 @functools.cache
-def _cached(family: str, overrides: tuple, attn: str):
-    return build(family, dict(overrides), attn=attn)
+def _cached(case: str, attn: str):
+    return build(case, attn=attn)
 
 
 @pytest.fixture
 def tiny():
-    """``tiny(family, overrides, attn)``: a cached tiny random model (do not mutate it outside a with-block)."""
-
-    def make(family: str, overrides: dict, attn: str = "eager"):
-        return _cached(family, tuple(sorted(overrides.items())), attn)
-
-    return make
+    """``tiny(case, attn)``: a cached tiny random model (do not change it outside a with-block)."""
+    return _cached

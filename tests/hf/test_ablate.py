@@ -6,10 +6,9 @@ import pytest
 import torch
 
 import headwise.hf
-from _hf_models import DECODERS, ENCODERS, batch
+from _hf_models import CASES, batch
 
 TOL = 1e-5
-FAMILIES = {**DECODERS, **ENCODERS}
 HEADS = {0: [1, 3], 1: [2]}
 
 
@@ -45,9 +44,9 @@ def _reference(model, inputs, heads, mode):
 
 
 @pytest.mark.parametrize("mode", ["zero", "mean"])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(CASES))
 def test_ablation_equals_editing_the_output_projection_input(tiny, family, mode):
-    model = tiny(family, FAMILIES[family], "eager")
+    model = tiny(family, "eager")
     inputs = batch()
     real = inputs["attention_mask"].bool()
     with torch.no_grad():
@@ -63,7 +62,7 @@ def test_ablation_equals_editing_the_output_projection_input(tiny, family, mode)
 
 
 def test_ablation_and_capture_nest(tiny):
-    model = tiny("llama", DECODERS["llama"], "sdpa")
+    model = tiny("llama", "sdpa")
     inputs = batch()
     with torch.no_grad(), headwise.hf.capture(model) as attn, headwise.hf.ablate(model, {0: [0]}):
         model(**inputs)
@@ -72,7 +71,7 @@ def test_ablation_and_capture_nest(tiny):
 
 
 def test_mean_uses_the_mask_given_positionally(tiny):
-    model = tiny("gpt2", DECODERS["gpt2"], "eager")
+    model = tiny("gpt2", "eager")
     inputs = batch()
     real = inputs["attention_mask"].bool()
     with torch.no_grad():
@@ -83,7 +82,7 @@ def test_mean_uses_the_mask_given_positionally(tiny):
 
 
 def test_the_model_is_restored_when_the_block_raises(tiny):
-    model = tiny("qwen3", DECODERS["qwen3"], "eager")
+    model = tiny("qwen3", "eager")
     inputs = batch()
     with torch.no_grad():
         before = model(**inputs).logits
@@ -106,14 +105,14 @@ def test_the_model_is_restored_when_the_block_raises(tiny):
     ],
 )
 def test_bad_arguments_are_named(tiny, heads, mode, error, pattern):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     with pytest.raises(error, match=pattern), headwise.hf.ablate(model, heads, mode=mode):
         pass
     assert model.config._attn_implementation == "eager"
 
 
 def test_mean_refuses_a_mask_it_cannot_read(tiny):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     inputs = batch()
     four_d = torch.ones(3, 1, 9, 9, dtype=torch.bool)
     pattern = "^attention_mask: mode='mean' needs the model's 2-D padding mask"

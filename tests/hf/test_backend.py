@@ -9,23 +9,11 @@ import pytest
 import torch
 
 import headwise.hf
-from _hf_models import DECODERS, DECODERS_MODERN, ENCODERS, batch, build
+from _hf_models import CASES, DECODERS, batch, build
 from headwise.core import functional
 from headwise.hf import backend
 
 TOL_LOGITS = 1e-4  # float32, absolute, as asked of the backend
-CORE_HAS = {name for name in ("window", "softcap", "sinks") if backend.core_supports(name)}
-MODERN_NEEDS = {"mistral_window": {"window"}, "gemma2": {"window", "softcap"}, "gemma3_text": {"window"}}
-MODERN_NEEDS["gpt_oss"] = {"window", "sinks"}
-
-
-def _families():
-    cases = [pytest.param(f, o, id=f) for f, o in {**DECODERS, **ENCODERS}.items()]
-    for name, (family, overrides) in DECODERS_MODERN.items():
-        missing = MODERN_NEEDS[name] - CORE_HAS
-        marks = pytest.mark.skip(reason=f"the core has no {sorted(missing)} yet") if missing else ()
-        cases.append(pytest.param(family, overrides, id=name, marks=marks))
-    return cases
 
 
 def _output(model, inputs, **kwargs):
@@ -33,10 +21,10 @@ def _output(model, inputs, **kwargs):
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
-@pytest.mark.parametrize("family, overrides", _families())
+@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
-def test_logits_equal_eager(tiny, family, overrides, padded):
-    eager, mine = tiny(family, overrides, "eager"), tiny(family, overrides, "headwise")
+def test_logits_equal_eager(tiny, case, padded):
+    eager, mine = tiny(case, "eager"), tiny(case, "headwise")
     inputs = batch(L=9)
     if not padded:
         inputs["attention_mask"] = torch.ones_like(inputs["attention_mask"])
@@ -47,9 +35,9 @@ def test_logits_equal_eager(tiny, family, overrides, padded):
     torch.testing.assert_close(got[real], expected[real], rtol=0, atol=TOL_LOGITS)
 
 
-@pytest.mark.parametrize("family, overrides", [p for p in _families() if p.id in DECODERS or p.id in DECODERS_MODERN])
-def test_generation_with_cache_gives_the_same_tokens(tiny, family, overrides):
-    eager, mine = tiny(family, overrides, "eager"), tiny(family, overrides, "headwise")
+@pytest.mark.parametrize("case", sorted(DECODERS))
+def test_generation_with_cache_gives_the_same_tokens(tiny, case):
+    eager, mine = tiny(case, "eager"), tiny(case, "headwise")
     inputs = batch(L=7)
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
@@ -59,8 +47,8 @@ def test_generation_with_cache_gives_the_same_tokens(tiny, family, overrides):
 
 
 def test_set_attn_implementation_switches_a_loaded_model(tiny):
-    model = build("llama", DECODERS["llama"], attn="sdpa")
-    eager = tiny("llama", DECODERS["llama"], "eager")
+    model = build("llama", attn="sdpa")
+    eager = tiny("llama", "eager")
     model.set_attn_implementation("headwise")
     inputs = batch()
     real = inputs["attention_mask"].bool()
@@ -69,7 +57,7 @@ def test_set_attn_implementation_switches_a_loaded_model(tiny):
 
 
 def test_output_attentions_returns_weights_on_headwise(tiny):
-    eager, mine = tiny("llama", DECODERS["llama"], "eager"), tiny("llama", DECODERS["llama"], "headwise")
+    eager, mine = tiny("llama", "eager"), tiny("llama", "headwise")
     inputs = batch()
     real = inputs["attention_mask"].bool()[:, None, :, None]  # (B, 1, L, 1): real query rows
     with torch.no_grad():
@@ -182,22 +170,86 @@ def test_keywords_without_effect_or_none_are_accepted():
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name, value, feature", [("softcap", 30.0, "softcap"), ("s_aux", torch.zeros(4), "sinks")])
-def test_core_features_are_refused_until_the_core_has_them(name, value, feature):
-    if feature in CORE_HAS:
-        pytest.skip(f"the core has {feature!r}: the families test covers {name}")
-    q, k, v = _qkv()
-    with pytest.raises(ValueError, match=f"^{name}: "):
-        backend.attention_forward(_Module(), q, k, v, None, **{name: value})
+def _allowed(L, S, window=None):
+    """Bool (1, 1, L, S), True = may attend: transformers' own mask for queries at the last L of S slots."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    rule = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    return sdpa_mask(
+        batch_size=1, q_length=L, kv_length=S, q_offset=S - L, mask_function=rule, allow_is_causal_skip=False
+    )
+
+
+def _eager_mask(allowed):
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)  # eager's additive form
+
+
+class _HFModule(torch.nn.Module):
+    """What transformers' eager functions read from the attention module."""
+
+    is_causal = True
+    num_key_value_groups = 2
+
+    def __init__(self, sinks=None):
+        super().__init__()
+        self.sinks = sinks
+        self.eval()
+
+
+def test_softcap_equals_gemma2_eager():
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    q, k, v = _qkv(L=6, S=6)
+    q = 4 * q  # scores large enough for the cap to bite
+    allowed = _allowed(6, 6)
+    expected, expected_w = eager_attention_forward(_HFModule(), q, k, v, _eager_mask(allowed), scaling=0.5, softcap=3.0)
+    got, got_w = backend.attention_forward(
+        _Module(), q, k, v, allowed, scaling=0.5, softcap=3.0, output_attentions=True
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_w, expected_w, rtol=0, atol=1e-6)
+    uncapped, _ = backend.attention_forward(_Module(), q, k, v, allowed, scaling=0.5)
+    assert (uncapped - expected).abs().max() > 1e-2
+
+
+def test_sinks_equal_gpt_oss_eager():
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    q, k, v = _qkv(L=6, S=6)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    allowed = _allowed(6, 6)
+    expected, expected_w = eager_attention_forward(_HFModule(sinks), q, k, v, _eager_mask(allowed), scaling=0.4)
+    got, got_w = backend.attention_forward(
+        _Module(), q, k, v, allowed, scaling=0.4, s_aux=sinks, output_attentions=True
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_w, expected_w, rtol=0, atol=1e-6)
+    assert (got_w.sum(-1) < 1).all()  # a sink takes its share of every row
+
+
+@pytest.mark.parametrize("L", [6, 1], ids=["prefill", "decode"])
+def test_a_window_with_no_mask_equals_transformers_window_mask(L):
+    q, k, v = _qkv(L=L, S=6)
+    expected, _ = backend.attention_forward(_Module(), q, k, v, _allowed(L, 6, window=2))
+    got, got_w = backend.attention_forward(_Module(), q, k, v, None, sliding_window=2, output_attentions=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    last = got_w[..., -1, :]  # the last query sees its own slot and the one before
+    assert torch.all(last[..., :4] == 0) and torch.all(last[..., 4:] > 0)
+    full, _ = backend.attention_forward(_Module(), q, k, v, None)
+    assert (full - got).abs().max() > 1e-2
 
 
 def test_a_window_with_no_mask_on_a_non_causal_call_is_refused():
     q, k, v = _qkv()
-    if "window" not in CORE_HAS:
-        with pytest.raises(ValueError, match="^sliding_window: "):
-            backend.attention_forward(_Module(), q, k, v, None, sliding_window=2)
-    with pytest.raises(ValueError, match="^sliding_window: "):
+    with pytest.raises(ValueError, match="^sliding_window: no mask arrived for a non-causal call"):
         backend.attention_forward(_Module(), q, k, v, None, sliding_window=2, is_causal=False)
+
+
+@pytest.mark.parametrize("name, value", [("softcap", -1.0), ("s_aux", torch.zeros(3))])
+def test_bad_softcap_and_sinks_are_named(name, value):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="^(softcap|sinks): "):
+        backend.attention_forward(_Module(), q, k, v, None, **{name: value})
 
 
 @pytest.mark.parametrize(

@@ -5,19 +5,18 @@ import pytest
 import torch
 
 import headwise.hf
-from _hf_models import DECODERS, ENCODERS, batch, build
+from _hf_models import CASES, ENCODERS, batch, build
 
 TOL = 1e-5
-FAMILIES = {**DECODERS, **ENCODERS}
 
 
 def _real_rows(inputs, w):
     return inputs["attention_mask"].bool()[:, None, :, None].expand_as(w)  # (B, H, L, S): real query rows
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(CASES))
 def test_weights_equal_eager_output_attentions(tiny, family):
-    model = tiny(family, FAMILIES[family], "eager")
+    model = tiny(family, "eager")
     inputs = batch()
     with torch.no_grad():
         expected = model(**inputs, output_attentions=True).attentions
@@ -36,8 +35,8 @@ def test_weights_equal_eager_output_attentions(tiny, family):
 
 
 def test_a_model_loaded_with_sdpa_is_captured_and_restored(tiny):
-    eager = tiny("qwen2", DECODERS["qwen2"], "eager")
-    model = build("qwen2", DECODERS["qwen2"], attn="sdpa")
+    eager = tiny("qwen2", "eager")
+    model = build("qwen2", attn="sdpa")
     inputs = batch()
     with torch.no_grad():
         expected = eager(**inputs, output_attentions=True).attentions
@@ -50,7 +49,7 @@ def test_a_model_loaded_with_sdpa_is_captured_and_restored(tiny):
 
 
 def test_the_implementation_is_restored_when_the_block_raises(tiny):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     with pytest.raises(KeyError, match="boom"), headwise.hf.capture(model):
         assert model.config._attn_implementation == "headwise"
         raise KeyError("boom")
@@ -58,7 +57,7 @@ def test_the_implementation_is_restored_when_the_block_raises(tiny):
 
 
 def test_generate_records_one_step_per_forward(tiny):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     inputs = batch(L=6)
     with torch.no_grad(), headwise.hf.capture(model) as attn:
         out = model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -70,7 +69,7 @@ def test_generate_records_one_step_per_forward(tiny):
 
 
 def test_no_forward_pass_is_an_error(tiny):
-    model = tiny("gpt2", DECODERS["gpt2"], "eager")
+    model = tiny("gpt2", "eager")
     with headwise.hf.capture(model) as attn:
         pass
     with pytest.raises(RuntimeError, match="no forward pass"):
@@ -87,15 +86,15 @@ def test_no_forward_pass_is_an_error(tiny):
     ],
 )
 def test_layer_numbers_out_of_range_are_named(tiny, layers, error, pattern):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     with pytest.raises(error, match=pattern), headwise.hf.capture(model, layers=layers):
         pass
     assert model.config._attn_implementation == "eager"
 
 
 def test_attention_layers_are_the_blocks_in_order(tiny):
-    model = tiny("llama", DECODERS["llama"], "eager")
+    model = tiny("llama", "eager")
     assert headwise.hf.attention_layers(model) == [block.self_attn for block in model.model.layers]
-    bert = tiny("bert", ENCODERS["bert"], "eager")
+    bert = tiny("bert", "eager")
     assert headwise.hf.attention_layers(bert) == [block.attention.self for block in bert.encoder.layer]
     assert [headwise.hf.num_heads(m) for m in headwise.hf.attention_layers(bert)] == [4, 4]

@@ -26,9 +26,9 @@ The keyword arguments, each honoured or refused (``ValueError`` naming it), neve
   arrives and ``L > 1``, top-left aligned as ``F.scaled_dot_product_attention`` (the mask function only
   returns None where that alignment is the right one); a single query with no mask sees every key.
 - ``sliding_window`` W: in the mask whenever one arrives (``kv_idx > q_idx - W``, Mistral's convention);
-  with no mask it is passed to the functional as ``window``.
+  with no mask it goes to the functional as ``window`` (a single query: ``masks.causal_slots`` after the
+  cache); a non-causal call with no mask over more than W keys is refused.
 - ``softcap`` (Gemma 2) -> ``softcap``; ``s_aux`` (GPT-OSS sinks, one logit per query head) -> ``sinks``.
-  Where the installed headwise core lacks the argument, a non-None value is refused.
 - ``output_attentions``: the weights are returned (``need_weights=True``) — also for models loaded on
   headwise, unlike ``sdpa``.
 - Accepted without effect, because the information is already in the tensors or the mask:
@@ -73,14 +73,6 @@ _NO_EFFECT = frozenset(
         "layer_idx",
     }
 )
-# Keywords the core may or may not know (it grew them in one step): headwise name for each HF one.
-_CORE_FEATURES = {"sliding_window": "window", "softcap": "softcap", "s_aux": "sinks"}
-
-
-def core_supports(name: str) -> bool:
-    return name in inspect.signature(functional.scaled_dot_product_attention).parameters
-
-
 # -- observers: capture and ablation hook in here, keyed by attention module ---------------------------------
 
 _OBSERVERS: WeakKeyDictionary[nn.Module, list] = WeakKeyDictionary()
@@ -210,22 +202,6 @@ def _describe(value) -> str:
     return repr(value)
 
 
-def _core_options(sliding_window, softcap, s_aux) -> dict:
-    """``window`` / ``softcap`` / ``sinks`` for the functional; refused by name where the core lacks them."""
-    options = {}
-    for hf_name, value in (("sliding_window", sliding_window), ("softcap", softcap), ("s_aux", s_aux)):
-        if value is None:
-            continue
-        ours = _CORE_FEATURES[hf_name]
-        if not core_supports(ours):
-            raise ValueError(
-                f"{hf_name}: this headwise core has no {ours!r} argument, so the {NAME!r} backend cannot honour "
-                f"{hf_name}={_describe(value)}"
-            )
-        options[ours] = value
-    return options
-
-
 def attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -261,25 +237,21 @@ def attention_forward(
     blocked, bias = _split_mask(attention_mask, query, key)
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
-    options = _core_options(sliding_window, softcap, s_aux)
-    causal = False
+    causal, window = False, None
     if attention_mask is None:
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
-        window = options.pop("window", None)
-        if window is not None and causal:
-            options["window"] = window  # top-left aligned, as the causal flag
-        elif window is not None and window < S:
+        if sliding_window is not None and causal:
+            window = sliding_window  # top-left aligned, as the causal flag
+        elif sliding_window is not None and sliding_window < S:
             if L > 1 or getattr(module, "is_causal", True) is False:
                 raise ValueError(
-                    f"sliding_window: no mask arrived for a non-causal call with {S} keys > sliding_window={window}; "
-                    f"headwise cannot place the window (build the mask with the registered {NAME!r} mask function)"
+                    f"sliding_window: no mask arrived for a non-causal call with {S} keys > "
+                    f"sliding_window={sliding_window}; headwise cannot place the window (build the mask with the "
+                    f"registered {NAME!r} mask function)"
                 )
-            # one query and no mask: it is the last slot and sees the last `window` keys
-            blocked = masks.causal(
-                torch.full((1,), S - 1, device=query.device), torch.arange(S, device=query.device), window=window
-            )[None, None]  # (1, 1, 1, S)
-    else:
-        options.pop("window", None)  # the registered mask function built the window into the mask
+            # one query and no mask: it is the last slot and sees the last `sliding_window` keys
+            blocked = masks.causal_slots(1, S, offset=S - 1, window=sliding_window, device=query.device)  # (1, S)
+    # with a mask, the registered mask function built the window into it
     observers = _OBSERVERS.get(module, ())
     need_weights = bool(output_attentions) or any(o.wants_weights(module) for o in observers)
     out, weights = functional.scaled_dot_product_attention(
@@ -291,8 +263,10 @@ def attention_forward(
         is_causal=causal,
         scale=scaling,
         dropout_p=dropout,
+        window=window,
+        softcap=softcap,
+        sinks=s_aux,
         need_weights=need_weights,
-        **options,
     )  # (B, H, L, Dv), (B, H, L, S) or None
     for observer in list(observers):
         out = observer.observe(module, out, weights)
