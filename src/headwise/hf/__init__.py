@@ -15,9 +15,13 @@ See ``docs/hf.md`` for what is compared and what is refused. Needs the ``hf`` ex
 from __future__ import annotations
 
 try:
-    import transformers  # noqa: F401
-except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("headwise.hf needs transformers: pip install 'headwise[hf]'") from error
+    from transformers import AttentionInterface  # noqa: F401
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: F401
+except ImportError as error:  # pragma: no cover - the extra is missing or too old
+    raise ImportError(
+        "headwise.hf needs transformers with AttentionInterface and AttentionMaskInterface (tested with 5.x): "
+        "pip install 'headwise[hf]'"
+    ) from error
 
 from headwise.hf._model import attention_layers, family, num_heads
 from headwise.hf.ablate import MODES, ablate
