@@ -6,6 +6,7 @@ float64 by default; the answer key every other path is tested against.
 from headwise.reference.attention import (
     merge_heads,
     multi_head_attention,
+    rms_norm,
     scaled_dot_product_attention,
     softmax,
     split_heads,
@@ -15,9 +16,12 @@ from headwise.reference.positional import (
     alibi_slopes,
     apply_rope,
     causal_mask,
+    rope_attention_factor,
     rope_frequencies,
     sinusoidal_table,
+    window_mask,
 )
+from headwise.reference.latent import latent_attention
 
 __all__ = [
     "softmax",
@@ -25,10 +29,14 @@ __all__ = [
     "split_heads",
     "merge_heads",
     "multi_head_attention",
+    "latent_attention",
+    "rms_norm",
     "sinusoidal_table",
     "rope_frequencies",
+    "rope_attention_factor",
     "apply_rope",
     "alibi_slopes",
     "alibi_bias",
     "causal_mask",
+    "window_mask",
 ]
