@@ -77,7 +77,9 @@ def test_sinks_must_match_the_heads():
 
 
 def test_rms_norm_by_hand():
-    np.testing.assert_allclose(ref.rms_norm([3.0, 4.0], [1.0, 2.0], eps=0.0), [3 / math.sqrt(12.5), 8 / math.sqrt(12.5)])
+    np.testing.assert_allclose(
+        ref.rms_norm([3.0, 4.0], [1.0, 2.0], eps=0.0), [3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]
+    )
 
 
 def test_qk_norm_head_and_full_differ_by_where_they_normalise():
@@ -116,7 +118,10 @@ def test_yarn_equals_hugging_face(case, head_dim, base):
 
     params = {"rope_type": "yarn", "rope_theta": base, **case}
     config = transformers.LlamaConfig(
-        hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_parameters=params,
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        rope_parameters=params,
         max_position_embeddings=4 * case["original_max_position_embeddings"],
     )
     inv, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
@@ -228,8 +233,15 @@ def test_latent_absorbed_equals_plain(Rq, bias):
     sizes = dict(kv_lora_rank=R, qk_nope_head_dim=Dn, qk_rope_head_dim=Dr, v_head_dim=Dv)
     p = _mla_params(rng, D, H, Rq, R, Dn, Dr, Dv, bias)
     x = rng.normal(size=(2, 7, D))
-    rope = {"convention": "interleaved", "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}}
-    for kw in ({}, {"causal": True, "rope": rope}, {"causal": True, "sliding_window": 3, "positions": np.arange(3, 10)}):
+    rope = {
+        "convention": "interleaved",
+        "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4},
+    }
+    for kw in (
+        {},
+        {"causal": True, "rope": rope},
+        {"causal": True, "sliding_window": 3, "positions": np.arange(3, 10)},
+    ):
         a = ref.latent_attention(x, p, H, **sizes, **kw)
         b = ref.latent_attention(x, p, H, **sizes, absorbed=True, **kw)
         np.testing.assert_allclose(b[0], a[0], atol=1e-12)

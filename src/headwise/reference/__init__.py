@@ -11,6 +11,7 @@ from headwise.reference.attention import (
     softmax,
     split_heads,
 )
+from headwise.reference.latent import latent_attention
 from headwise.reference.positional import (
     alibi_bias,
     alibi_slopes,
@@ -21,7 +22,6 @@ from headwise.reference.positional import (
     sinusoidal_table,
     window_mask,
 )
-from headwise.reference.latent import latent_attention
 
 __all__ = [
     "softmax",

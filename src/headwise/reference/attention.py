@@ -235,8 +235,6 @@ def multi_head_attention(
         total = np.where(blocked, -np.inf, bias)
     else:
         total = blocked if blocked is not None else bias
-    out, weights = scaled_dot_product_attention(
-        q, k, v, mask=total, scale=scale, softcap=softcap, sinks=p.get("sinks")
-    )
+    out, weights = scaled_dot_product_attention(q, k, v, mask=total, scale=scale, softcap=softcap, sinks=p.get("sinks"))
     out = merge_heads(out) @ p["wo"] + p.get("bo", 0.0)  # (..., L, D)
     return out, weights

@@ -119,6 +119,8 @@ def latent_attention(
         kv_up = split_heads(c @ p["wkv_b"], num_heads)  # (..., H, L, Dn+Dv)
         k_nope, v = kv_up[..., :Dn], kv_up[..., Dn:]
         k = np.concatenate([k_nope, np.broadcast_to(k_pe, (*k_nope.shape[:-1], Dr))], axis=-1)  # (..., H, L, Dn+Dr)
-        out, weights = scaled_dot_product_attention(np.concatenate([q_nope, q_pe], axis=-1), k, v, mask=total, scale=scale)
+        out, weights = scaled_dot_product_attention(
+            np.concatenate([q_nope, q_pe], axis=-1), k, v, mask=total, scale=scale
+        )
     out = merge_heads(out) @ p["wo"] + p.get("bo", 0.0)  # (..., L, D)
     return out, weights
