@@ -66,6 +66,23 @@ def size(
     _print_one(console, sizing, arch, seq, 1 if batch is None else batch, dtype)
 
 
+def _kinds(arch) -> list[str]:
+    """The attention kinds and the FFN kind of ``arch`` beyond plain MHA/GQA, in words."""
+    kinds = []
+    if arch.sliding_window:
+        where = f"{arch.sliding_layers} of {arch.num_layers} layers" if arch.global_layers else "every layer"
+        kinds.append(f"sliding window {arch.sliding_window} on {where}")
+    if arch.qk_norm:
+        kinds.append("QK-norm " + ("per head" if arch.qk_norm == "head" else "over the whole projections"))
+    if arch.attention_sinks:
+        kinds.append("a learned sink logit per head")
+    if arch.num_experts:
+        shared = f" + {arch.shared_experts} shared" if arch.shared_experts else ""
+        dense = f", first {arch.dense_layers} layers dense" if arch.dense_layers else ""
+        kinds.append(f"{arch.num_experts} experts{shared}, {arch.experts_per_token} per token{dense}")
+    return kinds
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -173,11 +190,15 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> N
     total = parts.total
     n = arch.num_layers
     variant = arch.attention_variant
-    heads = (
-        f"{arch.num_heads} heads"
-        if variant == "MHA"
-        else f"{arch.num_heads} query heads share {arch.num_kv_heads} key/value heads ({arch.group_size} per group)"
-    )
+    if variant == "MLA":
+        heads = (
+            f"{arch.num_heads} heads read keys and values from a {arch.kv_lora_rank}-wide latent and a "
+            f"{arch.qk_rope_head_dim}-wide rotary key shared by all heads"
+        )
+    elif variant == "MHA":
+        heads = f"{arch.num_heads} heads"
+    else:
+        heads = f"{arch.num_heads} query heads share {arch.num_kv_heads} key/value heads ({arch.group_size} per group)"
     ffn = "gated, 3 matrices" if arch.ffn == "gated" else "2 matrices"
     console.print(f"[bold]{arch.name}[/bold] — {arch.kind}, {variant}: {heads}", highlight=False)
     console.print(
@@ -186,6 +207,9 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> N
         f"context {arch.max_positions} · {arch.norm}",
         highlight=False,
     )
+    kinds = _kinds(arch)
+    if kinds:
+        console.print(" · ".join(kinds), highlight=False)
     if arch.source:
         console.print(f"source: {arch.source}", highlight=False)
 
@@ -196,14 +220,26 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> N
     table.add_column("bias")
     table.add_column("per layer", justify="right")
     table.add_column(f"all {n} layers", justify="right")
-    rows = (
-        ("W_Q", arch.hidden_size, qdim, arch.qkv_bias, att.q),
-        ("W_K", arch.hidden_size, kvdim, arch.qkv_bias, att.k),
-        ("W_V", arch.hidden_size, kvdim, arch.qkv_bias, att.v),
-        ("W_O", qdim, arch.hidden_size, arch.o_bias, att.o),
-    )
-    for label, fan_in, fan_out, bias, count in rows:
-        table.add_row(label, f"{fan_in} → {fan_out}", "yes" if bias else "no", f"{count:,}", f"{count * n:,}")
+    d, h, dv = arch.hidden_size, arch.num_heads, arch.value_head_dim
+    if variant == "MLA":
+        r, dr, rq = arch.kv_lora_rank, arch.qk_rope_head_dim, arch.q_lora_rank
+        rows = (
+            ("W_Q", f"{d} → {rq} → {qdim}" if rq else f"{d} → {qdim}", arch.qkv_bias, att.q),
+            ("W_K (latent, rope key, W_UK)", f"{d} → {r}+{dr}, {r} → {h * (arch.head_dim - dr)}", arch.qkv_bias, att.k),
+            ("W_V (W_UV)", f"{r} → {h * dv}", False, att.v),
+            ("W_O", f"{h * dv} → {d}", arch.o_bias, att.o),
+        )
+    else:
+        rows = (
+            ("W_Q", f"{d} → {qdim}", arch.qkv_bias, att.q),
+            ("W_K", f"{d} → {kvdim}", arch.qkv_bias, att.k),
+            ("W_V", f"{d} → {kvdim}", arch.qkv_bias, att.v),
+            ("W_O", f"{qdim} → {d}", arch.o_bias, att.o),
+        )
+    if att.extra:
+        rows += (("QK-norm, sinks", "", False, att.extra),)
+    for label, shape, bias, count in rows:
+        table.add_row(label, shape, "yes" if bias else "no", f"{count:,}", f"{count * n:,}")
     table.add_row("total", "", "", f"{att.per_layer:,}", f"{att.total:,} ({format_count(att.total)})", style="bold")
     console.print(table)
 
@@ -231,45 +267,45 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> N
             highlight=False,
         )
 
-    mha = sizing.as_mha(arch)
-    own_tok, mha_tok = sizing.kv_cache_bytes(arch, 1, 1, dtype), sizing.kv_cache_bytes(mha, 1, 1, dtype)
-    own_all = sizing.kv_cache_bytes(arch, seq_len, batch, dtype)
-    mha_all = sizing.kv_cache_bytes(mha, seq_len, batch, dtype)
-    table = Table(title=f"KV cache ({dtype}, seq_len {seq_len} × batch {batch})")
+    rows = sizing.kv_cache_variants(arch, seq_len, batch, dtype)
+    table = Table(
+        title=f"KV cache ({dtype}, seq_len {seq_len} × batch {batch}): the same heads and layers, other kinds"
+    )
     table.add_column("attention")
-    table.add_column("KV heads", justify="right")
+    table.add_column("cached per layer and position")
     table.add_column("per token", justify="right")
     table.add_column(f"{seq_len} × {batch}", justify="right")
-    table.add_column("attention params", justify="right")
-    table.add_row(
-        f"{arch.name} ({variant})",
-        str(arch.num_kv_heads),
-        f"{own_tok:,} B ({format_bytes(own_tok)})",
-        f"{own_all:,} B ({format_bytes(own_all)})",
-        format_count(att.total),
-    )
-    if variant != "MHA":
-        mha_att = sizing.attention_params(mha).total
+    table.add_column("source")
+    for row in rows:
         table.add_row(
-            "plain MHA",
-            str(mha.num_kv_heads),
-            f"{mha_tok:,} B ({format_bytes(mha_tok)})",
-            f"{mha_all:,} B ({format_bytes(mha_all)})",
-            format_count(mha_att),
+            f"{row.name} ({arch.name})" if row.own else row.name,
+            row.shape,
+            f"{row.per_token:,} B",
+            f"{row.total:,} B ({format_bytes(row.total)})",
+            row.source,
+            style="bold" if row.own else None,
         )
     console.print(table)
     console.print(
-        "per token = 2 (K and V) × layers × KV heads × head_dim × bytes per element; every layer caches "
-        "every position.",
+        "per token = what one more position adds while every layer still grows: 2 (K and V) × KV heads × "
+        "head_dim, or latent + rope key for MLA, × layers × bytes per element. A windowed layer stops growing "
+        "at its window (a ring buffer).",
         highlight=False,
     )
-    if variant != "MHA":
+    own = next(row for row in rows if row.own)
+    mha = rows[0]
+    if not mha.own:
         console.print(
-            f"{variant} saving: {arch.num_heads / arch.num_kv_heads:g}× smaller cache than plain MHA "
-            f"({format_bytes(mha_all - own_all)} less at {seq_len} × {batch}), and "
-            f"{format_count(sizing.attention_params(mha).total - att.total)} fewer attention parameters.",
+            f"{own.name} saving: {mha.total / own.total:.3g}× smaller cache than MHA at {seq_len} × {batch} "
+            f"({format_bytes(mha.total - own.total)} less).",
             highlight=False,
         )
+        if variant in ("GQA", "MQA"):
+            console.print(
+                f"{variant} also has {format_count(sizing.attention_params(sizing.as_mha(arch)).total - att.total)} "
+                "fewer attention parameters than MHA.",
+                highlight=False,
+            )
     else:
         console.print("plain MHA: num_kv_heads = num_heads, so there is no GQA saving.", highlight=False)
     if arch.kind == "encoder":

@@ -18,6 +18,7 @@ FFN_KINDS = ("mlp", "gated")  # mlp: up + down (GELU); gated: gate + up + down (
 NORM_KINDS = ("layernorm", "rmsnorm")  # layernorm: weight + bias; rmsnorm: weight only
 OUTPUT_HEADS = ("tied", "separate", "none")
 MODEL_KINDS = ("encoder", "decoder")
+QK_NORMS = ("", "head", "full")  # "": none; "head": RMSNorm over each head (Qwen3, Gemma 3); "full": over H·Dh (OLMo 2)
 CLAIM_QUANTITIES = ("attention", "total", "attention_share")
 
 
@@ -108,6 +109,20 @@ class Architecture:
         published_text: that figure as published, e.g. ``"6.738B"``.
         published_source: where it is published.
         notes: remarks shown with the model.
+        sliding_window: W, the keys a windowed layer sees (0: none); its cache holds at most W positions.
+        global_layers: with a window, the layers that still see every position (Gemma 2, Gemma 3, GPT-OSS
+            alternate; 0: every layer is windowed, as Mistral 7B v0.1).
+        qk_norm: ``""``, ``"head"`` (RMSNorm of width Dh on q and k: Qwen3, Gemma 3) or ``"full"`` (widths H·Dh
+            and Hkv·Dh: OLMo 2).
+        attention_sinks: H learned sink logits per layer (GPT-OSS).
+        q_lora_rank, kv_lora_rank, qk_rope_head_dim, v_head_dim: multi-head latent attention (DeepSeek-V2/V3)
+            when ``kv_lora_rank`` > 0: Rq (0: a full-rank W_Q), R, Dr and Dv; ``head_dim`` is then the
+            query/key head width Dn + Dr. ``v_head_dim`` 0 means ``head_dim``.
+        num_experts, experts_per_token, shared_experts, moe_intermediate_size, dense_layers, expert_bias:
+            a mixture-of-experts FFN (0 experts: dense): E routed experts of width ``moe_intermediate_size``
+            (default F), each token using ``experts_per_token``; always-on shared experts (DeepSeek); the first
+            ``dense_layers`` layers keep a dense FFN of width F (DeepSeek ``first_k_dense_replace``); biases on
+            the experts and the router (GPT-OSS).
         article: what the source article says about it, if anything.
 
     Raises:
@@ -144,6 +159,20 @@ class Architecture:
     published_text: str = ""
     published_source: str = ""
     notes: str = ""
+    sliding_window: int = 0
+    global_layers: int = 0
+    qk_norm: str = ""
+    attention_sinks: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    dense_layers: int = 0
+    expert_bias: bool = False
     article: ArticleClaim | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +195,50 @@ class Architecture:
             raise ValueError(
                 f"{where}: 'num_kv_heads' ({self.num_kv_heads}) must divide 'num_heads' ({self.num_heads})"
             )
+        for key in (
+            "sliding_window",
+            "global_layers",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "num_experts",
+            "experts_per_token",
+            "shared_experts",
+            "moe_intermediate_size",
+            "dense_layers",
+        ):
+            check_int(getattr(self, key), key, where, minimum=0)
+        check_bool(self.attention_sinks, "attention_sinks", where)
+        check_bool(self.expert_bias, "expert_bias", where)
+        check_choice(self.qk_norm, "qk_norm", where, QK_NORMS)
+        if self.global_layers > (self.num_layers if self.sliding_window else 0):
+            raise ValueError(
+                f"{where}: 'global_layers' ({self.global_layers}) must be at most 'num_layers' ({self.num_layers}) "
+                "and needs a 'sliding_window'"
+            )
+        if self.kv_lora_rank:
+            if not 0 < self.qk_rope_head_dim < self.head_dim or self.qk_rope_head_dim % 2:
+                raise ValueError(
+                    f"{where}: 'qk_rope_head_dim' ({self.qk_rope_head_dim}) must be even and below "
+                    f"'head_dim' ({self.head_dim} = nope + rope width) for latent attention"
+                )
+            for key in ("kv_lora_rank", "q_lora_rank"):
+                if getattr(self, key) > self.hidden_size:
+                    raise ValueError(
+                        f"{where}: {key!r} ({getattr(self, key)}) must be at most 'hidden_size' ({self.hidden_size})"
+                    )
+        elif self.q_lora_rank or self.qk_rope_head_dim:
+            raise ValueError(
+                f"{where}: 'q_lora_rank' and 'qk_rope_head_dim' need 'kv_lora_rank' > 0 (latent attention)"
+            )
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"{where}: 'experts_per_token' ({self.experts_per_token}) must be in 1..'num_experts' "
+                f"({self.num_experts})"
+            )
+        if self.dense_layers > self.num_layers:
+            raise ValueError(f"{where}: 'dense_layers' ({self.dense_layers}) exceeds 'num_layers' ({self.num_layers})")
 
     @property
     def group_size(self) -> int:
@@ -173,8 +246,20 @@ class Architecture:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def value_head_dim(self) -> int:
+        """Dv: the value head width (``v_head_dim``, or ``head_dim`` when that is 0)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers whose cache is capped at ``sliding_window`` positions."""
+        return self.num_layers - self.global_layers if self.sliding_window else 0
+
+    @property
     def attention_variant(self) -> str:
-        """``"MHA"``, ``"MQA"`` or ``"GQA"``, from the head counts."""
+        """``"MLA"`` (latent attention), ``"MHA"``, ``"MQA"`` or ``"GQA"``, from the head counts."""
+        if self.kv_lora_rank:
+            return "MLA"
         if self.num_kv_heads == self.num_heads:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else "GQA"

@@ -9,13 +9,24 @@ LM head is tied by default). What is counted is the model class named below, as 
 model_type     counted as                  layout
 =============  ==========================  =====================================================
 llama          LlamaForCausalLM            SwiGLU, RMSNorm, RoPE; ``attention_bias``, ``mlp_bias``
-mistral        MistralForCausalLM          as Llama, no biases
+mistral        MistralForCausalLM          as Llama, no biases; ``sliding_window`` on every layer
 qwen2          Qwen2ForCausalLM            as Llama, biases on Q, K, V only
+qwen3          Qwen3ForCausalLM            as Llama, QK-norm per head
+olmo2          Olmo2ForCausalLM            as Llama, QK-norm over the whole projections
 gemma          GemmaForCausalLM            GeGLU, RMSNorm, tied head by default
-gemma2         Gemma2ForCausalLM           as Gemma, four norms per layer (sandwich norms)
+gemma2         Gemma2ForCausalLM           as Gemma, four norms per layer; local / global layers
+gemma3_text    Gemma3ForCausalLM           as Gemma 2, QK-norm per head; 5 local : 1 global
+starcoder2     Starcoder2ForCausalLM       GELU MLP, LayerNorm, biases (``use_bias``); window
+gpt_oss        GptOssForCausalLM           mixture of experts with biases, sinks, local / global
+deepseek_v2    DeepseekV2ForCausalLM       latent attention, shared + routed experts
+deepseek_v3    DeepseekV3ForCausalLM       the same (multi-token-prediction layers not counted)
 gpt2           GPT2LMHeadModel             GELU MLP, LayerNorm, learned positions, tied head
 bert           BertModel (with pooler)     GELU MLP, LayerNorm, learned positions, token types
 =============  ==========================  =====================================================
+
+Sliding windows: ``layer_types`` when the config lists them, else the family's default pattern (as its
+``transformers`` configuration builds it); a window of ``null`` means none. Each value's default is the
+``transformers`` default of that family.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +42,37 @@ from headwise.sizing.arch import Architecture, check_bool, check_int
 
 __all__ = ["from_hf_config", "SUPPORTED_MODEL_TYPES"]
 
-# model_type -> (tied head by default, norms per layer, has attention_bias key, has mlp_bias key)
+
+@dataclass(frozen=True)
+class _Family:
+    """What a RoPE decoder family's modeling file builds, and its configuration's defaults."""
+
+    tied: bool  # tie_word_embeddings default
+    norms: int  # norms per layer
+    attention_bias: bool | None  # the attention_bias default; None: no such key, no biases
+    mlp_bias_key: bool = False  # has an mlp_bias key
+    qkv_bias: bool = False  # biases on Q, K, V always (Qwen2)
+    qk_norm: str = ""
+    window: int | None = None  # sliding_window default when the key is absent
+    pattern: int = 0  # default layer types: every pattern-th layer global (0: all windowed)
+    window_switch: bool = False  # the window needs use_sliding_window (Qwen)
+    sinks: bool = False
+
+
 _ROPE_FAMILY = {
-    "llama": (False, 2, True, True),
-    "mistral": (False, 2, False, False),
-    "qwen2": (False, 2, False, False),
-    "gemma": (True, 2, True, False),
-    "gemma2": (True, 4, True, False),
+    "llama": _Family(False, 2, False, mlp_bias_key=True),
+    "mistral": _Family(False, 2, None, window=4096),
+    "qwen2": _Family(False, 2, None, qkv_bias=True, window=4096, window_switch=True),
+    "qwen3": _Family(False, 2, False, qk_norm="head", window=4096, window_switch=True),
+    "olmo2": _Family(False, 2, False, qk_norm="full"),
+    "gemma": _Family(True, 2, False),
+    "gemma2": _Family(True, 4, False, window=4096, pattern=2),
+    "gemma3_text": _Family(True, 4, False, qk_norm="head", window=4096, pattern=6),
+    "gpt_oss": _Family(False, 2, True, window=128, pattern=2, sinks=True),
+    "deepseek_v2": _Family(False, 2, False, mlp_bias_key=True),
+    "deepseek_v3": _Family(False, 2, False),
 }
-SUPPORTED_MODEL_TYPES = tuple(sorted([*_ROPE_FAMILY, "gpt2", "bert"]))
+SUPPORTED_MODEL_TYPES = tuple(sorted([*_ROPE_FAMILY, "starcoder2", "gpt2", "bert"]))
 
 
 class _Config:
@@ -54,6 +88,11 @@ class _Config:
                 raise ValueError(f"{self.where}: missing key {key!r}")
             return default
         return check_int(value, key, self.where)
+
+    def count(self, key: str) -> int:
+        """An integer >= 0; absent or null reads as 0 (no such part)."""
+        value = self.data.get(key)
+        return 0 if value is None else check_int(value, key, self.where, minimum=0)
 
     def bool(self, key: str, default: bool) -> bool:
         value = self.data.get(key)
@@ -139,13 +178,105 @@ def from_hf_config(path_or_dict: Any, *, name: str | None = None) -> Architectur
         return _gpt2(cfg, common)
     if model_type == "bert":
         return _bert(cfg, common)
+    if model_type == "starcoder2":
+        return _starcoder2(cfg, common)
     return _rope_family(cfg, common, model_type)
 
 
+def _windows(cfg: _Config, fam: _Family, num_layers: int) -> dict[str, int]:
+    """``sliding_window`` and ``global_layers`` of a config: its ``layer_types``, else the family's pattern."""
+    if fam.window_switch and not cfg.bool("use_sliding_window", False):
+        return {}
+    window = cfg.data.get("sliding_window", fam.window)
+    if window is None:
+        return {}
+    window = check_int(window, "sliding_window", cfg.where)
+    types = cfg.data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers:
+            raise ValueError(
+                f"{cfg.where}: 'layer_types' must be a list of {num_layers} layer types, got {types!r:.80}"
+            )
+        windowed = sum(t == "sliding_attention" for t in types)
+    elif fam.window_switch:  # Qwen: layers from max_window_layers on are windowed
+        windowed = max(0, num_layers - cfg.int("max_window_layers", num_layers))
+    else:
+        pattern = cfg.int("sliding_window_pattern", fam.pattern) if fam.pattern else 0
+        windowed = num_layers - (num_layers // pattern if pattern else 0)
+    if windowed == 0:
+        return {}
+    return {"sliding_window": window, "global_layers": num_layers - windowed}
+
+
+def _latent(cfg: _Config) -> tuple[int, dict[str, Any]]:
+    """(head_dim, fields) of a DeepSeek config's latent attention and experts."""
+    nope, rope = cfg.int("qk_nope_head_dim"), cfg.int("qk_rope_head_dim")
+    fields = {
+        "q_lora_rank": cfg.count("q_lora_rank"),
+        "kv_lora_rank": cfg.int("kv_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": cfg.int("v_head_dim"),
+        "num_experts": cfg.count("n_routed_experts"),
+        "shared_experts": cfg.count("n_shared_experts"),
+        "moe_intermediate_size": cfg.count("moe_intermediate_size"),
+        "dense_layers": min(cfg.count("first_k_dense_replace"), cfg.int("num_hidden_layers")),
+    }
+    if fields["num_experts"]:
+        fields["experts_per_token"] = cfg.int("num_experts_per_tok")
+    return nope + rope, fields
+
+
 def _rope_family(cfg: _Config, common: dict[str, Any], model_type: str) -> Architecture:
-    tied_default, norms_per_layer, has_attention_bias, has_mlp_bias = _ROPE_FAMILY[model_type]
+    fam = _ROPE_FAMILY[model_type]
+    extra: dict[str, Any] = {"qk_norm": fam.qk_norm, "attention_sinks": fam.sinks}
+    if model_type.startswith("deepseek"):
+        cfg.int("hidden_size")
+        heads = kv_heads = cfg.int("num_attention_heads")
+        head_dim, latent = _latent(cfg)
+        extra.update(latent)
+        num_layers = cfg.int("num_hidden_layers")
+    else:
+        heads, kv_heads, head_dim = cfg.heads("hidden_size", "num_attention_heads", "num_key_value_heads")
+        num_layers = cfg.int("num_hidden_layers")
+        extra.update(_windows(cfg, fam, num_layers))
+    if model_type == "gpt_oss":
+        extra.update(
+            num_experts=cfg.int("num_local_experts"),
+            experts_per_token=cfg.int("num_experts_per_tok"),
+            expert_bias=True,
+        )
+    attention_bias = False if fam.attention_bias is None else cfg.bool("attention_bias", fam.attention_bias)
+    return Architecture(
+        vocab_size=cfg.int("vocab_size"),
+        hidden_size=cfg.int("hidden_size"),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=cfg.int("intermediate_size"),
+        ffn="gated",
+        activation=str(cfg.data.get("hidden_activation") or cfg.data.get("hidden_act") or ""),
+        qkv_bias=fam.qkv_bias or attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=cfg.bool("mlp_bias", False) if fam.mlp_bias_key else False,
+        norm="rmsnorm",
+        norms_per_layer=fam.norms,
+        embedding_norm=False,
+        final_norm=True,
+        max_positions=cfg.int("max_position_embeddings"),
+        learned_positions=False,
+        type_vocab_size=0,
+        output_head="tied" if cfg.bool("tie_word_embeddings", fam.tied) else "separate",
+        pooler=False,
+        kind="decoder",
+        **extra,
+        **common,
+    )
+
+
+def _starcoder2(cfg: _Config, common: dict[str, Any]) -> Architecture:
     heads, kv_heads, head_dim = cfg.heads("hidden_size", "num_attention_heads", "num_key_value_heads")
-    attention_bias = cfg.bool("attention_bias", False) if has_attention_bias else False
+    bias = cfg.bool("use_bias", True)
     return Architecture(
         vocab_size=cfg.int("vocab_size"),
         hidden_size=cfg.int("hidden_size"),
@@ -154,21 +285,22 @@ def _rope_family(cfg: _Config, common: dict[str, Any], model_type: str) -> Archi
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=cfg.int("intermediate_size"),
-        ffn="gated",
-        activation=str(cfg.data.get("hidden_activation") or cfg.data.get("hidden_act") or ""),
-        qkv_bias=True if model_type == "qwen2" else attention_bias,
-        o_bias=attention_bias,
-        mlp_bias=cfg.bool("mlp_bias", False) if has_mlp_bias else False,
-        norm="rmsnorm",
-        norms_per_layer=norms_per_layer,
+        ffn="mlp",
+        activation=str(cfg.data.get("hidden_act") or ""),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bias,
+        norm="layernorm",
+        norms_per_layer=2,
         embedding_norm=False,
         final_norm=True,
         max_positions=cfg.int("max_position_embeddings"),
         learned_positions=False,
         type_vocab_size=0,
-        output_head="tied" if cfg.bool("tie_word_embeddings", tied_default) else "separate",
+        output_head="tied" if cfg.bool("tie_word_embeddings", True) else "separate",
         pooler=False,
         kind="decoder",
+        **_windows(cfg, _Family(True, 2, None), cfg.int("num_hidden_layers")),
         **common,
     )
 
