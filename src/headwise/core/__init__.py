@@ -2,12 +2,22 @@
 
 One concept per file — ``functional`` (the maths: ``attention_math`` and the SDPA call), ``fastpath``
 (the optional fast kernels the readable path never needs), ``masks`` (the one mask convention and its
-one conversion), ``cache`` (``KVCache``), ``attention`` (``MultiHeadAttention``), ``block`` (the first
+one conversion), ``cache`` (``KVCache``, ``SlidingWindowCache``, ``LatentCache``), ``attention`` (``MultiHeadAttention``),
+``latent`` (``LatentAttention``), ``block`` (the first
 article's embedding and attention block). Positional parts live beside it in :mod:`headwise.positional`.
 """
 
 from headwise.core.attention import MultiHeadAttention
 from headwise.core.block import AttentionBlock, EmbeddingWithPE
-from headwise.core.cache import KVCache
+from headwise.core.cache import KVCache, LatentCache, SlidingWindowCache
+from headwise.core.latent import LatentAttention
 
-__all__ = ["AttentionBlock", "EmbeddingWithPE", "KVCache", "MultiHeadAttention"]
+__all__ = [
+    "AttentionBlock",
+    "EmbeddingWithPE",
+    "KVCache",
+    "LatentAttention",
+    "LatentCache",
+    "MultiHeadAttention",
+    "SlidingWindowCache",
+]

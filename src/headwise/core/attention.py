@@ -15,8 +15,10 @@ from torch import Tensor, nn
 
 from headwise import checks
 from headwise.core import fastpath, functional, masks
-from headwise.core.cache import KVCache
+from headwise.core.cache import KVCache, SlidingWindowCache
 from headwise.positional.base import PositionalPart
+
+QK_NORMS = (None, "head", "full")
 
 
 class MultiHeadAttention(nn.Module):
@@ -44,9 +46,23 @@ class MultiHeadAttention(nn.Module):
             :mod:`headwise.core.fastpath` (oneDNN's fused-bias linear; ``Wq; Wk; Wv`` as one product for
             self-attention over ≥ 1024 tokens) — their weights are used directly, so their ``forward`` and
             any hooks on them are not called. Set False (also as an attribute) to call each ``nn.Linear``.
+        sliding_window: W: a causal call's query ``i`` sees only keys ``i − W + 1 … i`` (Mistral 7B v0.1,
+            Starcoder2, the local layers of Gemma 2/3 and GPT-OSS; Hugging Face ``sliding_window``). Computed
+            by the SDPA kernel with a banded ``(L, S)`` boolean mask, or by the blocked path; a
+            :class:`~headwise.core.cache.SlidingWindowCache` keeps only the last W keys.
+        softcap: c: scores ``c · tanh(s / c)`` before masks and biases (Gemma 2's ``attn_logit_softcapping``).
+            The kernel cannot cap, so the call runs :func:`headwise.core.fastpath.attention_weights` (scores a
+            block at a time, never ``(B, H, L, S)`` at once) or the math path.
+        sinks: learn one sink logit per query head, ``self.sinks (H,)`` (zeros at first), joining each row's
+            softmax denominator without a value (GPT-OSS ``s_aux``); same paths as ``softcap``.
+        qk_norm: ``"head"`` — RMSNorm (``self.q_norm``, ``self.k_norm`` of width Dh) over each head's queries and
+            keys before RoPE (Qwen3; Gemma 3); ``"full"`` — over the whole projections, widths ``H·Dh`` and
+            ``Hkv·Dh`` (OLMo 2); None.
+        norm_eps: the QK-norm epsilon.
     Raises:
         ValueError / TypeError: sizes that are not positive integers, ``D % H ≠ 0`` without ``head_dim``,
-        ``H % Hkv ≠ 0``, dropout outside [0, 1), an unknown backend, a positional part that does not fit.
+        ``H % Hkv ≠ 0``, dropout outside [0, 1), an unknown backend, a positional part that does not fit, a
+        window ≤ 0, a cap ≤ 0, an unknown ``qk_norm``.
     """
 
     def __init__(
@@ -64,6 +80,11 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         backend: str = "auto",
         fast_projections: bool = True,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: bool = False,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
         device=None,
         dtype=None,
     ):
@@ -94,6 +115,14 @@ class MultiHeadAttention(nn.Module):
                     f"got {type(positional).__name__}"
                 )
             positional.check(num_heads=num_heads, head_dim=head_dim)
+        if sliding_window is not None:
+            checks.positive_int("sliding_window", sliding_window)
+        if softcap is not None:
+            softcap = checks.positive_number("softcap", softcap)
+        if not isinstance(sinks, bool):
+            raise TypeError(f"sinks: expected True (learn one sink logit per head) or False, got {sinks!r}")
+        checks.one_of("qk_norm", qk_norm, QK_NORMS)
+        norm_eps = checks.positive_number("norm_eps", norm_eps)
 
         self.d_model, self.num_heads, self.num_kv_heads, self.head_dim = (
             d_model,
@@ -115,11 +144,32 @@ class MultiHeadAttention(nn.Module):
         self.Wo = nn.Linear(num_heads * head_dim, d_model, **kw)
         self.positional = positional
         self.fast_projections = bool(fast_projections)
+        self.sliding_window, self.softcap, self.qk_norm = sliding_window, softcap, qk_norm
+        if sinks:
+            self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))  # (H,)
+        else:
+            self.register_parameter("sinks", None)
+        if qk_norm is not None:
+            q_width, k_width = (
+                (head_dim, head_dim) if qk_norm == "head" else (num_heads * head_dim, num_kv_heads * head_dim)
+            )
+            self.q_norm = nn.RMSNorm(q_width, eps=norm_eps, device=device, dtype=dtype)
+            self.k_norm = nn.RMSNorm(k_width, eps=norm_eps, device=device, dtype=dtype)
 
     def extra_repr(self) -> str:
+        kinds = "".join(
+            f", {name}={value!r}"
+            for name, value in (
+                ("sliding_window", self.sliding_window),
+                ("softcap", self.softcap),
+                ("sinks", self.sinks is not None or None),
+                ("qk_norm", self.qk_norm),
+            )
+            if value is not None
+        )
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, dropout={self.dropout}, backend={self.backend!r}"
+            f"head_dim={self.head_dim}, dropout={self.dropout}, backend={self.backend!r}{kinds}"
         )
 
     # -- input checks ------------------------------------------------------------------------------
@@ -208,7 +258,10 @@ class MultiHeadAttention(nn.Module):
             average_weights: weights ``(B, L, S)`` averaged over heads (True) or ``(B, H, L, S)``.
             position_ids: token positions ``(L,)`` or ``(B, L)`` for RoPE / ALiBi (default: the slots
                 ``cache.length … cache.length + L − 1``).
-            cache: a :class:`KVCache`; the new keys and values are appended to it.
+            cache: a :class:`KVCache` (the new keys and values are appended), or a
+                :class:`~headwise.core.cache.SlidingWindowCache` (a ring of the last ``sliding_window`` keys,
+                plus StreamingLLM's first tokens) for a windowed module: ``S`` then counts the held keys plus the
+                new ones, and causality and the window are placed on their own slots.
         Returns:
             ``(out (B, L, D), weights or None)``.
         Raises:
@@ -219,16 +272,32 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
+        if self.sliding_window is not None and not is_causal:
+            raise ValueError(
+                f"is_causal: a module with sliding_window={self.sliding_window} attends causally; pass is_causal=True"
+            )
         B, L, _ = query.shape
         S_new, dh = key.shape[1], self.head_dim
         offset = 0 if cache is None else cache.length
-        S = offset + S_new
+        ring = isinstance(cache, SlidingWindowCache)
+        if ring and (not is_causal or (self.sliding_window or 0) > cache.window):
+            raise ValueError(
+                f"cache: a SlidingWindowCache(window={cache.window}) serves causal calls of a module whose "
+                f"sliding_window is at most {cache.window} (or None, StreamingLLM); got is_causal={is_causal}, "
+                f"sliding_window={self.sliding_window}"
+            )
+        k_slots = None if not ring else cache.key_slots(S_new, device=query.device)  # (S,): held + new keys
+        S = offset + S_new if k_slots is None else k_slots.shape[0]
         q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
 
         q, k, v = self._project(query, key, value)
+        if self.qk_norm == "full":  # OLMo 2: over the whole projections
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
         k = k.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
         v = v.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
+        if self.qk_norm == "head":  # Qwen3: each head's q and k, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         # The masks are checked before the cache changes (H: this rank's heads under tensor parallelism).
         blocked, bias = masks.build(
             attn_mask=attn_mask, key_padding_mask=key_padding_mask, batch=B, heads=q.shape[1], L=L, S=S,
@@ -245,6 +314,12 @@ class MultiHeadAttention(nn.Module):
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
         if self.positional is not None:
             bias = masks.added(bias, self.positional.score_bias(q_pos, k_pos))  # ALiBi: (B|1, H, L, S)
+        window = self.sliding_window
+        if ring:  # the held keys are not slots 0 … S−1: causality and the ring's window on their own slots
+            q_slots = torch.arange(offset, offset + L, device=query.device)
+            causal = masks.causal(q_slots, k_slots, cache.window, sink_tokens=cache.sink_tokens)  # (L, S)
+            blocked = masks.either(blocked, causal)
+            is_causal, window = False, None
 
         out, weights = functional.attend(
             q,
@@ -254,7 +329,10 @@ class MultiHeadAttention(nn.Module):
             bias=bias,
             is_causal=is_causal,
             q_offset=offset,
+            window=window,
             scale=self.scale,
+            softcap=self.softcap,
+            sinks=self.sinks,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             average_heads=average_weights,

@@ -22,18 +22,23 @@ def _check_dtype(name: str, mask: Tensor) -> None:
         raise TypeError(f"{name}: expected a bool or floating-point tensor, got dtype {mask.dtype}")
 
 
-def causal(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+def causal(q_pos: Tensor, k_pos: Tensor, window: int | None = None, *, sink_tokens: int = 0) -> Tensor:
     """Bool ``(..., L, S)``: True where key ``j`` may not be seen by query ``i`` — the one causality rule.
 
     Blocked: keys after the query (``k_pos[j] > q_pos[i]``) and, with a sliding ``window`` W, keys W or
     more behind it (``k_pos[j] ≤ q_pos[i] − W``): query i sees the W positions ``i − W + 1 … i``, as
     Mistral and Hugging Face's ``sliding_window_causal_mask_function`` (``kv_idx > q_idx − W``).
-    ``q_pos`` ``(..., L)`` and ``k_pos`` ``(..., S)`` are slots or token positions.
+    ``sink_tokens`` n: the keys at slots ``0 … n − 1`` stay visible whatever the window (StreamingLLM's
+    attention sinks, Xiao et al. 2023). ``q_pos`` ``(..., L)`` and ``k_pos`` ``(..., S)`` are slots or token
+    positions.
     """
     offset = k_pos[..., None, :] - q_pos[..., :, None]  # (..., L, S): j − i
     blocked = offset > 0
     if window is not None:
-        blocked = blocked | (offset <= -window)
+        behind = offset <= -window
+        if sink_tokens:
+            behind = behind & (k_pos[..., None, :] >= sink_tokens)
+        blocked = blocked | behind
     return blocked
 
 
