@@ -2,9 +2,9 @@
 
 One concept per file — ``functional`` (the maths: ``attention_math`` and the SDPA call), ``fastpath``
 (the optional fast kernels the readable path never needs), ``masks`` (the one mask convention and its
-one conversion), ``cache`` (``KVCache``, ``SlidingWindowCache``, ``LatentCache``), ``attention`` (``MultiHeadAttention``),
-``latent`` (``LatentAttention``), ``block`` (the first
-article's embedding and attention block). Positional parts live beside it in :mod:`headwise.positional`.
+one conversion), ``cache`` (``KVCache``, ``SlidingWindowCache``, ``LatentCache``), ``attention``
+(``MultiHeadAttention``), ``latent`` (``LatentAttention``), ``block`` (the first article's embedding and
+attention block). Positional parts live beside it in :mod:`headwise.positional`.
 """
 
 from headwise.core.attention import MultiHeadAttention
