@@ -179,3 +179,11 @@ def test_windows_and_kinds_reach_the_module():
     assert oss.sinks.shape == (4,) and oss.positional.attention_factor > 1
     olmo = from_hf(_randomise(fam["olmo2"][1](fam["olmo2"][0])).layers[0].self_attn)
     assert olmo.qk_norm == "full" and olmo.q_norm.weight.shape == (D,)
+
+
+def test_bidirectional_gemma3_is_rejected_by_name():
+    config, model_class = _families()["gemma3"]
+    config.use_bidirectional_attention = True
+    attn = model_class(config).layers[0].self_attn
+    with pytest.raises(ValueError, match=r"use_bidirectional_attention=True: Gemma3Attention"):
+        from_hf(attn)

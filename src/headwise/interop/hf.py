@@ -251,6 +251,11 @@ def _from_llama_like(m) -> MultiHeadAttention:
     """``LlamaAttention`` and its descendants: separate Q/K/V/O Linears, half-split RoPE, GQA via ``repeat_kv``,
     and each family's kinds — a sliding window, soft-capping, sinks, QK-norm."""
     config = m.config
+    if getattr(m, "is_causal", True) is False:
+        raise ValueError(
+            f"config.use_bidirectional_attention=True: {type(m).__name__} attending both ways is not supported "
+            "(headwise converts the causal decoders; expected False)"
+        )
     head_dim = int(m.head_dim)
     num_heads = _heads(m.q_proj.out_features, head_dim, "q_proj")
     num_kv_heads = _heads(m.k_proj.out_features, head_dim, "k_proj")
