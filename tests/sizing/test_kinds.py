@@ -170,3 +170,37 @@ def test_latent_cache_equals_what_hugging_face_caches():
         out = model(torch.randint(0, 97, (3, 11)), use_cache=True)
     held = sum(t.numel() * t.element_size() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
     assert held == kv_cache_bytes(from_hf_config(config.to_dict()), 11, 3, "fp32")
+
+
+def _size(capsys, *args):
+    import typer
+
+    from headwise.cli import app, main
+
+    group = hasattr(typer.main.get_command(app), "commands")
+    with pytest.raises(SystemExit) as info:
+        main(["size", *args] if group else list(args))
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+def test_cli_prints_the_latent_and_windowed_caches(capsys):
+    rc, out, err = _size(capsys, "deepseek-v3", "--seq-len", "1")
+    assert rc == 0, err
+    assert "70,272 B" in out and "latent 512 + rope key 64" in out
+    assert f"{total_params(get_arch('deepseek-v3')):,}" in out
+    rc, out, err = _size(capsys, "mistral-7b", "--seq-len", "32768")
+    assert rc == 0, err
+    assert f"{4096 * 2 * 8 * 128 * 32 * 2:,} B" in out  # capped at the window
+    assert "sliding window 4096 on every layer" in out
+    for kind in ("MHA", "GQA", "MQA", "MLA", "sliding window"):
+        assert f"│ {kind}" in out
+
+
+def test_cli_reads_a_latent_config(capsys, tmp_path):
+    config, _ = _cases()["deepseek_v3"]
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json_string())
+    rc, out, err = _size(capsys, "--config", str(path), "--seq-len", "10", "--dtype", "fp32")
+    assert rc == 0, err
+    assert f"{(10 + 4) * 4 * 4 * 10:,} B" in out  # (R + Dr) · layers · 4 bytes · 10 positions
