@@ -1,6 +1,7 @@
 """Tensor-parallel attention (DTensor, whole heads per rank) on a gloo world of 2 and 4 ranks,
 against the same module in one process: outputs, input and parameter gradients, per-rank attention
-weights and KV-cache decoding; MHA, GQA, RoPE, ALiBi, cross-attention, per-head masks.
+weights and KV-cache decoding; MHA, GQA, RoPE, ALiBi, cross-attention, per-head masks, learned sinks
+(sharded with the heads) with a sliding window and soft-capping.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CONFIGS = {
     "gqa-rope": dict(d_model=D, num_heads=8, num_kv_heads=4, head_dim=8, positional="rope"),
     "alibi": dict(d_model=D, num_heads=8, num_kv_heads=4, positional="alibi"),
     "nobias-cross": dict(d_model=D, num_heads=4, kdim=12, vdim=20, bias=False),
+    "gqa-sinks-window": dict(d_model=D, num_heads=8, num_kv_heads=4, sinks=True, sliding_window=3, softcap=4.0),
 }
 
 
@@ -40,11 +42,13 @@ def make_cases():
     for dtype in (torch.float64, torch.float32):
         for cname, cfg in CONFIGS.items():
             for causal in (False, True):
-                if cname == "nobias-cross" and causal:
+                if (cname == "nobias-cross" and causal) or (cname == "gqa-sinks-window" and not causal):
                     continue
                 seed += 1
                 torch.manual_seed(seed)
                 m = build(cfg, dtype)
+                if m.sinks is not None:
+                    torch.nn.init.normal_(m.sinks)  # not the zeros they start at
                 case = {
                     "config": cfg,
                     "dtype": dtype,
@@ -149,4 +153,5 @@ def test_every_rank_raises_on_bad_input(world):
         assert e["modules_differ"][0] == "ValueError" and "differ across ranks" in e["modules_differ"][1]
         assert "average_weights=False" in e["averaged_weights"][1]
         assert "already parallelized" in e["twice"][1]
+        assert e["qk_norm"][0] == "ValueError" and "module.qk_norm: expected None" in e["qk_norm"][1]
         assert r["results"]["after_errors"] == (1, 3, 16)

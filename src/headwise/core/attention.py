@@ -230,6 +230,11 @@ class MultiHeadAttention(nn.Module):
             return self.Wo(x)
         return fastpath.apply(self.Wo, x)
 
+    def _local_sinks(self) -> Tensor | None:
+        """``sinks (H,)`` of the heads this module computes (a DTensor shard under tensor parallelism)."""
+        sinks = self.sinks
+        return sinks.to_local() if sinks is not None and hasattr(sinks, "to_local") else sinks
+
     # -- forward -----------------------------------------------------------------------------------
     def forward(
         self,
@@ -332,7 +337,7 @@ class MultiHeadAttention(nn.Module):
             window=window,
             scale=self.scale,
             softcap=self.softcap,
-            sinks=self.sinks,
+            sinks=self._local_sinks(),
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             average_heads=average_weights,

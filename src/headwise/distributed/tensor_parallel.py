@@ -37,6 +37,12 @@ def _check_module(module: nn.Module, tp: int) -> None:
         )
     if hasattr(module.Wq.weight, "device_mesh"):
         raise ValueError("module: already parallelized (its weights are DTensors)")
+    if getattr(module, "qk_norm", None) is not None:
+        raise ValueError(
+            f"module.qk_norm: expected None under tensor parallelism, got {module.qk_norm!r} (the norm's weights "
+            "would be replicated across ranks without their gradients being reduced; 'full' would also need "
+            "statistics over every rank's heads)"
+        )
     for name, count in (("num_heads", module.num_heads), ("num_kv_heads", module.num_kv_heads)):
         if count % tp:
             raise ValueError(
@@ -55,7 +61,8 @@ def parallelize_attention(module: nn.Module, tp_mesh, *, src_data_rank: int | No
     the full ``(B, L, D)`` output (one all-reduce inside ``Wo``); the weights are DTensors
     (``Wq.weight`` is ``Shard(0)``, ``Wo.weight`` ``Shard(1)``, ``Wo.bias`` replicated). Rotary embedding
     is the same for every head and needs nothing; an :class:`headwise.ALiBi` part keeps the ids (and so
-    the slopes) of this rank's heads only. A :class:`headwise.KVCache` is per rank:
+    the slopes) of this rank's heads only; learned ``sinks`` become a ``Shard(0)`` DTensor, so each rank
+    keeps its heads' sink logits. QK-norm is refused. A :class:`headwise.KVCache` is per rank:
     ``KVCache.for_module(module, …)`` sizes it for the local Hkv / P heads.
 
     Per forward call, a ``(B, H, L, S)`` ``attn_mask`` is cut to this rank's heads; ``need_weights=True``
@@ -72,7 +79,7 @@ def parallelize_attention(module: nn.Module, tp_mesh, *, src_data_rank: int | No
     Raises:
         RuntimeError: no initialised process group.
         TypeError: ``module`` is not a headwise attention module, or ``tp_mesh`` is not a DeviceMesh.
-        ValueError: ``num_heads`` or ``num_kv_heads`` not divisible by P, a mesh that is not 1-D, a
+        ValueError: ``num_heads`` or ``num_kv_heads`` not divisible by P, QK-norm, a mesh that is not 1-D, a
             module already parallelized, or modules whose sizes differ between ranks — raised on every
             rank (the sizes are all-gathered first).
     """
@@ -107,6 +114,12 @@ def parallelize_attention(module: nn.Module, tp_mesh, *, src_data_rank: int | No
         {"Wq": ColwiseParallel(), "Wk": ColwiseParallel(), "Wv": ColwiseParallel(), "Wo": RowwiseParallel()},
         src_data_rank=src_data_rank,
     )
+    if getattr(module, "sinks", None) is not None:  # one sink logit per head: each rank keeps its heads'
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        module.sinks = nn.Parameter(
+            distribute_tensor(module.sinks.detach(), tp_mesh, [Shard(0)], src_data_rank=src_data_rank)
+        )
     positional = getattr(module, "positional", None)
     if positional is not None and isinstance(getattr(positional, "head_ids", None), Tensor):
         positional.head_ids = positional.head_ids[_head_range(module.num_heads, rank, tp)].clone()  # ALiBi

@@ -93,6 +93,7 @@ def main(workdir: Path):
     x = torch.randn(1, 3, 16)
     errors["averaged_weights"] = capture(lambda: m(x, need_weights=True))
     errors["twice"] = capture(lambda: parallelize_attention(m, mesh))
+    errors["qk_norm"] = capture(lambda: parallelize_attention(MultiHeadAttention(16, 4, qk_norm="head"), mesh))
     results["after_errors"] = tuple(plain(m(x)[0]).shape)  # still in step
 
     record = {"rank": rank, "world": world, "results": results, "errors": errors}
