@@ -31,7 +31,7 @@ _LAZY = {
     "SinusoidalPositionalEncoding": "headwise.positional",
     "sinusoidal_table": "headwise.positional",
 }
-_SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "viz", "sizing"}
+_SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "viz", "sizing", "lab"}
 # The core's maths modules, also reachable as ``headwise.functional`` and ``headwise.masks``.
 _CORE_MODULES = {"functional": "headwise.core.functional", "masks": "headwise.core.masks"}
 

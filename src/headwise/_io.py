@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "write_text_atomic", "TEMP_PREFIX", "TEMP_SUFFIX"]
+__all__ = ["atomic_write", "atomic_folder", "write_text_atomic", "TEMP_PREFIX", "TEMP_SUFFIX"]
 
 #: Temporary names are ``TEMP_PREFIX + name + "." + 12 hex digits + TEMP_SUFFIX``.
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
@@ -60,3 +60,40 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     with atomic_write(path, "w") as fh:
         fh.write(text)
     return Path(path)
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Fill a folder that appears at ``path`` whole or not at all.
+
+    Yields a fresh temporary folder beside ``path`` (``.<name>.<random>.tmp``); write the files into it
+    (with :func:`atomic_write`). When the block succeeds the folder is renamed to ``path``; if ``path``
+    already is a folder, it is first renamed aside (``.<name>.<random>.old``) and removed once the new
+    one is in place — so at every moment ``path`` is the old folder, the complete new one, or (between
+    the two renames) absent with the old one kept aside. If anything goes wrong before the rename
+    (an error, Ctrl-C), the temporary folder is removed and ``path`` is untouched.
+
+    Raises:
+        NotADirectoryError: ``path`` exists and is not a folder.
+        OSError: the parent folder is missing or not writable.
+    """
+    import shutil
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path}: exists and is not a folder")
+    tag = uuid.uuid4().hex[:12]
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{tag}{TEMP_SUFFIX}")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.is_dir() and any(path.iterdir()):
+            old = path.with_name(f"{TEMP_PREFIX}{path.name}.{tag}.old")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)  # onto nothing, or onto an empty folder (POSIX rename)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

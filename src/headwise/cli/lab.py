@@ -1,0 +1,301 @@
+"""``headwise lab``: train small transformers on the CPU and watch their heads.
+
+- ``headwise lab induction --out DIR [--seed N]``: a 2-layer attention-only model learns in-context
+  copying; writes the checkpoint (``model.safetensors`` + ``config.json``), ``summary.json`` and
+  ``training.png``. Exit status 1 when the held-out loss on the second copy misses the target.
+- ``headwise lab heads-vs-one --out DIR``: 1, 2, 4, 8 heads at equal width and parameters, several seeds,
+  two tasks; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
+- ``headwise lab prune --model DIR``: Michel et al.'s head importance, loss against heads removed (by
+  importance and at random); writes ``pruning.csv`` and ``pruning.png``.
+
+Every output folder appears whole or not at all (written beside it, then renamed): Ctrl-C leaves nothing
+half-written. The progress bars live here; the lab reports through callbacks.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headwise.cli._app import CLIError, app
+
+lab_app = typer.Typer(
+    name="lab",
+    help="Train small transformers on the CPU: induction heads, one head against many, pruning.",
+    no_args_is_help=True,
+)
+app.add_typer(lab_app, name="lab")
+
+_THREADS_HELP = "torch threads while training (one is fastest on a busy 2-core machine)."
+
+
+def _positive(option: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise CLIError(f"{option}: expected a positive integer, got {value}")
+
+
+def _out_folder(out: Path, option: str = "--out") -> Path:
+    """Check that ``out`` can become the output folder (its parent is created)."""
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"{option}: '{out}' exists and is not a folder")
+    try:
+        out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"{option}: cannot create the folder '{out.parent}': {e.strerror or e}") from None
+    return out
+
+
+class _Bar:
+    """A rich progress bar on stderr: ``step`` is the trainer's callback (loss, tokens/s); ``advance`` counts runs."""
+
+    def __init__(self, description: str, total: int, *, unit: str = "steps"):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(unit + "  {task.fields[loss]}  {task.fields[speed]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total, loss="", speed="")
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def step(self, p) -> None:
+        speed = f"{p.tokens_per_s / 1000:.1f}k tok/s"
+        self.progress.update(self.task, advance=1, loss=f"loss {p.loss:.3f}", speed=speed)
+
+    def advance(self, note: str) -> None:
+        self.progress.update(self.task, advance=1, loss=note)
+
+
+def _json(data) -> str:
+    return json.dumps(data, indent=2, default=lambda o: list(o) if isinstance(o, tuple) else str(o)) + "\n"
+
+
+@lab_app.command("induction")
+def induction(
+    out: Annotated[Path, typer.Option("--out", help="Folder for the checkpoint, summary.json and training.png.")],
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the initialisation, the data and the probes.")] = 0,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default: the measured set-up).")] = None,
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+) -> None:
+    """Grow induction heads in a 2-layer attention-only model (a few minutes on 2 cores).
+
+    Judged on held-out random sequences in which a segment of 8-24 tokens appears twice at random
+    places: the loss on the second copy must be at most 0.3 · ln V (exit status 1 otherwise).
+    """
+    _positive("--steps", steps)
+    _positive("--threads", threads)
+    if seed < 0:
+        raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
+    out = _out_folder(out)
+
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.checkpoint import write_checkpoint_files
+    from headwise.lab.induction import InductionSetup, run_induction
+    from headwise.viz.lab import plot_training
+
+    setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
+    with _Bar(f"induction, seed {seed}", setup.steps) as bar:
+        run = run_induction(setup, seed=seed, callback=bar.step, num_threads=threads)
+    s = run.summary
+    with atomic_folder(out) as tmp:
+        write_checkpoint_files(
+            run.model,
+            tmp,
+            training={"experiment": "induction", "seed": seed, "steps": setup.steps, "passed": s["passed"]},
+        )
+        write_text_atomic(tmp / "summary.json", _json(s))
+        plot_training(
+            run.history, tmp / "training.png", ln_v=s["ln_v"], bound=s["bound"], title=f"Induction, seed {seed}"
+        )
+    final = s["final"]
+    typer.echo(
+        f"wrote {out}/ (model.safetensors, config.json, summary.json, training.png) in {s['seconds']:.0f} s "
+        f"({s['tokens_per_s'] / 1000:.1f}k tokens/s)"
+    )
+    typer.echo(
+        f"held-out loss on the second copy (tokens 2…n): {final['loss_repeated']:.3f} nats "
+        f"= {final['repeated_over_ln_v']:.3f} · ln V "
+        f"(target ≤ {s['bound']} · ln V = {s['bound_nats']:.3f}): {'pass' if s['passed'] else 'FAIL'}; "
+        f"whole copy with its unpredictable first token {final['loss_whole_copy']:.3f}; "
+        f"unrepeated tokens {final['loss_unrepeated']:.3f} (ln V = {s['ln_v']:.3f})"
+    )
+    typer.echo(
+        f"previous-token heads: {', '.join(s['previous_token_heads']) or 'none'}; "
+        f"induction heads: {', '.join(s['induction_heads']) or 'none'} (score ≥ {s['head_threshold']}); "
+        f"phase change by step {s['phase_change_step']}"
+    )
+    if not s["passed"]:
+        raise typer.Exit(1)
+
+
+def _csv(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+@lab_app.command("heads-vs-one")
+def heads_vs_one(
+    out: Annotated[Path, typer.Option("--out", help="Folder for heads_vs_one.json, .csv and .png.")],
+    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per (task, head count).")] = 5,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run (default 1500).")] = None,
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated: difference, sum, previous.")
+    ] = "difference,sum",
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+    workers: Annotated[int, typer.Option("--workers", help="Runs trained at once, one process each.")] = 2,
+) -> None:
+    """Compare 1, 2, 4 and 8 heads at equal width and parameter count (about 10 minutes on 2 cores)."""
+    from headwise.lab.heads_vs_one import HeadsSetup, run_heads_vs_one
+    from headwise.lab.tasks import RELATIONS
+
+    _positive("--seeds", seeds)
+    _positive("--steps", steps)
+    _positive("--threads", threads)
+    _positive("--workers", workers)
+    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    unknown = [t for t in names if t not in RELATIONS]
+    if not names or unknown:
+        raise CLIError(f"--tasks: expected some of {', '.join(RELATIONS)}, got {tasks!r}")
+    out = _out_folder(out)
+
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.viz.lab import plot_heads_vs_one
+
+    setup = HeadsSetup(tasks=names, seeds=seeds, **({} if steps is None else {"steps": steps}))
+    total = len(setup.tasks) * len(setup.heads) * setup.seeds
+    with _Bar(f"heads vs one, {total} runs of {setup.steps} steps", total, unit="runs") as bar:
+
+        def on_run(run, done, total_runs):
+            bar.advance(f"last: {run['task']} H={run['heads']} seed {run['seed']} acc {run['accuracy']:.2f}")
+
+        result = run_heads_vs_one(setup, on_run=on_run, num_threads=threads, workers=workers)
+    table = result["table"]
+    with atomic_folder(out) as tmp:
+        write_text_atomic(tmp / "heads_vs_one.json", _json(result))
+        write_text_atomic(
+            tmp / "heads_vs_one.csv",
+            _csv(result["runs"], ["task", "heads", "seed", "accuracy", "loss", "parameters", "seconds"]),
+        )
+        plot_heads_vs_one(
+            {t: {int(h): s["accuracies"] for h, s in by.items()} for t, by in table.items()},
+            tmp / "heads_vs_one.png",
+            title=f"One head against many: D={setup.d_model}, {result['parameters']:,} parameters, "
+            f"{setup.steps} steps, {setup.seeds} seeds",
+        )
+    typer.echo(f"wrote {out}/ (heads_vs_one.json, .csv, .png) in {result['seconds']:.0f} s of training")
+    for task, by in table.items():
+        cells = "  ".join(
+            f"H={h}: {s['accuracy']['mean']:.2f}±{s['accuracy']['std']:.2f} ({s['solved']}/{s['seeds']} solved)"
+            for h, s in by.items()
+        )
+        typer.echo(f"{task}: {cells}")
+        typer.echo(f"  verdict: {result['verdict'][task]}")
+
+
+@lab_app.command("prune")
+def prune(
+    model: Annotated[Path, typer.Option("--model", help="A lab checkpoint folder (from 'headwise lab induction').")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for pruning.csv and pruning.png (default: MODEL/pruning).")
+    ] = None,
+    sequences: Annotated[
+        int, typer.Option("--sequences", help="Held-out sequences for importance and for the loss.")
+    ] = 256,
+    random_orders: Annotated[int, typer.Option("--random-orders", help="Random removal orders to compare with.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the probe sequences and the random orders.")] = 0,
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+) -> None:
+    """Michel et al.'s head importance on a lab model, and the loss as heads are removed.
+
+    The loss is the next-token loss on the second copy (tokens 2-n) of held-out induction sequences
+    (random tokens with one segment of 8-24 tokens repeated); importance is estimated on other
+    sequences of the same kind.
+    """
+    _positive("--sequences", sequences)
+    _positive("--random-orders", random_orders)
+    _positive("--threads", threads)
+    if seed < 0:
+        raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
+    from headwise.lab.checkpoint import load
+
+    lm = load(model)  # FileNotFoundError / ValueError -> one line, exit 2
+    out = _out_folder(model / "pruning" if out is None else out)
+
+    import numpy as np
+
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.prune import pruning_curves
+    from headwise.lab.tasks import induction_probe
+    from headwise.lab.trainer import threads as torch_threads
+    from headwise.viz.lab import plot_pruning
+
+    def batches(stream: int):
+        ids, copy, first = induction_probe(
+            np.random.default_rng([seed, 1000 + stream]), sequences, length=lm.context_length, vocab_size=lm.vocab_size
+        )
+        targets = ids.roll(-1, dims=1)  # position t predicts token t + 1
+        scored = copy.roll(-1, dims=1)  # … scored where token t + 1 is in the second copy (tokens 2…n)
+        scored[:, -1] = False
+        return [(ids[i : i + 64], targets[i : i + 64], scored[i : i + 64]) for i in range(0, sequences, 64)]
+
+    with torch_threads(threads):
+        curves = pruning_curves(lm, batches(0), batches(1), random_orders=random_orders, seed=seed)
+    n_heads = len(curves.order)
+    rows = []
+    for k in range(n_heads + 1):
+        row = {
+            "heads_removed": k,
+            "removed_last": "" if k == 0 else "L{}H{}".format(*curves.order[k - 1]),
+            "loss_by_importance": f"{curves.by_importance[k]:.6f}",
+            "loss_random_mean": f"{curves.random_mean[k]:.6f}",
+        }
+        for r, curve in enumerate(curves.random):
+            row[f"loss_random_{r}"] = f"{curve[k]:.6f}"
+        rows.append(row)
+    columns = list(rows[0])
+    importance = {
+        f"L{n}H{h}": curves.importance[n][h]
+        for n in range(len(curves.importance))
+        for h in range(len(curves.importance[0]))
+    }
+    with atomic_folder(out) as tmp:
+        write_text_atomic(tmp / "pruning.csv", _csv(rows, columns))
+        write_text_atomic(
+            tmp / "importance.json", _json({"importance": importance, "order": [f"L{n}H{h}" for n, h in curves.order]})
+        )
+        plot_pruning(
+            {
+                "by importance (least first)": curves.by_importance,
+                f"random (mean of {random_orders})": curves.random_mean,
+            },
+            tmp / "pruning.png",
+            title=f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(lm.vocab_size):.2f})",
+        )
+    ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(importance.items(), key=lambda kv: -kv[1]))
+    typer.echo(f"wrote {out}/ (pruning.csv, pruning.png, importance.json)")
+    typer.echo(f"importance (normalised per layer): {ranked}")
+    typer.echo(
+        f"loss with all heads {curves.by_importance[0]:.3f}; after removing half ({n_heads // 2}): by importance "
+        f"{curves.by_importance[n_heads // 2]:.3f}, at random {curves.random_mean[n_heads // 2]:.3f}"
+    )
