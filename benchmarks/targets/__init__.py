@@ -1,0 +1,22 @@
+"""The benchmark targets, one concern each, in the order the report shows them.
+
+Each is a :class:`targets.base.Target`: it measures itself (``measure(mode) -> Result``) and renders its
+own section of ``docs/performance.md`` (``render(result)``, ``notes(result, results)``).
+"""
+
+from targets.base import Mode, Target
+from targets.bf16 import BF16
+from targets.blocked import Blocked
+from targets.decode import Decode
+from targets.forward import Forward
+from targets.gpu import GPU
+from targets.long import Long
+from targets.train import Train
+from targets.weights import Weights
+
+ALL: dict[str, Target] = {
+    t.name: t for t in (Forward(), Long(), BF16(), Decode(), Weights(), Train(), Blocked(), GPU())
+}
+CPU = [name for name in ALL if name != "gpu"]  # what run.py measures; the GPU target runs from benchmarks/gpu.py
+
+__all__ = ["ALL", "CPU", "Mode", "Target"]
