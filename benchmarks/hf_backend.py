@@ -9,6 +9,10 @@ no grad), one forward pass over a batch of token ids (default: batch 4, L 512), 
 - with every layer's per-head weights: ``eager`` with ``output_attentions=True``, ``headwise`` with
   ``output_attentions=True``, and ``headwise.hf.capture`` on the model loaded with ``sdpa``.
 
+Then the attention call alone, as a layer makes it: ``q, k, v (B, H, L, Dh)`` and the mask the model's
+mask function builds for that batch, through transformers' ``sdpa_attention_forward``, Llama's
+``eager_attention_forward`` (its additive mask) and headwise's ``attention_forward`` (with and without weights).
+
 Timing: every contender of one batch runs in the same process on the same inputs, alternating round after
 round (the order rotating); a contender's time is the median of its per-round times (each the median of
 ``torch.utils.benchmark.Timer`` runs lasting about ``--target`` seconds), and a ratio is the median of the
@@ -21,6 +25,7 @@ the numbers). Self-contained: it needs only headwise, torch and transformers.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -58,7 +63,9 @@ def build_models(layers: int, width: int, heads: int, vocab: int, seed: int = 0)
     models = {}
     for implementation in PLAIN:
         torch.manual_seed(seed)
-        models[implementation] = LlamaForCausalLM._from_config(config, attn_implementation=implementation).eval()
+        own = copy.deepcopy(config)  # one config each: a config carries the implementation
+        models[implementation] = LlamaForCausalLM._from_config(own, attn_implementation=implementation).eval()
+    assert [m.config._attn_implementation for m in models.values()] == list(PLAIN)
     return models
 
 
@@ -88,6 +95,34 @@ def contenders(models: dict, inputs: dict) -> dict:
         "eager + output_attentions": lambda: models["eager"](**inputs, output_attentions=True),
         "headwise + output_attentions": lambda: models["headwise"](**inputs, output_attentions=True),
         "headwise.hf.capture": captured,
+    }
+
+
+def attention_calls(models: dict, inputs: dict, heads: int, seed: int = 2) -> dict:
+    """name -> zero-argument attention call of the first layer on random q, k, v, with this batch's masks."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    model = models["sdpa"]
+    B, L = inputs["input_ids"].shape
+    width = model.config.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, heads, L, width // heads, generator=g) for _ in range(3))  # (B, H, L, Dh)
+    embeds = torch.zeros(B, L, width)
+    mask = {}
+    for name in PLAIN:  # the mask each implementation's mask function builds for this batch
+        mask[name] = create_causal_mask(models[name].config, embeds, inputs["attention_mask"], None)
+    layer = model.model.layers[0].self_attn
+    scale = layer.scaling
+    attention = headwise.hf.attention_forward
+    return {
+        "sdpa": lambda: sdpa_attention_forward(layer, q, k, v, mask["sdpa"], scaling=scale),
+        "eager": lambda: eager_attention_forward(layer, q, k, v, mask["eager"], scaling=scale),
+        "headwise": lambda: attention(layer, q, k, v, mask["headwise"], scaling=scale),
+        "headwise + weights": lambda: attention(
+            layer, q, k, v, mask["headwise"], scaling=scale, output_attentions=True
+        ),
     }
 
 
@@ -144,13 +179,13 @@ def table(results: dict) -> str:
     for batch_name, rows in results["batches"].items():
         lines.append(f"\n{batch_name}")
         head = f"  {'contender':32s} {'ms':>9s} {'x sdpa':>8s} {'x eager':>8s}"
-        lines.append(f"{head} {'max |Δlogits|':>14s} {'max |Δw|':>9s}")
+        lines.append(f"{head} {'max |Δ| (eager)':>14s} {'max |Δw|':>9s}")
         for name, row in rows["timing"].items():
             acc = rows["agreement"][name]
             w = f"{acc['weights']:.1e}" if "weights" in acc else "—"
             lines.append(
-                f"  {name:32s} {row['ms']:9.1f} {row['x_sdpa']:8.2f} {row['x_eager']:8.2f} "
-                f"{acc['logits']:14.1e} {w:>9s}"
+                f"  {name:32s} {row['ms']:9.2f} {row['x_sdpa']:8.2f} {row['x_eager']:8.2f} "
+                f"{acc.get('logits', acc.get('out')):14.1e} {w:>9s}"
             )
     return "\n".join(lines)
 
@@ -190,6 +225,15 @@ def main(argv: list[str] | None = None) -> dict:
             timing = summarise(time_side_by_side(calls, args.rounds, args.target))
             name = "left padding" if padded else "no padding"
             results["batches"][name] = {"timing": timing, "agreement": agreement}
+            alone = attention_calls(models, inputs, args.heads)
+            real = inputs["attention_mask"].bool()[:, None, :, None]  # (B, 1, L, 1): real query rows
+            reference = alone["eager"]()[0]
+            agreement = {
+                n: {"out": (call()[0] - reference).masked_select(real.transpose(1, 2)).abs().max().item()}
+                for n, call in alone.items()
+            }
+            timing = summarise(time_side_by_side(alone, args.rounds, args.target))
+            results["batches"][f"{name}, attention call alone"] = {"timing": timing, "agreement": agreement}
     print(json.dumps(results["config"]), json.dumps(results["machine"]))
     print(table(results))
     if args.out is not None:

@@ -19,7 +19,17 @@ def test_the_benchmark_runs_and_checks_agreement(tmp_path):
     args = ["--layers", "1", "--width", "32", "--length", "12", "--batch", "2", "--rounds", "1", "--target", "0.01"]
     results = bench.main([*args, "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
-    for batch in results["batches"].values():
-        assert set(batch["timing"]) == set(bench.PLAIN) | set(bench.WEIGHTS)
-        assert all(row["logits"] <= 1e-4 for row in batch["agreement"].values())
-        assert all(batch["agreement"][name]["weights"] <= 1e-5 for name in bench.WEIGHTS)
+    assert list(results["batches"]) == [
+        "no padding",
+        "no padding, attention call alone",
+        "left padding",
+        "left padding, attention call alone",
+    ]
+    for name, batch in results["batches"].items():
+        if name.endswith("alone"):
+            assert set(batch["timing"]) == {*bench.PLAIN, "headwise + weights"}
+            assert all(row["out"] <= 1e-5 for row in batch["agreement"].values())
+        else:
+            assert set(batch["timing"]) == set(bench.PLAIN) | set(bench.WEIGHTS)
+            assert all(row["logits"] <= 1e-4 for row in batch["agreement"].values())
+            assert all(batch["agreement"][n]["weights"] <= 1e-5 for n in bench.WEIGHTS)
