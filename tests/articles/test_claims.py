@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headwise.articles import ARTICLES, ERRATUM, FAIL, PASS, all_claims, check, check_all
+from headwise.articles import ARTICLES, ERRATUM, FAIL, PASS, QUANTITIES, all_claims, check, check_all, claims_about
 from headwise.articles.claim import Above, Approx, Below, Claim, Count, Decimals, Holds, Shape, Text
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout
@@ -17,7 +17,7 @@ SEEDS = next(
     _ROOT.parent / "shared" / "seeds",
 )  # shared/seeds inside the checkout, or ../shared/seeds next to it
 
-#: the claims the issue names, by key
+#: the claims that must always be checked, by key
 REQUIRED = {
     "p4.builtin.out",
     "p4.builtin.weights",
@@ -100,6 +100,45 @@ def test_llama_figures_from_the_formula(results):
     share = results["p4.llama2.share"].computed
     assert share == pytest.approx(32 * 4 * 4096**2 / results["p4.llama2.total"].computed)
     assert 0.31 < share < 0.33
+
+
+def test_size_claims_recompute_the_sizing_figure_of_their_model(results):
+    """A claim about a real model's size is the sizing arithmetic of that model, nothing else."""
+    from headwise.sizing import attention_params, get_arch, total_params
+
+    sized = [c for c in all_claims() if c.model is not None]
+    assert {c.key for c in sized} >= {"p4.gpt2.total", "p4.gpt3.total", "p4.llama3.attention"} | {
+        f"p4.llama2.{q}" for q in ("attention", "total", "share")
+    }
+    for claim in sized:
+        arch = get_arch(claim.model)
+        attention, total = attention_params(arch).total, total_params(arch)
+        figure = {"attention": attention, "total": total, "attention_share": attention / total}[claim.quantity]
+        assert results[claim.key].computed == figure, claim.key
+        assert claim.quantity in QUANTITIES
+
+
+def test_claims_about_a_model_and_what_agrees():
+    """``headwise size`` reads these: Llama-2-7B's 2.1B attention agrees, its 8B total and 26% do not;
+    Llama-3-8B's ~1.5B does not (1,342,177,280 computed); GPT-3's 175B agrees; any alias finds them."""
+
+    def agreeing(name):
+        return {c.quantity: c.rule.agrees(c.expected, check(c).computed) for c in claims_about(name)}
+
+    assert agreeing("Llama-2-7B") == {"attention": True, "total": False, "attention_share": False}
+    assert agreeing("meta-llama/Llama-2-7b-hf") == agreeing("llama2-7b") == agreeing("Llama-2-7B")
+    (llama3,) = claims_about("llama-3-8b")
+    assert check(llama3).computed == 1_342_177_280 and llama3.expected == pytest.approx(1.5e9)
+    assert agreeing("llama-3-8b") == {"attention": False}
+    assert agreeing("GPT-3 175B") == {"total": True}
+    assert claims_about("Mistral-7B") == [] and claims_about("no such model") == []
+
+
+def test_a_size_claim_names_model_and_quantity_together():
+    with pytest.raises(ValueError, match="model and quantity together"):
+        Claim("k", "part4", "s", "w", "1", lambda: 1, Count(), model="gpt2")
+    with pytest.raises(ValueError, match=r"quantity: expected one of \('attention'"):
+        Claim("k", "part4", "s", "w", "1", lambda: 1, Count(), model="gpt2", quantity="flops")
 
 
 def test_equivariance_is_round_off_without_positions_only(results):

@@ -5,7 +5,6 @@ import pytest
 from headwise.sizing import (
     as_mha,
     attention_params,
-    check_article,
     dtype_bytes,
     get_arch,
     kv_cache_bytes,
@@ -89,14 +88,6 @@ def test_seeds_errata_figures():
     arch = get_arch("Llama-2-7B")
     share = attention_params(arch).total / total_params(arch)
     assert share == pytest.approx(0.3187, abs=5e-4)  # ~32%, not the article's 26%
-    checks = {c.quantity: c for c in check_article(arch)}
-    assert checks["attention"].agrees  # "about 2.1B" is right
-    assert not checks["total"].agrees and not checks["attention_share"].agrees
-    (check,) = check_article(get_arch("Llama-3-8B"))
-    assert check.quantity == "attention" and not check.agrees
-    assert check.rel_error == pytest.approx(1.5e9 / 1_342_177_280 - 1)
-    (check,) = check_article(get_arch("GPT-3 175B"))
-    assert check.agrees
 
 
 def test_breakdown_by_hand_bert_base():

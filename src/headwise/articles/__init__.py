@@ -12,9 +12,21 @@ See :mod:`headwise.articles.claim` for the statuses (pass / erratum / FAIL) and 
 from __future__ import annotations
 
 from headwise.articles import part5, techbyte, under_the_hood
-from headwise.articles.claim import ERRATUM, FAIL, PASS, Claim, Result, check
+from headwise.articles.claim import ERRATUM, FAIL, PASS, QUANTITIES, Claim, Result, check
 
-__all__ = ["ARTICLES", "Claim", "Result", "PASS", "ERRATUM", "FAIL", "all_claims", "check", "check_all"]
+__all__ = [
+    "ARTICLES",
+    "Claim",
+    "Result",
+    "PASS",
+    "ERRATUM",
+    "FAIL",
+    "QUANTITIES",
+    "all_claims",
+    "check",
+    "check_all",
+    "claims_about",
+]
 
 #: article key -> (title, file name in ``shared/seeds/``)
 ARTICLES = {
@@ -38,3 +50,24 @@ def all_claims(article: str | None = None) -> list[Claim]:
 def check_all(claims: list[Claim] | None = None) -> list[Result]:
     """Check ``claims`` (default: :func:`all_claims`), in order."""
     return [check(c) for c in (all_claims() if claims is None else claims)]
+
+
+def claims_about(name: str) -> list[Claim]:
+    """The claims on the size of one real model (``headwise size`` shows them), in the articles' order.
+
+    Args:
+        name: any name or alias :func:`headwise.sizing.get_arch` knows.
+    Returns:
+        The claims whose :attr:`Claim.model` is that architecture (empty for a model the articles do not
+        size, or for a name no architecture has).
+    """
+    from headwise.sizing import get_arch, normalize_name
+
+    def canonical(n: str) -> str | None:
+        try:
+            return get_arch(n).name
+        except ValueError:
+            return None
+
+    wanted = canonical(name) or normalize_name(name)
+    return [c for c in all_claims() if c.model is not None and canonical(c.model) == wanted]

@@ -39,9 +39,13 @@ __all__ = [
     "PASS",
     "ERRATUM",
     "FAIL",
+    "QUANTITIES",
 ]
 
 PASS, ERRATUM, FAIL = "pass", "erratum", "FAIL"
+
+#: What a claim about a real model's size may claim (see :attr:`Claim.quantity`).
+QUANTITIES = ("attention", "total", "attention_share")
 
 _FLOAT = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 
@@ -258,6 +262,10 @@ class Claim:
         value: the part of ``printed`` that holds the figure (default: all of ``printed``).
         correct: for a known erratum, the correct figure (as text, read by ``rule``).
         note: why the claim is checked this way, or what the erratum is.
+        model: for a claim about a real model's size, the architecture (a name
+            :func:`headwise.sizing.get_arch` knows); ``headwise size`` shows the claim beside it.
+        quantity: what of that model is claimed: one of :data:`QUANTITIES` (``attention``: attention
+            parameters over all layers; ``total``: all parameters; ``attention_share``: their ratio).
     """
 
     key: str
@@ -270,6 +278,16 @@ class Claim:
     value: str | None = None
     correct: str | None = None
     note: str = ""
+    model: str | None = None
+    quantity: str | None = None
+
+    def __post_init__(self):
+        if (self.model is None) != (self.quantity is None):
+            raise ValueError(
+                f"claim {self.key}: expected model and quantity together, got {self.model!r}, {self.quantity!r}"
+            )
+        if self.quantity is not None and self.quantity not in QUANTITIES:
+            raise ValueError(f"claim {self.key}: quantity: expected one of {QUANTITIES}, got {self.quantity!r}")
 
     @property
     def figure(self) -> str:

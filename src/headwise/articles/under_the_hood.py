@@ -357,6 +357,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.gpt2.total",
+            model="gpt2",
+            quantity="total",
             section=_HEADS,
             what="GPT-2 parameters",
             printed=_GPT,
@@ -387,6 +389,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.gpt3.total",
+            model="gpt-3",
+            quantity="total",
             section=_HEADS,
             what="GPT-3 parameters",
             printed=_GPT,
@@ -396,6 +400,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.llama2.attention",
+            model="llama-2-7b",
+            quantity="attention",
             section=_REAL,
             what="Llama-2-7B attention parameters",
             printed=_LLAMA2,
@@ -406,6 +412,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.llama2.total",
+            model="llama-2-7b",
+            quantity="total",
             section=_REAL,
             what="Llama-2-7B parameters in all",
             printed=_LLAMA2,
@@ -417,6 +425,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.llama2.share",
+            model="llama-2-7b",
+            quantity="attention_share",
             section=_REAL,
             what="Llama-2-7B attention share",
             printed=_LLAMA2,
@@ -428,6 +438,8 @@ def claims() -> list[Claim]:
         ),
         c(
             key="p4.llama3.attention",
+            model="llama-3-8b",
+            quantity="attention",
             section=_REAL,
             what="Llama-3-8B attention parameters (GQA, 8 KV heads)",
             printed=_LLAMA3,

@@ -63,7 +63,7 @@ def size(
     arch = sizing.from_hf_config(config) if config is not None else sizing.get_arch(name)
     seq = arch.max_positions if seq_len is None else seq_len
     sizing.kv_cache_bytes(arch, seq, 1 if batch is None else batch, dtype)  # checks seq_len and batch
-    _print_one(console, sizing, arch, seq, 1 if batch is None else batch, dtype)
+    _print_one(console, sizing, arch, seq, 1 if batch is None else batch, dtype, from_registry=config is None)
 
 
 def _kinds(arch) -> list[str]:
@@ -87,47 +87,52 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _compact(quantity: str, value: float) -> str:
-    """A claimed figure as an article would write it: 2.1B, 8B, 117M, 26%."""
-    from headwise.sizing.units import format_count
-
-    if quantity == "attention_share":
-        return f"{100 * value:.3g}%"
-    text = format_count(value, 3)
-    number, suffix = text[:-1], text[-1]
-    return f"{float(number):g}{suffix}"
-
-
 def _article_note(sizing, arch) -> tuple[str, str]:
-    """(short note, full sentence) on what the article says about ``arch``; empty when nothing."""
+    """(short note, full sentence) on what the source articles say about ``arch``'s size; empty when nothing.
+
+    The claims are those of :mod:`headwise.articles` (``headwise verify`` checks the same ones): a
+    claimed figure agrees when the claim's rule says so (``Approx``: within its tolerance).
+    """
+    from headwise.articles import ARTICLES, check, claims_about
     from headwise.sizing.units import format_count
 
-    checks = sizing.check_article(arch)
-    if not checks:
+    claims = claims_about(arch.name)
+    if not claims:
         return "", ""
-    claimed = {c.quantity: _compact(c.quantity, c.claimed) for c in checks}
-    if "attention" in claimed and "total" in claimed:
-        short = f"{claimed['attention']} of {claimed['total']}"
-    elif "attention" in claimed:
-        short = f"{claimed['attention']} attention"
-    elif "total" in claimed:
-        short = f"{claimed['total']} total"
+    figures = {c.quantity: c.figure.strip().lstrip("~") for c in claims}
+    if "attention" in figures and "total" in figures:
+        short = f"{figures['attention']} of {figures['total']}"
+    elif "attention" in figures:
+        short = f"{figures['attention']} attention"
+    elif "total" in figures:
+        short = f"{figures['total']} total"
     else:
         short = ""
-    if "attention_share" in claimed:
-        short = f"{short}, {claimed['attention_share']}" if short else claimed["attention_share"]
-    verdict = "agrees" if all(c.agrees for c in checks) else "OFF"
+    if "attention_share" in figures:
+        short = f"{short}, {figures['attention_share']}" if short else figures["attention_share"]
     label = {"attention": "attention", "total": "total", "attention_share": "share"}
-    parts = []
-    for c in checks:
-        computed = _pct(c.computed) if c.quantity == "attention_share" else format_count(c.computed)
-        state = "agrees" if c.agrees else "off"
-        parts.append(f"{label[c.quantity]} {computed} (article {claimed[c.quantity]}: {state})")
-    full = f'the article ({arch.article.where}) says "{arch.article.text}"; computed: {"; ".join(parts)}'
-    if arch.article.comment and verdict == "OFF":
-        full += f" — {arch.article.comment}"
-    full += "."
-    return f"article: {short} — {verdict}", full
+    parts, notes, all_agree = [], [], True
+    for claim in claims:
+        result = check(claim)
+        agrees = result.computed is not None and claim.rule.agrees(claim.expected, result.computed)
+        all_agree &= agrees
+        if result.computed is None:
+            computed = result.shown
+        elif claim.quantity == "attention_share":
+            computed = _pct(result.computed)
+        else:
+            computed = format_count(result.computed)
+        state = "agrees" if agrees else "off"
+        parts.append(f"{label[claim.quantity]} {computed} (article {figures[claim.quantity]}: {state})")
+        if not agrees and claim.note and claim.note not in notes:
+            notes.append(claim.note)
+    printed = list(dict.fromkeys(c.printed for c in claims))
+    where = "; ".join(dict.fromkeys(f"{ARTICLES[c.article][1]}, {c.section}" for c in claims))
+    full = f'the article ({where}) says "{" ".join(printed)}"; computed: {"; ".join(parts)}'
+    if notes:
+        full += " — " + " ".join(notes)
+    full += "" if full.endswith(".") else "."
+    return f"article: {short} — {'agrees' if all_agree else 'OFF'}", full
 
 
 def _print_all(console, sizing) -> None:
@@ -180,7 +185,7 @@ def _print_all(console, sizing) -> None:
         console.print(note, highlight=False)
 
 
-def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> None:
+def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, from_registry: bool) -> None:
     from rich.table import Table
 
     from headwise.sizing.units import format_bytes, format_count
@@ -314,6 +319,6 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> N
         )
     if arch.notes:
         console.print(f"note: {arch.notes}", highlight=False)
-    _, full = _article_note(sizing, arch)
+    _, full = _article_note(sizing, arch) if from_registry else ("", "")
     if full:
         console.print(f"note: {full}", highlight=False)

@@ -14,16 +14,14 @@ numbers); every count is computed from the shape, never stored::
 
 from __future__ import annotations
 
-from headwise.sizing.arch import Architecture, ArticleClaim
+from headwise.sizing.arch import Architecture
 from headwise.sizing.count import (
     DTYPE_BYTES,
     AttentionParams,
-    ClaimCheck,
     KVVariant,
     ParamBreakdown,
     as_mha,
     attention_params,
-    check_article,
     dtype_bytes,
     kv_cache_bytes,
     kv_cache_elements,
@@ -36,15 +34,12 @@ from headwise.sizing.registry import get_arch, list_archs, load_architectures, n
 
 __all__ = [
     "Architecture",
-    "ArticleClaim",
     "AttentionParams",
     "ParamBreakdown",
-    "ClaimCheck",
     "DTYPE_BYTES",
     "SUPPORTED_MODEL_TYPES",
     "as_mha",
     "attention_params",
-    "check_article",
     "dtype_bytes",
     "from_hf_config",
     "get_arch",

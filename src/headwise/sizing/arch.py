@@ -9,17 +9,16 @@ others publish is kept apart (``published_total``) to compare against.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-__all__ = ["Architecture", "ArticleClaim", "FFN_KINDS", "NORM_KINDS", "OUTPUT_HEADS", "MODEL_KINDS"]
+__all__ = ["Architecture", "FFN_KINDS", "NORM_KINDS", "OUTPUT_HEADS", "MODEL_KINDS"]
 
 FFN_KINDS = ("mlp", "gated")  # mlp: up + down (GELU); gated: gate + up + down (SwiGLU / GeGLU)
 NORM_KINDS = ("layernorm", "rmsnorm")  # layernorm: weight + bias; rmsnorm: weight only
 OUTPUT_HEADS = ("tied", "separate", "none")
 MODEL_KINDS = ("encoder", "decoder")
 QK_NORMS = ("", "head", "full")  # "": none; "head": RMSNorm over each head (Qwen3, Gemma 3); "full": over H·Dh (OLMo 2)
-CLAIM_QUANTITIES = ("attention", "total", "attention_share")
 
 
 def check_int(value: Any, key: str, where: str, *, minimum: int = 1) -> int:
@@ -55,26 +54,6 @@ def check_choice(value: Any, key: str, where: str, choices: tuple[str, ...]) -> 
     if value not in choices:
         raise ValueError(f"{where}: {key!r} must be one of {', '.join(choices)}; got {value!r}")
     return value
-
-
-@dataclass(frozen=True)
-class ArticleClaim:
-    """What a source article says about a model, to check against the computed figures.
-
-    Attributes:
-        text: the article's words, quoted.
-        where: file and section of the article.
-        claims: quantity -> claimed value; quantities are ``attention`` (attention parameters over
-            all layers), ``total`` (all parameters) and ``attention_share`` (a fraction, 0.26 = 26%).
-        tolerance: relative difference under which a claimed value counts as agreeing.
-        comment: why the article is off, where it is (no figures: those are computed).
-    """
-
-    text: str
-    where: str
-    claims: dict[str, float]
-    tolerance: float = 0.05
-    comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,7 +102,6 @@ class Architecture:
             (default F), each token using ``experts_per_token``; always-on shared experts (DeepSeek); the first
             ``dense_layers`` layers keep a dense FFN of width F (DeepSeek ``first_k_dense_replace``); biases on
             the experts and the router (GPT-OSS).
-        article: what the source article says about it, if anything.
 
     Raises:
         ValueError: a size is not a positive integer, ``num_kv_heads`` does not divide
@@ -173,7 +151,6 @@ class Architecture:
     moe_intermediate_size: int = 0
     dense_layers: int = 0
     expert_bias: bool = False
-    article: ArticleClaim | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         where = f"architecture {self.name!r}"
@@ -269,7 +246,7 @@ class Architecture:
         """Build one from an entry of ``headwise/data/architectures.json``.
 
         Args:
-            entry: the JSON object; ``published`` and ``article`` are optional sub-objects.
+            entry: the JSON object; ``published`` is an optional sub-object.
             where: how to name the entry in error messages.
 
         Returns:
@@ -286,7 +263,6 @@ class Architecture:
             raise ValueError(f"{where}: 'name' must be a non-empty string, got {name!r}")
         where = f"architecture {name!r}"
         published = data.pop("published", None) or {}
-        article = data.pop("article", None)
         required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [key for key in required if key not in data]
         if missing:
@@ -302,28 +278,4 @@ class Architecture:
             data["published_total"] = float(total)
             data["published_text"] = str(published.get("text", ""))
             data["published_source"] = str(published.get("source", ""))
-        if article is not None:
-            data["article"] = _claim_from_dict(article, where)
         return cls(**data)
-
-
-def _claim_from_dict(article: Any, where: str) -> ArticleClaim:
-    if not isinstance(article, dict):
-        raise ValueError(f"{where}: 'article' must be a JSON object, got {type(article).__name__}")
-    claims = article.get("claims")
-    if not isinstance(claims, dict) or not claims:
-        raise ValueError(f"{where}: 'article.claims' must be a non-empty object, got {claims!r}")
-    for quantity, value in claims.items():
-        check_choice(quantity, "article.claims", where, CLAIM_QUANTITIES)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{where}: 'article.claims.{quantity}' must be a positive number, got {value!r}")
-    tolerance = article.get("tolerance", 0.05)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
-        raise ValueError(f"{where}: 'article.tolerance' must be a number in (0, 1), got {tolerance!r}")
-    return ArticleClaim(
-        text=str(article.get("text", "")),
-        where=str(article.get("where", "")),
-        claims={k: float(v) for k, v in claims.items()},
-        tolerance=float(tolerance),
-        comment=str(article.get("comment", "")),
-    )

@@ -36,12 +36,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from headwise import checks
-from headwise.sizing.arch import Architecture, ArticleClaim
+from headwise.sizing.arch import Architecture
 
 __all__ = [
     "AttentionParams",
     "ParamBreakdown",
-    "ClaimCheck",
     "DTYPE_BYTES",
     "attention_params",
     "param_breakdown",
@@ -52,7 +51,6 @@ __all__ = [
     "KVVariant",
     "dtype_bytes",
     "as_mha",
-    "check_article",
 ]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
@@ -380,8 +378,8 @@ def as_mha(arch: Architecture) -> Architecture:
             Q, K, V, O of head width ``head_dim``; a sliding window is kept).
 
     Returns:
-        A copy with ``num_kv_heads = num_heads``, named ``"<name> (MHA)"``, without published
-        figures or article claims (they describe the real model).
+        A copy with ``num_kv_heads = num_heads``, named ``"<name> (MHA)"``, without the published
+        figures (they describe the real model).
     """
     return dataclasses.replace(
         arch,
@@ -394,46 +392,4 @@ def as_mha(arch: Architecture) -> Architecture:
         published_total=None,
         published_text="",
         published_source="",
-        article=None,
     )
-
-
-@dataclass(frozen=True)
-class ClaimCheck:
-    """One claimed figure of an article against the computed one.
-
-    Attributes:
-        quantity: ``"attention"``, ``"total"`` or ``"attention_share"``.
-        claimed: the article's value.
-        computed: the value computed from the architecture.
-        rel_error: ``claimed / computed - 1``.
-        agrees: ``|rel_error| <= tolerance`` of the claim.
-    """
-
-    quantity: str
-    claimed: float
-    computed: float
-    rel_error: float
-    agrees: bool
-
-
-def check_article(arch: Architecture, claim: ArticleClaim | None = None) -> list[ClaimCheck]:
-    """Compare what an article says about ``arch`` with the computed figures.
-
-    Args:
-        arch: the architecture.
-        claim: the claim to check; default ``arch.article``.
-
-    Returns:
-        One :class:`ClaimCheck` per claimed quantity (empty when there is no claim).
-    """
-    claim = arch.article if claim is None else claim
-    if claim is None:
-        return []
-    attention, total = attention_params(arch).total, total_params(arch)
-    computed = {"attention": attention, "total": total, "attention_share": attention / total}
-    checks = []
-    for quantity, claimed in claim.claims.items():
-        rel = claimed / computed[quantity] - 1.0
-        checks.append(ClaimCheck(quantity, claimed, computed[quantity], rel, abs(rel) <= claim.tolerance))
-    return checks
