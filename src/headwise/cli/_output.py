@@ -16,7 +16,7 @@ def prepare_output(path: Path, option: str) -> Path:
         CLIError: a folder given where a file is expected, an unsupported suffix, or a folder that
             cannot be created (the message names ``option``).
     """
-    from headwise.viz._files import FORMATS
+    from headwise.viz import FORMATS
 
     if path.suffix.lower().lstrip(".") not in FORMATS:
         raise CLIError(f"{option}: expected a file name ending in .png, .svg or .pdf, got '{path}'")

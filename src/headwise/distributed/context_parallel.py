@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from headwise import checks
 from headwise.core.attention import MultiHeadAttention
 from headwise.distributed._group import require_group
 from headwise.distributed.kernels import BlockKernel
-from headwise.distributed.ring import _check_layout, ring_attention, shard_positions
+from headwise.distributed.ring import LAYOUTS, ring_attention, shard_positions
 from headwise.positional.base import PositionalPart
 
 
@@ -54,7 +55,7 @@ class ContextParallelAttention(nn.Module):
         super().__init__()
         if not isinstance(attention, MultiHeadAttention):
             raise TypeError(f"attention: expected a headwise.MultiHeadAttention, got {type(attention).__name__}")
-        _check_layout(layout)
+        checks.one_of("layout", layout, LAYOUTS)
         part = attention.positional
         if part is not None and type(part).score_bias is not PositionalPart.score_bias:
             raise ValueError(

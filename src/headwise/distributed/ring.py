@@ -49,14 +49,9 @@ _ALL = slice(None)
 # layouts: pure functions of tensors
 
 
-def _check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-
-
 def _check_divides(length: int, world_size: int, layout: str, what: str) -> int:
     """The number of equal chunks the layout cuts a sequence into, after checking it divides ``length``."""
-    _check_layout(layout)
+    checks.one_of("layout", layout, LAYOUTS)
     checks.positive_int("world_size", world_size)
     chunks = world_size if layout == "contiguous" else 2 * world_size
     if length % chunks:
@@ -93,7 +88,7 @@ def shard_sequence(x: Tensor, *, rank: int, world_size: int, layout: str = "cont
 
 def unshard_sequence(shards: Sequence[Tensor], *, layout: str = "contiguous", dim: int = 2) -> Tensor:
     """The full sequence from every rank's shard (in rank order): the inverse of :func:`shard_sequence`."""
-    _check_layout(layout)
+    checks.one_of("layout", layout, LAYOUTS)
     if layout == "contiguous":
         return torch.cat(list(shards), dim=dim)
     p = len(shards)
@@ -315,7 +310,7 @@ def _render(row: list[int]) -> str:
 
 def _check_local(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: str) -> None:
     """The checks one rank can make alone (their verdict is shared before anyone raises)."""
-    _check_layout(layout)
+    checks.one_of("layout", layout, LAYOUTS)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")

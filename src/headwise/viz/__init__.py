@@ -6,5 +6,10 @@
 
 Every file is written atomically by :func:`headwise._io.atomic_write` (a temporary name in the same
 folder, then ``os.replace``).
-Import the submodules directly; this package imports nothing, so ``import headwise.viz`` stays cheap.
+Import the submodules directly; this package imports no matplotlib, so ``import headwise.viz`` stays
+cheap. It names :data:`FORMATS`, the picture formats it writes (by file suffix), for the command line.
 """
+
+from headwise.viz._files import FORMATS
+
+__all__ = ["FORMATS"]
