@@ -318,10 +318,6 @@ LLAMA_TYPES = {
     "vocab_size": 32000,
 }
 
-# Owners (notes/status.md) of the files whose fix an xfail row waits for.
-CORE = "functional.py / attention.py / masks.py: the lead's, helper-6 at work on them"
-POSITIONAL = "positional/: the lead's"
-
 LIBRARY = [
     # --- MultiHeadAttention: ranks, widths, heads, masks, dtypes
     raises(
