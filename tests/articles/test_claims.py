@@ -12,6 +12,7 @@ from headwise.articles import ARTICLES, ERRATUM, FAIL, PASS, QUANTITIES, all_cla
 from headwise.articles.claim import Above, Approx, Below, Claim, Count, Decimals, Holds, Shape, Text
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout
+EXCERPTS = Path(__file__).resolve().parent / "excerpts"  # the checked passages, quoted (see its README)
 SEEDS = next(
     (p for p in (_ROOT / "shared" / "seeds", _ROOT.parent / "shared" / "seeds") if p.is_dir()),
     _ROOT.parent / "shared" / "seeds",
@@ -76,13 +77,35 @@ def test_keys_unique_and_articles_known():
         all_claims("nope")
 
 
-@pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the source articles are not at {SEEDS}")
+def _passages(text: str) -> list[str]:
+    """The quoted passages of an excerpt file, whitespace squashed."""
+    return [_squash(p) for p in text.split("\n[…]\n")]
+
+
 def test_printed_text_is_verbatim_from_the_article():
+    """Every claim's words and section heading stand in the article's quoted passages (kept in the
+    repository, so this runs from a clone alone)."""
     for claim in all_claims():
-        article = _squash((SEEDS / ARTICLES[claim.article][1]).read_text(encoding="utf-8"))
-        assert _squash(claim.printed) in article, claim.key
+        passages = _passages((EXCERPTS / ARTICLES[claim.article][1]).read_text(encoding="utf-8"))
+        assert any(_squash(claim.printed) in p for p in passages), claim.key
         assert claim.value is None or claim.value in claim.printed, claim.key
-        assert _squash(claim.section) in article, claim.key
+        assert any(_squash(claim.section) in p for p in passages), claim.key
+
+
+def test_the_check_of_the_words_can_fail():
+    passages = _passages((EXCERPTS / ARTICLES["part4"][1]).read_text(encoding="utf-8"))
+    assert not any(_squash("Parameters   : 66,049") in p for p in passages)
+    assert any(_squash("Parameters   : 66,048") in p for p in passages)
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the full source articles are not at {SEEDS}")
+def test_quoted_passages_are_verbatim_from_the_full_articles():
+    for _, name in ARTICLES.values():
+        article = _squash((SEEDS / name).read_text(encoding="utf-8"))
+        passages = _passages((EXCERPTS / name).read_text(encoding="utf-8"))
+        positions = [article.find(p) for p in passages]
+        assert -1 not in positions, [p for p, i in zip(passages, positions) if i < 0]
+        assert positions == sorted(positions), name  # in the article's order
 
 
 def test_typo_erratum_gives_the_matrix_value(results):

@@ -28,8 +28,9 @@ CONSTRUCT = [
 
 @pytest.mark.parametrize("make, exc, pattern", CONSTRUCT)
 def test_bad_construction(make, exc, pattern):
-    with pytest.raises(exc, match=pattern):
+    with pytest.raises(exc, match=pattern) as e:
         make()
+    assert type(e.value) is exc
 
 
 m = MHA(16, 4)
@@ -83,5 +84,6 @@ CALLS = [
 
 @pytest.mark.parametrize("call, exc, pattern", CALLS)
 def test_bad_call(call, exc, pattern):
-    with pytest.raises(exc, match=pattern):
+    with pytest.raises(exc, match=pattern) as e:
         call()
+    assert type(e.value) is exc

@@ -28,8 +28,9 @@ def _edit_tensors(path, change):
 
 
 def test_missing_folder_and_files(folder, tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(FileNotFoundError, match=r"model: no such folder: .*nowhere") as e:
         M.load_bert(tmp_path / "nowhere")
+    assert type(e.value) is FileNotFoundError
     (folder / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         M.load_bert(folder)
@@ -48,19 +49,28 @@ def test_pickle_only_checkpoint_is_refused(folder):
         M.load_bert(folder)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_or_truncated_weights(folder, damage):
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("garbage", r"model\.safetensors"),
+        ("truncated", r"model\.safetensors: corrupt or truncated safetensors file"),
+        ("empty", r"model\.safetensors: not a safetensors file \(0 bytes"),
+    ],
+)
+def test_corrupt_or_truncated_weights(folder, damage, message):
     path = folder / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes({"garbage": b"\x13" * 4096, "truncated": data[: len(data) // 2], "empty": b""}[damage])
-    with pytest.raises(ValueError, match=r"model\.safetensors"):
+    with pytest.raises(ValueError, match=message) as e:
         M.load_bert(folder)
+    assert type(e.value) is ValueError
 
 
 def test_missing_tensor_is_named(folder):
     _edit_tensors(folder / "model.safetensors", lambda t: t.pop("encoder.layer.1.attention.self.key.weight"))
-    with pytest.raises(ValueError, match=r"missing tensor\(s\) 'encoder\.layer\.1\.attention\.self\.key\.weight'"):
+    with pytest.raises(ValueError, match=r"missing tensor\(s\) 'encoder\.layer\.1\.attention\.self\.key\.weight'") as e:
         M.load_bert(folder)
+    assert type(e.value) is ValueError
 
 
 def test_wrong_shape_is_named(folder):
@@ -70,8 +80,12 @@ def test_wrong_shape_is_named(folder):
         t["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(50, 32)
 
     _edit_tensors(folder / "model.safetensors", change)
-    with pytest.raises(ValueError, match=r"'encoder\.layer\.0\.intermediate\.dense\.weight' has shape \(50, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'encoder\.layer\.0\.intermediate\.dense\.weight' has shape \(50, 32\), expected \(48, 32\)",
+    ) as e:
         M.load_bert(folder)
+    assert type(e.value) is ValueError
 
 
 def _edit_config(folder, **changes):
@@ -83,8 +97,11 @@ def _edit_config(folder, **changes):
 
 def test_hidden_size_not_divisible_by_heads(folder):
     _edit_config(folder, num_attention_heads=5)
-    with pytest.raises(ValueError, match=r"config\.json.*hidden_size: expected a multiple of num_attention_heads=5"):
+    with pytest.raises(
+        ValueError, match=r"config\.json: .*hidden_size: expected a multiple of num_attention_heads=5, got 32"
+    ) as e:
         M.load_bert(folder)
+    assert type(e.value) is ValueError
 
 
 def test_config_that_disagrees_with_the_weights(folder):
@@ -95,8 +112,9 @@ def test_config_that_disagrees_with_the_weights(folder):
 
 def test_bad_config_values(folder):
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"config\.json: not a valid JSON"):
+    with pytest.raises(ValueError, match=r"config\.json: not a valid JSON file") as e:
         M.load_bert(folder)
+    assert type(e.value) is ValueError
     (folder / "config.json").write_text(json.dumps({"hidden_size": 32, "position_embedding_type": "relative_key"}))
     with pytest.raises(ValueError, match="relative_key"):
         M.load_bert(folder)
@@ -109,5 +127,6 @@ def test_bad_config_values(folder):
 
 def test_missing_tokenizer(folder):
     (folder / "vocab.txt").unlink()
-    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json or vocab\.txt"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json or vocab\.txt") as e:
         M.load_bert(folder)
+    assert type(e.value) is FileNotFoundError

@@ -123,8 +123,8 @@ LLAMA = HUB_CONFIGS["Llama-3-8B"]
         ({"hidden_size": None}, "missing key 'hidden_size'"),
         ({"num_hidden_layers": None}, "missing key 'num_hidden_layers'"),
         ({"model_type": None}, "missing key 'model_type'"),
-        ({"model_type": "mamba"}, "'model_type' 'mamba' is not supported"),
-        ({"hidden_size": "4096"}, "'hidden_size' must be an integer >= 1, got '4096'"),
+        ({"model_type": "mamba"}, "'model_type' 'mamba' is not supported; supported: bert"),
+        ({"hidden_size": "4096"}, r"^config: 'hidden_size' must be an integer >= 1, got '4096' \(str\)"),
         ({"intermediate_size": 14336.0}, "'intermediate_size' must be an integer"),
         ({"num_attention_heads": 0}, "'num_attention_heads' must be an integer >= 1, got 0"),
         ({"num_key_value_heads": 5}, "'num_key_value_heads' \\(5\\) must divide 'num_attention_heads' \\(32\\)"),
@@ -135,8 +135,9 @@ LLAMA = HUB_CONFIGS["Llama-3-8B"]
 )
 def test_malformed_config_names_the_key(change, needle):
     config = {k: v for k, v in {**LLAMA, **change}.items() if v is not None}
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(ValueError, match=needle) as e:
         from_hf_config(config)
+    assert type(e.value) is ValueError
 
 
 def test_head_dim_given_allows_indivisible_hidden():
@@ -163,7 +164,7 @@ def test_config_files_that_are_not_configs(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected a JSON object"):
         from_hf_config(bad)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"config: no such file: .*missing\.json"):
         from_hf_config(tmp_path / "missing.json")
     with pytest.raises(TypeError, match="path_or_dict"):
         from_hf_config(42)

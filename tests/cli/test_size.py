@@ -3,9 +3,8 @@
 import json
 
 import pytest
-import typer
 
-from headwise.cli import app, main
+from headwise.cli import main
 from headwise.sizing import (
     as_mha,
     attention_params,
@@ -19,11 +18,9 @@ from headwise.sizing.units import format_count
 
 def run(capsys, *args):
     """Run ``headwise size ARGS``; returns (exit status, stdout, stderr)."""
-    # While `size` is the only subcommand registered, typer runs it without its name.
-    group = hasattr(typer.main.get_command(app), "commands")
-    argv = ["size", *args] if group else list(args)
+    capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        main(argv)
+        main(["size", *args])
     out, err = capsys.readouterr()
     return info.value.code, out, err
 
