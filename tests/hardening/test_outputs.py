@@ -7,6 +7,8 @@
 - Ctrl-C (``KeyboardInterrupt``) at every file write of ``heads``, ``demo`` and ``pe``, injected just
   before the rename and in the middle of a picture: the earlier version or the whole new file, never a
   temporary one.
+- The child is started with SIGINT at its default even when this run inherited it ignored; started with
+  SIGINT ignored, the command honours that and finishes.
 - A sweep of SIGINTs at spread-out moments of a short run (slow).
 - Peak RSS of ``heads --corpus`` on 1,000 vs 10,000 sentences (slow).
 """
@@ -92,10 +94,27 @@ def _open_files(pid: int) -> list[str]:
         return []
 
 
-def start_heads(big: Path, out: Path) -> subprocess.Popen:
+#: Sets SIGINT's disposition (argv[1]: SIG_DFL or SIG_IGN), then becomes argv[2:] (same process, so
+#: the disposition is what the program starts with). A suite started without job control (``nohup
+#: make test &``, a CI runner) inherits SIGINT ignored, and Python keeps an inherited ignore: a child
+#: that is to be interrupted must be given the default back.
+_WITH_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, getattr(signal, sys.argv[1])); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def start_heads(big: Path, out: Path, *, sigint: str = "SIG_DFL") -> subprocess.Popen:
+    """``headwise heads --corpus BIG --out OUT`` (the console script) with SIGINT at ``sigint``."""
     argv = [str(HEADWISE), "heads", "--corpus", str(big), "--model", "untrained", "--out", str(out)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WITH_SIGINT, sigint, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
 
 
 def interrupt(proc: subprocess.Popen, after_s: float) -> tuple[int, str, str]:
@@ -151,6 +170,22 @@ def test_sigint_mid_corpus_leaves_the_folder_as_it_was(tmp_path, earlier):
     assert_interrupted(code, err)
     assert temporaries(out) == []
     assert snapshot(out) == before  # nothing new, nothing half-written, the earlier files untouched
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see when the corpus is open")
+def test_an_inherited_sigint_ignore_is_honoured(tmp_path):
+    """Started with SIGINT ignored (``nohup``), the command ignores it as asked and finishes its work."""
+    small = corpus(tmp_path / "small.txt", 100)
+    out = tmp_path / "out"
+    proc = start_heads(small, out, sigint="SIG_IGN")
+    wait_until_reading(proc, small)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert "interrupted" not in err and "Traceback" not in err, err
+    assert temporaries(out) == [] and sorted(snapshot(out)) == HEADS_FILES
+    for name in HEADS_FILES:
+        assert_whole(out / name)
 
 
 class _Stop(BaseException):

@@ -52,6 +52,52 @@ def test_head_grid_and_role_maps(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heads.png", "one.png", "roles.png"]  # no temp files
 
 
+def _drawn_grid(monkeypatch, tmp_path, **kw):
+    """The figure plot_head_grid draws (captured at save), with its renderer."""
+    import headwise.viz.heads as heads_module
+
+    drawn = {}
+    save = heads_module.save_figure
+
+    def keep(fig, path, **k):
+        drawn["fig"] = fig
+        return save(fig, path, **k)
+
+    monkeypatch.setattr(heads_module, "save_figure", keep)
+    plot_head_grid(path=tmp_path / "heads.png", **kw)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = drawn["fig"]
+    return fig, FigureCanvasAgg(fig).get_renderer()
+
+
+@pytest.mark.parametrize("layers, heads, with_roles", [(6, 12, True), (6, 12, False), (1, 4, True), (12, 12, True)])
+def test_the_title_clears_the_first_rows_labels(monkeypatch, tmp_path, layers, heads, with_roles):
+    """The figure's title sits above every panel title and every panel, and inside the picture."""
+    rng = np.random.default_rng(1)
+    maps = _maps(rng, layers, heads)
+    roles = [["[CLS] sink"] * heads] * layers if with_roles else None
+    title = "all-MiniLM-L6-v2 (6 layers × 12 heads) — attention of every head on one sentence"
+    fig, renderer = _drawn_grid(monkeypatch, tmp_path, attentions=maps, tokens=TOKENS, roles=roles, title=title)
+    top = fig.texts[0].get_window_extent(renderer)  # the suptitle
+    assert fig.texts[0].get_text() == title
+    assert top.y1 <= fig.bbox.y1, "the title is cut at the top"
+    for ax in fig.axes[:-1]:  # the panels; the last axes is the colour bar
+        assert ax.title.get_window_extent(renderer).y1 < top.y0, ax.title.get_text()
+        assert ax.get_window_extent(renderer).y1 < top.y0
+    first_row = fig.axes[0]
+    gap = top.y0 - first_row.title.get_window_extent(renderer).y1
+    assert gap > 0.03 * fig.dpi  # a visible gap, not touching
+
+
+def test_the_overlap_check_can_fail(monkeypatch, tmp_path):
+    """Moved onto the panels, a title is caught by the geometry the test above reads."""
+    fig, renderer = _drawn_grid(monkeypatch, tmp_path, attentions=_maps(np.random.default_rng(2)), tokens=TOKENS)
+    fig.suptitle("over the panels", y=0.5)
+    top = fig.texts[0].get_window_extent(renderer)
+    assert any(ax.get_window_extent(renderer).y1 >= top.y0 for ax in fig.axes[:-1])
+
+
 def _decode(payload):
     layers, heads, n, k = payload["layers"], payload["heads"], payload["n"], payload["k"]
     keys = np.frombuffer(base64.b64decode(payload["keys"]), dtype="<u2").reshape(layers, heads, n, k)

@@ -21,6 +21,10 @@ __all__ = ["LABEL_UP_TO", "plot_head_grid"]
 
 #: Longest sentence whose tokens label the panels.
 LABEL_UP_TO = 24
+#: Layout, in points or (``_EDGE``, ``_GAP``) inches: the figure title's size, a text line's height per
+#: point of font size, the pad between a panel and its title, the margin at the top, the gap between
+#: the figure's title and the first row's panel titles.
+_TITLE_SIZE, _LINE, _TITLE_PAD, _EDGE, _GAP = 10, 1.3, 6, 0.08, 0.1
 
 
 def plot_head_grid(
@@ -65,12 +69,18 @@ def plot_head_grid(
     label = n <= LABEL_UP_TO
     panel = 1.25 if len(layers) > 1 else max(1.6, min(3.2, 0.12 * n + 1.0))
     extra = 1.2 if label else 0.3
-    figsize = (num_heads * panel + extra + 0.8, len(layers) * (panel + 0.25) + extra + (0.5 if title else 0.1))
-    fig = Figure(figsize=figsize)  # fixed margins: constrained layout costs seconds with 72 panels
+    # Fixed margins (constrained layout costs seconds with 72 panels), in inches: above the first row
+    # go its panel titles (one or two lines and matplotlib's 6 pt pad), then a gap, then the figure's
+    # title, so the two never meet.
+    head_fontsize = 6 if roles is not None else 7
+    head_titles = ((2 if roles is not None else 1) * head_fontsize * _LINE + _TITLE_PAD) / 72
+    above = _EDGE + head_titles + ((_TITLE_SIZE * _LINE) / 72 + _GAP if title else 0.0)
+    figsize = (num_heads * panel + extra + 0.8, len(layers) * (panel + 0.25) + extra + above - 0.2)
+    fig = Figure(figsize=figsize)
     left = (1.0 if label else 0.2) / figsize[0]
     bottom = (1.0 if label else 0.2) / figsize[1]
     fig.subplots_adjust(
-        left=left, right=1 - 0.9 / figsize[0], bottom=bottom, top=1 - (0.55 if title else 0.3) / figsize[1],
+        left=left, right=1 - 0.9 / figsize[0], bottom=bottom, top=1 - above / figsize[1],
         wspace=0.15, hspace=0.45 if roles is not None else 0.3,
     )  # fmt: skip
     axes = fig.subplots(len(layers), num_heads, squeeze=False)
@@ -82,7 +92,7 @@ def plot_head_grid(
             head_title = f"L{layer} H{h}"
             if roles is not None:
                 head_title += f"\n{roles[layer][h]}"
-            ax.set_title(head_title, fontsize=6 if roles is not None else 7)
+            ax.set_title(head_title, fontsize=head_fontsize, pad=_TITLE_PAD)
             ax.set_xticks([])
             ax.set_yticks([])
             if label and h == 0:
@@ -92,6 +102,6 @@ def plot_head_grid(
     cax = fig.add_axes((1 - 0.75 / figsize[0], 0.25, 0.15 / figsize[0], 0.5))
     fig.colorbar(image, cax=cax, label="attention weight")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=_TITLE_SIZE, y=1 - _EDGE / figsize[1], va="top")
     out = save_figure(fig, path, dpi=dpi)
     return HeatmapFile(out, round(figsize[0] * dpi), round(figsize[1] * dpi))
