@@ -98,3 +98,21 @@ def test_attention_layers_are_the_blocks_in_order(tiny):
     bert = tiny("bert", "eager")
     assert headwise.hf.attention_layers(bert) == [block.attention.self for block in bert.encoder.layer]
     assert [headwise.hf.num_heads(m) for m in headwise.hf.attention_layers(bert)] == [4, 4]
+
+
+def test_captured_weights_carry_gradients_as_eager_output_attentions():
+    model = build("llama", attn="eager")
+    inputs = batch()
+    probe = model.model.layers[0].self_attn.q_proj.weight
+
+    def gradient(weights):
+        model.zero_grad()
+        sum(w[_real_rows(inputs, w)].pow(2).sum() for w in weights).backward()
+        return probe.grad.clone()
+
+    expected = gradient(model(**inputs, output_attentions=True).attentions)
+    with headwise.hf.capture(model) as attn:
+        model(**inputs)
+    got = gradient(attn.weights)
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
