@@ -159,3 +159,18 @@ def test_bad_kind_arguments_name_themselves(kw, match):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=match):
         functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def test_dead_rows_equal_torch_all_on_every_layout():
+    g = torch.Generator().manual_seed(3)
+    base = torch.rand(3, 1, 6, 5, generator=g) < 0.7
+    base[0, 0, 2] = True  # one row fully blocked
+    for m in (base, base.transpose(-1, -2), base.expand(3, 4, 6, 5), base[..., ::2]):
+        bias = torch.where(torch.rand(m.shape, generator=g) < 0.5, float("-inf"), 0.0)
+        for blocked, b in ((m, None), (None, bias), (m, bias)):
+            full = (blocked if blocked is not None else torch.zeros_like(m)) | (
+                torch.isneginf(b) if b is not None else torch.zeros_like(m)
+            )
+            want = full.all(-1, keepdim=True)
+            got = masks.dead_rows(blocked, b)
+            assert torch.equal(got if got is not None else torch.zeros_like(want), want)
