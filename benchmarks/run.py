@@ -31,6 +31,7 @@ def append_history(result: Result) -> None:
     entry = {
         "written": result.run["written"],
         "target": result.target,
+        "cpu": result.run["machine"]["cpu"],
         "loadavg": result.run["machine"]["loadavg_at_start"],
         "summary": [{"metric": r.metric, "value": r.value, "pass": r.passed} for r in result.rows],
     }

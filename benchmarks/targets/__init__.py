@@ -7,15 +7,19 @@ own section of ``docs/performance.md`` (``render(result)``, ``notes(result, resu
 from targets.base import Mode, Target
 from targets.bf16 import BF16
 from targets.blocked import Blocked
+from targets.compiled import Compiled
 from targets.decode import Decode
 from targets.forward import Forward
 from targets.gpu import GPU
+from targets.lab import Lab
+from targets.limits import Limits
 from targets.long import Long
 from targets.train import Train
 from targets.weights import Weights
 
 ALL: dict[str, Target] = {
-    t.name: t for t in (Forward(), Long(), BF16(), Decode(), Weights(), Train(), Blocked(), GPU())
+    t.name: t
+    for t in (Limits(), Forward(), Compiled(), BF16(), Decode(), Train(), Lab(), Weights(), Long(), Blocked(), GPU())
 }
 CPU = [name for name in ALL if name != "gpu"]  # what run.py measures; the GPU target runs from benchmarks/gpu.py
 
