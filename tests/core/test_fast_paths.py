@@ -83,11 +83,27 @@ def test_fused_kv_for_one_context_equals_reference():
     np.testing.assert_allclose(np64(w), r_w, atol=TOL, rtol=0)
 
 
-def test_short_inputs_are_not_fused():
+def test_short_inputs_are_not_fused_while_autograd_records():
     m = headwise.MultiHeadAttention(16, 4).double()
     x = torch.randn(1, 8, 16, dtype=torch.float64)
     _, widths = _products(m, x)
     assert widths == [16, 16, 16, 16]
+
+
+@pytest.mark.parametrize("hkv", [4, 1], ids=["mha", "mqa"])
+def test_decoded_token_is_fused_without_autograd_and_equals_math_path(hkv):
+    torch.manual_seed(6)
+    m = headwise.MultiHeadAttention(32, 4, num_kv_heads=hkv, positional=headwise.RotaryEmbedding(8)).eval()
+    slow = headwise.MultiHeadAttention(32, 4, num_kv_heads=hkv, positional=headwise.RotaryEmbedding(8), backend="math")
+    slow.load_state_dict(m.state_dict())
+    x = torch.randn(1, 12, 32)
+    with torch.no_grad():
+        full, _ = slow.eval()(x, is_causal=True)
+        cache = headwise.KVCache.for_module(m, 1, 12)
+        m(x[:, :11], is_causal=True, cache=cache)
+        (last, _), widths = _products(m, x[:, 11:], is_causal=True, cache=cache)
+    assert widths == [(4 + 2 * hkv) * 8, 32]  # Wq; Wk; Wv as one matrix-vector product, then Wo
+    torch.testing.assert_close(last, full[:, 11:], atol=1e-5, rtol=1e-5)
 
 
 # -- oneDNN linear -------------------------------------------------------------------------------------
@@ -102,6 +118,11 @@ def test_linear_equals_f_linear():
             fastpath.linear(x.transpose(0, 1), w, b).transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5
         )
         torch.testing.assert_close(fastpath.linear(x, w).double(), want - b.double(), rtol=1e-5, atol=1e-5)
+        # one row (a decoded token) takes the matrix-vector product
+        one = x[:1, 5:6]  # (1, 1, 48)
+        torch.testing.assert_close(fastpath.linear(one, w, b).double(), want[:1, 5:6], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fastpath.linear(one, w).double(), want[:1, 5:6] - b.double(), rtol=1e-5, atol=1e-5)
+        assert fastpath.linear(one, w, b).shape == (1, 1, 96)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert fastpath.linear(x, w, b).dtype == torch.bfloat16  # autocast still applies
     # with autograd it is F.linear itself, differentiable

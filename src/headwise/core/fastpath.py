@@ -4,7 +4,8 @@ Nothing here is needed by the readable path (``backend="math"``: ``nn.Linear`` a
 :func:`headwise.core.functional.attention_math` end to end). Each function computes what the readable
 path computes, faster or in less memory, and is tested to agree with it (``tests/core/test_fast_paths.py``):
 
-- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue;
+- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue, or
+  the BLAS matrix-vector product for a single row (a decoded token);
 - :func:`project`: a module's Q/K/V projections as one product when they share an input;
 - :func:`attention_weights`: attention that returns its weights (or applies soft-capping / sinks,
   which ``F.scaled_dot_product_attention`` cannot), a block of scores at a time.
@@ -37,8 +38,10 @@ def _onednn_linear_available() -> bool:
 _ONEDNN_LINEAR = _onednn_linear_available()
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
-# Fewest tokens (B·S) for which Q/K/V (or K/V) run as one product: below it the products are too small
-# for one wide product to pay.
+# Fewest tokens (B·S) for which Q/K/V (or K/V) run as one product while autograd records (the stacked
+# weight is then concatenated per call, which short inputs do not repay). Without autograd the stacked
+# weight is kept, and one product pays at any length — most of all for a decoded token, where it turns
+# three matrix-vector products into one.
 FUSE_MIN_TOKENS = 1024
 
 
@@ -68,8 +71,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     result equals ``F.linear``'s up to round-off (tested). Everything else is ``F.linear``.
     """
     if _onednn_applies(x, weight, bias):
+        if x.numel() == x.shape[-1] and x.dtype == torch.float32:
+            return _matvec(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def _matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """One row ``x (1, …, 1, In)`` through the BLAS matrix-vector product (``addmv``), ``(1, …, 1, Out)``:
+    a decoded token's projection is memory-bound, and a GEMV reads ``weight`` once with no GEMM set-up."""
+    row = x.reshape(-1)  # (In,)
+    y = torch.mv(weight, row) if bias is None else torch.addmv(bias, weight, row)  # (Out,)
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 def _plain(m: nn.Module) -> bool:
@@ -114,17 +127,26 @@ class _FusedWeights:
         return weight, bias
 
 
+def _records_grad(module, x: Tensor) -> bool:
+    """Whether autograd records a projection of ``x`` by ``module``'s Linears."""
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or any(p.requires_grad for m in (module.Wq, module.Wk, module.Wv) for p in m.parameters())
+
+
 def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(Wq(query) (B, L, H·Dh), Wk(key) (B, S, Hkv·Dh), Wv(value) (B, S, Hkv·Dh))`` for a
     :class:`headwise.MultiHeadAttention`, the same numbers as calling the three ``nn.Linear``s.
 
-    When the three inputs are one tensor (self-attention) and hold at least ``FUSE_MIN_TOKENS`` tokens,
-    one matrix product with ``Wq; Wk; Wv`` stacked (as ``nn.MultiheadAttention``'s ``in_proj_weight`` and
-    gpt-fast's ``wqkv``); keys and values likewise when they share an input. The Linears' ``forward``
-    (and hooks on them) is not called: a caller that hooks them sets ``module.fast_projections = False``.
+    When the three inputs are one tensor (self-attention) — and, while autograd records, hold at least
+    ``FUSE_MIN_TOKENS`` tokens — one matrix product with ``Wq; Wk; Wv`` stacked (as
+    ``nn.MultiheadAttention``'s ``in_proj_weight`` and gpt-fast's ``wqkv``); keys and values likewise
+    when they share an input. The Linears' ``forward`` (and hooks on them) is not called: a caller that
+    hooks them sets ``module.fast_projections = False``.
     """
     fuse: tuple[nn.Linear, ...] = ()
-    if not torch.compiler.is_compiling() and key is value and key.shape[0] * key.shape[1] >= FUSE_MIN_TOKENS:
+    long_enough = key.shape[0] * key.shape[1] >= FUSE_MIN_TOKENS or not _records_grad(module, key)
+    if not torch.compiler.is_compiling() and key is value and long_enough:
         if query is key and all(_plain(m) for m in (module.Wq, module.Wk, module.Wv)):
             fuse = (module.Wq, module.Wk, module.Wv)
         elif _plain(module.Wk) and _plain(module.Wv):
