@@ -22,26 +22,37 @@ DOC = ROOT / "docs" / "performance.md"
 FAST_PATHS = [
     (
         "fused projections",
-        "self-attention (one input tensor), ≥ 1024 tokens; K/V when they share a context",
-        "`torch.cat` of Wq; Wk; Wv per call (0.3 ms) and one matrix product, split into views — no copies",
+        "self-attention (one input tensor); K/V when they share a context — at any length without autograd, "
+        "from 1024 tokens with it",
+        "`fastpath.project`: one product with Wq; Wk; Wv stacked, the stacked weight kept until a weight changes "
+        "(its version counter) and formed per call only under autograd; split into views",
     ),
     (
         "oneDNN linear",
-        "float32 or bfloat16, CPU, no autograd, no autocast",
-        "`torch.ops.mkldnn._linear_pointwise`: the bias added in the kernel's epilogue, not copied in first by `addmm`",
+        "float32 or bfloat16, CPU, no autograd, no autocast, not compiling",
+        "`fastpath.linear`: `torch.ops.mkldnn._linear_pointwise`, the bias added in the kernel's epilogue, "
+        "not copied in first by `addmm`",
+    ),
+    (
+        "matrix-vector product",
+        "the same, one row (a decoded token), float32",
+        "`fastpath.linear`: BLAS `addmv`, which reads the weight once without a GEMM's set-up",
     ),
     (
         "SDPA",
-        "weights not requested",
+        "weights not requested, no soft-capping or sinks",
         "`F.scaled_dot_product_attention` (flash kernel on CPU; flash / cuDNN / efficient on CUDA), causal as the "
-        "kernel's flag, heads merged by a view",
+        "kernel's flag from the first slot, heads merged by a view",
     ),
-    ("one decoded token", "`is_causal` with a KV cache and one new token", "no mask at all (it sees every key)"),
+    (
+        "one decoded token",
+        "`is_causal` with a KV cache and one new token",
+        "`masks.causal_slots` returns no mask (the token sees every key), so the kernel runs unmasked",
+    ),
     (
         "blocked weights",
-        "`need_weights=True` (backend auto / sdpa)",
-        "`functional.attention_weights`: ≤ 2M scores at a time, fused softmax, head average accumulated so "
-        "(B, H, L, S) never exists",
+        "`need_weights=True`, soft-capping or sinks (backend auto / sdpa)",
+        "`fastpath.attention_weights`: ≤ 2M scores at a time, head average accumulated so (B, H, L, S) never exists",
     ),
     (
         "NumPy blocked",
