@@ -205,8 +205,30 @@ def _section(i: int, name: str, r: Result | None) -> list[str]:
     return lines + target.render(r)
 
 
+def _conditions(res: dict[str, Result]) -> list[str]:
+    """How the figures below were taken: quick or full rounds, and how loaded the shared machine was."""
+    quick = [r.target for r in res.values() if r.run.get("mode") == "quick"]
+    loads = [(r.target, r.run["machine"]["loadavg_at_start"][0]) for r in res.values() if "machine" in r.run]
+    cpus = {r.run["machine"]["logical_cpus"] for r in res.values() if "machine" in r.run}
+    lines = ["## Conditions of these figures", ""]
+    if quick:
+        lines.append(
+            f"- Measured with `--quick` (2-3 rounds instead of 9-10; `make bench-full` did not finish on the "
+            f"shared machine): {', '.join(quick)}. Their spreads (lowest–highest round) are wide accordingly."
+        )
+    if loads:
+        worst = max(loads, key=lambda t: t[1])
+        lines.append(
+            f"- One-minute load average at the start of each target: {', '.join(f'{t} {v:g}' for t, v in loads)} "
+            f"on {'/'.join(str(c) for c in sorted(cpus))} logical CPUs. Above about 2, other jobs held the cores: "
+            f"absolute rates (GFLOP/s, GB/s) then sit far below the machine's own (worst: {worst[0]} at "
+            f"{worst[1]:g}), and only ratios timed in the same rounds carry over."
+        )
+    return lines + [""]
+
+
 def render(res: dict[str, Result]) -> str:
-    lines = [INTRO, *_fast_paths(), "## Machine and versions", "", *_machine(res)]
+    lines = [INTRO, *_conditions(res), *_fast_paths(), "## Machine and versions", "", *_machine(res)]
     lines += _summary(res) + _notes(res) + _spread() + ["## Per target", ""]
     for i, name in enumerate(ALL, 1):
         lines += _section(i, name, res.get(name))
