@@ -40,20 +40,27 @@ def test_identity_attends_to_self():
 
 def test_shifted_identity_attends_to_previous():
     attn = _shift(N, -1)[None]
-    # n − 1 of the n rows put all their weight on the previous token; row 0 has none (Clark et al. divide by n).
-    assert A.attention_to_previous(attn)[0] == pytest.approx((N - 1) / N, abs=1e-15)
+    # Every row that has a previous token puts all its weight there; row 0 has none and is left out
+    # (Clark et al.'s notebook would count it as 0 and give (N − 1) / N).
+    assert A.attention_to_previous(attn)[0] == 1.0
     assert A.attention_to_self(attn)[0] == pytest.approx(1 / N, abs=1e-15)
     assert A.attention_to_next(attn)[0] == 0.0
     assert A.mean_attention_distance(attn)[0] == pytest.approx((N - 1) / N)
     share, offset, positional = A.positional_heads(attn)
     assert offset[0] == -1 and share[0] == pytest.approx((N - 1) / N) and positional[0]
     nxt = _shift(N, 1)[None]
-    assert A.attention_to_next(nxt)[0] == pytest.approx((N - 1) / N, abs=1e-15)
+    assert A.attention_to_next(nxt)[0] == 1.0
+    # Half of the rows that have a previous token look there: 0.5, whatever row 0 does.
+    half = _shift(N, -1)
+    half[2::2] = np.eye(N)[2::2]
+    assert A.attention_to_previous(half[None])[0] == pytest.approx(((N - 1) - (N - 1) // 2) / (N - 1), abs=1e-15)
+    assert np.isnan(A.attention_to_previous(np.ones((1, 1, 1)))[0])
     assert A.positional_heads(nxt)[1][0] == 1
 
 
-def test_previous_token_approaches_one_for_long_sentences():
-    assert A.attention_to_previous(_shift(500, -1)[None])[0] > 0.99
+def test_previous_token_is_one_for_any_length():
+    for n in (2, 3, 500):
+        assert A.attention_to_previous(_shift(n, -1)[None])[0] == 1.0
 
 
 def test_uniform_attention_has_entropy_ln_n():

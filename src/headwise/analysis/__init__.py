@@ -13,7 +13,10 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.confidence` — Voita's confidence and positional-head test.
 - :mod:`~headwise.analysis.divergence` — Jensen–Shannon divergence / distance between heads.
 - :mod:`~headwise.analysis.mds` — classical MDS map of the heads.
-- :mod:`~headwise.analysis.roles` — role labels with documented thresholds.
+- :mod:`~headwise.analysis.detectors` — decoder detectors (previous-token, first-token, duplicate-token,
+  induction) and the probe of repeated random tokens.
+- :mod:`~headwise.analysis.decoder` — a decoder's heads over texts and the probe (:class:`DecoderStats`).
+- :mod:`~headwise.analysis.roles` — role labels with documented thresholds (encoders and decoders).
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
   :func:`analyze_texts`, :class:`CorpusFile`).
 - :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
@@ -29,6 +32,18 @@ from headwise.analysis.confidence import (
     positional_heads,
 )
 from headwise.analysis.corpus import METRICS, CorpusFile, HeadReport, HeadStats, analyze_texts
+from headwise.analysis.decoder import DECODER_METRICS, DecoderReport, DecoderStats, DetectorStats
+from headwise.analysis.detectors import (
+    DETECTORS,
+    Probe,
+    detector_scores,
+    duplicate_token_pattern,
+    first_token_pattern,
+    induction_pattern,
+    pattern_score,
+    previous_token_pattern,
+    repeated_random_tokens,
+)
 from headwise.analysis.distance import mean_attention_distance
 from headwise.analysis.divergence import (
     CLARK_JS_SMOOTHING,
@@ -44,7 +59,7 @@ from headwise.analysis.entropy import (
     uniform_entropy,
 )
 from headwise.analysis.mds import classical_mds
-from headwise.analysis.roles import ROLES, RoleThresholds, head_roles
+from headwise.analysis.roles import ROLES, RoleThresholds, decoder_roles, head_roles
 from headwise.analysis.sentence import SentenceHeads, analyze_sentence
 from headwise.analysis.targets import (
     attention_to_cls,
@@ -89,6 +104,20 @@ __all__ = [
     "ROLES",
     "RoleThresholds",
     "head_roles",
+    "decoder_roles",
+    "DETECTORS",
+    "previous_token_pattern",
+    "first_token_pattern",
+    "duplicate_token_pattern",
+    "induction_pattern",
+    "pattern_score",
+    "detector_scores",
+    "Probe",
+    "repeated_random_tokens",
+    "DECODER_METRICS",
+    "DecoderReport",
+    "DecoderStats",
+    "DetectorStats",
     "METRICS",
     "HeadReport",
     "HeadStats",

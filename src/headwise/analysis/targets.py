@@ -7,10 +7,15 @@ Clark et al.'s average attention to a set T of key positions is
 
     A_T = (1/n) Σ_i Σ_{j ∈ T} α_ij,
 
-the mean over the n query tokens of the weight each puts on T. "To the previous token" is
-``A = (1/n) Σ_i α_{i,i-1}``: the first token has no previous one and contributes 0, so a head that
-always looks back scores (n − 1)/n, not 1 (Clark et al.'s notebook divides by n too). Over a corpus
-the per-sentence values are averaged, each sentence counting once (:mod:`headwise.analysis.corpus`).
+the mean over the n query tokens of the weight each puts on T. Attention to a relative position
+(self, previous, next) is averaged over the query tokens that *have* a token there: "to the previous
+token" is ``A = (1/(n − 1)) Σ_{i ≥ 1} α_{i,i-1}``, so a head that always looks back scores exactly 1.
+This is the share of a head's attention that falls on the pattern, over the queries for which the
+pattern is defined — the convention of the decoder detectors (:mod:`headwise.analysis.detectors`), so
+that ``prev`` is one quantity in encoder and decoder reports. (Clark et al.'s notebook divides by all
+n tokens instead, which gives a perfect previous-token head (n − 1)/n: 0.96 on a 25-token sentence.)
+Over a corpus the per-sentence values are averaged, each sentence counting once
+(:mod:`headwise.analysis.corpus`).
 
 Every function takes ``attn`` ``(B, H, L, L)`` or ``(H, L, L)`` and a :class:`TokenInfo` (None: all
 positions real, none special) and returns ``(B, H)`` (or ``(H,)``); padded rows and keys are excluded.
@@ -42,10 +47,12 @@ def _to_mask(a: np.ndarray, info: TokenInfo, targets: np.ndarray) -> np.ndarray:
 def _to_offset(a: np.ndarray, info: TokenInfo, offset: int) -> np.ndarray:
     length = a.shape[-1]
     per_row = np.zeros(a.shape[:-1])  # (B, H, L)
+    has_target = np.zeros_like(info.valid)  # (B, L): query i has a real token at i + offset
     if abs(offset) < length:
         rows = np.arange(max(0, -offset), min(length, length - offset))
         per_row[..., rows] = a[..., rows, rows + offset]
-    return mean_over_rows(per_row, info.valid)
+        has_target[:, rows] = info.valid[:, rows + offset]
+    return mean_over_rows(per_row, info.valid & has_target)
 
 
 def attention_to_mask(attn, targets, info: TokenInfo | None = None) -> np.ndarray:
@@ -68,13 +75,14 @@ def attention_to_mask(attn, targets, info: TokenInfo | None = None) -> np.ndarra
 
 
 def attention_to_offset(attn, offset: int, info: TokenInfo | None = None) -> np.ndarray:
-    """Average attention from each token i to token i + offset: ``(1/n) Σ_i α_{i,i+offset}``.
+    """Average attention from each token i to token i + offset, over the tokens i that have one there.
 
-    ``offset`` 0 is the token itself, −1 the previous token, +1 the next one. A query whose
-    i + offset falls outside the sentence contributes 0 (Clark et al.'s convention).
+    ``offset`` 0 is the token itself, −1 the previous token, +1 the next one. The mean is over the
+    query tokens i whose i + offset is a real token (a query with nothing there is left out, not
+    counted as 0), so a head that always attends at the offset scores exactly 1.
 
     Returns:
-        ``(B, H)`` or ``(H,)``.
+        ``(B, H)`` or ``(H,)``; NaN for a sentence with no such query (one token, offset ≠ 0).
     """
     if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
         raise TypeError(f"offset: expected an integer, got {offset!r}")
@@ -106,10 +114,10 @@ def attention_to_self(attn, info: TokenInfo | None = None) -> np.ndarray:
 
 
 def attention_to_previous(attn, info: TokenInfo | None = None) -> np.ndarray:
-    """Average attention to the previous token, ``(1/n) Σ_i α_{i,i−1}``; at most (n − 1)/n."""
+    """Average attention to the previous token over the tokens that have one, ``(1/(n−1)) Σ_{i≥1} α_{i,i−1}``."""
     return attention_to_offset(attn, -1, info)
 
 
 def attention_to_next(attn, info: TokenInfo | None = None) -> np.ndarray:
-    """Average attention to the next token, ``(1/n) Σ_i α_{i,i+1}``; at most (n − 1)/n."""
+    """Average attention to the next token over the tokens that have one, ``(1/(n−1)) Σ_{i<n−1} α_{i,i+1}``."""
     return attention_to_offset(attn, 1, info)

@@ -180,16 +180,16 @@
     }
   }
 
-  layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); updateRoles(); render(); });
+  layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); updateRoles(); render(); drawModel(); });
   boxes.forEach(function (cb, h) {
-    cb.addEventListener("change", function () { state.heads[h] = cb.checked; render(); });
+    cb.addEventListener("change", function () { state.heads[h] = cb.checked; render(); drawModel(); });
     cb.parentElement.addEventListener("dblclick", function (ev) {
       ev.preventDefault();
       for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
-      render();
+      render(); drawModel();
     });
   });
-  function setAll(on) { for (var k = 0; k < H; k++) { state.heads[k] = on; boxes[k].checked = on; } render(); }
+  function setAll(on) { for (var k = 0; k < H; k++) { state.heads[k] = on; boxes[k].checked = on; } render(); drawModel(); }
   document.getElementById("hv-all").addEventListener("click", function () { setAll(true); });
   document.getElementById("hv-none").addEventListener("click", function () { setAll(false); });
 
@@ -217,11 +217,89 @@
   var resizeTimer = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(function () { layout(); render(); }, 100);
+    resizeTimer = setTimeout(function () { layout(); render(); modelLayout(); drawModel(); }, 100);
   });
 
-  var api = { state: state, render: render, data: data, lastRenderMs: 0, lines: 0 };
+  // Model view: every (layer, head) as a T × T thumbnail of its pooled map, on one canvas.
+  var T = data.thumb || 0, tq = T ? decode(data.thumbs) : null;   // (L, H, T, T) weight · 255
+  var bins = data.bins || [];                                        // T + 1 token boundaries
+  var mv = document.getElementById("mv-canvas"), mctx = mv ? mv.getContext("2d") : null;
+  var mgeom = { cell: 0, gap: 4, left: 28, top: 16 };
+  function modelLayout() {
+    if (!T || !mv) return;
+    var avail = Math.max(300, document.getElementById("mv-wrap").clientWidth || window.innerWidth - 48);
+    var cell = Math.floor((avail - mgeom.left) / H) - mgeom.gap;
+    cell = Math.max(24, Math.min(72, cell));
+    mgeom.cell = cell;
+    var w = mgeom.left + H * (cell + mgeom.gap), h = mgeom.top + L * (cell + mgeom.gap);
+    var dpr = window.devicePixelRatio || 1;
+    mv.width = Math.floor(w * dpr); mv.height = Math.floor(h * dpr);
+    mv.style.width = w + "px"; mv.style.height = h + "px";
+    mctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  }
+  var thumbs = null;                                                 // all thumbnails, T pixels each, no gaps
+  function buildThumbs() {
+    thumbs = document.createElement("canvas");
+    thumbs.width = H * T; thumbs.height = L * T;
+    var tctx = thumbs.getContext("2d"), img = tctx.createImageData(H * T, L * T), px = img.data;
+    for (var l = 0; l < L; l++) for (var h = 0; h < H; h++) {
+      var base = (l * H + h) * T * T;
+      for (var qi = 0; qi < T; qi++) for (var kj = 0; kj < T; kj++) {
+        var o = 4 * ((l * T + qi) * H * T + h * T + kj), r, g, b;
+        if (data.causal && bins[kj] > bins[qi + 1] - 1) { r = 238; g = 240; b = 243; }   // future keys: masked
+        else {
+          var v = Math.sqrt(tq[base + qi * T + kj] / 255);                              // gamma: faint weights stay visible
+          r = g = Math.round(255 - 235 * v); b = Math.round(255 - 180 * v);
+        }
+        px[o] = r; px[o + 1] = g; px[o + 2] = b; px[o + 3] = 255;
+      }
+    }
+    tctx.putImageData(img, 0, 0);
+  }
+  function drawModel() {
+    if (!T || !mv) return;
+    if (!thumbs) buildThumbs();
+    var c = mgeom.cell, g = mgeom.gap;
+    mctx.clearRect(0, 0, mv.width, mv.height);
+    mctx.imageSmoothingEnabled = false;
+    mctx.font = "10px system-ui, sans-serif"; mctx.fillStyle = "#667085"; mctx.textBaseline = "middle";
+    mctx.textAlign = "center";
+    for (var h = 0; h < H; h++) mctx.fillText(String(h), mgeom.left + h * (c + g) + c / 2, mgeom.top / 2);
+    mctx.textAlign = "right";
+    for (var l = 0; l < L; l++) mctx.fillText("L" + l, mgeom.left - 4, mgeom.top + l * (c + g) + c / 2);
+    var on = state.heads.filter(function (x) { return x; }).length;
+    var sel = on === 1 ? state.heads.indexOf(true) : -1;
+    for (var l2 = 0; l2 < L; l2++) {
+      for (var h2 = 0; h2 < H; h2++) {
+        var x0 = mgeom.left + h2 * (c + g), y0 = mgeom.top + l2 * (c + g);
+        mctx.drawImage(thumbs, h2 * T, l2 * T, T, T, x0, y0, c, c);
+        var picked = l2 === state.layer && h2 === sel;
+        mctx.strokeStyle = picked ? "#d92d20" : "#d0d5dd"; mctx.lineWidth = picked ? 2 : 1;
+        mctx.strokeRect(x0 + 0.5, y0 + 0.5, c - 1, c - 1);
+      }
+    }
+    mv.dataset.selected = sel >= 0 ? state.layer + "," + sel : "";
+  }
+  function openHead(l, h) {
+    state.layer = l; layerSel.value = String(l);
+    for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
+    updateRoles(); render(); drawModel();
+    document.getElementById("hv-controls").scrollIntoView({ block: "start" });
+  }
+  if (mv && T) {
+    mv.addEventListener("click", function (ev) {
+      var r = mv.getBoundingClientRect(), c = mgeom.cell, g = mgeom.gap;
+      var x = ev.clientX - r.left - mgeom.left, y = ev.clientY - r.top - mgeom.top;
+      var h = Math.floor(x / (c + g)), l = Math.floor(y / (c + g));
+      if (x < 0 || y < 0 || h >= H || l >= L || x - h * (c + g) > c || y - l * (c + g) > c) return;
+      openHead(l, h);
+    });
+  } else if (mv) {
+    document.getElementById("mv").style.display = "none";
+  }
+
+  var api = { state: state, render: render, data: data, lastRenderMs: 0, lines: 0, openHead: openHead };
   window.headview = api;
-  layout(); updateRoles(); render();
+  layout(); updateRoles(); render(); modelLayout(); drawModel();
   document.body.dataset.ready = "1";
 })();

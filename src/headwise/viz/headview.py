@@ -8,6 +8,13 @@ weights below 1/510 round to 0 and are not drawn) in the head's colour. A select
 check boxes the heads (double-click: that head alone); hovering a token shows only its lines. The
 JavaScript (``headview.js``) and the data are inlined: no CDN, no network, it opens straight from disk.
 
+Below it, the **model view** (as bertviz's) shows every layer × head at once, each head a thumbnail of
+its map pooled to at most :data:`THUMB` × :data:`THUMB` cells (queries down, keys across; a cell holds
+the mean over its query tokens of the attention summed over its key tokens, shaded with a square-root
+scale so that faint weights stay visible); a click opens that head alone in the head view. With
+``causal=True`` (decoders) the cells of future keys are drawn as masked, so the causal triangle shows;
+in the head view a decoder's lines only ever go to the current or earlier tokens.
+
 Drawing is on one ``<canvas>``, with one path per opacity level and head, so that a 512-token view
 stays responsive (no SVG node per line). Size: for n ≤ :data:`EXACT_UP_TO` every weight is kept; for
 longer texts each query row keeps its :data:`TOP_K` largest weights (the faint rest would be nearly
@@ -27,12 +34,14 @@ import numpy as np
 
 from headwise._io import write_text_atomic
 
-__all__ = ["EXACT_UP_TO", "TOP_K", "headview_payload", "render_headview", "write_headview"]
+__all__ = ["EXACT_UP_TO", "TOP_K", "THUMB", "thumbnails", "headview_payload", "render_headview", "write_headview"]
 
 #: Longest text whose every weight is stored.
 EXACT_UP_TO = 64
 #: Weights kept per query token for longer texts.
 TOP_K = 32
+#: Cells per side of a model-view thumbnail (at most; a shorter text keeps one cell per token).
+THUMB = 32
 
 
 def _as_maps(attentions) -> np.ndarray:
@@ -44,6 +53,28 @@ def _as_maps(attentions) -> np.ndarray:
     return a
 
 
+def thumbnails(maps: np.ndarray, size: int = THUMB) -> tuple[np.ndarray, np.ndarray]:
+    """Pool ``(NL, H, n, n)`` maps to ``(NL, H, T, T)``, T = min(n, size).
+
+    Token i falls in bin ``b`` when ``bounds[b] ≤ i < bounds[b + 1]`` (near-equal bins). Cell ``(p, q)``
+    is the mean over the query tokens of bin p of their attention summed over the key tokens of bin q,
+    so every pooled row still sums to 1.
+
+    Returns:
+        ``(pooled (NL, H, T, T) float64, bounds (T + 1,) int)``.
+    """
+    a = _as_maps(maps)
+    n = a.shape[-1]
+    t = min(n, size)
+    bounds = np.linspace(0, n, t + 1).round().astype(np.int64)  # (T + 1,)
+    of = np.searchsorted(bounds, np.arange(n), side="right") - 1  # (n,) bin of each token
+    one_hot = np.zeros((n, t))
+    one_hot[np.arange(n), of] = 1.0
+    keys = a @ one_hot  # (NL, H, n, T): summed over each key bin
+    rows = one_hot.T / one_hot.sum(axis=0)[:, None]  # (T, n): mean over each query bin
+    return np.einsum("pn,lhnq->lhpq", rows, keys), bounds
+
+
 def headview_payload(
     attentions,
     tokens: Sequence[str],
@@ -51,6 +82,7 @@ def headview_payload(
     roles=None,
     title: str = "head view",
     subtitle: str = "",
+    causal: bool = False,
 ) -> dict:
     """The JSON data the page reads: tokens, sizes, and the kept weights as base64 byte arrays.
 
@@ -59,10 +91,12 @@ def headview_payload(
         tokens: the n tokens.
         roles: optional ``(NL, H)`` role labels shown beside the head selectors.
         title, subtitle: page heading (text, never parsed as HTML).
+        causal: a decoder's maps: the model view draws future keys as masked.
     Returns:
         A dict: ``n, layers, heads, k, tokens, keys`` (uint16 LE, ``(NL, H, n, K)``), ``weights`` (uint8
         = round(255 · α), same layout), ``roles``, ``title``, ``subtitle``, ``note``, ``dropped`` (the
-        largest attention mass of a row not drawn).
+        largest attention mass of a row not drawn), ``causal``, ``thumb`` (T), ``bins`` (T + 1 token
+        bounds) and ``thumbs`` (uint8 = round(255 · pooled), ``(NL, H, T, T)``, see :func:`thumbnails`).
     Raises:
         ValueError: maps not ``(NL, H, n, n)``, a token count other than n, roles of the wrong shape.
     """
@@ -93,7 +127,15 @@ def headview_payload(
             f" Each token keeps its {k} strongest lines per head; at most {dropped:.1%} of a token's "
             "attention is left undrawn."
         )
+    if causal:
+        note += " Causal: each token attends only to itself and earlier tokens."
+    pooled, bounds = thumbnails(a)
+    thumbs = np.clip(np.rint(pooled * 255.0), 0, 255).astype(np.uint8)  # (NL, H, T, T)
     return {
+        "causal": bool(causal),
+        "thumb": int(pooled.shape[-1]),
+        "bins": [int(b) for b in bounds],
+        "thumbs": base64.b64encode(np.ascontiguousarray(thumbs).tobytes()).decode("ascii"),
         "n": n,
         "layers": num_layers,
         "heads": num_heads,
@@ -129,6 +171,7 @@ def write_headview(
     roles=None,
     title: str = "head view",
     subtitle: str = "",
+    causal: bool = False,
 ) -> Path:
     """Write the self-contained head view of one sentence to ``path`` (atomically).
 
@@ -138,10 +181,11 @@ def write_headview(
         path: the ``.html`` file; its folder must exist.
         roles: optional ``(NL, H)`` role labels.
         title, subtitle: page heading.
+        causal: a decoder's maps (the model view shows the causal triangle).
     Returns:
         ``path``.
     Raises:
         ValueError: see :func:`headview_payload`. OSError: the folder is not writable.
     """
-    payload = headview_payload(attentions, tokens, roles=roles, title=title, subtitle=subtitle)
+    payload = headview_payload(attentions, tokens, roles=roles, title=title, subtitle=subtitle, causal=causal)
     return write_text_atomic(path, render_headview(payload))
