@@ -362,3 +362,22 @@ def test_blocked_reference_rejects_a_bad_block_size():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="block_size"):
             ref.scaled_dot_product_attention(q, q, q, block_size=bad)
+
+
+def test_hooked_projections_run_their_hooks_on_the_fast_path():
+    """A forward hook on Wo / Wq (head gates, probes) runs on the fast path too: the module is called."""
+    from headwise.core.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    seen = []
+    handle = m.Wo.register_forward_pre_hook(lambda mod, args: (seen.append(1), (args[0] * 0,))[1])
+    with torch.no_grad():
+        out, _ = m(x)
+    handle.remove()
+    assert seen == [1]
+    torch.testing.assert_close(out, m.Wo.bias.expand_as(out), rtol=0, atol=0)
+    with torch.no_grad():
+        again, _ = m(x)  # the hook is gone: the fast path again, unchanged numbers
+    assert not torch.equal(again, out)

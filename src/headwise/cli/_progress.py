@@ -45,3 +45,27 @@ def corpus_progress(total: int | None, *, label: str = "corpus") -> Iterator[Cal
             bar.update(task, completed=texts, tokens=tokens)
 
         yield progress
+
+
+@contextmanager
+def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar on stderr for work in named stages; yields ``progress(stage, done, total)``
+    (the callback of :func:`headwise.analysis.importance.head_importance`): one bar per stage."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold cyan]heads[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield progress

@@ -12,14 +12,25 @@ role, and writes into ``--out`` (default ``headwise-out/heads``), each file atom
 
 The statistics are those of ``--corpus`` when given (``--corpus sample``: the bundled 1,200
 public-domain sentences), else of TEXT alone. The example sentence is TEXT, else the corpus's first line.
-``--model``: a BERT checkpoint folder (default: the bundled all-MiniLM-L6-v2), or ``untrained`` for the
-first article's randomly initialised ``AttentionBlock`` (one layer, 4 heads, D = 128, seed 0, on the
-bundled model's WordPiece tokens).
+``--model``: any local checkpoint folder — ``config.json``, ``*.safetensors`` (never a pickle) and, for
+text, ``tokenizer.json`` — decoder or encoder (default: the bundled all-MiniLM-L6-v2), or ``untrained``
+for the first article's randomly initialised ``AttentionBlock`` (one layer, 4 heads, D = 128, seed 0,
+on the bundled model's WordPiece tokens). A decoder's heads also get the detectors of
+:mod:`headwise.analysis.detectors` (previous-token, first-token, duplicate-token, induction), measured
+on the text and on a probe of repeated random tokens (``--probe-length``, ``--probe-repeats``,
+``--seed``); a checkpoint without a tokenizer, given no text, is analysed on its probe alone.
 
-What happens with bad input: an empty TEXT, an empty corpus, a missing or corrupt checkpoint, an
-unknown ``--layer`` → one line on stderr, exit status 2. Corpus lines that are not valid UTF-8 are
-skipped and counted (a warning says how many and where the first was). A text longer than the model's
-512 positions is truncated to its first 512 tokens, with a warning.
+``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) adds Michel et al.'s
+head importance, each head's measured ablation, and ``pruning.png`` / ``pruning.csv``
+(:mod:`headwise.analysis.importance`): next-token loss for decoders, the mean-pooled embedding's change
+for encoders.
+
+What happens with bad input: an empty TEXT, an empty corpus, a missing or corrupt checkpoint (no
+folder, no ``config.json``, an unknown ``model_type``, corrupt or truncated safetensors, only a pickle,
+more parameters than the machine's memory holds), TEXT for a checkpoint without a tokenizer, an
+unknown ``--layer`` → one line on stderr, exit status 2, before any file is written. Corpus lines
+that are not valid UTF-8 are skipped and counted (a warning says how many and where the first was). A
+text longer than the model's positions (at most 1,024 analysed) is truncated, with a warning.
 """
 
 from __future__ import annotations
@@ -28,8 +39,10 @@ import warnings
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 
+from headwise.cli import _heads_model
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed
 from headwise.cli._progress import corpus_progress
@@ -64,14 +77,20 @@ def _sample_corpus() -> Path:
     return Path(str(resources.files("headwise") / "data" / "corpus" / "web_sentences.txt"))
 
 
-def load_model(model: str | None):
+def load_model(model: str | None, hm=None):
     """``(attend, num_layers, num_heads, max_length, title)`` for ``--model`` (None, a folder, or ``untrained``).
 
+    Args:
+        model: the option's value.
+        hm: an encoder already loaded as a :class:`~headwise.analysis.local_model.HeadModel` (a Hugging
+            Face encoder other than BERT): its attention through :meth:`HeadModel.attentions`.
     Raises:
         CLIError: the checkpoint cannot be loaded (missing, corrupt, wrong shapes …), naming the file.
     """
     from headwise import models
 
+    if hm is not None and hm.family != "bert":
+        return _head_model_attend(hm), hm.num_layers, hm.num_heads, hm.max_length, hm.title
     try:
         if model == "untrained":
             import torch
@@ -97,7 +116,26 @@ def load_model(model: str | None):
     return attend, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, title
 
 
-def print_head_table(console, report, *, layer: int | None = None, title: str = "") -> None:
+def _head_model_attend(hm):
+    """``attend(texts) -> (maps, TokenInfo)`` for a Hugging Face encoder: its own classifier and separator."""
+    from headwise.analysis import token_info
+
+    def name(key: str) -> str | None:
+        i = getattr(hm.model.config, key, None)
+        return hm.tokenizer.id_to_token(i) if isinstance(i, int) and hm.tokenizer is not None else None
+
+    cls = name("cls_token_id") or name("bos_token_id") or "[CLS]"
+    sep = name("sep_token_id") or name("eos_token_id") or "[SEP]"
+
+    def attend(texts):
+        enc = hm.encode(texts)
+        info = token_info(enc.tokens, length=enc.ids.shape[1], cls_token=cls, sep_token=sep)
+        return hm.attentions(enc.ids, enc.mask), info
+
+    return attend
+
+
+def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
     """Print a layer × head table of ``report`` (a :class:`~headwise.analysis.HeadReport`) with rich.
 
     Args:
@@ -105,6 +143,7 @@ def print_head_table(console, report, *, layer: int | None = None, title: str = 
         report: the report.
         layer: only this layer's heads.
         title: the table's caption line.
+        columns: (metric, header, format) of each column (decoders: their own).
     """
     from rich.table import Table
 
@@ -112,7 +151,7 @@ def print_head_table(console, report, *, layer: int | None = None, title: str = 
     table.add_column("L", justify="right")
     table.add_column("H", justify="right")
     table.add_column("role")
-    for _, header, _ in COLUMNS:
+    for _, header, _ in columns:
         table.add_column(header, justify="right")
     table.add_column("pos", justify="right")
     styles = {"broad": "magenta", "other": "dim"}
@@ -121,7 +160,7 @@ def print_head_table(console, report, *, layer: int | None = None, title: str = 
         for h in range(report.num_heads):
             role = str(report.roles[lay, h])
             cells = []
-            for metric, _, fmt in COLUMNS:
+            for metric, _, fmt in columns:
                 v = float(report.metrics[metric][lay, h])
                 cells.append("–" if v != v else fmt.format(v))
             share = float(report.metrics["positional_share"][lay, h])
@@ -179,22 +218,38 @@ def heads(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option("--model", help="BERT checkpoint folder (default: bundled all-MiniLM-L6-v2) or 'untrained'."),
+        typer.Option(
+            "--model",
+            help="Checkpoint folder: config.json + *.safetensors (+ tokenizer.json), decoder or encoder "
+            "(default: bundled all-MiniLM-L6-v2), or 'untrained'.",
+        ),
     ] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="Show only this layer (0-based).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("headwise-out/heads"),
     batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus sentences per model call.", min=1)] = 32,
+    importance: Annotated[
+        bool,
+        typer.Option("--importance", help="Head importance (Michel et al.), ablation and the pruning curve."),
+    ] = False,
+    importance_sentences: Annotated[
+        int, typer.Option("--importance-sentences", help="Corpus sentences --importance measures on.", min=1)
+    ] = 64,
+    probe_length: Annotated[
+        int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)
+    ] = 32,
+    probe_repeats: Annotated[
+        int, typer.Option("--probe-repeats", help="Decoders: copies of the segment in the probe.", min=2)
+    ] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the probe and of the random pruning orders.", min=0)] = 0,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
 
-    The metrics of Clark et al. 2019 and Voita et al. 2019, over TEXT or a corpus (see headwise.analysis).
+    Encoders: the metrics of Clark et al. 2019 and Voita et al. 2019; decoders add previous-token,
+    first-token, duplicate-token and induction detectors (see headwise.analysis).
     """
-    from rich.console import Console
 
     if text is not None and not text.strip():
         raise CLIError("TEXT: expected a non-empty text, got an empty one")
-    if text is None and corpus is None:
-        raise CLIError("expected a TEXT or --corpus FILE (or --corpus sample for the bundled sentences)")
     corpus_path = None
     if corpus is not None:
         corpus_path = _sample_corpus() if corpus == "sample" else Path(corpus)
@@ -202,15 +257,44 @@ def heads(
             raise CLIError(f"--corpus: no such file: '{corpus_path}'")
         if corpus_path.is_dir():
             raise CLIError(f"--corpus: '{corpus_path}' is a folder; expected a text file")
-    prepare_folder(out, "--out")
+    hm = None
+    if model not in (None, "untrained"):
+        from headwise.analysis.local_model import inspect_folder
+
+        try:
+            info = inspect_folder(model)
+        except (FileNotFoundError, ValueError) as e:
+            raise CLIError(f"--model: {e}") from None
+        if info.model_type != "bert":
+            hm = _heads_model.load(info.folder)
+    if hm is not None and hm.kind == "decoder":
+        _decoder(
+            hm,
+            text,
+            corpus_path,
+            layer,
+            out,
+            batch_size,
+            importance,
+            importance_sentences,
+            probe_length,
+            probe_repeats,
+            seed,
+        )
+        return
+    if text is None and corpus is None:
+        raise CLIError("expected a TEXT or --corpus FILE (or --corpus sample for the bundled sentences)")
+    if importance and corpus_path is None:
+        raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
 
     from headwise import analysis
     from headwise.models import TruncationWarning
     from headwise.viz.report import write_heads_outputs
 
-    attend, num_layers, num_heads, max_length, title = load_model(model)
+    attend, num_layers, num_heads, max_length, title = load_model(model, hm)
     if layer is not None and not 0 <= layer < num_layers:
         raise CLIError(f"--layer: expected 0 … {num_layers - 1} for this model, got {layer}")
+    prepare_folder(out, "--out")
 
     extra = {"model": title}
     report = None
@@ -235,21 +319,151 @@ def heads(
     report = report or sentence.report
     extra["sentence"] = {"text": text, "tokens": sentence.tokens}
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
-        console = Console(width=140)
+    console = _console()
     scope = f"{report.num_sentences} sentences of {corpus_path.name}" if corpus_path is not None else "this sentence"
     print_head_table(console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens")
-    counts = {}
-    for r in report.roles.ravel():
-        counts[str(r)] = counts.get(str(r), 0) + 1
-    console.print("roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1])))
+    _print_roles(console, report)
     console.print(
         "pos: Voita's positional test (argmax at one offset for ≥ 90% of tokens: the offset, else the share); "
         f"ln n = {float(report.metrics['uniform_entropy'][0, 0]):.2f} nats on average"
     )
+    columns, more = None, {}
+    if importance:
+        if hm is None:
+            from headwise.analysis.local_model import load_head_model
+
+            hm = load_head_model(None if model is None else Path(model))
+        texts = _first_lines(corpus_path, importance_sentences)
+        batches = _heads_model.importance_batches(hm, texts, None, batch_size, lambda m: _warn(f"--importance: {m}"))
+        result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
+        console.print(_importance_line(result))
     try:
-        paths = write_heads_outputs(sentence, report, out, layer=layer, title=title, extra=extra)
+        paths = write_heads_outputs(sentence, report, out, layer=layer, title=title, extra=extra, columns=columns)
     except OSError as e:
         raise write_failed("--out", out, e) from None
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+    console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=140)
+    return console
+
+
+def _print_roles(console, report) -> None:
+    counts: dict[str, int] = {}
+    for r in report.roles.ravel():
+        counts[str(r)] = counts.get(str(r), 0) + 1
+    console.print("roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1])))
+
+
+def _first_lines(corpus_path: Path | None, count: int) -> list[str]:
+    from itertools import islice
+
+    from headwise import analysis
+
+    return [] if corpus_path is None else list(islice(analysis.CorpusFile(corpus_path), count))
+
+
+def _run_importance(hm, batches, seed, out, title, extra):
+    try:
+        result, columns, paths = _heads_model.run_importance(hm, batches, seed=seed, out=out, title=title)
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+    extra["importance"] = _heads_model.importance_summary(result)
+    return result, columns, paths
+
+
+def _importance_line(result) -> str:
+    top = np.unravel_index(np.argmax(result.ablation), result.ablation.shape)
+    half = result.curves["importance"][len(result.removed) // 2]
+    return (
+        f"importance ({result.objective}, {result.num_sequences} sequences): intact {result.base_loss:.4f}; "
+        f"removing L{top[0]} H{top[1]} alone costs most (+{result.ablation[top]:.4f}); "
+        f"{int(result.removed[len(result.removed) // 2])} least important heads removed: {half:.4f}"
+    )
+
+
+def _decoder(
+    hm, text, corpus_path, layer, out, batch_size, importance, importance_sentences, probe_length, probe_repeats, seed
+) -> None:
+    """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance."""
+    from headwise.analysis import SentenceHeads
+    from headwise.viz.report import write_heads_outputs
+
+    if layer is not None and not 0 <= layer < hm.num_layers:
+        raise CLIError(f"--layer: expected 0 … {hm.num_layers - 1} for this model, got {layer}")
+    if hm.tokenizer is None and text is not None:
+        raise CLIError(f"TEXT: the checkpoint {hm.name} has no tokenizer.json; run without TEXT to analyse its probe")
+    if hm.tokenizer is None and corpus_path is not None:
+        raise CLIError(f"--corpus: the checkpoint {hm.name} has no tokenizer.json to read text with")
+    if importance and corpus_path is None and hm.tokenizer is not None:
+        raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
+    probe = _heads_model.make_probe(hm, length=probe_length, repeats=probe_repeats, seed=seed)
+    prepare_folder(out, "--out")
+    warn = _warn
+    extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
+    if corpus_path is not None:
+        from headwise import analysis
+
+        reader = analysis.CorpusFile(corpus_path)
+        total = reader.count()
+        if total == 0:
+            raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus_path}'")
+        texts = iter(reader)
+        scope = f"{total} sentences of {corpus_path.name}"
+    elif text is not None:
+        texts, total, scope = iter([text]), 1, "this text"
+    else:
+        texts, total, scope = None, 0, f"its probe ({probe.batch} × {probe.total_length} random tokens)"
+    if texts is not None:
+        batches = _heads_model.text_batches(hm, texts, batch_size, lambda m: warn(f"TEXT / --corpus: {m}"))
+        with corpus_progress(total) as progress:
+            report, example = _heads_model.decoder_report(hm, batches, probe, progress=progress)
+        if text is not None and corpus_path is not None:  # the example drawn is TEXT
+            [(ids, mask, tokens)] = list(_heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
+            maps = hm.attentions(ids, mask)
+            example = (tokens[0], np.stack([m[0] for m in maps]).astype(np.float32))
+        if corpus_path is not None:
+            extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
+    else:
+        import torch
+
+        ids = _heads_model.probe_ids(hm, probe)
+        batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4]), None) for s in range(0, len(ids), 4)]
+        batches = [(i, m, [hm.token_strings(row) for row in i]) for i, m, _ in batches]
+        report, example = _heads_model.decoder_report(hm, batches, probe)
+    tokens, maps = example
+    extra["sentence"] = {"text": text, "tokens": tokens}
+    console = _console()
+    title = hm.title
+    print_head_table(
+        console,
+        report,
+        layer=layer,
+        title=f"{title} — {scope}, {report.num_tokens} tokens",
+        columns=_heads_model.DECODER_COLUMNS,
+    )
+    _print_roles(console, report)
+    console.print(
+        f"probe: {probe.batch} sequences of {probe.length} random tokens × {probe.repeats} copies"
+        f"{' after BOS' if probe.bos is not None else ''}, seed {probe.seed} (·p columns); first: attention "
+        "to the first token; H/ln m: entropy over ln of the keys a query may see"
+    )
+    columns, more = None, {}
+    if importance:
+        lines = _first_lines(corpus_path, importance_sentences)
+        batches = _heads_model.importance_batches(hm, lines, probe, batch_size, lambda m: warn(f"--importance: {m}"))
+        result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
+        console.print(_importance_line(result))
+    sentence = SentenceHeads(report, list(tokens), maps)
+    try:
+        paths = write_heads_outputs(
+            sentence, report, out, layer=layer, title=title, extra=extra, causal=True, columns=columns
+        )
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+    console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))

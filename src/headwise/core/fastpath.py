@@ -86,8 +86,9 @@ def _matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _plain(m: nn.Module) -> bool:
-    """A plain ``nn.Linear`` holding plain tensors (not a subclass, not DTensor shards)."""
-    if type(m) is not nn.Linear:
+    """A plain ``nn.Linear`` holding plain tensors (not a subclass, not DTensor shards), without hooks
+    (a module someone hooked — head gates, probes — is called as a module, so that its hooks run)."""
+    if type(m) is not nn.Linear or m._forward_pre_hooks or m._forward_hooks:
         return False
     return all(type(p) in (nn.Parameter, Tensor) for p in (m.weight, m.bias) if p is not None)
 

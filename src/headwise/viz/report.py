@@ -20,16 +20,30 @@ __all__ = ["OUTPUTS", "report_json", "report_csv", "write_head_views", "write_he
 OUTPUTS = ("heads.json", "heads.csv", "heads.png", "roles.png", "headview.html")
 
 
-def report_json(report, *, extra: dict | None = None) -> str:
-    """The report as JSON text (see :meth:`HeadReport.to_dict`), with ``extra`` fields first."""
+def _rows(report, columns: dict | None) -> list[dict]:
+    """The report's per-head rows, each with the values of ``columns`` (name → ``(NL, H)``) appended."""
+    rows = report.rows()
+    for name, values in (columns or {}).items():
+        for row in rows:
+            v = float(values[row["layer"]][row["head"]])
+            row[name] = None if v != v else v
+    return rows
+
+
+def report_json(report, *, extra: dict | None = None, columns: dict | None = None) -> str:
+    """The report as JSON text (see :meth:`HeadReport.to_dict`), with ``extra`` fields first and the
+    per-head ``columns`` (name → ``(NL, H)`` values, e.g. importance) added to every head's row."""
     data = dict(extra or {})
     data.update(report.to_dict())
+    if columns:
+        data["heads"] = _rows(report, columns)
     return json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def report_csv(report) -> str:
-    """One CSV row per head (layer-major), every metric, ``positional``, ``role`` and the MDS coordinates."""
-    rows = report.rows()
+def report_csv(report, *, columns: dict | None = None) -> str:
+    """One CSV row per head (layer-major), every metric, ``positional``, ``role``, the MDS coordinates
+    and the per-head ``columns``."""
+    rows = _rows(report, columns)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
@@ -45,6 +59,7 @@ def write_head_views(
     report=None,
     layer: int | None = None,
     title: str = "",
+    causal: bool = False,
 ) -> dict[str, Path]:
     """Write ``heads.png``, ``roles.png`` and ``headview.html`` for one sentence.
 
@@ -55,6 +70,7 @@ def write_head_views(
             own; pass a corpus report to show corpus roles).
         layer: draw only this layer in ``heads.png`` (the head view keeps every layer, starting there).
         title: a line naming the model, used in every picture.
+        causal: a decoder's maps (the head view's model view shows the causal triangle).
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
@@ -85,6 +101,7 @@ def write_head_views(
         roles=roles,
         title=f"{title} head view".strip(),
         subtitle=text if len(text) <= 600 else text[:600] + " …",
+        causal=causal,
     )
     return paths
 
@@ -97,6 +114,8 @@ def write_heads_outputs(
     layer: int | None = None,
     title: str = "",
     extra: dict | None = None,
+    causal: bool = False,
+    columns: dict | None = None,
 ) -> dict[str, Path]:
     """Write all of :data:`OUTPUTS` to ``out_dir`` (created if needed), each atomically.
 
@@ -107,14 +126,16 @@ def write_heads_outputs(
         layer: restrict ``heads.png`` to one layer.
         title: the model's name for the pictures.
         extra: fields put first in ``heads.json`` (model, corpus, sentence …).
+        causal: a decoder's maps.
+        columns: more per-head values for ``heads.json`` / ``heads.csv`` (name → ``(NL, H)``).
     Returns:
         file name → path, in the order of :data:`OUTPUTS`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
-        "heads.json": write_text_atomic(out / "heads.json", report_json(report, extra=extra)),
-        "heads.csv": write_text_atomic(out / "heads.csv", report_csv(report)),
+        "heads.json": write_text_atomic(out / "heads.json", report_json(report, extra=extra, columns=columns)),
+        "heads.csv": write_text_atomic(out / "heads.csv", report_csv(report, columns=columns)),
     }
-    paths.update(write_head_views(sentence, out, report=report, layer=layer, title=title))
+    paths.update(write_head_views(sentence, out, report=report, layer=layer, title=title, causal=causal))
     return {name: paths[name] for name in OUTPUTS}

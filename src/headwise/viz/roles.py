@@ -16,7 +16,7 @@ import numpy as np
 
 from headwise.viz._files import HeatmapFile, save_figure
 
-__all__ = ["ROLE_PANELS", "plot_role_maps"]
+__all__ = ["ROLE_PANELS", "DECODER_PANELS", "plot_role_maps"]
 
 #: (metric, panel title, colour scale maximum or None for the data's maximum).
 ROLE_PANELS = (
@@ -28,6 +28,19 @@ ROLE_PANELS = (
     ("next", "attention to next token", 1.0),
     ("entropy", "entropy (nats)", None),
     ("entropy_cls", "entropy of [CLS] row (nats)", None),
+    ("distance", "mean distance |i−j| (tokens)", None),
+    ("confidence", "confidence (mean max weight)", 1.0),
+)
+#: The panels of a decoder's report (:class:`~headwise.analysis.DecoderReport`).
+DECODER_PANELS = (
+    ("prev", "attention to previous token", 1.0),
+    ("first", "attention to first token (BOS sink)", 1.0),
+    ("duplicate_probe", "duplicate-token score (probe)", 1.0),
+    ("induction_probe", "induction score (probe)", 1.0),
+    ("self", "attention to self", 1.0),
+    ("induction", "induction score (text)", 1.0),
+    ("entropy", "entropy (nats)", None),
+    ("entropy_ratio_causal", "entropy / ln(keys it may see)", 1.0),
     ("distance", "mean distance |i−j| (tokens)", None),
     ("confidence", "confidence (mean max weight)", 1.0),
 )
@@ -57,6 +70,8 @@ def _heatmap(fig, ax, values: np.ndarray, title: str, vmax: float | None) -> Non
 def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None, dpi: int = 100) -> HeatmapFile:
     """Write the per-metric layer × head heatmaps of a :class:`~headwise.analysis.HeadReport`.
 
+    An encoder's report gets the :data:`ROLE_PANELS`, a decoder's (no ``cls`` metric) the :data:`DECODER_PANELS`.
+
     Args:
         report: the corpus (or sentence) report.
         path: the picture (.png, .svg, .pdf); its folder must exist. Written atomically.
@@ -72,19 +87,20 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     from headwise.analysis.roles import ROLES
 
     nl, h = report.num_layers, report.num_heads
+    chosen = ROLE_PANELS if "cls" in report.metrics else DECODER_PANELS
     cols = 4
-    panels = len(ROLE_PANELS) + 2
+    panels = len(chosen) + 2
     rows = -(-panels // cols)
     cell_w = max(3.2, 0.32 * h + 0.9)
     cell_h = max(2.4, 0.32 * nl + 1.0)
     figsize = (cols * cell_w, rows * cell_h + (0.5 if title else 0.1))
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (metric, label, vmax) in zip(axes, ROLE_PANELS):
+    for ax, (metric, label, vmax) in zip(axes, chosen):
         _heatmap(fig, ax, report.metrics[metric], label, vmax)
 
     # Role map: a categorical grid.
-    ax = axes[len(ROLE_PANELS)]
+    ax = axes[len(chosen)]
     palette = colormaps["tab10"]
     index = {r: k for k, r in enumerate(ROLES)}
     codes = np.vectorize(index.get)(report.roles)
@@ -106,7 +122,7 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     )
 
     # MDS map of the heads, coloured by layer.
-    ax = axes[len(ROLE_PANELS) + 1]
+    ax = axes[len(chosen) + 1]
     if report.mds is not None:
         xy = report.mds
         layer_of = np.repeat(np.arange(nl), h)
