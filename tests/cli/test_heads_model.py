@@ -216,3 +216,29 @@ def test_a_lab_checkpoint_goes_through_the_same_model_option(capsys, tmp_path):
         for h in range(4):
             row = data["heads"][layer * 4 + h]
             assert row["induction_probe"] == pytest.approx(float(scores["induction"][:, h].mean()), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_encoder_importance_on_the_bundled_model(capsys, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("In the beginning God created the heavens and the earth.\nGod saw the light, and it was good.\n")
+    argv = [
+        "heads",
+        "--corpus",
+        str(corpus),
+        "--importance",
+        "--importance-sentences",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    data = json.loads((tmp_path / "o" / "heads.json").read_text())
+    imp = data["importance"]
+    assert imp["objective"].startswith("1 − cos") and imp["base_loss"] == 0.0 and imp["sequences"] == 2
+    assert "turning rate" in imp["importance_convention"]
+    lines = (tmp_path / "o" / "pruning.csv").read_text().splitlines()
+    assert len(lines) == 1 + 33 and lines[-1].startswith("72,")
+    last = [float(x) for x in lines[-1].split(",")[1:]]
+    assert max(last) - min(last) < 1e-9  # every order ends with all 72 heads removed

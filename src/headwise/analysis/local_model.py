@@ -108,12 +108,26 @@ def _known_type(model_type: str) -> bool:
     return model_type in CONFIG_MAPPING
 
 
-def _config_parameters(config: dict, fallback: int) -> int:
-    """Parameters of the model ``config`` describes, counted on the meta device (no memory)."""
+def _config_parameters(config: dict, fallback: int, source: str) -> int:
+    """Parameters of the model ``config`` describes, counted on the meta device (no memory).
+
+    BERT is headwise's own encoder, its config checked by :class:`headwise.models.BertConfig`; a lab
+    checkpoint counts the tensors its safetensors declare (``fallback``).
+
+    Raises:
+        ValueError: a BERT config with a bad field (naming it).
+    """
+    import torch
+
     model_type = config.get("model_type", "")
     if model_type.startswith("headwise-lab"):
         return fallback
-    import torch
+    if model_type == "bert":
+        from headwise.models import BertConfig, BertEncoder
+
+        with torch.device("meta"):
+            model = BertEncoder(BertConfig.from_dict(config, source=source))
+        return sum(p.numel() for p in model.parameters())
     from transformers import AutoConfig, AutoModel
 
     cfg = AutoConfig.for_model(**config)
@@ -165,12 +179,14 @@ def inspect_folder(path: str | os.PathLike) -> FolderInfo:
             )
         raise FileNotFoundError(f"{folder}: no *.safetensors file (a checkpoint folder needs its weights)")
     stored = sum(_safetensors_tensors(w) for w in weights)
-    try:
-        params = _config_parameters(config, stored)
-    except Exception as e:  # a config transformers cannot build a model from
-        raise ValueError(
-            f"{cfg_path}: cannot build a {model_type!r} model from it ({' '.join(str(e).split())})"
-        ) from None
+    if model_type == "bert":  # headwise's BertConfig names the bad field itself
+        params = _config_parameters(config, stored, str(cfg_path))
+    else:
+        try:
+            params = _config_parameters(config, stored, str(cfg_path))
+        except Exception as e:  # a config transformers cannot build a model from
+            msg = " ".join(str(e).split())
+            raise ValueError(f"{cfg_path}: cannot build a {model_type!r} model from it ({msg})") from None
     need, have = 4 * params, machine_memory()
     if need > have:
         raise ValueError(
