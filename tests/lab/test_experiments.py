@@ -116,6 +116,7 @@ def test_induction_default_run_copies_for_a_fresh_seed():
     seed = int.from_bytes(os.urandom(3), "little")
     run = run_induction(seed=seed)
     s = run.summary
+    print(f"\ninduction seed {seed}: {s['final']['repeated_over_ln_v']:.3f} · ln V in {s['seconds']:.0f} s")
     assert s["passed"], (seed, s["final"])
     assert s["final"]["loss_repeated"] <= BOUND * s["ln_v"]
     assert s["previous_token_heads"] and s["induction_heads"], (seed, s["scores"])
