@@ -203,7 +203,8 @@ def heads_vs_one(
             title=f"One head against many: D={setup.d_model}, {result['parameters']:,} parameters, "
             f"{setup.steps} steps, {setup.seeds} seeds",
         )
-    typer.echo(f"wrote {out}/ (heads_vs_one.json, .csv, .png); training time summed over the runs: {result['seconds']:.0f} s")
+    summed = result["seconds"]
+    typer.echo(f"wrote {out}/ (heads_vs_one.json, .csv, .png); training time summed over the runs: {summed:.0f} s")
     for task, by in table.items():
         cells = "  ".join(
             f"H={h}: {s['accuracy']['mean']:.2f}±{s['accuracy']['std']:.2f} ({s['solved']}/{s['seeds']} solved)"
