@@ -14,28 +14,26 @@ import torch
 from headwise.lab import HeadsSetup, InductionSetup, LMConfig, TransformerLM, head_importance, pruning_curves
 from headwise.lab.heads_vs_one import run_heads_vs_one, summarise, verdict
 from headwise.lab.induction import BOUND, run_induction
-from headwise.lab.scores import head_scores, induction_pattern, pattern_score, previous_token_pattern
+from headwise.lab.scores import head_scores
 from headwise.lab.tasks import induction_probe
 from headwise.lab.trainer import masked_loss
 
 
 def test_scores_by_hand():
-    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])  # induction targets: query 3 -> key 1, 4 -> 2
-    pattern = induction_pattern(ids)[0]
-    assert pattern.nonzero().tolist() == [[3, 1], [4, 2], [5, 3]]
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])  # induction targets: query 3 -> key 1, 4 -> 2, 5 -> 3
     L = 6
     prev = torch.zeros(1, 2, L, L)
     prev[0, :, 0, 0] = 1.0
     for i in range(1, L):
         prev[0, 0, i, i - 1] = 1.0  # head 0: previous token
         prev[0, 1, i, 0] = 1.0  # head 1: first token
-    assert pattern_score(prev, previous_token_pattern(L)).tolist() == pytest.approx([1.0, 0.2])
     induct = torch.zeros(1, 1, L, L)
     induct[0, 0, :3, 0] = 1.0
     for i in range(3, L):
-        induct[0, 0, i, i - 2] = 1.0  # token after the earlier copy
-    s = head_scores([induct], ids)
-    assert s["induction"] == [[1.0]] and s["prev"] == [[pytest.approx(0.2)]]  # query 1 -> key 0 is also "previous"
+        induct[0, 0, i, i - 2] = 1.0  # the token after the earlier copy
+    s = head_scores([prev, induct], ids)
+    assert s["prev"][0] == pytest.approx([1.0, 0.2]) and s["prev"][1] == [pytest.approx(0.2)]  # query 1 -> key 0
+    assert s["induction"][1] == [1.0] and s["induction"][0] == pytest.approx([0.0, 0.0])
 
 
 def _gated_loss(model, batch, gates):
