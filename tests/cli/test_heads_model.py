@@ -236,7 +236,8 @@ def test_encoder_importance_on_the_bundled_model(capsys, tmp_path):
     assert code == 0, err
     data = json.loads((tmp_path / "o" / "heads.json").read_text())
     imp = data["importance"]
-    assert imp["objective"].startswith("1 − cos") and imp["base_loss"] == 0.0 and imp["sequences"] == 2
+    assert imp["objective"].startswith("1 − cos") and imp["sequences"] == 2
+    assert abs(imp["base_loss"]) < 1e-6  # the intact model against itself: 0 up to float32 round-off
     assert "turning rate" in imp["importance_convention"]
     lines = (tmp_path / "o" / "pruning.csv").read_text().splitlines()
     assert len(lines) == 1 + 33 and lines[-1].startswith("72,")

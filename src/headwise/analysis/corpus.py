@@ -105,12 +105,12 @@ class HeadReport:
                 row: dict = {"layer": layer, "head": head}
                 for name in METRICS:
                     v = self.metrics[name][layer, head]
-                    row[name] = int(v) if name == "positional_offset" else _num(v)
+                    row[name] = int(v) if name == "positional_offset" else json_number(v)
                 row["positional"] = bool(self.positional[layer, head])
                 row["role"] = str(self.roles[layer, head])
                 if self.mds is not None:
                     n = layer * self.num_heads + head
-                    row["mds_x"], row["mds_y"] = _num(self.mds[n, 0]), _num(self.mds[n, 1])
+                    row["mds_x"], row["mds_y"] = json_number(self.mds[n, 0]), json_number(self.mds[n, 1])
                 out.append(row)
         return out
 
@@ -134,7 +134,8 @@ class HeadReport:
         }
 
 
-def _num(v) -> float | None:
+def json_number(v) -> float | None:
+    """``float(v)``, or None for NaN (JSON has no NaN)."""
     v = float(v)
     return None if math.isnan(v) else v
 

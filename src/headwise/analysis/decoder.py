@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD
-from headwise.analysis.corpus import METRICS, HeadReport, HeadStats, _num
+from headwise.analysis.corpus import METRICS, HeadReport, HeadStats, json_number
 from headwise.analysis.detectors import DETECTORS, Probe, detector_scores
 from headwise.analysis.entropy import row_entropy
 from headwise.analysis.roles import RoleThresholds, decoder_roles
@@ -125,12 +125,12 @@ class DecoderReport(HeadReport):
                 row: dict = {"layer": layer, "head": head}
                 for name in DECODER_METRICS:
                     v = self.metrics[name][layer, head]
-                    row[name] = int(v) if name == "positional_offset" else _num(v)
+                    row[name] = int(v) if name == "positional_offset" else json_number(v)
                 row["positional"] = bool(self.positional[layer, head])
                 row["role"] = str(self.roles[layer, head])
                 if self.mds is not None:
                     n = layer * self.num_heads + head
-                    row["mds_x"], row["mds_y"] = _num(self.mds[n, 0]), _num(self.mds[n, 1])
+                    row["mds_x"], row["mds_y"] = json_number(self.mds[n, 0]), json_number(self.mds[n, 1])
                 out.append(row)
         return out
 

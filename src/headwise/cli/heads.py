@@ -42,7 +42,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from headwise.cli import _heads_model
+import headwise.cli._heads_model as heads_model
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed
 from headwise.cli._progress import corpus_progress
@@ -266,7 +266,7 @@ def heads(
         except (FileNotFoundError, ValueError) as e:
             raise CLIError(f"--model: {e}") from None
         if info.model_type != "bert":
-            hm = _heads_model.load(info.folder)
+            hm = heads_model.load(info.folder)
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
@@ -334,7 +334,7 @@ def heads(
 
             hm = load_head_model(None if model is None else Path(model))
         texts = _first_lines(corpus_path, importance_sentences)
-        batches = _heads_model.importance_batches(hm, texts, None, batch_size, lambda m: _warn(f"--importance: {m}"))
+        batches = heads_model.importance_batches(hm, texts, None, batch_size, lambda m: _warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
         console.print(_importance_line(result))
     try:
@@ -370,10 +370,10 @@ def _first_lines(corpus_path: Path | None, count: int) -> list[str]:
 
 def _run_importance(hm, batches, seed, out, title, extra):
     try:
-        result, columns, paths = _heads_model.run_importance(hm, batches, seed=seed, out=out, title=title)
+        result, columns, paths = heads_model.run_importance(hm, batches, seed=seed, out=out, title=title)
     except OSError as e:
         raise write_failed("--out", out, e) from None
-    extra["importance"] = _heads_model.importance_summary(result)
+    extra["importance"] = heads_model.importance_summary(result)
     return result, columns, paths
 
 
@@ -402,7 +402,7 @@ def _decoder(
         raise CLIError(f"--corpus: the checkpoint {hm.name} has no tokenizer.json to read text with")
     if importance and corpus_path is None and hm.tokenizer is not None:
         raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
-    probe = _heads_model.make_probe(hm, length=probe_length, repeats=probe_repeats, seed=seed)
+    probe = heads_model.make_probe(hm, length=probe_length, repeats=probe_repeats, seed=seed)
     prepare_folder(out, "--out")
     warn = _warn
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
@@ -420,11 +420,11 @@ def _decoder(
     else:
         texts, total, scope = None, 0, f"its probe ({probe.batch} × {probe.total_length} random tokens)"
     if texts is not None:
-        batches = _heads_model.text_batches(hm, texts, batch_size, lambda m: warn(f"TEXT / --corpus: {m}"))
+        batches = heads_model.text_batches(hm, texts, batch_size, lambda m: warn(f"TEXT / --corpus: {m}"))
         with corpus_progress(total) as progress:
-            report, example = _heads_model.decoder_report(hm, batches, probe, progress=progress)
+            report, example = heads_model.decoder_report(hm, batches, probe, progress=progress)
         if text is not None and corpus_path is not None:  # the example drawn is TEXT
-            [(ids, mask, tokens)] = list(_heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
+            [(ids, mask, tokens)] = list(heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
             maps = hm.attentions(ids, mask)
             example = (tokens[0], np.stack([m[0] for m in maps]).astype(np.float32))
         if corpus_path is not None:
@@ -432,10 +432,10 @@ def _decoder(
     else:
         import torch
 
-        ids = _heads_model.probe_ids(hm, probe)
+        ids = heads_model.probe_ids(hm, probe)
         batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4]), None) for s in range(0, len(ids), 4)]
         batches = [(i, m, [hm.token_strings(row) for row in i]) for i, m, _ in batches]
-        report, example = _heads_model.decoder_report(hm, batches, probe)
+        report, example = heads_model.decoder_report(hm, batches, probe)
     tokens, maps = example
     extra["sentence"] = {"text": text, "tokens": tokens}
     console = _console()
@@ -445,7 +445,7 @@ def _decoder(
         report,
         layer=layer,
         title=f"{title} — {scope}, {report.num_tokens} tokens",
-        columns=_heads_model.DECODER_COLUMNS,
+        columns=heads_model.DECODER_COLUMNS,
     )
     _print_roles(console, report)
     console.print(
@@ -456,7 +456,7 @@ def _decoder(
     columns, more = None, {}
     if importance:
         lines = _first_lines(corpus_path, importance_sentences)
-        batches = _heads_model.importance_batches(hm, lines, probe, batch_size, lambda m: warn(f"--importance: {m}"))
+        batches = heads_model.importance_batches(hm, lines, probe, batch_size, lambda m: warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
         console.print(_importance_line(result))
     sentence = SentenceHeads(report, list(tokens), maps)
