@@ -16,6 +16,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -78,6 +79,9 @@ class HeadReport:
         thresholds: the role thresholds used.
     """
 
+    # The metric columns this kind of report carries, in order (a subclass names its own).
+    metric_names: ClassVar[tuple[str, ...]] = tuple(METRICS)
+
     metrics: dict[str, np.ndarray]
     positional: np.ndarray
     roles: np.ndarray
@@ -103,7 +107,7 @@ class HeadReport:
         for layer in range(self.num_layers):
             for head in range(self.num_heads):
                 row: dict = {"layer": layer, "head": head}
-                for name in METRICS:
+                for name in self.metric_names:
                     v = self.metrics[name][layer, head]
                     row[name] = int(v) if name == "positional_offset" else json_number(v)
                 row["positional"] = bool(self.positional[layer, head])

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD
-from headwise.analysis.corpus import METRICS, HeadReport, HeadStats, json_number
+from headwise.analysis.corpus import METRICS, HeadReport, HeadStats
 from headwise.analysis.detectors import DETECTORS, Probe, detector_scores
 from headwise.analysis.entropy import row_entropy
 from headwise.analysis.roles import RoleThresholds, decoder_roles
@@ -116,23 +117,9 @@ class DecoderReport(HeadReport):
         probe: the probe's settings (:meth:`Probe.to_dict`), or None when none was run.
     """
 
-    probe: dict | None = None
+    metric_names: ClassVar[tuple[str, ...]] = tuple(DECODER_METRICS)
 
-    def rows(self) -> list[dict]:
-        out = []
-        for layer in range(self.num_layers):
-            for head in range(self.num_heads):
-                row: dict = {"layer": layer, "head": head}
-                for name in DECODER_METRICS:
-                    v = self.metrics[name][layer, head]
-                    row[name] = int(v) if name == "positional_offset" else json_number(v)
-                row["positional"] = bool(self.positional[layer, head])
-                row["role"] = str(self.roles[layer, head])
-                if self.mds is not None:
-                    n = layer * self.num_heads + head
-                    row["mds_x"], row["mds_y"] = json_number(self.mds[n, 0]), json_number(self.mds[n, 1])
-                out.append(row)
-        return out
+    probe: dict | None = None
 
     def to_dict(self) -> dict:
         data = super().to_dict()
