@@ -340,7 +340,8 @@ def gguf_folder(path: str | os.PathLike, *, header: GGUFHeader | None = None, ro
         probe.touch()
         probe.unlink()
     except OSError as exc:
-        raise OSError(f"{root}: the cache directory cannot be written ({exc.strerror or exc}); use --no-cache") from None
+        reason = exc.strerror or exc
+        raise OSError(f"{root}: the cache directory cannot be written ({reason}); use --no-cache") from None
     model, tokenizer = load_gguf(path, header)
     with atomic_folder(folder) as tmp, contextlib.redirect_stderr(io.StringIO()):
         model.save_pretrained(tmp, safe_serialization=True)
