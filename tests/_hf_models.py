@@ -84,3 +84,33 @@ def batch(B: int = 3, L: int = 9, seed: int = 1) -> dict:
         mask[b, : 2 * b] = 0
     ids = ids.masked_fill(mask == 0, 0)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+#: families for the converter sweep (tests/interop): family -> config overrides on top of _SMALL. Windows (4) are
+#: shorter than the test sequences; Cohere 2 has four layers, so that its pattern (three local, one global) shows.
+CONVERTIBLE = {
+    "llama": dict(num_key_value_heads=2),
+    "mistral": dict(num_key_value_heads=2, sliding_window=4),
+    "qwen2": dict(num_key_value_heads=2, attention_bias=True),
+    "qwen3": dict(num_key_value_heads=2, head_dim=16),
+    "gemma": dict(num_key_value_heads=1, head_dim=8),
+    "gemma2": dict(num_key_value_heads=2, head_dim=16, sliding_window=4, attn_logit_softcapping=5.0),
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=8, sliding_window=4),
+    "cohere": dict(num_key_value_heads=2),
+    "cohere2": dict(num_key_value_heads=2, num_hidden_layers=4, sliding_window=4),
+    "olmo2": dict(num_key_value_heads=2),
+    "starcoder2": dict(num_key_value_heads=2, sliding_window=4),
+    "smollm3": dict(num_key_value_heads=2, num_hidden_layers=4, pad_token_id=0),
+    "gpt_oss": dict(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **_MOE),
+    "gpt2": dict(n_embd=32, n_head=4, n_layer=2),
+    "bert": dict(),
+}
+
+
+def from_config(family: str, overrides: dict | None = None, *, seed: int = 0) -> nn.Module:
+    """A tiny random base model (``AutoModel``, eager attention) of any ``family`` ``AutoConfig`` knows."""
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(family, **{**_SMALL, **(overrides or {})})
+    torch.manual_seed(seed)
+    return randomise(AutoModel.from_config(config, attn_implementation="eager", dtype=torch.float32), seed)

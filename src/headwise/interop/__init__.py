@@ -10,7 +10,7 @@ __all__ = ["from_torch", "to_torch", "from_hf"]
 
 def __getattr__(name):
     if name == "from_hf":
-        from headwise.interop.hf import from_hf
+        from headwise.interop.hugging_face import from_hf
 
         return from_hf
     raise AttributeError(f"module 'headwise.interop' has no attribute {name!r}")
