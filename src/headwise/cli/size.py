@@ -21,7 +21,8 @@ def size(
         str | None, typer.Argument(help="An architecture, e.g. llama-3-8b (see --all for the list).")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", help="Read a Hugging Face config.json instead of a name.")
+        Path | None,
+        typer.Option("--config", help="Read a Hugging Face config.json (or a GGUF file's metadata) instead of a name."),
     ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="One row per built-in architecture (the article's table).")
@@ -59,7 +60,7 @@ def size(
         if value is not None and value <= 0:
             raise CLIError(f"{option}: expected a positive integer, got {value}")
     if config is not None and not config.is_file() and not (config / "config.json").is_file():
-        raise CLIError(f"--config: no such file: '{config}' (expected a Hugging Face config.json)")
+        raise CLIError(f"--config: no such file: '{config}' (expected a Hugging Face config.json or a GGUF file)")
     arch = sizing.from_hf_config(config) if config is not None else sizing.get_arch(name)
     seq = arch.max_positions if seq_len is None else seq_len
     sizing.kv_cache_bytes(arch, seq, 1 if batch is None else batch, dtype)  # checks seq_len and batch

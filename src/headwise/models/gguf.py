@@ -273,7 +273,7 @@ def load_gguf(path: str | os.PathLike, header: GGUFHeader | None = None):
         ImportError: the ``gguf`` / ``accelerate`` packages are missing (install ``headwise[gguf]``).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = Path(path).resolve()
@@ -299,16 +299,14 @@ def load_gguf(path: str | os.PathLike, header: GGUFHeader | None = None):
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    config = loaded.config.to_dict()
-    config.pop("quantization_config", None)
-    config.pop("_name_or_path", None)
-    model_type = config.pop("model_type")
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config), dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    model.tie_weights()
+    # What is left of the GGUF route on the model: the quantizer and its config entry. The weights are plain
+    # float32 tensors now, so the model is an ordinary one (it can be saved, run and compared as such).
+    model = loaded
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
     model.eval()
-    del loaded
     return model, tokenizer
 
 

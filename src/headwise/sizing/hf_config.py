@@ -129,6 +129,10 @@ def _read(path_or_dict: Any) -> tuple[Mapping[str, Any], str, str]:
     where = str(path)
     if not path.is_file():
         raise FileNotFoundError(f"config: no such file: {where}")
+    from headwise.models.gguf import gguf_config, is_gguf
+
+    if is_gguf(path):  # a GGUF file (llama.cpp, Ollama): its architecture metadata, mapped by transformers
+        return gguf_config(path), where, path.stem
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -147,8 +151,9 @@ def from_hf_config(path_or_dict: Any, *, name: str | None = None) -> Architectur
     """An :class:`Architecture` from a Hugging Face config (file, folder, dict or ``PretrainedConfig``).
 
     Args:
-        path_or_dict: path to ``config.json`` (or to the folder holding it), its parsed dict, or a
-            ``transformers`` config object.
+        path_or_dict: path to ``config.json`` (or to the folder holding it), a GGUF file (any name: its
+            architecture metadata, read as transformers' GGUF loader reads it), a config's parsed dict,
+            or a ``transformers`` config object.
         name: display name; default the config's ``_name_or_path``, else the folder's name, else
             the ``model_type``.
 
