@@ -11,7 +11,7 @@ See :mod:`headwise.articles.claim` for the statuses (pass / erratum / FAIL) and 
 
 from __future__ import annotations
 
-from headwise.articles import part5, techbyte, under_the_hood
+from headwise.articles import encoder_layer, two_head_example, under_the_hood
 from headwise.articles.claim import ERRATUM, FAIL, PASS, QUANTITIES, Claim, Result, check
 
 __all__ = [
@@ -28,10 +28,10 @@ __all__ = [
     "claims_about",
 ]
 
-#: article key -> (title, file name in ``shared/seeds/``)
+#: article key -> (title, file name: the article's own, kept for its quoted passages in ``tests/articles/excerpts/``)
 ARTICLES = {
     under_the_hood.KEY: ("LLM Under the Hood, Part 4: Multi-Head Attention", "000_5713966d6f8be7c5.txt"),
-    techbyte.KEY: ("TechByteByByte: Multi-Head Attention", "001_c2870792325014b6.txt"),
+    two_head_example.KEY: ("TechByteByByte: Multi-Head Attention", "001_c2870792325014b6.txt"),
 }
 
 
@@ -43,7 +43,7 @@ def all_claims(article: str | None = None) -> list[Claim]:
     """
     if article is not None and article not in ARTICLES:
         raise ValueError(f"article: expected one of {sorted(ARTICLES)}, got {article!r}")
-    found = under_the_hood.claims() + part5.claims() + techbyte.claims()
+    found = under_the_hood.claims() + encoder_layer.claims() + two_head_example.claims()
     return [c for c in found if article is None or c.article == article]
 
 

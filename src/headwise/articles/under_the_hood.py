@@ -1,6 +1,6 @@
 """The claims of "LLM Under the Hood, Part 4: Multi-Head Attention", recomputed with headwise.
 
-Every ``printed`` string is copied from the article (``shared/seeds/000_5713966d6f8be7c5.txt``); every
+Every ``printed`` string is copied from the article ("LLM Under the Hood — Part 4: Multi-Head Attention"); every
 computed value comes from headwise's modules (``MultiHeadAttention``, ``EmbeddingWithPE``,
 ``AttentionBlock``, ``sinusoidal_table``, ``interop.from_torch``, ``sizing``), run the way the
 article runs its own code (same sizes, same seeds where the article sets one).

@@ -4,8 +4,8 @@ The article ends: "look at the actual print(model) output of an 8,544-parameter 
 Part 5 is not in the sources, so the sizes are inferred: residual connections, two LayerNorms and a
 position-wise feed-forward network at ``d_model = 32, d_ff = 64`` give exactly 8,544 (attention
 4·32² + 4·32 = 4,224; feed-forward 2·32·64 + 64 + 32 = 4,192; LayerNorms 2·2·32 = 128), for any
-head count that divides 32 (``shared/seeds/README.md``). The claim is checked on the module, and the
-module's parts against the formula.
+head count that divides 32; no other small ``(d_model, d_ff)`` pair gives 8,544. The claim is checked on the
+module, and the module's parts against the formula.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ them (``np.random.seed(3)``, then ``np.round(np.random.randn(d_model, d_head) * 
 concatenated into one ``wq (D, H·Dh)`` etc., and ``multi_head_attention`` / ``split_heads`` /
 ``scaled_dot_product_attention`` / ``merge_heads`` do the rest.
 
-Every ``printed`` string is copied from the article (``shared/seeds/001_c2870792325014b6.txt``).
+Every ``printed`` string is copied from the article, TechByteByByte's "Multi-Head Attention".
 
 Shape legend: L tokens (3), D model width (4), H heads (2), Dh head width (2).
 """
