@@ -118,3 +118,33 @@ def test_mean_refuses_a_mask_it_cannot_read(tiny):
     pattern = "^attention_mask: mode='mean' needs the model's 2-D padding mask"
     with pytest.raises(ValueError, match=pattern), torch.no_grad(), headwise.hf.ablate(model, {0: [0]}, mode="mean"):
         model(input_ids=inputs["input_ids"], attention_mask=four_d)
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_a_hook_on_the_backends_hook_heads_is_what_ablate_does(tiny, family):
+    """Ablation, gates and patching act at one place: a hook of one's own on ``hook_heads`` zeroing the same
+    heads gives the same whole tensors as ``ablate``; the model gains no module and no state."""
+    from headwise.core.hooks import hooked
+    from headwise.hf._model import on_headwise
+    from headwise.hf.backend import hook_points
+
+    model = tiny(family, "eager")
+    inputs = batch()
+    modules_before = [name for name, _ in model.named_modules()]
+    state_before = list(model.state_dict())
+
+    def zero(heads):
+        return lambda out: out.index_fill(1, torch.tensor(heads), 0.0)  # out (B, H, L, Dv)
+
+    layers = headwise.hf.attention_layers(model)
+    with torch.no_grad():
+        with headwise.hf.ablate(model, HEADS):
+            expected = model(**inputs)
+        with hooked((hook_points(layers[k]).hook_heads, zero(h)) for k, h in HEADS.items()), on_headwise(model):
+            got = model(**inputs)
+    for a, b in zip(expected.values(), got.values()):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+    assert [name for name, _ in model.named_modules()] == modules_before
+    assert list(model.state_dict()) == state_before
+    assert not any(hook_points(m).hook_heads.active or hook_points(m).hook_pattern.active for m in layers)

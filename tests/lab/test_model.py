@@ -88,6 +88,38 @@ def test_head_mask_gates_each_head():
         torch.testing.assert_close(gated, model(ids), rtol=0, atol=1e-6)
 
 
+def test_head_mask_with_fast_projections_equals_gating_wo_input_on_plain_linears():
+    """The lab keeps the fast projections on: its gates act at ``hook_heads``, and equal the definition —
+    head h's slice of ``Wo``'s input scaled by a pre-hook with every projection a plain ``nn.Linear`` call —
+    in the forward pass and in the gates' gradient (Michel et al.'s importance)."""
+    torch.manual_seed(3)
+    model = TransformerLM(LMConfig(vocab_size=32, context_length=64, d_model=32, num_layers=2, num_heads=4)).eval()
+    assert all(layer.self_attn.fast_projections for layer in model.layers)
+    ids = torch.randint(0, 32, (3, 40))
+    gates = torch.rand(2, 4, requires_grad=True)
+    got = model(ids, head_mask=gates)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), gates)
+
+    reference_gates = gates.detach().clone().requires_grad_(True)
+    handles = []
+    for n, layer in enumerate(model.layers):
+        layer.self_attn.fast_projections = False
+
+        def hook(_m, args, n=n):
+            x = args[0]  # (B, L, H·Dh)
+            return ((x.reshape(*x.shape[:-1], 4, -1) * reference_gates[n][:, None]).flatten(-2),)
+
+        handles.append(layer.self_attn.Wo.register_forward_pre_hook(hook))
+    try:
+        expected = model(ids)
+        (expected_grad,) = torch.autograd.grad(expected.square().sum(), reference_gates)
+    finally:
+        for handle in handles:
+            handle.remove()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
+
+
 def test_weights_per_layer_and_bad_inputs():
     model = TransformerLM(LMConfig(vocab_size=64, context_length=64, d_model=32, num_heads=4)).eval()
     ids = torch.randint(0, 64, (1, 9))

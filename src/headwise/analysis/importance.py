@@ -184,7 +184,7 @@ def _encoder_importance(hm, batches, references, progress) -> tuple[np.ndarray, 
                 with fwad.dual_level():
                     gates = fwad.make_dual(torch.ones_like(tangent), tangent)
                     with hm.gated(gates):
-                        pooled = _pooled(hm.forward(ids_r, mask_r, readable=True), mask_r)
+                        pooled = _pooled(hm.forward(ids_r, mask_r, math_path=True), mask_r)
                     de = fwad.unpack_dual(pooled).tangent  # (H·B, D): ∂e/∂ξ of copy r's head
                 turn = de - (de * unit).sum(-1, keepdim=True) * unit  # the part orthogonal to e
                 rate = (turn.norm(dim=-1) / e_r.norm(dim=-1)).reshape(h, b)  # (H, B)

@@ -31,6 +31,7 @@ before the heads are merged for the output projection — where :func:`headwise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import struct
@@ -240,7 +241,7 @@ class HeadModel:
     special_ids: tuple[int, ...]
     backend: str
     _attention_modules: list = field(default_factory=list, repr=False)
-    _gates: object = field(default=None, repr=False)
+    _head_points: list = field(default_factory=list, repr=False)
 
     @property
     def title(self) -> str:
@@ -301,15 +302,18 @@ class HeadModel:
         return [self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]
 
     # -- running ------------------------------------------------------------------------------------
-    def forward(self, ids, mask=None, *, readable: bool = False):
+    def forward(self, ids, mask=None, *, math_path: bool = False):
         """Logits ``(B, L, V)`` for a decoder, last hidden states ``(B, L, D)`` for an encoder.
 
-        ``readable``: headwise's BERT on its math path (forward-mode differentiation goes through it).
+        ``math_path``: headwise's attention modules on their readable path end to end (``backend="math"``: each
+        projection an ``nn.Linear`` call, the softmax written out), which forward-mode differentiation goes
+        through (the fast kernels do not carry tangents). No effect on Hugging Face models.
         """
         if self.backend == "headwise":
-            if self.kind == "encoder":
-                return self.model(ids, mask, output_attentions=readable).last_hidden_state
-            return self.model(ids)
+            with _on_math_path(self._attention_modules if math_path else []):
+                if self.kind == "encoder":
+                    return self.model(ids, mask, output_attentions=False).last_hidden_state
+                return self.model(ids)
         out = self.model(input_ids=ids, attention_mask=mask)
         return out.logits if self.kind == "decoder" else out.last_hidden_state
 
@@ -341,34 +345,40 @@ class HeadModel:
 
     @contextlib.contextmanager
     def gated(self, gates):
-        """Within the block, multiply each head's output by ``gates`` where heads enter the output projection.
+        """Within the block, multiply each head's output by ``gates`` where heads enter the output projection
+        (a hook on every attention layer's ``hook_heads``; nested blocks multiply their gates).
 
         Args:
             gates: ``(NL, H)`` or ``(B, NL, H)`` float tensor (per example: one gate per sequence of the
                 batch, so one backward pass gives every example's ∂L/∂ξ). May require grad.
         """
+        from headwise.core.hooks import hooked
+
         if tuple(gates.shape[-2:]) != (self.num_layers, self.num_heads):
             raise ValueError(
                 f"gates: expected shape (…, {self.num_layers}, {self.num_heads}), got {tuple(gates.shape)}"
             )
-        previous = self._gates
-        self._gates = gates
-        try:
-            yield
-        finally:
-            self._gates = previous
 
-    def _scale(self, layer: int, heads_out, head_axis: int):
-        """``heads_out`` with head ``h`` of ``layer`` multiplied by its gate (no-op without gates)."""
-        g = self._gates
-        if g is None:
-            return heads_out
-        g = g[..., layer, :]  # (H,) or (B, H)
-        shape = [1] * heads_out.dim()
-        shape[head_axis] = self.num_heads
-        if g.dim() == 2:
-            shape[0] = g.shape[0]
-        return heads_out * g.reshape(shape).to(heads_out.dtype)
+        def gate(layer: int, heads_out):  # (B, H, L, Dh)
+            g = gates[..., layer, :]  # (H,) or (B, H)
+            shape = (g.shape[0] if g.dim() == 2 else 1, self.num_heads, 1, 1)
+            return heads_out * g.reshape(shape).to(heads_out.dtype)
+
+        with hooked((point, functools.partial(gate, layer)) for layer, point in enumerate(self._head_points)):
+            yield
+
+
+@contextlib.contextmanager
+def _on_math_path(modules):
+    """Inside the block, ``modules`` run ``backend="math"``; each gets its own backend back after."""
+    saved = [m.backend for m in modules]
+    try:
+        for m in modules:
+            m.backend = "math"
+        yield
+    finally:
+        for m, backend in zip(modules, saved):
+            m.backend = backend
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -381,35 +391,15 @@ def _headwise_modules(model) -> list:
 
 
 def _hook_headwise(hm: HeadModel) -> None:
-    """Gates on headwise ``MultiHeadAttention`` modules: a pre-hook on ``Wo`` scaling each head's slice."""
-    for layer, attn in enumerate(hm._attention_modules):
-
-        def hook(_module, args, layer=layer):
-            x = args[0]  # (B, L, H·Dh)
-            if hm._gates is None:
-                return None
-            heads = x.reshape(*x.shape[:-1], hm.num_heads, -1)  # (B, L, H, Dh)
-            return (hm._scale(layer, heads, 2).reshape(x.shape),) + tuple(args[1:])
-
-        attn.Wo.register_forward_pre_hook(hook)
+    """The ``hook_heads`` point of each headwise attention layer, where :meth:`HeadModel.gated` acts."""
+    hm._head_points = [m.hook_heads for m in hm._attention_modules]
 
 
 def _observe_gates(hm: HeadModel) -> None:
-    """Gates on a Hugging Face model on headwise attention: an observer scaling each head's output."""
-    from headwise.hf.backend import Observer, add_observer
+    """The ``hook_heads`` point the Hugging Face backend keeps for each attention layer."""
+    from headwise.hf.backend import hook_points
 
-    layer_of = {m: k for k, m in enumerate(hm._attention_modules)}
-
-    class Gates(Observer):
-        def wants_weights(self, module) -> bool:
-            return False
-
-        def observe(self, module, out, weights):  # out (B, H, L, Dh)
-            return hm._scale(layer_of[module], out, 1)
-
-    gates = Gates()
-    for m in hm._attention_modules:
-        add_observer(m, gates)
+    hm._head_points = [hook_points(m).hook_heads for m in hm._attention_modules]
 
 
 def _hf_class(config: dict):

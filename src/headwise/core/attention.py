@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from headwise import checks
 from headwise.core import fastpath, functional, masks
 from headwise.core.cache import KVCache, SlidingWindowCache
+from headwise.core.hooks import HookPoint
 from headwise.positional.base import PositionalPart
 
 QK_NORMS = (None, "head", "full")
@@ -143,6 +144,7 @@ class MultiHeadAttention(nn.Module):
         self.Wv = nn.Linear(vdim, num_kv_heads * head_dim, **kw)
         self.Wo = nn.Linear(num_heads * head_dim, d_model, **kw)
         self.positional = positional
+        self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()  # where gates, ablation, capture act
         self.fast_projections = bool(fast_projections)
         self.sliding_window, self.softcap, self.qk_norm = sliding_window, softcap, qk_norm
         if sinks:
@@ -326,6 +328,7 @@ class MultiHeadAttention(nn.Module):
             blocked = masks.either(blocked, causal)
             is_causal, window = False, None
 
+        watched = self.hook_pattern.active
         out, weights = functional.attend(
             q,
             k,
@@ -339,9 +342,13 @@ class MultiHeadAttention(nn.Module):
             softcap=self.softcap,
             sinks=self._local_sinks(),
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            average_heads=average_weights,
+            need_weights=need_weights or watched,
+            average_heads=average_weights and not watched,
             backend=self.backend,
         )  # (B, H, L, Dh), weights (B, L, S) / (B, H, L, S) or None
+        if watched:  # a hook reads the pattern: it sees every head's weights, the caller what it asked for
+            self.hook_pattern(weights)  # (B, H, L, S)
+            weights = (weights.mean(dim=1) if average_weights else weights) if need_weights else None
+        out = self.hook_heads(out)  # (B, H, L, Dh): each head's output where the heads meet Wo
         out = self._output(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D)
         return out, weights

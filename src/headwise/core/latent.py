@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from headwise import checks
 from headwise.core import functional, masks
 from headwise.core.attention import MultiHeadAttention
+from headwise.core.hooks import HookPoint
 from headwise.positional.base import PositionalPart
 
 
@@ -128,6 +129,7 @@ class LatentAttention(nn.Module):
         self.Wkv_b = nn.Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), bias=False, **kw)
         self.Wo = nn.Linear(num_heads * v_head_dim, d_model, bias=bias, **kw)
         self.positional = positional
+        self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()  # where gates, ablation, capture act
 
     def extra_repr(self) -> str:
         return (
@@ -208,6 +210,7 @@ class LatentAttention(nn.Module):
         if cache is not None:
             c, k_pe, _ = cache.update(c, k_pe[:, 0], q_pos)  # (B, S, R), (B, S, Dr)
             c, k_pe = c.to(q.dtype), k_pe.to(q.dtype).unsqueeze(1)  # k_pe (B, 1, S, Dr)
+        watched = self.hook_pattern.active
         run = dict(
             blocked=blocked,
             bias=bias,
@@ -216,7 +219,7 @@ class LatentAttention(nn.Module):
             window=self.sliding_window,
             scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
+            need_weights=need_weights or watched,
             backend=self.backend,
         )
         if absorbed:
@@ -230,7 +233,11 @@ class LatentAttention(nn.Module):
             k_nope, v = up[..., :Dn], up[..., Dn:]
             k = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1, -1)], dim=-1)  # (B, H, S, Dn+Dr)
             out, weights = functional.attend(torch.cat([q_nope, q_pe], dim=-1), k, v, **run)  # (B, H, L, Dv)
+        if watched:  # a hook reads the pattern: every head's weights; the caller gets what it asked for
+            self.hook_pattern(weights)  # (B, H, L, S)
+            weights = weights if need_weights else None
         if weights is not None and average_weights:
             weights = weights.mean(dim=1)  # (B, L, S)
+        out = self.hook_heads(out)  # (B, H, L, Dv): each head's output where the heads meet Wo
         out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dv) -> (B, L, D)
         return out, weights

@@ -4,7 +4,8 @@ transformers 5 removed ``head_mask``; zeroing a slice of ``o_proj``'s *output* m
 contribution is its slice of ``o_proj``'s *input*: the attention output ``(B, L, H, Dv)`` that the model
 reshapes to ``(B, L, H·Dv)`` for ``o_proj`` (GPT-2's ``c_proj``, BERT's ``attention.output.dense``). Inside
 ``with ablate(model, {layer: [head, …]}):`` the model runs on headwise attention and those heads' slices are
-replaced there, before the projection — equal to editing ``o_proj``'s input (tested ≤ 1e-5).
+replaced there, at each layer's ``hook_heads`` (:func:`headwise.hf.backend.hook_points`), before the
+projection — equal to editing ``o_proj``'s input (tested ≤ 1e-5).
 
 Shape legend: B batch, L query length, H query heads, Dv value head width.
 """
@@ -14,13 +15,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from headwise.checks import one_of
+from headwise.core.hooks import hooked
 from headwise.hf._model import attention_layers, check_layer, num_heads, on_headwise
-from headwise.hf.backend import Observer, add_observer, remove_observer
+from headwise.hf.backend import hook_points
 
 MODES = ("zero", "mean")
 
@@ -69,17 +72,13 @@ class _PaddingMasks:
             handle.remove()
 
 
-class _Ablation(Observer):
-    def __init__(self, heads: dict[nn.Module, list[int]], mode: str, padding: _PaddingMasks | None):
-        self._heads = heads
+class _Ablation:
+    def __init__(self, mode: str, padding: _PaddingMasks | None):
         self._mode = mode
         self._padding = padding
 
-    def wants_weights(self, module: nn.Module) -> bool:
-        return False
-
-    def observe(self, module: nn.Module, out: Tensor, weights: Tensor | None) -> Tensor:
-        heads = self._heads[module]
+    def __call__(self, heads: list[int], out: Tensor) -> Tensor:
+        """``out (B, H, L, Dv)`` with ``heads`` removed (a ``hook_heads`` hook)."""
         if not heads:
             return out
         B, H, L, Dv = out.shape
@@ -143,14 +142,11 @@ def ablate(model: nn.Module, heads: Mapping[int, Iterable[int]], *, mode: str = 
     modules = attention_layers(model)
     chosen = _check_heads(heads, modules)
     padding = _PaddingMasks(model) if mode == "mean" else None
-    ablation = _Ablation(chosen, mode, padding)
-    for module in chosen:
-        add_observer(module, ablation)
+    ablation = _Ablation(mode, padding)
     try:
-        with on_headwise(model):
+        hooks = [(hook_points(m).hook_heads, partial(ablation, heads)) for m, heads in chosen.items()]
+        with hooked(hooks), on_headwise(model):
             yield
     finally:
-        for module in chosen:
-            remove_observer(module, ablation)
         if padding is not None:
             padding.close()

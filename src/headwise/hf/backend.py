@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.core import functional, masks
+from headwise.core.hooks import HookPoint
 
 NAME = "headwise"
 
@@ -73,38 +74,34 @@ _NO_EFFECT = frozenset(
         "layer_idx",
     }
 )
-# -- observers: capture and ablation hook in here, keyed by attention module ---------------------------------
-
-_OBSERVERS: WeakKeyDictionary[nn.Module, list] = WeakKeyDictionary()
+# -- hook points: gates, ablation and capture act here, one pair per attention module --------------------------
 
 
-def add_observer(module: nn.Module, observer) -> None:
-    """Have ``observer`` see every headwise call of ``module`` (see :class:`Observer`)."""
-    _OBSERVERS.setdefault(module, []).append(observer)
+class AttentionHooks(nn.Module):
+    """The two :class:`~headwise.core.hooks.HookPoint` s of one Hugging Face attention module, named as on
+    headwise's own :class:`~headwise.core.attention.MultiHeadAttention`.
 
-
-def remove_observer(module: nn.Module, observer) -> None:
-    """Undo :func:`add_observer`; a no-op if ``observer`` is not registered on ``module``."""
-    found = _OBSERVERS.get(module, [])
-    if observer in found:
-        found.remove(observer)
-    if not found:
-        _OBSERVERS.pop(module, None)
-
-
-class Observer:
-    """What the backend asks of an observer: whether it needs the weights, and a look at each call.
-
-    ``observe(module, out (B, H, L, Dv), weights (B, H, L, S) or None) -> out`` may return a changed ``out``
-    (ablation) or record ``weights`` (capture). It runs after the attention maths, before the heads are merged
-    for the output projection.
+    Attributes:
+        hook_heads: the per-head outputs ``(B, H, L, Dv)`` before the model merges the heads for its output
+            projection (``o_proj``, GPT-2's ``c_proj``, BERT's ``attention.output.dense``); a hook may replace them.
+        hook_pattern: the weights ``(B, H, L, S)`` the maths used, formed only while a hook is registered here.
     """
 
-    def wants_weights(self, module: nn.Module) -> bool:  # pragma: no cover - interface
-        return False
+    def __init__(self):
+        super().__init__()
+        self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()
 
-    def observe(self, module: nn.Module, out: Tensor, weights: Tensor | None) -> Tensor:  # pragma: no cover
-        return out
+
+_HOOKS: WeakKeyDictionary[nn.Module, AttentionHooks] = WeakKeyDictionary()
+
+
+def hook_points(module: nn.Module) -> AttentionHooks:
+    """The hook points of ``module`` (made on first use, kept beside the module — never added to it, so the
+    model's modules, parameters and ``state_dict`` stay as they were); they act while it runs on headwise."""
+    points = _HOOKS.get(module)
+    if points is None:
+        points = _HOOKS[module] = AttentionHooks()
+    return points
 
 
 # -- the mask --------------------------------------------------------------------------------------------------
@@ -228,7 +225,7 @@ def attention_forward(
             see the module docstring — each honoured or refused by name.
     Returns:
         ``(out (B, L, H, Dv), weights (B, H, L, S) or None)``; weights when ``output_attentions`` or when a
-        capture asks for this module's.
+        hook is registered on the module's ``hook_pattern`` (:func:`hook_points`).
     Raises:
         ValueError / TypeError: a keyword headwise cannot honour, or a mask it cannot read.
     """
@@ -252,8 +249,9 @@ def attention_forward(
             # one query and no mask: it is the last slot and sees the last `sliding_window` keys
             blocked = masks.causal_slots(1, S, offset=S - 1, window=sliding_window, device=query.device)  # (1, S)
     # with a mask, the registered mask function built the window into it
-    observers = _OBSERVERS.get(module, ())
-    need_weights = bool(output_attentions) or any(o.wants_weights(module) for o in observers)
+    points = _HOOKS.get(module)
+    watched = points is not None and points.hook_pattern.active
+    need_weights = bool(output_attentions) or watched
     out, weights = functional.scaled_dot_product_attention(
         query,
         key,
@@ -268,8 +266,10 @@ def attention_forward(
         sinks=s_aux,
         need_weights=need_weights,
     )  # (B, H, L, Dv), (B, H, L, S) or None
-    for observer in list(observers):
-        out = observer.observe(module, out, weights)
+    if watched:
+        points.hook_pattern(weights)  # (B, H, L, S)
+    if points is not None:
+        out = points.hook_heads(out)  # (B, H, L, Dv): each head's output where the heads meet the output projection
     return out.transpose(1, 2).contiguous(), weights  # (B, L, H, Dv)
 
 

@@ -2,7 +2,8 @@
 
 ``with capture(model) as attn: model(**batch)`` runs the model on headwise attention inside the block —
 whatever implementation it was loaded with (``sdpa``, ``eager``, a flash kernel) — and afterwards
-``attn.weights`` holds one ``(B, H, L, S)`` tensor per attention layer, in layer order. They are the weights
+``attn.weights`` holds one ``(B, H, L, S)`` tensor per attention layer, in layer order, read at each
+layer's ``hook_pattern`` (:func:`headwise.hf.backend.hook_points`). They are the weights
 the functional actually used (``need_weights=True``: after scaling, soft-capping, masks, windows and
 sinks), so they equal eager's ``output_attentions`` where eager's maths is the same (tested ≤ 1e-5 on the
 real query rows; a fully masked row — left padding — is zeros here, evenly spread in eager).
@@ -14,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from torch import Tensor, nn
 
+from headwise.core.hooks import hooked
 from headwise.hf._model import attention_layers, layer_selection, on_headwise
-from headwise.hf.backend import Observer, add_observer, remove_observer
+from headwise.hf.backend import hook_points
 
 
-class Capture(Observer):
+class Capture:
     """The weights recorded by :func:`capture`, one forward pass (a *step*) at a time.
 
     Attributes:
@@ -30,25 +33,33 @@ class Capture(Observer):
             ``generate``: the prompt, then ``L = 1`` per new token).
     """
 
-    def __init__(self, modules: list[nn.Module], layers: list[int]):
-        self._number = {m: i for i, m in enumerate(modules)}
+    def __init__(self, layers: list[int]):
         self.layers = layers
-        self._keep = set(layers)
         self.steps: list[dict[int, Tensor]] = []
         self._seen: set[int] = set()
 
-    def wants_weights(self, module: nn.Module) -> bool:
-        return self._number[module] in self._keep
+    def hooks(self, modules: list[nn.Module]) -> list[tuple]:
+        """``(hook point, fn)`` pairs: each captured layer's ``hook_pattern`` records its weights; every other
+        layer's ``hook_heads`` only marks that it ran (a layer seen again starts a new step)."""
+        keep = set(self.layers)
+        pairs = []
+        for layer, module in enumerate(modules):
+            points = hook_points(module)
+            if layer in keep:
+                pairs.append((points.hook_pattern, partial(self._record, layer)))
+            else:
+                pairs.append((points.hook_heads, partial(self._mark, layer)))
+        return pairs
 
-    def observe(self, module: nn.Module, out: Tensor, weights: Tensor | None) -> Tensor:
-        layer = self._number[module]
+    def _mark(self, layer: int, _out: Tensor | None = None) -> None:
         if not self.steps or layer in self._seen:  # a layer seen again: a new forward pass began
             self.steps.append({})
             self._seen = set()
         self._seen.add(layer)
-        if layer in self._keep:
-            self.steps[-1][layer] = weights
-        return out
+
+    def _record(self, layer: int, weights: Tensor) -> None:
+        self._mark(layer)
+        self.steps[-1][layer] = weights
 
     @property
     def weights(self) -> list[Tensor]:
@@ -84,12 +95,6 @@ def capture(model: nn.Module, *, layers: Iterable[int] | None = None) -> Iterato
     The model's own attention implementation is restored when the block ends, also when it raises.
     """
     modules = attention_layers(model)
-    recorder = Capture(modules, layer_selection("layers", layers, len(modules)))
-    for module in modules:
-        add_observer(module, recorder)
-    try:
-        with on_headwise(model):
-            yield recorder
-    finally:
-        for module in modules:
-            remove_observer(module, recorder)
+    recorder = Capture(layer_selection("layers", layers, len(modules)))
+    with hooked(recorder.hooks(modules)), on_headwise(model):
+        yield recorder

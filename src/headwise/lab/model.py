@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from headwise import checks
+from headwise.core.hooks import hooked
 from headwise.core.layers import ACTIVATIONS, DecoderLayer
 from headwise.positional.rope import RotaryEmbedding
 
@@ -115,9 +117,6 @@ class TransformerLM(nn.Module):
             )
             for _ in range(config.num_layers)
         )
-        for layer in self.layers:
-            # Head gates (``head_mask``) are forward pre-hooks on ``Wo``; the fast projections would skip them.
-            layer.self_attn.fast_projections = False
         self.norm = nn.LayerNorm(config.d_model)
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(self._init)
@@ -173,31 +172,20 @@ class TransformerLM(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(token_ids.shape[1], device=token_ids.device))  # (L, D) broadcast
         weights = []
-        hooks = []
-        try:
-            if head_mask is not None:
-                for n, layer in enumerate(self.layers):
-                    hooks.append(layer.self_attn.Wo.register_forward_pre_hook(_gate_heads(head_mask[n])))
+        gates = []  # (hook point, gate) per layer: head_mask acts where the heads meet Wo
+        if head_mask is not None:
+            gates = [(layer.self_attn.hook_heads, partial(_gate_heads, m)) for layer, m in zip(self.layers, head_mask)]
+        with hooked(gates):
             for layer in self.layers:
                 if need_weights:
                     x, w = layer(x, need_weights=True, average_weights=False)  # (B, L, D), (B, H, L, L)
                     weights.append(w)
                 else:
                     x = layer(x)  # (B, L, D)
-        finally:
-            for hook in hooks:
-                hook.remove()
         logits = self.unembed(self.norm(x))  # (B, L, V)
         return (logits, weights) if need_weights else logits
 
 
-def _gate_heads(gates: Tensor):
-    """A pre-hook for ``Wo`` multiplying head h's slice of its input ``(B, L, H·Dh)`` by ``gates[h]``."""
-
-    def hook(module, args):
-        (merged,) = args
-        B, L, _ = merged.shape
-        heads = merged.reshape(B, L, gates.shape[0], -1) * gates.to(merged.dtype)[:, None]  # (B, L, H, Dh)
-        return (heads.reshape(B, L, -1),)  # (B, L, H·Dh)
-
-    return hook
+def _gate_heads(gates: Tensor, heads_out: Tensor) -> Tensor:
+    """A ``hook_heads`` hook: head h's output ``(B, H, L, Dh)`` multiplied by ``gates[h]``."""
+    return heads_out * gates.to(heads_out.dtype)[:, None, None]  # (H, 1, 1) broadcast

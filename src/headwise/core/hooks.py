@@ -1,0 +1,73 @@
+"""``HookPoint``: one named place in a forward pass where tools act on a tensor.
+
+Shape legend: B batch, H query heads, L query length, S key length, Dh head width.
+
+TransformerLens's idea (``hook_points.py``): an identity ``nn.Module`` placed on a tensor's path. Gates,
+ablation, capture and patching register a hook on the point instead of each reaching into attention by its
+own route. Every attention module of headwise has two, and the Hugging Face backend gives each attention
+module of a model the same two (:func:`headwise.hf.backend.hook_points`):
+
+- ``hook_heads`` — the per-head outputs ``(B, H, L, Dh)`` just before the heads are merged for the output
+  projection (``Wo``, ``o_proj``): where a head meets W_O. A hook may return a replacement (gates, ablation,
+  patching) or None (reading).
+- ``hook_pattern`` — the attention weights ``(B, H, L, S)`` the maths used. Read-only: the output is already
+  computed when it is called, so a returned tensor changes nothing. While a hook is registered the module
+  asks the maths for the weights (as TransformerLens's ``hook_pattern``); with none, no ``L × S`` weights are
+  formed.
+
+Unused, a point costs one module call that returns its input (measured: below the noise of a forward,
+``docs/architecture.md``). A hook is ``fn(x) -> replacement or None``; :meth:`HookPoint.add_hook` returns
+the handle that removes it, :func:`hooked` adds several for the length of a block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["HookPoint", "hooked"]
+
+Hook = Callable[[Tensor], "Tensor | None"]
+
+
+class HookPoint(nn.Module):
+    """An identity module: ``point(x)`` returns ``x`` after every hook registered on it has seen it.
+
+    Hooks run in the order they were added; each sees the previous one's replacement.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def active(self) -> bool:
+        """Whether a hook is registered here (a module asks for tensors it would not form otherwise)."""
+        return bool(self._forward_hooks or self._forward_pre_hooks)
+
+    def add_hook(self, fn: Hook) -> RemovableHandle:
+        """Register ``fn(x) -> replacement or None``; ``handle.remove()`` takes it off."""
+        if not callable(fn):
+            raise TypeError(f"fn: expected a callable fn(tensor) -> tensor or None, got {type(fn).__name__}")
+
+        def hook(_module, _args, output):
+            return fn(output)
+
+        return self.register_forward_hook(hook)
+
+
+@contextmanager
+def hooked(hooks: Iterable[tuple[HookPoint, Hook]]) -> Iterator[None]:
+    """Inside the block, each ``(point, fn)`` pair's hook is registered; all are removed after, also on error."""
+    handles: list[RemovableHandle] = []
+    try:
+        for point, fn in hooks:
+            if not isinstance(point, HookPoint):
+                raise TypeError(f"hooks: expected (HookPoint, fn) pairs, got a {type(point).__name__}")
+            handles.append(point.add_hook(fn))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
