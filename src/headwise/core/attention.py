@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from headwise import checks
 from headwise.core import fastpath, functional, masks
-from headwise.core.cache import KVCache, SlidingWindowCache
+from headwise.core.cache import Cache
 from headwise.core.hooks import HookPoint
 from headwise.positional.base import PositionalPart
 
@@ -230,7 +230,7 @@ class MultiHeadAttention(nn.Module):
         """``Wo(x)``: ``(B, L, H·Dh) -> (B, L, D)``."""
         if self.backend == "math" or not self.fast_projections:
             return self.Wo(x)
-        return fastpath.apply(self.Wo, x)
+        return fastpath.call_linear(self.Wo, x)
 
     def _local_sinks(self) -> Tensor | None:
         """``sinks (H,)`` of the heads this module computes (a DTensor shard under tensor parallelism)."""
@@ -250,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         average_weights: bool = True,
         position_ids: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (default: ``query`` itself — self-attention).
 
@@ -265,10 +265,11 @@ class MultiHeadAttention(nn.Module):
             average_weights: weights ``(B, L, S)`` averaged over heads (True) or ``(B, H, L, S)``.
             position_ids: token positions ``(L,)`` or ``(B, L)`` for RoPE / ALiBi (default: the slots
                 ``cache.length … cache.length + L − 1``).
-            cache: a :class:`KVCache` (the new keys and values are appended), or a
+            cache: a :class:`~headwise.core.cache.KVCache` (the new keys and values are appended), or a
                 :class:`~headwise.core.cache.SlidingWindowCache` (a ring of the last ``sliding_window`` keys,
                 plus StreamingLLM's first tokens) for a windowed module: ``S`` then counts the held keys plus the
-                new ones, and causality and the window are placed on their own slots.
+                new ones, and causality and the window are placed on their own slots (the cache's
+                :class:`~headwise.core.cache.CacheRead` says where they sit).
         Returns:
             ``(out (B, L, D), weights or None)``.
         Raises:
@@ -279,22 +280,12 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
-        if self.sliding_window is not None and not is_causal:
-            raise ValueError(
-                f"is_causal: a module with sliding_window={self.sliding_window} attends causally; pass is_causal=True"
-            )
+        masks.require_causal(is_causal, self.sliding_window)
         B, L, _ = query.shape
         S_new, dh = key.shape[1], self.head_dim
-        offset = 0 if cache is None else cache.length
-        ring = isinstance(cache, SlidingWindowCache)
-        if ring and (not is_causal or (self.sliding_window or 0) > cache.window):
-            raise ValueError(
-                f"cache: a SlidingWindowCache(window={cache.window}) serves causal calls of a module whose "
-                f"sliding_window is at most {cache.window} (or None, StreamingLLM); got is_causal={is_causal}, "
-                f"sliding_window={self.sliding_window}"
-            )
-        k_slots = None if not ring else cache.key_slots(S_new, device=query.device)  # (S,): held + new keys
-        S = offset + S_new if k_slots is None else k_slots.shape[0]
+        offset = 0 if cache is None else cache.length  # the new tokens' first index in the stream
+        # S: every key attended; the cache checks the call before anything changes
+        S = S_new if cache is None else cache.keys_after(S_new, is_causal=is_causal, window=self.sliding_window)
         q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
 
         q, k, v = self._project(query, key, value)
@@ -314,19 +305,16 @@ class MultiHeadAttention(nn.Module):
         k_pos = q_pos if self_attention else torch.arange(offset, offset + S_new, device=query.device)
         if self.positional is not None:
             q, k = self.positional.rotate_qk(q, k, q_pos, k_pos)
+        key_slots, sink_tokens, window = None, 0, self.sliding_window
         if cache is not None:
-            k, v, k_pos = cache.update(k, v, k_pos)  # (B, Hkv, S, Dh), (B, S)
+            read = cache.update(k, v, k_pos)  # the keys in stream order and where they sit
+            (k, v), k_pos = read.tensors, read.positions  # (B, Hkv, S, Dh) each, (B, S)
             k, v = k.to(q.dtype), v.to(q.dtype)
             if position_ids is None:
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
+            key_slots, sink_tokens, window = read.key_slots, read.sink_tokens, masks.narrowest(window, read.window)
         if self.positional is not None:
             bias = masks.added(bias, self.positional.score_bias(q_pos, k_pos))  # ALiBi: (B|1, H, L, S)
-        window = self.sliding_window
-        if ring:  # the held keys are not slots 0 … S−1: causality and the ring's window on their own slots
-            q_slots = torch.arange(offset, offset + L, device=query.device)
-            causal = masks.causal(q_slots, k_slots, cache.window, sink_tokens=cache.sink_tokens)  # (L, S)
-            blocked = masks.either(blocked, causal)
-            is_causal, window = False, None
 
         watched = self.hook_pattern.active
         out, weights = functional.attend(
@@ -338,6 +326,8 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             q_offset=offset,
             window=window,
+            key_slots=key_slots,
+            sink_tokens=sink_tokens,
             scale=self.scale,
             softcap=self.softcap,
             sinks=self._local_sinks(),

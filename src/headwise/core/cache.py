@@ -5,11 +5,28 @@
   memory is bounded by the window, not by the context, and decoding goes on past the window.
 - :class:`LatentCache`: multi-head latent attention's latent and rope key only.
 
-``KVCache.for_module(module, ...)`` picks the right one for a module. Shape legend: B batch, Hkv key/value
-heads, C capacity (slots), Dh head width, W window, R latent rank, Dr rotary width.
+Every cache follows one protocol, :class:`Cache`, so the attention modules never ask which one they hold:
+
+- ``length``: tokens seen in the stream since the last :meth:`~Cache.reset` — the next token's slot. The
+  same meaning in every cache (a ring has seen more tokens than it holds).
+- ``held``: tokens whose entries the buffers hold now (``length`` for a full cache, at most ``W + n`` for a
+  ring); ``nbytes``: the bytes of those entries; ``capacity``: the slots the buffers have.
+- :meth:`~Cache.keys_after` ``(n, is_causal=, window=)``: checks a call before anything changes and returns
+  S, the keys the update of its n tokens will return.
+- :meth:`~Cache.update`: appends, and returns a :class:`CacheRead` — the keys in stream order with their token
+  positions and what causality needs to place them (``key_slots``, ``window``, ``sink_tokens``), given to
+  :func:`headwise.core.functional.attend` as they are.
+- :meth:`~Cache.crop` ``(n)`` rewinds the stream to n tokens (Hugging Face ``DynamicCache.crop``);
+  :meth:`~Cache.reset` forgets it. Only the cache changes its books.
+
+``Cache.for_module(module, ...)`` (also reachable as ``KVCache.for_module``) picks the right one for a module.
+Shape legend: B batch, Hkv key/value heads, C capacity (slots), Dh head width, W window, R latent rank, Dr
+rotary width, n new tokens, S keys returned.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -17,7 +34,132 @@ from torch import Tensor
 from headwise import checks
 
 
-class KVCache:
+class CacheRead(NamedTuple):
+    """What an update returns: everything attention needs about the keys it attends.
+
+    Attributes:
+        tensors: the cached entries up to and including the new ones, in stream order: ``(k, v)``
+            ``(B, Hkv, S, Dh)`` for a :class:`KVCache`, ``(latent (B, S, R), rope_key (B, S, Dr))`` for a
+            :class:`LatentCache`.
+        positions: ``(B, S)`` the token position of every returned entry.
+        key_slots: ``(S,)`` each returned key's index in the stream, or None when they are ``0 … S − 1``
+            (then plain causality needs no index at all: a kernel flag, or no mask for one new token).
+        window: the most keys behind a query that the cache keeps (a ring's W), or None.
+        sink_tokens: the first stream indices that stay visible whatever the window (StreamingLLM).
+    """
+
+    tensors: tuple[Tensor, ...]
+    positions: Tensor
+    key_slots: Tensor | None = None
+    window: int | None = None
+    sink_tokens: int = 0
+
+
+class Cache:
+    """The protocol every cache follows (see the module docstring); subclasses hold the buffers.
+
+    A subclass sets ``capacity`` and ``length``, and defines :meth:`update` and ``_token_bytes``.
+    """
+
+    capacity: int
+    length: int
+
+    @classmethod
+    def for_module(
+        cls, module, batch_size: int, capacity: int, *, sink_tokens: int = 0, dtype=None, device=None
+    ) -> Cache:
+        """A cache sized for ``module``, in its dtype and device (whichever class it is called on).
+
+        A :class:`headwise.MultiHeadAttention` gets a :class:`KVCache` of ``capacity`` tokens — or, with a
+        ``sliding_window`` W, a :class:`SlidingWindowCache` holding at most ``W + sink_tokens`` of them
+        whatever ``capacity`` asks (it decodes past it). A :class:`~headwise.core.latent.LatentAttention`
+        gets a :class:`LatentCache`.
+        Raises:
+            ValueError: sizes that are not positive integers, ``sink_tokens`` for a module without a window.
+        """
+        if hasattr(module, "kv_lora_rank"):
+            w = module.Wkv_a.weight
+            kw = {"dtype": dtype or w.dtype, "device": device or w.device}
+            return LatentCache(batch_size, capacity, module.kv_lora_rank, module.qk_rope_head_dim, **kw)
+        w = module.Wk.weight
+        local = w.to_local() if hasattr(w, "to_local") else w  # a DTensor under tensor parallelism
+        sizes = (local.shape[0] // module.head_dim, module.head_dim)
+        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
+        window = getattr(module, "sliding_window", None)
+        if window is not None:
+            checks.positive_int("capacity", capacity)
+            return SlidingWindowCache(batch_size, window, *sizes, sink_tokens=sink_tokens, **kw)
+        if sink_tokens:
+            raise ValueError(
+                f"sink_tokens: StreamingLLM's sinks need a window; got {sink_tokens} for a module without "
+                "sliding_window (build a SlidingWindowCache with the window you want)"
+            )
+        return KVCache(batch_size, capacity, *sizes, **kw)
+
+    @property
+    def held(self) -> int:
+        """Tokens whose entries the buffers hold now: ``min(length, capacity)``."""
+        return min(self.length, self.capacity)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the held entries (not of the preallocated capacity)."""
+        return self.held * self._token_bytes()
+
+    def _token_bytes(self) -> int:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget the stream (the buffers are kept)."""
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        """Rewind the stream to its first ``length`` tokens, as Hugging Face's ``DynamicCache.crop``.
+
+        For callers that rewind: speculative decoding, or a benchmark that decodes the same token again.
+        A negative ``length`` drops that many tokens from the end (``DynamicCache.crop``'s meaning too).
+        Raises:
+            ValueError: ``length`` not an integer in ``[-length, length]``, or — for a ring that has
+            overwritten slots — tokens the shorter stream would need again are gone.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or abs(length) > self.length:
+            raise ValueError(f"length: expected an integer in [-{self.length}, {self.length}], got {length!r}")
+        length = length if length >= 0 else self.length + length
+        if self.length > self.capacity and length < self.length:
+            raise ValueError(
+                f"length: a sliding-window cache that has overwritten slots cannot rewind to {length} "
+                f"(it has seen {self.length} tokens, holds {self.capacity}); reset() it instead"
+            )
+        self._forget_from(length)
+        self.length = length
+
+    def _forget_from(self, length: int) -> None:
+        """Drop the books of stream indices ``≥ length`` (nothing to do for a cache filled in order)."""
+
+    def keys_after(self, n: int, *, is_causal: bool = True, window: int | None = None) -> int:
+        """S, the keys an update of ``n`` new tokens returns — after checking the call fits this cache.
+
+        ``is_causal`` and ``window`` describe the attending call; a full cache serves any call.
+        Raises:
+            ValueError: ``n`` more tokens exceed the capacity.
+        """
+        if self.length + n > self.capacity:
+            raise ValueError(
+                f"cache: appending {n} tokens to {self.length} cached ones exceeds its capacity of {self.capacity}"
+            )
+        return self.length + n
+
+    def update(self, *entries: Tensor, positions: Tensor | None = None) -> CacheRead:
+        raise NotImplementedError
+
+    def _stream_positions(self, positions: Tensor | None, n: int, device) -> Tensor:
+        """Token positions ``(n,)`` or ``(B, n)`` of the next n tokens: as given, or their stream indices."""
+        if positions is None:
+            return torch.arange(self.length, self.length + n, device=device)
+        return positions.to(device)
+
+
+class KVCache(Cache):
     """Preallocated keys and values of one attention layer.
 
     Pass it as ``mha(x, cache=cache)``: the call appends the new (already rotated) keys and values at
@@ -31,8 +173,8 @@ class KVCache:
         head_dim: Dh.
         dtype, device: of the buffers ``k, v (B, Hkv, C, Dh)``.
     Attributes:
-        k, v: the buffers; ``positions (B, C)`` the token position of every filled slot; ``length`` the
-        number of filled slots.
+        k, v: the buffers; ``positions (B, C)`` the token position of every filled slot; ``length`` tokens
+        seen (here: the filled slots).
     """
 
     def __init__(
@@ -59,34 +201,6 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
-    @classmethod
-    def for_module(
-        cls, module, batch_size: int, capacity: int, *, sink_tokens: int = 0, dtype=None, device=None
-    ) -> KVCache | SlidingWindowCache | LatentCache:
-        """A cache sized for ``module``, in its dtype and device.
-
-        A :class:`headwise.MultiHeadAttention` gets a :class:`KVCache` of ``capacity`` tokens — or, with a
-        ``sliding_window`` W, a :class:`SlidingWindowCache` holding at most ``W + sink_tokens`` of them
-        whatever ``capacity`` asks (it decodes past it). A :class:`~headwise.core.latent.LatentAttention`
-        gets a :class:`LatentCache`.
-        """
-        if hasattr(module, "kv_lora_rank"):
-            return LatentCache.for_module(module, batch_size, capacity, dtype=dtype, device=device)
-        w = module.Wk.weight
-        local = w.to_local() if hasattr(w, "to_local") else w  # a DTensor under tensor parallelism
-        sizes = (local.shape[0] // module.head_dim, module.head_dim)
-        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
-        window = getattr(module, "sliding_window", None)
-        if window is not None:
-            checks.positive_int("capacity", capacity)
-            return SlidingWindowCache(batch_size, window, *sizes, sink_tokens=sink_tokens, **kw)
-        if sink_tokens:
-            raise ValueError(
-                f"sink_tokens: StreamingLLM's sinks need a window; got {sink_tokens} for a module without "
-                "sliding_window (build a SlidingWindowCache with the window you want)"
-            )
-        return cls(batch_size, capacity, *sizes, **kw)
-
     def __repr__(self) -> str:
         b, h, c, d = self.k.shape
         return (
@@ -94,59 +208,36 @@ class KVCache:
             f"length={self.length}, dtype={self.k.dtype})"
         )
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the cached keys and values alone (the filled slots, not the preallocated capacity)."""
+    def _token_bytes(self) -> int:
         b, h, _, d = self.k.shape
-        return self.length * b * h * d * (self.k.element_size() + self.v.element_size())
+        return b * h * d * (self.k.element_size() + self.v.element_size())
 
-    def reset(self) -> None:
-        """Forget every slot (the buffers are kept)."""
-        self.length = 0
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` slots and forget the rest, as Hugging Face's ``DynamicCache.crop``.
-
-        For callers that rewind: speculative decoding, or a benchmark that decodes the same token again.
-        A negative ``length`` drops that many slots from the end (``DynamicCache.crop``'s meaning too).
-        Raises:
-            ValueError: ``length`` not an integer or beyond the filled slots.
-        """
-        if isinstance(length, bool) or not isinstance(length, int) or abs(length) > self.length:
-            raise ValueError(f"length: expected an integer in [-{self.length}, {self.length}], got {length!r}")
-        self.length = length if length >= 0 else self.length + length
-
-    def check(self, k: Tensor, v: Tensor) -> None:
-        """Raise ValueError unless ``k, v (B, Hkv, n, Dh)`` fit this cache and its free slots."""
+    def _check_shapes(self, k: Tensor, v: Tensor) -> None:
+        """Raise ValueError unless ``k, v (B, Hkv, n, Dh)`` fit the buffers."""
         b, h, _, d = self.k.shape
         if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d or v.shape != k.shape:
             raise ValueError(
                 f"cache: expected keys and values of shape (B, Hkv, n, Dh)=({b}, {h}, n, {d}), "
                 f"got {tuple(k.shape)} and {tuple(v.shape)}"
             )
-        if self.length + k.shape[2] > self.capacity:
-            raise ValueError(
-                f"cache: appending {k.shape[2]} tokens to {self.length} cached ones exceeds its capacity of "
-                f"{self.capacity}"
-            )
 
-    def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> CacheRead:
         """Append ``k, v (B, Hkv, n, Dh)`` at token ``positions`` (``(n,)`` or ``(B, n)``; default the slots).
 
         Returns:
-            ``(k_all, v_all (B, Hkv, length, Dh), positions_all (B, length))`` — views of the buffers.
+            a :class:`CacheRead` of views of the buffers: ``(k, v) (B, Hkv, length, Dh)``,
+            ``positions (B, length)``; the keys sit at slots ``0 … length − 1`` (``key_slots`` None).
         Raises:
             ValueError: shapes that do not fit the cache, or more tokens than its capacity.
         """
-        self.check(k, v)
+        self._check_shapes(k, v)
+        self.keys_after(k.shape[2])
         start, end = self.length, self.length + k.shape[2]
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)
-        if positions is None:
-            positions = torch.arange(start, end, device=self.positions.device)
-        self.positions[:, start:end] = positions.to(self.positions.device)
+        self.positions[:, start:end] = self._stream_positions(positions, end - start, self.positions.device)
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end], self.positions[:, :end]
+        return CacheRead((self.k[:, :, :end], self.v[:, :, :end]), self.positions[:, :end])
 
 
 class SlidingWindowCache(KVCache):
@@ -157,16 +248,17 @@ class SlidingWindowCache(KVCache):
     slots of their own and stay visible to every query (Xiao et al. 2023, "Efficient Streaming Language
     Models with Attention Sinks"; the tokens keep their original positions here).
 
-    An update returns the held keys in the order of their slots followed by the new ones; the module
-    attends over them with causality and the window placed on :meth:`key_slots` (each key's index in the
-    whole stream), so decoding token by token equals the full causal forward with the same window.
+    An update returns the held keys in stream order followed by the new ones — a copy, since the ring is
+    not in stream order — with ``key_slots`` (each key's index in the stream), the window and the sinks,
+    so that causality is placed on the stream and decoding token by token equals the full causal forward
+    with the same window. It serves causal calls of modules whose window is at most W (or None).
 
     Args:
         batch_size: B. window: W ≥ 1. num_kv_heads: Hkv. head_dim: Dh.
         sink_tokens: n ≥ 0 first tokens kept for ever.
         dtype, device: of the buffers ``k, v (B, Hkv, W + n, Dh)``.
     Attributes:
-        length: tokens seen so far (the next token's slot); ``held``: tokens the buffers hold (≤ W + n).
+        length: tokens seen so far (the next token's stream index); ``held``: tokens the buffers hold (≤ W + n).
     """
 
     def __init__(
@@ -193,38 +285,26 @@ class SlidingWindowCache(KVCache):
             f"num_kv_heads={h}, head_dim={d}, length={self.length}, held={self.held}, dtype={self.k.dtype})"
         )
 
-    @property
-    def held(self) -> int:
-        """Tokens the buffers hold now: ``min(length, W + n)``."""
-        return min(self.length, self.capacity)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the held keys and values: at most ``(W + n) · B · Hkv · Dh · 2 · element size``."""
-        b, h, _, d = self.k.shape
-        return self.held * b * h * d * (self.k.element_size() + self.v.element_size())
-
     def reset(self) -> None:
-        self.length = 0
+        super().reset()
         self.slots.fill_(-1)
 
-    def crop(self, length: int) -> None:
-        """Forget the last tokens, back to ``length`` (a negative one counts from the end) — only while the
-        ring still holds everything the shorter stream would hold (nothing was evicted since).
+    def _forget_from(self, length: int) -> None:
+        self.slots[self.slots >= length] = -1
+
+    def keys_after(self, n: int, *, is_causal: bool = True, window: int | None = None) -> int:
+        """``held + n``: the held keys and the new ones (a ring never overflows).
 
         Raises:
-            ValueError: ``length`` not an integer in range, or tokens needed again were overwritten.
+            ValueError: a call that is not causal, or whose window is wider than the ring's.
         """
-        if isinstance(length, bool) or not isinstance(length, int) or abs(length) > self.length:
-            raise ValueError(f"length: expected an integer in [-{self.length}, {self.length}], got {length!r}")
-        length = length if length >= 0 else self.length + length
-        if self.length > self.capacity and length < self.length:
+        if not is_causal or (window or 0) > self.window:
             raise ValueError(
-                f"length: a sliding-window cache that has overwritten slots cannot rewind to {length} "
-                f"(it has seen {self.length} tokens, holds {self.capacity}); reset() it instead"
+                f"cache: a SlidingWindowCache(window={self.window}) serves causal calls of a module whose "
+                f"sliding_window is at most {self.window} (or None, StreamingLLM); got is_causal={is_causal}, "
+                f"sliding_window={window}"
             )
-        self.slots[self.slots >= length] = -1
-        self.length = length
+        return self.held + n
 
     def key_slots(self, n: int, device=None) -> Tensor:
         """``(S,)`` stream indices of the keys the next :meth:`update` of ``n`` tokens returns: the held ones in
@@ -233,26 +313,18 @@ class SlidingWindowCache(KVCache):
         new = torch.arange(self.length, self.length + n, device=held.device)
         return torch.cat([held, new]).to(device or held.device)
 
-    def check(self, k: Tensor, v: Tensor) -> None:
-        b, h, _, d = self.k.shape
-        if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d or v.shape != k.shape:
-            raise ValueError(
-                f"cache: expected keys and values of shape (B, Hkv, n, Dh)=({b}, {h}, n, {d}), "
-                f"got {tuple(k.shape)} and {tuple(v.shape)}"
-            )
-
-    def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Attend-ready keys: ``(k_all, v_all (B, Hkv, held + n, Dh), positions_all (B, held + n))``, the held
-        ones (by slot) then the new ``k, v (B, Hkv, n, Dh)``; then the ring keeps the sinks and the last W.
+    def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> CacheRead:
+        """Attend-ready keys: ``(k, v) (B, Hkv, held + n, Dh)`` and ``positions (B, held + n)``, the held ones
+        (in stream order) then the new ``k, v (B, Hkv, n, Dh)``, with their ``key_slots``, the window and the
+        sinks; then the ring keeps the sinks and the last W.
 
         Memory: a copy of the held keys plus the new ones for this call; the buffers never grow.
         """
-        self.check(k, v)
+        self._check_shapes(k, v)
         n, start = k.shape[2], self.length
+        key_slots = self.key_slots(n, device=k.device)  # (held + n,)
         order = self.slots.argsort()[-self.held :] if self.held else self.slots[:0]  # held slots, oldest first
-        if positions is None:
-            positions = torch.arange(start, start + n, device=self.positions.device)
-        positions = positions.to(self.positions.device).expand(k.shape[0], n)
+        positions = self._stream_positions(positions, n, self.positions.device).expand(k.shape[0], n)
         k_all = torch.cat([self.k[:, :, order].to(k.dtype), k], dim=2)  # (B, Hkv, held + n, Dh)
         v_all = torch.cat([self.v[:, :, order].to(v.dtype), v], dim=2)
         pos_all = torch.cat([self.positions[:, order], positions], dim=1)  # (B, held + n)
@@ -270,10 +342,10 @@ class SlidingWindowCache(KVCache):
         )
         self.slots[target] = stream
         self.length = start + n
-        return k_all, v_all, pos_all
+        return CacheRead((k_all, v_all), pos_all, key_slots, self.window, self.sink_tokens)
 
 
-class LatentCache:
+class LatentCache(Cache):
     """The cache of :class:`~headwise.core.latent.LatentAttention`: the latent and the rope key, nothing else.
 
     ``R + Dr`` numbers per position and layer (DeepSeek-V3: 512 + 64; × 61 layers × 2 bytes = 70,272 bytes per
@@ -284,7 +356,7 @@ class LatentCache:
         batch_size: B. capacity: C, the most tokens it holds. kv_lora_rank: R. rope_dim: Dr.
         dtype, device: of the buffers ``latent (B, C, R)`` and ``rope_key (B, C, Dr)``.
     Attributes:
-        latent, rope_key, positions ``(B, C)``, length (filled slots).
+        latent, rope_key, positions ``(B, C)``, length (tokens seen: the filled slots).
     """
 
     def __init__(
@@ -309,19 +381,6 @@ class LatentCache:
         self.positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self.capacity, self.length = capacity, 0
 
-    @classmethod
-    def for_module(cls, module, batch_size: int, capacity: int, *, dtype=None, device=None) -> LatentCache:
-        """A cache sized for a :class:`~headwise.core.latent.LatentAttention`, in its dtype and device."""
-        w = module.Wkv_a.weight
-        return cls(
-            batch_size,
-            capacity,
-            module.kv_lora_rank,
-            module.qk_rope_head_dim,
-            dtype=dtype or w.dtype,
-            device=device or w.device,
-        )
-
     def __repr__(self) -> str:
         b, c, r = self.latent.shape
         return (
@@ -329,25 +388,18 @@ class LatentCache:
             f"length={self.length}, dtype={self.latent.dtype})"
         )
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the filled latents and rope keys: ``length · B · (R + Dr) · element size``."""
+    def _token_bytes(self) -> int:
+        """``B · (R + Dr) · element size``."""
         b, _, r = self.latent.shape
         dr = self.rope_key.shape[-1]
-        return self.length * b * (r * self.latent.element_size() + dr * self.rope_key.element_size())
+        return b * (r * self.latent.element_size() + dr * self.rope_key.element_size())
 
-    def reset(self) -> None:
-        self.length = 0
-
-    def crop(self, length: int) -> None:
-        """As :meth:`KVCache.crop`."""
-        KVCache.crop(self, length)
-
-    def update(self, latent: Tensor, rope_key: Tensor, positions: Tensor | None = None):
+    def update(self, latent: Tensor, rope_key: Tensor, positions: Tensor | None = None) -> CacheRead:
         """Append ``latent (B, n, R)`` and ``rope_key (B, n, Dr)`` (already rotated) at token ``positions``.
 
         Returns:
-            ``(latent_all (B, length, R), rope_key_all (B, length, Dr), positions_all (B, length))``, views.
+            a :class:`CacheRead` of views: ``(latent (B, length, R), rope_key (B, length, Dr))``,
+            ``positions (B, length)``; the entries sit at slots ``0 … length − 1``.
         Raises:
             ValueError: shapes that do not fit, or more tokens than the capacity.
         """
@@ -362,16 +414,10 @@ class LatentCache:
                 f"cache: expected latent (B, n, R)=({b}, n, {r}) and rope_key (B, n, Dr)=({b}, n, {dr}), "
                 f"got {tuple(latent.shape)} and {tuple(rope_key.shape)}"
             )
+        self.keys_after(latent.shape[1])
         start, end = self.length, self.length + latent.shape[1]
-        if end > self.capacity:
-            raise ValueError(
-                f"cache: appending {latent.shape[1]} tokens to {start} cached ones exceeds its capacity of "
-                f"{self.capacity}"
-            )
         self.latent[:, start:end] = latent.to(self.latent.dtype)
         self.rope_key[:, start:end] = rope_key.to(self.rope_key.dtype)
-        if positions is None:
-            positions = torch.arange(start, end, device=self.positions.device)
-        self.positions[:, start:end] = positions.to(self.positions.device)
+        self.positions[:, start:end] = self._stream_positions(positions, end - start, self.positions.device)
         self.length = end
-        return self.latent[:, :end], self.rope_key[:, :end], self.positions[:, :end]
+        return CacheRead((self.latent[:, :end], self.rope_key[:, :end]), self.positions[:, :end])

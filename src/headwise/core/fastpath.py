@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise.core import masks
+from headwise.core.primitives import repeat_kv, softmax
 
 
 def _onednn_linear_available() -> bool:
@@ -93,8 +94,9 @@ def _plain(m: nn.Module) -> bool:
     return all(type(p) in (nn.Parameter, Tensor) for p in (m.weight, m.bias) if p is not None)
 
 
-def apply(m: nn.Module, x: Tensor) -> Tensor:
-    """``m(x)`` for a plain ``nn.Linear`` through :func:`linear` (its ``forward`` is not called)."""
+def call_linear(m: nn.Module, x: Tensor) -> Tensor:
+    """``m(x)``: a plain ``nn.Linear`` through :func:`linear` (its ``forward`` is not called), any other
+    module (a subclass, DTensor shards, a hooked Linear) called as a module."""
     return linear(x, m.weight, m.bias) if _plain(m) else m(x)
 
 
@@ -153,13 +155,13 @@ def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, 
         elif _plain(module.Wk) and _plain(module.Wv):
             fuse = (module.Wk, module.Wv)
     if not fuse:
-        return apply(module.Wq, query), apply(module.Wk, key), apply(module.Wv, value)
+        return call_linear(module.Wq, query), call_linear(module.Wk, key), call_linear(module.Wv, value)
     store = module.__dict__.setdefault("_fused_weights", {})  # not a parameter, buffer or state
     weight, bias = store.setdefault(len(fuse), _FusedWeights())(fuse)
     parts = linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out) each
     if len(fuse) == 3:
         return parts
-    return (apply(module.Wq, query), *parts)
+    return (call_linear(module.Wq, query), *parts)
 
 
 # Scores held at once by :func:`attention_weights`: 2**21 elements is 8 MB in float32 — small enough to
@@ -192,6 +194,8 @@ def attention_weights(
     is_causal: bool = False,
     q_offset: int = 0,
     window: int | None = None,
+    key_slots: Tensor | None = None,
+    sink_tokens: int = 0,
     scale: float | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
@@ -208,8 +212,8 @@ def attention_weights(
 
     Args:
         q: ``(B, H, L, Dh)``; k: ``(B, Hkv, S, Dh)``; v: ``(B, Hkv, S, Dv)``; the rest as
-            :func:`headwise.core.functional.scaled_dot_product_attention` (``is_causal`` and ``window`` for
-            queries at slots ``q_offset … q_offset + L − 1`` over keys at slots ``0 … S − 1``).
+            :func:`headwise.core.functional.attend` (``is_causal`` and ``window`` for queries at slots
+            ``q_offset … q_offset + L − 1`` over keys at ``key_slots``, default ``0 … S − 1``).
         need_weights: return the weights (False: only the output — for soft-capping or sinks).
         average_heads: weights averaged over heads ``(B, L, S)`` instead of ``(B, H, L, S)``.
     Returns:
@@ -219,9 +223,8 @@ def attention_weights(
     B, H, L, _ = q.shape
     S, Dv = k.shape[-2], v.shape[-1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    group = H // k.shape[1]
-    k = (k if group == 1 else k.repeat_interleave(group, dim=1)).transpose(-2, -1)  # (B, H, Dh, S)
-    v = v if group == 1 else v.repeat_interleave(group, dim=1)  # (B, H, S, Dv)
+    k = repeat_kv(k, H).transpose(-2, -1)  # (B, H, Dh, S)
+    v = repeat_kv(v, H)  # (B, H, S, Dv)
     if softcap is None:
         q = q * scale  # scaling q (L·Dh products) is cheaper than scaling the scores (L·S)
     blocked, bias = _rank4(blocked), _rank4(bias)
@@ -233,7 +236,7 @@ def attention_weights(
     weights = None
     if need_weights:
         weights = q.new_empty((B, L, S) if average_heads else (B, H, L, S))
-    key_slots = torch.arange(S, device=q.device)
+    slots = {"window": window, "key_slots": key_slots, "sink_tokens": sink_tokens, "device": q.device}
     for b in range(B):
         for r0 in range(0, L, rc):
             rs = slice(r0, min(L, r0 + rc))
@@ -247,9 +250,8 @@ def attention_weights(
                 if part_bias is not None:
                     s += part_bias
                 part = _part(blocked, b, hs, rs)
-                if is_causal:
-                    slots = torch.arange(q_offset + rs.start, q_offset + rs.stop, device=q.device)
-                    part = masks.either(part, masks.causal(slots, key_slots, window))  # (r, S)
+                _, causal = masks.causality(is_causal, rs.stop - rs.start, S, q_offset=q_offset + rs.start, **slots)
+                part = masks.either(part, causal)  # (r, S) causality of these query rows
                 dead = masks.dead_rows(part, part_bias)
                 if part is not None:
                     s.masked_fill_(part, float("-inf"))
@@ -258,10 +260,7 @@ def attention_weights(
                 if sinks is None:
                     w = torch.softmax(s, dim=-1)  # (h, r, S)
                 else:  # the sink logit joins the denominator (GPT-OSS ``s_aux``)
-                    sink = sinks[hs].to(s.dtype)[:, None, None]  # (h, 1, 1)
-                    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink)
-                    e = torch.exp(s - m)
-                    w = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink - m))  # (h, r, S)
+                    w = softmax(s, sinks=sinks[hs])  # (h, r, S)
                 if dead is not None:
                     w = w.masked_fill(dead, 0.0)
                 if dropout_p > 0.0:

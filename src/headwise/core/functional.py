@@ -27,39 +27,9 @@ from torch import Tensor
 
 from headwise import checks
 from headwise.core import fastpath, masks
+from headwise.core.primitives import repeat_kv, softmax
 
 BACKENDS = ("auto", "math", "sdpa")
-
-
-def softmax(scores: Tensor, blocked: Tensor | None = None, sinks: Tensor | None = None) -> Tensor:
-    """Max-subtracted softmax over the last axis; blocked (or ``-inf``) entries get 0.
-
-    ``sinks`` ``(H,)``: one extra logit per head (axis −3 of ``scores``) in every row's denominator and
-    with no value of its own, as GPT-OSS's ``s_aux``, so a row's weights sum to less than one.
-    A row with every entry blocked gives all zeros and zero gradients, never NaN.
-    """
-    if blocked is not None:
-        scores = scores.masked_fill(blocked, float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True)  # (..., L, 1)
-    sink = None
-    if sinks is not None:
-        sink = sinks.to(scores.dtype)[:, None, None]  # (H, 1, 1)
-        m = torch.maximum(m, sink)
-    m = m.detach()  # softmax is shift-invariant: a constant
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(scores - m)
-    s = e.sum(dim=-1, keepdim=True)
-    if sink is not None:
-        s = s + torch.exp(sink - m)  # a fully blocked row: e = 0, so its weights stay 0
-    return e / torch.where(s == 0, torch.ones_like(s), s)
-
-
-def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
-    """``(B, Hkv, S, Dh) -> (B, H, S, Dh)``: key/value head g serves query heads g·G … (g+1)·G − 1."""
-    hkv = x.shape[1]
-    if hkv == num_heads:
-        return x
-    return x.repeat_interleave(num_heads // hkv, dim=1)  # (B, H, S, Dh)
 
 
 def attention_math(
@@ -138,6 +108,8 @@ def attend(
     is_causal: bool = False,
     q_offset: int = 0,
     window: int | None = None,
+    key_slots: Tensor | None = None,
+    sink_tokens: int = 0,
     scale: float | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
@@ -151,12 +123,16 @@ def attend(
 
     ``q_offset``: the queries sit at key slots ``q_offset … q_offset + L − 1`` (0: top-left, the
     kernel's convention; ``S − L``: after a cache) — it places the causal and window masks.
+    ``key_slots`` ``(S,)`` and ``sink_tokens``: the keys' own slots when they are not ``0 … S − 1`` (a ring
+    cache's :class:`~headwise.core.cache.CacheRead`), and StreamingLLM's first slots that stay visible.
+    All of it becomes a flag or a mask in :func:`headwise.core.masks.causality`, nowhere else.
     """
     L, S = q.shape[-2], k.shape[-2]
+    slots = {"q_offset": q_offset, "window": window, "key_slots": key_slots, "sink_tokens": sink_tokens}
     kernel_capped = softcap is not None or sinks is not None  # what F.scaled_dot_product_attention cannot do
     if backend == "math" or (torch.compiler.is_compiling() and (need_weights or kernel_capped)):
-        if is_causal:
-            blocked = masks.either(blocked, masks.causal_slots(L, S, offset=q_offset, window=window, device=q.device))
+        _, causal = masks.causality(is_causal, L, S, **slots, device=q.device)
+        blocked = masks.either(blocked, causal)
         out, weights = attention_math(
             q, k, v, blocked=blocked, bias=bias, scale=scale, softcap=softcap, sinks=sinks, dropout_p=dropout_p
         )
@@ -171,8 +147,7 @@ def attend(
             blocked=blocked,
             bias=bias,
             is_causal=is_causal,
-            q_offset=q_offset,
-            window=window,
+            **slots,
             scale=scale,
             softcap=softcap,
             sinks=sinks,
@@ -182,9 +157,8 @@ def attend(
         )
     # Plain causality from the first slot goes to the kernel as a flag (nothing L × S is built);
     # otherwise it is a mask.
-    flag = is_causal and q_offset == 0 and window is None and blocked is None and bias is None
-    if is_causal and not flag:
-        blocked = masks.either(blocked, masks.causal_slots(L, S, offset=q_offset, window=window, device=q.device))
+    flag, causal = masks.causality(is_causal, L, S, **slots, as_flag=blocked is None and bias is None, device=q.device)
+    blocked = masks.either(blocked, causal)
     out = attention_sdpa(q, k, v, blocked=blocked, bias=bias, is_causal=flag, scale=scale, dropout_p=dropout_p)
     return out, None
 

@@ -15,7 +15,7 @@ Queries and keys/values go through low-rank latents; a rotary key of width Dr is
 Two paths compute it (tested equal, ``tests/core/test_latent.py``):
 
 - **plain** (``absorbed=False``): keys and values are expanded from the latent for every key, then
-  :func:`headwise.core.functional.scaled_dot_product_attention` runs over ``(B, H, S, Dn+Dr)`` keys and
+  :func:`headwise.core.functional.attend` runs over ``(B, H, S, Dn+Dr)`` keys and
   ``(B, H, S, Dv)`` values — Hugging Face ``DeepseekV3Attention``'s way.
 - **absorbed** (``absorbed=True``, the default with a cache): ``W_UK`` (the key rows of ``Wkv_b``) is multiplied
   into the query and ``W_UV`` (its value rows) into the output, so attention runs over the latent itself: one
@@ -182,7 +182,8 @@ class LatentAttention(nn.Module):
             raise ValueError(f"x: expected at least one token, got shape {tuple(x.shape)}")
         B, L, _ = x.shape
         R, Dn = self.kv_lora_rank, self.qk_nope_head_dim
-        offset = 0 if cache is None else cache.length
+        masks.require_causal(is_causal, self.sliding_window)
+        offset = 0 if cache is None else cache.length  # the new tokens' first index in the stream
         absorbed = cache is not None if absorbed is None else bool(absorbed)
 
         q = self._queries(x)  # (B, H, L, Dn+Dr)
@@ -191,7 +192,8 @@ class LatentAttention(nn.Module):
         c = self.kv_norm(kv[..., :R])  # (B, L, R)
         k_pe = kv[..., R:].unsqueeze(1)  # (B, 1, L, Dr): one rotary key for all heads
         q_pos = MultiHeadAttention._positions(position_ids, B, L, offset, x.device)  # (L,) or (B, L)
-        S = offset + L
+        # S: every key attended; the cache checks the call before anything changes
+        S = L if cache is None else cache.keys_after(L, is_causal=is_causal, window=self.sliding_window)
         blocked, bias = masks.build(
             attn_mask=attn_mask,
             key_padding_mask=key_padding_mask,
@@ -201,22 +203,23 @@ class LatentAttention(nn.Module):
             S=S,
             dtype=q.dtype,
         )  # fmt: skip  — checked before the cache changes
-        if self.sliding_window is not None and not is_causal:
-            raise ValueError(
-                f"is_causal: a module with sliding_window={self.sliding_window} attends causally; pass is_causal=True"
-            )
         if self.positional is not None:
             q_pe, k_pe = self.positional.rotate_qk(q_pe, k_pe, q_pos, q_pos)
+        key_slots, sink_tokens, window = None, 0, self.sliding_window
         if cache is not None:
-            c, k_pe, _ = cache.update(c, k_pe[:, 0], q_pos)  # (B, S, R), (B, S, Dr)
+            read = cache.update(c, k_pe[:, 0], q_pos)  # the entries in stream order and where they sit
+            c, k_pe = read.tensors  # (B, S, R), (B, S, Dr)
             c, k_pe = c.to(q.dtype), k_pe.to(q.dtype).unsqueeze(1)  # k_pe (B, 1, S, Dr)
+            key_slots, sink_tokens, window = read.key_slots, read.sink_tokens, masks.narrowest(window, read.window)
         watched = self.hook_pattern.active
         run = dict(
             blocked=blocked,
             bias=bias,
             is_causal=is_causal,
             q_offset=offset,
-            window=self.sliding_window,
+            window=window,
+            key_slots=key_slots,
+            sink_tokens=sink_tokens,
             scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights or watched,

@@ -42,16 +42,76 @@ def causal(q_pos: Tensor, k_pos: Tensor, window: int | None = None, *, sink_toke
     return blocked
 
 
-def causal_slots(L: int, S: int, *, offset: int = 0, window: int | None = None, device=None) -> Tensor | None:
-    """:func:`causal` for queries at slots ``offset … offset + L − 1`` over keys at slots ``0 … S − 1``.
+def causal_slots(
+    L: int,
+    S: int,
+    *,
+    offset: int = 0,
+    window: int | None = None,
+    key_slots: Tensor | None = None,
+    sink_tokens: int = 0,
+    device=None,
+) -> Tensor | None:
+    """:func:`causal` for queries at slots ``offset … offset + L − 1`` over keys at ``key_slots`` ``(S,)``
+    (default ``0 … S − 1``; a ring cache's keys carry their stream indices).
 
-    Returns ``(L, S)`` bool, or None when it blocks nothing (one new token after a cache shorter than the
+    Returns ``(L, S)`` bool, or None when it blocks nothing (one new token after ``0 … S − 1`` within the
     window sees every key), so that decoding passes no mask to the kernel.
     """
-    if L == 1 and offset == S - 1 and (window is None or window >= S):
-        return None
-    q = torch.arange(offset, offset + L, device=device)
-    return causal(q, torch.arange(S, device=device), window)
+    if key_slots is None:
+        if L == 1 and offset == S - 1 and (window is None or window >= S):
+            return None
+        key_slots = torch.arange(S, device=device)
+    q = torch.arange(offset, offset + L, device=key_slots.device)
+    return causal(q, key_slots, window, sink_tokens=sink_tokens)
+
+
+def causality(
+    is_causal: bool,
+    L: int,
+    S: int,
+    *,
+    q_offset: int = 0,
+    window: int | None = None,
+    key_slots: Tensor | None = None,
+    sink_tokens: int = 0,
+    as_flag: bool = False,
+    device=None,
+) -> tuple[bool, Tensor | None]:
+    """The one place causality becomes what a kernel takes: ``(flag, blocked)``.
+
+    ``flag`` True: pass ``is_causal=True`` to ``F.scaled_dot_product_attention`` and build nothing — plain
+    causality from the first slot (``q_offset`` 0, keys at ``0 … S − 1``, no window), when the caller allows
+    it (``as_flag``: its kernel takes the top-left flag and no other mask joins it). Otherwise ``blocked``:
+    :func:`causal_slots`'s ``(L, S)`` mask, or None when causality blocks nothing (or ``is_causal`` is False).
+
+    Args:
+        is_causal: whether the call is causal at all.
+        L, S: query and key counts. q_offset: the first query's slot (``S − L`` after a cache).
+        window, key_slots, sink_tokens: as :func:`causal_slots`.
+        as_flag: the caller's kernel can take causality as its flag.
+    """
+    if not is_causal:
+        return False, None
+    if as_flag and key_slots is None and window is None and q_offset == 0:
+        return True, None
+    blocked = causal_slots(
+        L, S, offset=q_offset, window=window, key_slots=key_slots, sink_tokens=sink_tokens, device=device
+    )
+    return False, blocked
+
+
+def require_causal(is_causal: bool, window: int | None) -> None:
+    """Raise ValueError when a module with a sliding ``window`` is called without ``is_causal`` (a window is a
+    causal rule: it cannot be placed on a non-causal call)."""
+    if window is not None and not is_causal:
+        raise ValueError(f"is_causal: a module with sliding_window={window} attends causally; pass is_causal=True")
+
+
+def narrowest(*windows: int | None) -> int | None:
+    """The smallest of the windows that are not None (None: no window at all) — a module's and its cache's."""
+    given = [w for w in windows if w is not None]
+    return min(given) if given else None
 
 
 def split(mask: Tensor | None, name: str) -> tuple[Tensor | None, Tensor | None]:

@@ -30,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from headwise.core import masks
+from headwise.core.primitives import repeat_kv
+
 aten = torch.ops.aten
 
 KERNEL_NAMES = ("auto", "math", "flash", "efficient")
@@ -52,13 +55,9 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """``(B, Hkv, S, Dh)`` -> ``(B, Hkv·groups, S, Dh)``, each key/value head repeated for its group."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 def _sum_groups(dx: Tensor, groups: int) -> Tensor:
-    """``(B, Hkv·groups, S, Dh)`` -> ``(B, Hkv, S, Dh)``: the gradient of :func:`_repeat_kv`."""
+    """``(B, Hkv·groups, S, Dh)`` -> ``(B, Hkv, S, Dh)``: the gradient of
+    :func:`~headwise.core.primitives.repeat_kv`."""
     if groups == 1:
         return dx
     b, h, s, d = dx.shape
@@ -82,8 +81,9 @@ class MathKernel:
         qg = q.to(acc).view(b, hkv, h // hkv, lq, d)  # (B, Hkv, g, Lq, Dh)
         s = qg @ k.to(acc)[:, :, None].transpose(-1, -2) * scale  # (B, Hkv, g, Lq, Sk)
         if causal:
-            above = torch.ones(lq, sk, dtype=torch.bool, device=q.device).triu(1)  # (Lq, Sk) True = blocked
-            s = s.masked_fill(above, float("-inf"))
+            _, above = masks.causality(True, lq, sk, device=q.device)  # (Lq, Sk) True = blocked, or None
+            if above is not None:
+                s = s.masked_fill(above, float("-inf"))
         return s
 
     def forward(self, q, k, v, *, causal, scale):
@@ -142,15 +142,14 @@ class CudaFlashKernel:
     name = "flash"
 
     def forward(self, q, k, v, *, causal, scale):
-        g = q.shape[1] // k.shape[1]
         res = aten._scaled_dot_product_flash_attention(
-            q, _repeat_kv(k, g), _repeat_kv(v, g), 0.0, causal, False, scale=scale
+            q, repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1]), 0.0, causal, False, scale=scale
         )
         return res[0], res[1]
 
     def backward(self, dout, q, k, v, out, lse, *, causal, scale):
         g = q.shape[1] // k.shape[1]
-        ke, ve = _repeat_kv(k, g).contiguous(), _repeat_kv(v, g).contiguous()
+        ke, ve = repeat_kv(k, q.shape[1]).contiguous(), repeat_kv(v, q.shape[1]).contiguous()
         seed = torch.zeros(2, dtype=torch.uint64, device=q.device)  # unused without dropout
         offset = torch.zeros((), dtype=torch.uint64, device=q.device)
         dq, dk, dv = aten._scaled_dot_product_flash_attention_backward(
@@ -183,15 +182,14 @@ class CudaEfficientKernel:
     name = "efficient"
 
     def forward(self, q, k, v, *, causal, scale):
-        g = q.shape[1] // k.shape[1]
         res = aten._scaled_dot_product_efficient_attention(
-            q, _repeat_kv(k, g), _repeat_kv(v, g), None, True, 0.0, causal, scale=scale
+            q, repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1]), None, True, 0.0, causal, scale=scale
         )
         return res[0], res[1][..., : q.shape[2]]
 
     def backward(self, dout, q, k, v, out, lse, *, causal, scale):
         g = q.shape[1] // k.shape[1]
-        ke, ve = _repeat_kv(k, g).contiguous(), _repeat_kv(v, g).contiguous()
+        ke, ve = repeat_kv(k, q.shape[1]).contiguous(), repeat_kv(v, q.shape[1]).contiguous()
         lq = q.shape[2]
         padded = F.pad(lse.float(), (0, (-lq) % 32)).contiguous()  # (B, H, ⌈Lq/32⌉·32)
         zero = torch.zeros((), dtype=torch.int64, device=q.device)  # philox seed/offset, unused

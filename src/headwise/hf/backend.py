@@ -26,7 +26,7 @@ The keyword arguments, each honoured or refused (``ValueError`` naming it), neve
   arrives and ``L > 1``, top-left aligned as ``F.scaled_dot_product_attention`` (the mask function only
   returns None where that alignment is the right one); a single query with no mask sees every key.
 - ``sliding_window`` W: in the mask whenever one arrives (``kv_idx > q_idx - W``, Mistral's convention);
-  with no mask it goes to the functional as ``window`` (a single query: ``masks.causal_slots`` after the
+  with no mask it goes to the functional as ``window`` (a single query: ``masks.causality`` after the
   cache); a non-causal call with no mask over more than W keys is refused.
 - ``softcap`` (Gemma 2) -> ``softcap``; ``s_aux`` (GPT-OSS sinks, one logit per query head) -> ``sinks``.
 - ``output_attentions``: the weights are returned (``need_weights=True``) — also for models loaded on
@@ -247,7 +247,7 @@ def attention_forward(
                     f"registered {NAME!r} mask function)"
                 )
             # one query and no mask: it is the last slot and sees the last `sliding_window` keys
-            blocked = masks.causal_slots(1, S, offset=S - 1, window=sliding_window, device=query.device)  # (1, S)
+            _, blocked = masks.causality(True, 1, S, q_offset=S - 1, window=sliding_window, device=query.device)
     # with a mask, the registered mask function built the window into it
     points = _HOOKS.get(module)
     watched = points is not None and points.hook_pattern.active
