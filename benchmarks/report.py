@@ -81,7 +81,7 @@ no docs). Each section says the command, the time and the machine's load when it
   alike. Absolute times move with that load (the load averages are recorded); the ratios are what to read.
 - **Against the machine's limits, in the same rounds.** The *theoretical FLOP rate* is computed, not
   measured: cores × clock (`cpu MHz` in `/proc/cpuinfo`) × FLOP per cycle per core (float32 lanes of the
-  widest vector unit × 2 for the fused multiply-add × 2 FMA pipes; see `benchmarks/limits.py` for bf16 and
+  widest vector unit × 2 for the fused multiply-add × 2 FMA pipes; see `benchmarks/targets/limits.py` for bf16 and
   the microarchitectures it knows). The *best GEMM rate* is the fastest of `torch.mm`, the oneDNN linear and
   NumPy's BLAS on 2048³ products, timed in the same rounds as the contenders it is compared with (per round
   the fastest counts). The *read bandwidth* is a `torch.sum` over 1 GiB, timed the same way; a decoded token
@@ -193,7 +193,7 @@ def _section(i: int, name: str, r: Result | None) -> list[str]:
     lines = [f"### {i}. {target.title}", ""]
     if r is None:
         how = (
-            "`python benchmarks/gpu.py` on a CUDA machine, then `python benchmarks/report.py`"
+            "`python benchmarks/run.py --gpu` on a CUDA machine, then `python benchmarks/report.py`"
             if name == "gpu"
             else "`make bench-full`"
         )

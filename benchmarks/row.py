@@ -1,4 +1,4 @@
-"""The typed pieces of a benchmark result, shared by ``run.py``, ``gpu.py`` and ``report.py``.
+"""The typed pieces of a benchmark result, shared by ``run.py`` and ``report.py``.
 
 A result file ``benchmarks/results/<target>.json`` is one :class:`Result`: the target's name and title, its
 summary :class:`Row` s (one measured figure each, with the goal it is held to), the target's own measurements

@@ -21,6 +21,6 @@ ALL: dict[str, Target] = {
     t.name: t
     for t in (Limits(), Forward(), Compiled(), BF16(), Decode(), Train(), Lab(), Weights(), Long(), Blocked(), GPU())
 }
-CPU = [name for name in ALL if name != "gpu"]  # what run.py measures; the GPU target runs from benchmarks/gpu.py
+CPU = [name for name in ALL if name != "gpu"]  # what run.py measures; the GPU target runs with run.py --gpu
 
 __all__ = ["ALL", "CPU", "Mode", "Target"]

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import torch
-from limits import fraction_of_gemm, gemm_rates, gemms, theoretical_peak
 from machine import ROOT, log
 from peers import build
 from row import Row
@@ -18,6 +17,7 @@ import headwise
 import headwise.reference as ref
 from targets.base import Mode, Target, contender_table, flops_mha, fmt
 from targets.forward import PROJ, SDPA, kernels
+from targets.limits import fraction_of_gemm, gemm_rates, gemms, theoretical_peak
 
 sys.path.insert(0, str(ROOT / "tests"))
 from _helpers import ref_params  # noqa: E402  (the tests' conversion of a module to reference weights)

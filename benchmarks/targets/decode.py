@@ -13,13 +13,13 @@ import statistics
 import time
 
 import torch
-from limits import READ, bandwidth_per_round, fraction_of_roofline, read
 from machine import log
 from row import Row
 from timing import compare, threads
 
 import headwise
 from targets.base import Mode, Target, contender_table, fmt
+from targets.limits import READ, bandwidth_per_round, fraction_of_roofline, read
 
 HW, HW16, HF = "headwise", "headwise, bf16 cache", "HF LlamaAttention + DynamicCache"
 KERNEL = "kernel: SDPA alone (1 query, cached K and V)"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import statistics
 
 import torch
-from limits import fraction_of_gemm, gemm_rates, gemms, theoretical_peak
 from machine import log
 from peers import build, calls, check_agreement
 from row import Row
 from timing import compare
 
 from targets.base import Mode, Target, contender_table, flops_mha, fmt
+from targets.limits import fraction_of_gemm, gemm_rates, gemms, theoretical_peak
 
 PROJ, SDPA = "kernel: 4 projections (F.linear)", "kernel: SDPA alone"
 

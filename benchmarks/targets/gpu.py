@@ -1,6 +1,6 @@
 """The GPU: bf16 attention TFLOP/s per SDPA backend (L up to 32k), and the module on the device.
 
-Measured by ``benchmarks/gpu.py`` on a CUDA machine (``run.py`` runs on the CPU and skips it). It times
+Measured by ``benchmarks/run.py --gpu`` on a CUDA machine (``--quick`` and ``--full`` skip it). It times
 with CUDA events (warm-up, then the median of several timed calls):
 
 - a bf16 GEMM (8192³) — the achievable matrix rate — and the nominal dense bf16 peak of the GPU by name;

@@ -4,13 +4,13 @@ against the best float32 GEMM rate timed in the same rounds."""
 from __future__ import annotations
 
 import torch
-from limits import fraction_of_gemm, gemm_rates, gemms
 from machine import log
 from peers import build, calls
 from row import Row
 from timing import compare
 
 from targets.base import Mode, Target, contender_table, flops_mha, fmt
+from targets.limits import fraction_of_gemm, gemm_rates, gemms
 
 
 class Train(Target):
