@@ -280,7 +280,11 @@
     }
     mv.dataset.selected = sel >= 0 ? state.layer + "," + sel : "";
   }
+  // data.show: "both" (default), "head" (no model view) or "model" (the head view appears once a head is opened)
+  var headParts = ["hv-controls", "hv-wrap", "hv-note"].map(function (id) { return document.getElementById(id); });
+  function showHeadView(on) { headParts.forEach(function (el) { el.style.display = on ? "" : "none"; }); }
   function openHead(l, h) {
+    if (data.show === "model") { showHeadView(true); layout(); }
     state.layer = l; layerSel.value = String(l);
     for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
     updateRoles(); render(); drawModel();
@@ -301,5 +305,7 @@
   var api = { state: state, render: render, data: data, lastRenderMs: 0, lines: 0, openHead: openHead };
   window.headview = api;
   layout(); updateRoles(); render(); modelLayout(); drawModel();
+  if (data.show === "head" && mv) document.getElementById("mv").style.display = "none";
+  if (data.show === "model" && mv && T) showHeadView(false);
   document.body.dataset.ready = "1";
 })();
