@@ -448,7 +448,7 @@ def test_llama_rope_parameters_per_layer_type_are_rejected():
 
 
 def test_sliding_windows_reach_the_module():
-    # equality with the Hugging Face modules, windows exercised: tests/interop/test_hf_kinds.py
+    # equality with the Hugging Face modules, windows exercised: tests/interop/test_hugging_face_kinds.py
     small = dict(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=48)
     mistral = MistralModel(MistralConfig(vocab_size=32, sliding_window=16, **small))
     assert from_hf(mistral.layers[0].self_attn).sliding_window == 16
