@@ -52,6 +52,29 @@ def test_compiled_decoding_with_a_cache_equals_eager():
 
 
 @pytest.mark.slow
+def test_compiled_decoding_of_twenty_tokens_compiles_three_times():
+    # The prompt, the first token (the offset becomes symbolic), then one graph for every later step: the
+    # cache's views grow, and automatic dynamic shapes follow them (docs/architecture.md, "Caches").
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    m = _module(positional=headwise.RotaryEmbedding(16))
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(m, backend=counter, fullgraph=True)
+    x = torch.randn(1, 25, 64)
+    caches = [headwise.KVCache.for_module(m, 1, 25) for _ in range(2)]
+    with torch.no_grad():
+        want = [m(x[:, :5], is_causal=True, cache=caches[0])[0]]
+        got = [compiled(x[:, :5], is_causal=True, cache=caches[1])[0]]
+        for t in range(5, 25):
+            want.append(m(x[:, t : t + 1], is_causal=True, cache=caches[0])[0])
+            got.append(compiled(x[:, t : t + 1], is_causal=True, cache=caches[1])[0])
+    torch.testing.assert_close(torch.cat(got, 1), torch.cat(want, 1), atol=1e-6, rtol=0)
+    assert counter.frame_count <= 3
+    assert caches[1].length == 25
+
+
+@pytest.mark.slow
 def test_compiled_training_step_equals_eager():
     m = _module(dropout=0.0).train()
     compiled = torch.compile(m, fullgraph=True)
