@@ -1,0 +1,370 @@
+"""Activation patching per head (Vig et al. 2020, Meng et al. 2022, Wang et al. 2022; TransformerLens's
+``patching``): run one input with chosen heads' outputs taken from another input's run, and read a metric.
+
+Shape legend: P prompt pairs, L length, V vocabulary, NL attention layers, H query heads, Dh head width,
+J patched copies in one batch, N = J·P rows.
+
+Where: each attention layer's ``hook_heads`` (:mod:`headwise.core.hooks`), the per-head outputs ``(B, H, L, Dh)``
+before the heads are merged for the output projection — so patching head h of layer l replaces exactly
+head h's slice of ``Wo`` / ``o_proj``'s input (tested equal to editing that input with a forward pre-hook).
+
+Directions (Heimersheim & Nanda 2024's names):
+
+- ``"denoise"``: run the *corrupted* input, head(s) from the *clean* run — which heads restore the answer;
+- ``"noise"``: run the *clean* input, head(s) from the *corrupted* run — which heads the answer needs.
+
+The source run's per-head outputs are computed once (:func:`run_with_cache`); each patched run is one row of
+a batch: J patched copies of the P pairs run as one forward of N = J·P rows (``batch_size`` = J), each row's
+hook replacing only its own heads. A full sweep costs ``2 + ceil(NL·H / J)`` forward passes (the clean and
+corrupted runs, then the batches); :class:`Patching` records the passes, the rows and the time.
+
+The inputs must have the same length (the same positions are swapped); they may differ anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from headwise.checks import one_of, positive_int
+from headwise.core.hooks import hooked
+from headwise.patching.target import Target, as_target
+
+__all__ = [
+    "DIRECTIONS",
+    "HeadCache",
+    "Patch",
+    "Patching",
+    "check_pair",
+    "patch_heads",
+    "patch_positions",
+    "patch_set",
+    "prepare",
+    "run_patched",
+    "run_with_cache",
+    "sweep_cost",
+]
+
+DIRECTIONS = ("denoise", "noise")
+Metric = Callable[[Tensor], Tensor]
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class HeadCache:
+    """One run's logits ``(P, L, V)`` and every layer's per-head outputs ``heads[l] (P, H, L, Dh)`` (detached)."""
+
+    logits: Tensor
+    heads: list[Tensor]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace head ``head`` of layer ``layer`` at ``positions`` (None: every position)."""
+
+    layer: int
+    head: int
+    positions: tuple[int, ...] | None = None
+
+
+@dataclass
+class Patching:
+    """What a patching sweep measured (means over the P prompt pairs).
+
+    Attributes:
+        method: ``"exact"`` or ``"attribution"``.
+        direction: ``"denoise"`` or ``"noise"``.
+        metric_clean, metric_corrupted: the metric of the clean and corrupted runs ``(P,)``.
+        patched: ``(P, NL, H)`` the metric with that one head patched (NaN where a layer has fewer heads).
+        per_position: ``(P, NL, H, L)`` for attribution patching: each position's share of the estimate
+            (they sum to ``patched − base``); None for exact patching.
+        passes: forward passes run (a batch counts once; attribution adds one backward pass).
+        rows: rows run in all (sequences through the model).
+        seconds: wall time of the sweep, the source and base runs included.
+        forward_seconds: wall time of one plain forward pass of the P pairs (the base run).
+    """
+
+    method: str
+    direction: str
+    metric_clean: Tensor
+    metric_corrupted: Tensor
+    patched: Tensor
+    per_position: Tensor | None = None
+    passes: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    forward_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_patched(self) -> Tensor:
+        """``(NL, H)``: the patched metric averaged over the pairs."""
+        return self.patched.mean(0)
+
+    @property
+    def normalised(self) -> Tensor:
+        """``(NL, H)``: (patched − corrupted) / (clean − corrupted) of the pair means — 1: the clean metric,
+        0: the corrupted one (in either direction)."""
+        clean, corrupted = float(self.metric_clean.mean()), float(self.metric_corrupted.mean())
+        gap = clean - corrupted
+        if gap == 0:
+            return torch.full_like(self.mean_patched, float("nan"))
+        return (self.mean_patched - corrupted) / gap
+
+
+# -- inputs ----------------------------------------------------------------------------------------------------
+
+
+def _as_ids(name: str, ids, device: torch.device) -> Tensor:
+    if not isinstance(ids, Tensor):
+        ids = torch.tensor(ids)
+    if ids.dim() == 1:
+        ids = ids[None]  # (1, L)
+    if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool or ids.shape[1] == 0:
+        raise ValueError(f"{name}: expected integer token ids (L,) or (P, L), got {ids.dtype} {tuple(ids.shape)}")
+    return ids.to(device=device, dtype=torch.long)
+
+
+def check_pair(target: Target, clean, corrupted) -> tuple[Tensor, Tensor]:
+    """``clean`` and ``corrupted`` as ``(P, L)`` long tensors on the model's device.
+
+    Raises:
+        ValueError: not integer ids, or shapes that differ (the message gives both lengths).
+    """
+    c = _as_ids("clean", clean, target.device)
+    x = _as_ids("corrupted", corrupted, target.device)
+    if c.shape != x.shape:
+        raise ValueError(
+            f"corrupted: expected the clean input's shape {tuple(c.shape)} (patching swaps the same positions), "
+            f"got {tuple(x.shape)}"
+        )
+    return c, x
+
+
+def _check_batch_size(batch_size) -> int:
+    return positive_int("batch_size", batch_size)
+
+
+# -- runs ------------------------------------------------------------------------------------------------------
+
+
+def run_with_cache(target, ids: Tensor) -> HeadCache:
+    """Run ``ids (P, L)`` once; keep the logits and every layer's per-head outputs ``(P, H, L, Dh)``."""
+    target = as_target(target)
+    heads: list[Tensor | None] = [None] * target.num_layers
+
+    def keep(layer: int, out: Tensor) -> None:
+        heads[layer] = out.detach().clone()
+
+    with torch.no_grad(), hooked((p, partial(keep, i)) for i, p in enumerate(target.points)):
+        logits = target.logits(ids)  # (P, L, V)
+    missing = [i for i, h in enumerate(heads) if h is None]
+    if missing:
+        raise RuntimeError(f"patching: attention layers {missing} did not run (is the model on headwise's backend?)")
+    return HeadCache(logits.detach(), heads)  # type: ignore[arg-type]
+
+
+def _replace(layer: int, masks: Mapping[int, Tensor], source: HeadCache, J: int, out: Tensor) -> Tensor:
+    """A ``hook_heads`` hook: rows of copy j take the source's heads where ``masks[layer][j]`` is True."""
+    N, H, L, Dh = out.shape
+    P = N // J
+    src = source.heads[layer].to(out.dtype)  # (P, H, L, Dh)
+    if src.shape != (P, H, L, Dh):
+        raise RuntimeError(f"patching: layer {layer} gave heads {tuple(out.shape)}, the source run {tuple(src.shape)}")
+    keep = masks[layer][:, None, :, :, None]  # (J, 1, H, L, 1)
+    mixed = torch.where(keep, src[None], out.reshape(J, P, H, L, Dh))  # (J, P, H, L, Dh)
+    return mixed.reshape(N, H, L, Dh)
+
+
+def run_patched(target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]]) -> Tensor:
+    """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``.
+
+    Returns:
+        logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]``.
+    Raises:
+        ValueError / TypeError: a layer, head or position out of range (named).
+    """
+    target = as_target(target)
+    J, L = len(jobs), base.shape[1]
+    masks: dict[int, Tensor] = {}
+    for j, job in enumerate(jobs):
+        for patch in job:
+            target.check_layer_head(patch.layer, patch.head)
+            mask = masks.get(patch.layer)
+            if mask is None:
+                mask = masks[patch.layer] = torch.zeros(J, target.num_heads[patch.layer], L, dtype=torch.bool)
+            if patch.positions is None:
+                mask[j, patch.head, :] = True
+            else:
+                for pos in patch.positions:
+                    if isinstance(pos, bool) or not isinstance(pos, int) or not -L <= pos < L:
+                        raise ValueError(f"positions: {pos!r} is out of range for inputs of {L} tokens")
+                    mask[j, patch.head, pos] = True
+    masks = {layer: m.to(base.device) for layer, m in masks.items()}
+    hooks = [(target.points[layer], partial(_replace, layer, masks, source, J)) for layer in masks]
+    with torch.no_grad(), hooked(hooks):
+        return target.logits(base.repeat(J, 1))  # (J·P, L, V)
+
+
+def _sweep(target: Target, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
+    """The metric of every job, ``(len(jobs), P)``; returns it with the number of batches run."""
+    P = base.shape[0]
+    values = []
+    batches = 0
+    for start in range(0, len(jobs), batch_size):
+        chunk = jobs[start : start + batch_size]
+        logits = run_patched(target, base, source, chunk)  # (J·P, L, V)
+        values.append(metric(logits).detach().float().reshape(len(chunk), P).cpu())
+        batches += 1
+        if progress is not None:
+            progress(min(start + batch_size, len(jobs)), len(jobs))
+    return torch.cat(values) if values else torch.empty(0, P), batches
+
+
+def prepare(target, clean, corrupted, metric: Metric, direction: str):
+    """Check the inputs and run both once: ``(target, base ids, source cache, (clean run, corrupted run),
+    (metric clean (P,), metric corrupted (P,)), seconds of the clean forward)``."""
+    target = as_target(target)
+    one_of("direction", direction, DIRECTIONS)
+    if not callable(metric):
+        raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
+    c, x = check_pair(target, clean, corrupted)
+    t0 = time.perf_counter()
+    clean_run = run_with_cache(target, c)
+    forward = time.perf_counter() - t0
+    corrupted_run = run_with_cache(target, x)
+    m_clean = metric(clean_run.logits).detach().float().cpu()
+    m_corrupted = metric(corrupted_run.logits).detach().float().cpu()
+    if m_clean.shape != (c.shape[0],):
+        raise ValueError(f"metric: expected one value per prompt pair ({c.shape[0]},), got {tuple(m_clean.shape)}")
+    base, source = (x, clean_run) if direction == "denoise" else (c, corrupted_run)
+    return target, base, source, (clean_run, corrupted_run), (m_clean, m_corrupted), forward
+
+
+def patch_heads(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    *,
+    direction: str = "denoise",
+    batch_size: int = 16,
+    progress: Progress | None = None,
+) -> Patching:
+    """Patch every query head of every layer, one at a time, at all positions.
+
+    Args:
+        model: see :func:`headwise.patching.as_target`.
+        clean, corrupted: token ids ``(L,)`` or ``(P, L)`` of the same shape.
+        metric: ``fn(logits (N, L, V)) -> (N,)`` (e.g. :func:`headwise.patching.logit_difference`).
+        direction: ``"denoise"`` (corrupted run, clean head) or ``"noise"`` (clean run, corrupted head).
+        batch_size: patched copies per forward pass (J).
+        progress: ``fn(done, total)`` after each batch (heads done, NL·H).
+    Returns:
+        :class:`Patching` with ``patched (P, NL, H)``.
+    Raises:
+        ValueError / TypeError: inputs of different shapes, not ids, an unknown direction, a bad batch size.
+    """
+    batch_size = _check_batch_size(batch_size)
+    t0 = time.perf_counter()
+    target, base, source, _, (m_clean, m_corrupted), forward = prepare(model, clean, corrupted, metric, direction)
+    pairs = [(layer, head) for layer in range(target.num_layers) for head in range(target.num_heads[layer])]
+    jobs = [[Patch(layer, head)] for layer, head in pairs]
+    values, batches = _sweep(target, base, source, metric, jobs, batch_size, progress)  # (NL·H, P)
+    P = base.shape[0]
+    patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
+    for (layer, head), v in zip(pairs, values):
+        patched[:, layer, head] = v
+    return Patching(
+        method="exact",
+        direction=direction,
+        metric_clean=m_clean,
+        metric_corrupted=m_corrupted,
+        patched=patched,
+        passes=2 + batches,
+        rows=2 * P + len(jobs) * P,
+        seconds=time.perf_counter() - t0,
+        forward_seconds=forward,
+    )
+
+
+def _head_list(target: Target, heads) -> list[tuple[int, int]]:
+    """``[(layer, head), …]`` from pairs or ``{layer: [head, …]}``, each checked."""
+    if isinstance(heads, Mapping):
+        items = [(layer, head) for layer, hs in heads.items() for head in _iterable("heads", hs)]
+    else:
+        items = []
+        for item in _iterable("heads", heads):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError(f"heads: expected (layer, head) pairs or {{layer: [head, ...]}}, got {item!r}")
+            items.append(tuple(item))
+    if not items:
+        raise ValueError("heads: expected at least one (layer, head)")
+    return [target.check_layer_head(layer, head) for layer, head in items]
+
+
+def _iterable(name: str, value) -> Iterable:
+    if isinstance(value, (str, bytes, int)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name}: expected a list, got {value!r}")
+    return value
+
+
+def patch_positions(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    heads,
+    *,
+    direction: str = "denoise",
+    batch_size: int = 16,
+    progress: Progress | None = None,
+) -> Tensor:
+    """Patch each chosen head at one position at a time.
+
+    Args:
+        heads: ``[(layer, head), …]`` or ``{layer: [head, …]}`` (K heads).
+        others: as :func:`patch_heads`.
+    Returns:
+        ``(P, K, L)``: the metric with head k patched at position t only (the heads in the order given).
+    """
+    batch_size = _check_batch_size(batch_size)
+    target, base, source, _, _, _ = prepare(model, clean, corrupted, metric, direction)
+    chosen = _head_list(target, heads)
+    L = base.shape[1]
+    jobs = [[Patch(layer, head, (t,))] for layer, head in chosen for t in range(L)]
+    values, _ = _sweep(target, base, source, metric, jobs, batch_size, progress)  # (K·L, P)
+    return values.reshape(len(chosen), L, -1).permute(2, 0, 1).contiguous()  # (P, K, L)
+
+
+def patch_set(
+    model,
+    clean,
+    corrupted,
+    metric: Metric,
+    heads,
+    *,
+    positions: Sequence[int] | None = None,
+    direction: str = "denoise",
+) -> Tensor:
+    """Patch a set of heads together (at ``positions``, None: all) in one run.
+
+    Returns:
+        ``(P,)``: the metric of that one patched run.
+    """
+    target, base, source, _, _, _ = prepare(model, clean, corrupted, metric, direction)
+    pos = None if positions is None else tuple(_iterable("positions", positions))
+    job = [Patch(layer, head, pos) for layer, head in _head_list(target, heads)]
+    values, _ = _sweep(target, base, source, metric, [job], 1, None)
+    return values[0]
+
+
+def sweep_cost(num_heads: int, batch_size: int) -> int:
+    """Forward passes of a full sweep of ``num_heads`` heads: the two cached runs and the batches."""
+    return 2 + math.ceil(num_heads / batch_size)

@@ -1,0 +1,389 @@
+"""Direct logit attribution: each head's, each MLP's and the embeddings' share of a logit difference.
+
+Shape legend: P prompts, L length, D model width, V vocabulary, NL layers, H query heads, Dv value head width.
+
+The residual stream at the read position is a sum of writes (Elhage et al. 2021): the embeddings (scaled,
+with positions — the input of the first block), then in each block the attention's write and the MLP's
+write. The attention's write is the output projection of the concatenated heads, so it splits exactly into
+one term per head plus the projection's bias::
+
+    o_proj(z) = Σ_h o_proj(z with every head but h zeroed) − (H − 1)·o_proj(0),   o_proj(0) = bias
+
+(computed that way, so any affine projection — ``nn.Linear``, GPT-2's ``Conv1D`` — needs no layout). The
+final norm is made linear by freezing its scale from the actual run (``1/σ`` of the read position, a
+constant; LayerNorm's mean-centering is linear and applied to every part); a norm on the attention's write
+(Gemma 2/3, OLMo 2: ``residual + norm(o_proj(z))``) is frozen the same way, so heads stay additive. Each
+part, through the frozen final norm and the unembedding's rows ``U[answer] − U[wrong]``, is its direct
+contribution. The parts — embeddings, every head, every output-projection bias, every MLP, the final norm's
+bias and the unembedding's bias — add up to the unembedding's output difference (tested to 1e-4).
+
+Soft-capping and logit scaling act after the unembedding (Gemma 2's ``final_logit_softcapping``:
+``c·tanh(x/c)``), where nothing is additive: the parts add up to the difference *before* the cap, and
+:class:`LogitAttribution` carries both that and the model's final difference.
+
+The structure is read at run time, not from a list of families: the blocks are the attention modules'
+parents, the MLP the block's child named ``mlp`` (``ff``, ``feed_forward``, …), a norm whose input is the
+projection's (or MLP's) output is a post-norm. Every identity is checked on the run (the heads against the
+projection's output, each block's writes against its change of the residual, each frozen norm against the
+norm's output, the sum against the logits); a structure it does not read (parallel branches it cannot see,
+a norm of another form) is refused with the check that failed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from headwise.patching.metric import LogitDifference
+from headwise.patching.target import Target, as_target
+
+__all__ = ["LogitAttribution", "direct_logit_attribution"]
+
+_MLP_NAMES = ("mlp", "ff", "feed_forward", "ffn", "block_sparse_moe")
+_OUT_NAMES = ("o_proj", "c_proj", "out_proj", "dense", "Wo", "wo")
+_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+_UNEMBED_NAMES = ("unembed", "lm_head")
+_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
+
+
+@dataclass
+class LogitAttribution:
+    """Direct contributions to ``logit(answer) − logit(wrong)`` at one position, per prompt (leading P).
+
+    Attributes:
+        heads: ``(P, NL, H)`` each head's write through the frozen final norm (NaN where a layer has fewer).
+        head_bias: ``(P, NL)`` each attention's output-projection bias (with a post-norm's bias).
+        mlp: ``(P, NL)`` each MLP's write (zero for attention-only layers).
+        embed: ``(P,)`` the embeddings (the first block's input).
+        norm_bias: ``(P,)`` the final norm's bias.
+        unembed_bias: ``(P,)`` the unembedding's bias.
+        total: ``(P,)`` the sum of every part.
+        unembed_difference: ``(P,)`` the unembedding's output difference — what the parts add up to.
+        logit_difference: ``(P,)`` the model's final logits' difference (after soft-capping, if any).
+        position: the position read.
+    """
+
+    heads: Tensor
+    head_bias: Tensor
+    mlp: Tensor
+    embed: Tensor
+    norm_bias: Tensor
+    unembed_bias: Tensor
+    total: Tensor
+    unembed_difference: Tensor
+    logit_difference: Tensor
+    position: int
+
+    def rows(self) -> list[tuple[str, int | None, int | None, float]]:
+        """``(part, layer, head, value)`` of every part, means over the prompts, in residual-stream order."""
+        out: list[tuple[str, int | None, int | None, float]] = [("embed", None, None, float(self.embed.mean()))]
+        heads = self.heads.mean(0)
+        for layer in range(heads.shape[0]):
+            for head in range(heads.shape[1]):
+                if not math.isnan(float(heads[layer, head])):
+                    out.append(("head", layer, head, float(heads[layer, head])))
+            out.append(("attention_bias", layer, None, float(self.head_bias[:, layer].mean())))
+            out.append(("mlp", layer, None, float(self.mlp[:, layer].mean())))
+        out.append(("final_norm_bias", None, None, float(self.norm_bias.mean())))
+        out.append(("unembed_bias", None, None, float(self.unembed_bias.mean())))
+        return out
+
+
+# -- reading the structure -------------------------------------------------------------------------------------
+
+
+def _named_child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+@dataclass
+class _Structure:
+    blocks: list[nn.Module]
+    out_projs: list[nn.Module]
+    mlps: list[nn.Module | None]
+    final_norm: nn.Module
+    unembed: nn.Module
+
+
+def _structure(target: Target) -> _Structure:
+    model = target.module
+    parents = {id(child): parent for parent in model.modules() for child in parent.children()}
+    blocks, out_projs, mlps = [], [], []
+    for layer, attention in enumerate(target.attention):
+        block = parents.get(id(attention))
+        out_proj = _named_child(attention, _OUT_NAMES)
+        if block is None or out_proj is None:
+            raise ValueError(
+                f"model: cannot find the block and output projection of attention layer {layer} "
+                f"({type(attention).__name__}: expected a child named one of {_OUT_NAMES})"
+            )
+        blocks.append(block)
+        out_projs.append(out_proj)
+        mlps.append(_named_child(block, _MLP_NAMES))
+    block_ids = {id(b) for b in blocks}
+    unembed = model.get_output_embeddings() if target.hf else _named_child(model, _UNEMBED_NAMES)
+    if unembed is None or getattr(unembed, "weight", None) is None:
+        raise ValueError(f"model: cannot find the unembedding of the {target.family} (expected {_UNEMBED_NAMES})")
+    final_norm = None
+    for name, module in model.named_modules():
+        parent = parents.get(id(module))
+        if name.rsplit(".", 1)[-1] in _FINAL_NORM_NAMES and parent is not None and id(parent) not in block_ids:
+            final_norm = module
+            break
+    if final_norm is None:
+        raise ValueError(f"model: cannot find the final norm of the {target.family} (expected {_FINAL_NORM_NAMES})")
+    return _Structure(blocks, out_projs, mlps, final_norm, unembed)
+
+
+# -- capture ---------------------------------------------------------------------------------------------------
+
+
+def _first_tensor(args, kwargs) -> Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.is_floating_point():
+            return value
+    return None
+
+
+def _output_tensor(output) -> Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+class _Recorder:
+    """Inputs and outputs of chosen modules at one position: ``inputs[key]`` / ``outputs[key]`` ``(P, …)``."""
+
+    def __init__(self, position: int):
+        self.position = position
+        self.inputs: dict[object, Tensor] = {}
+        self.outputs: dict[object, Tensor] = {}
+        self.handles = []
+
+    def _at(self, x: Tensor) -> Tensor:
+        return x[:, self.position].detach()  # (P, …)
+
+    def watch(self, key, module: nn.Module, *, inputs: bool = True, outputs: bool = True) -> None:
+        if inputs:
+
+            def pre(_m, args, kwargs):
+                x = _first_tensor(args, kwargs)
+                if x is not None and x.dim() >= 3:
+                    self.inputs[key] = self._at(x)
+
+            self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        if outputs:
+
+            def post(_m, _args, output):
+                y = _output_tensor(output)
+                if isinstance(y, Tensor) and y.dim() >= 3:
+                    self.outputs[key] = self._at(y)
+
+            self.handles.append(module.register_forward_hook(post))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+# -- frozen norms ----------------------------------------------------------------------------------------------
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+    return bool((a - b).abs().max() <= 1e-3 * scale) if b.numel() else True
+
+
+def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):
+    """``(lin, bias)``: the norm at ``x (P, D)`` as ``y = lin(x) + bias``, its scale frozen; ``lin`` acts on
+    ``(P, …, D)`` parts. Checked against the norm's actual output ``y``."""
+    P, D = x.shape
+    x64 = x.double()
+
+    def rows(s: Tensor, v: Tensor) -> Tensor:
+        return s.reshape(P, *([1] * (v.dim() - 1)))  # (P, 1, …, 1)
+
+    if isinstance(norm, nn.LayerNorm):
+        inv = 1.0 / torch.sqrt(x64.var(-1, unbiased=False) + norm.eps)  # (P,)
+        gain = norm.weight.detach().double() if norm.weight is not None else torch.ones(D, dtype=torch.float64)
+        bias = norm.bias.detach().double() if norm.bias is not None else torch.zeros(D, dtype=torch.float64)
+
+        def lin(v: Tensor) -> Tensor:
+            return (v - v.mean(-1, keepdim=True)) * gain.to(v.device) * rows(inv, v)
+
+    else:
+        eps = next((getattr(norm, n) for n in _EPS_NAMES if isinstance(getattr(norm, n, None), float)), None)
+        if eps is None:
+            raise ValueError(f"model: the {what} ({type(norm).__name__}) names no epsilon ({_EPS_NAMES})")
+        param = next(norm.parameters(), None)
+        dtype = param.dtype if param is not None else x.dtype
+        with torch.no_grad():  # the norm's own gain and bias, read by probes: y(0) = b, y(1) = g/√(1+ε) + b
+            bias = _output_tensor(norm(torch.zeros(1, D, dtype=dtype, device=x.device)))[0].double()
+            ones = _output_tensor(norm(torch.ones(1, D, dtype=dtype, device=x.device)))[0].double()
+        gain = (ones - bias) * math.sqrt(1.0 + eps)
+        inv = 1.0 / torch.sqrt(x64.pow(2).mean(-1) + eps)  # (P,)
+
+        def lin(v: Tensor) -> Tensor:
+            return v * gain.to(v.device) * rows(inv, v)
+
+    if not _close(lin(x64) + bias, y.double()):
+        raise ValueError(
+            f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
+            "at this run; its scale cannot be frozen"
+        )
+    return lin, bias
+
+
+def _post_norm(block: nn.Module, skip: set[int], rec: _Recorder, write: Tensor, layer: int):
+    """The norm among ``block``'s children whose input is ``write`` (a post-norm), or None."""
+    for child in block.children():
+        if id(child) in skip or not _is_norm(child):
+            continue
+        x = rec.inputs.get((layer, id(child)))
+        if x is not None and x.shape == write.shape and _close(x.double(), write.double()):
+            return child
+    return None
+
+
+# -- the attribution -------------------------------------------------------------------------------------------
+
+
+def _head_writes(out_proj: nn.Module, z: Tensor, H: int) -> tuple[Tensor, Tensor]:
+    """``z (P, H·Dv)`` -> each head's write ``(P, H, D)`` and the projection's bias ``(D,)``."""
+    P, width = z.shape
+    Dv = width // H
+    keep = torch.eye(H, dtype=z.dtype, device=z.device).repeat_interleave(Dv, dim=1)  # (H, H·Dv)
+    with torch.no_grad():
+        zero = _output_tensor(out_proj(torch.zeros(1, 1, width, dtype=z.dtype, device=z.device)))[0, 0]  # (D,)
+        each = _output_tensor(out_proj(z[:, None, :] * keep[None]))  # (P, H, D)
+    return (each.double() - zero.double()), zero.double()
+
+
+def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttribution:
+    """Split ``logit(answer) − logit(wrong)`` at ``metric.position`` into the parts that write it.
+
+    Args:
+        model: see :func:`headwise.patching.as_target` (Hugging Face decoders on headwise's backend, headwise's
+            pre-norm decoders).
+        ids: token ids ``(L,)`` or ``(P, L)``.
+        metric: a :class:`~headwise.patching.LogitDifference` (one answer and wrong id per prompt).
+    Returns:
+        :class:`LogitAttribution`.
+    Raises:
+        TypeError: ``metric`` is not a LogitDifference.
+        ValueError: the model's structure is not one this decomposition reads; the failed check is named.
+    """
+    from headwise.patching.exact import check_pair
+
+    if not isinstance(metric, LogitDifference):
+        raise TypeError(f"metric: expected a LogitDifference (logit_difference(answer, wrong)), got {metric!r}")
+    target = as_target(model)
+    ids, _ = check_pair(target, ids, ids)
+    P = ids.shape[0]
+    if len(metric.answer) != P:
+        raise ValueError(f"metric: expected one answer per prompt ({P}), got {len(metric.answer)}")
+    st = _structure(target)
+    rec = _Recorder(metric.position)
+    try:
+        rec.watch("embed", st.blocks[0], outputs=False)
+        for layer, (block, proj) in enumerate(zip(st.blocks, st.out_projs)):
+            rec.watch(("block", layer), block, inputs=False)
+            rec.watch(("proj", layer), proj)
+            for child in block.children():
+                if child is not target.attention[layer]:
+                    rec.watch((layer, id(child)), child)
+        rec.watch("final", st.final_norm)
+        rec.watch("unembed", st.unembed, inputs=False)
+        with torch.no_grad():
+            logits = target.logits(ids)  # (P, L, V)
+    finally:
+        rec.close()
+    a = torch.tensor(metric.answer, device=ids.device)
+    w = torch.tensor(metric.wrong, device=ids.device)
+    rows_ = torch.arange(P, device=ids.device)
+    logit_difference = (logits[rows_, metric.position, a] - logits[rows_, metric.position, w]).double().cpu()
+
+    # the residual stream's parts at the read position, each (P, D) or (P, H, D), float64
+    embed = rec.inputs["embed"].double()
+    residual = embed
+    head_parts, bias_parts, mlp_parts = [], [], []
+    for layer, (block, proj, mlp) in enumerate(zip(st.blocks, st.out_projs, st.mlps)):
+        H = target.num_heads[layer]
+        each, bias = _head_writes(proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
+        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
+        if not _close(each.sum(1) + bias, o_out):
+            raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+        skip = {id(target.attention[layer])} | ({id(mlp)} if mlp is not None else set())
+        norm = _post_norm(block, skip, rec, rec.outputs[("proj", layer)], layer)
+        if norm is not None:
+            lin, nb = _frozen_norm(norm, o_out, rec.outputs[(layer, id(norm))], f"layer {layer}'s attention norm")
+            each, bias = lin(each), lin(bias.expand(embed.shape[0], -1)) + nb  # (P, H, D), (P, D)
+            skip.add(id(norm))
+        else:
+            bias = bias.expand(embed.shape[0], -1)  # (P, D)
+        if mlp is not None:
+            mlp_write = rec.outputs[(layer, id(mlp))]
+            post = _post_norm(block, skip, rec, mlp_write, layer)
+            mlp_write = (rec.outputs[(layer, id(post))] if post is not None else mlp_write).double()  # (P, D)
+        else:
+            mlp_write = torch.zeros_like(embed)
+        after = rec.outputs[("block", layer)].double()
+        if not _close(residual + each.sum(1) + bias + mlp_write, after):
+            raise ValueError(
+                f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
+                f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
+            )
+        residual = after
+        head_parts.append(each)
+        bias_parts.append(bias)
+        mlp_parts.append(mlp_write)
+    x_final = rec.inputs["final"].double()
+    if not _close(residual, x_final):
+        raise ValueError("model: the final norm's input is not the last block's output")
+    lin, norm_bias = _frozen_norm(st.final_norm, x_final, rec.outputs["final"], "final norm")
+
+    U = st.unembed.weight.detach().double()  # (V, D)
+    direction = (U[a] - U[w]).to(embed.device)  # (P, D)
+
+    def through(part: Tensor) -> Tensor:  # (P, …, D) -> (P, …)
+        d = direction.reshape(P, *([1] * (part.dim() - 2)), -1)
+        return (lin(part) * d).sum(-1)
+
+    ub = getattr(st.unembed, "bias", None)
+    unembed_bias = (ub[a] - ub[w]).double() if ub is not None else torch.zeros(P, dtype=torch.float64)
+    heads = torch.full((P, target.num_layers, target.max_heads), float("nan"), dtype=torch.float64)
+    for layer, each in enumerate(head_parts):
+        heads[:, layer, : each.shape[1]] = through(each).cpu()
+    head_bias = torch.stack([through(b).cpu() for b in bias_parts], 1)  # (P, NL)
+    mlp = torch.stack([through(m).cpu() for m in mlp_parts], 1)  # (P, NL)
+    embed_part = through(embed).cpu()
+    norm_part = (norm_bias.to(direction.device) * direction).sum(-1).cpu()  # (P,)
+    total = heads.nansum((1, 2)) + head_bias.sum(1) + mlp.sum(1) + embed_part + norm_part + unembed_bias.cpu()
+    out = rec.outputs["unembed"].double()  # (P, V)
+    unembed_difference = (out[rows_, a] - out[rows_, w]).cpu()
+    if not _close(total, unembed_difference):
+        raise ValueError(
+            f"model: the parts add up to {total.tolist()}, the unembedding's difference is "
+            f"{unembed_difference.tolist()} (a path this decomposition does not see)"
+        )
+    return LogitAttribution(
+        heads=heads,
+        head_bias=head_bias,
+        mlp=mlp,
+        embed=embed_part,
+        norm_bias=norm_part,
+        unembed_bias=unembed_bias.cpu(),
+        total=total,
+        unembed_difference=unembed_difference,
+        logit_difference=logit_difference,
+        position=metric.position,
+    )
