@@ -70,6 +70,14 @@ def test_layers_without_rope_are_read_from_what_the_layer_computes():
     assert [from_hf(layer.self_attn).positional is None for layer in model.layers] == [False, False, False, True]
 
 
+def test_the_probe_leaves_the_callers_hooks_alone():
+    attn = from_config("llama", CONVERTIBLE["llama"]).layers[0].self_attn
+    calls = []
+    attn.register_forward_hook(lambda *args: calls.append(1))
+    from_hf(attn)
+    assert calls == []
+
+
 def test_norms_windows_caps_and_sinks_reach_the_module():
     qwen3 = from_hf(from_config("qwen3", CONVERTIBLE["qwen3"]).layers[0].self_attn)
     assert qwen3.qk_norm == "head" and qwen3.positional.convention == "half"

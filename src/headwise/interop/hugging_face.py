@@ -313,6 +313,9 @@ def _from_separate_projections(m) -> MultiHeadAttention:
     _check_kinds(m, config)
     head_dim = int(getattr(m, "head_dim", None) or m.q_proj.out_features // config.num_attention_heads)
     probe = copy.deepcopy(m).to(device="cpu", dtype=torch.float64).eval()
+    for sub in probe.modules():  # the caller's hooks (a capture, a probe) must not see the probe's call
+        sub._forward_hooks.clear()
+        sub._forward_pre_hooks.clear()
     qn, kn = (
         None if isinstance(n, nn.Identity) else n for n in (getattr(m, "q_norm", None), getattr(m, "k_norm", None))
     )
