@@ -18,7 +18,7 @@ import headwise
 from headwise.interop import to_torch
 
 
-# --- copied from ../shared/seeds/000_5713966d6f8be7c5.txt (the first article), class renamed ------------------
+# --- copied from the first article ("LLM Under the Hood — Part 4: Multi-Head Attention"), class renamed
 class ArticleMultiHeadAttention(nn.Module):
     def __init__(self, d_model, num_heads):
         super().__init__()
