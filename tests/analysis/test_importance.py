@@ -18,10 +18,10 @@ TEXTS = ["the cat sat on the mat .", "god saw the light , and it was good .", "o
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def decoder(request, tmp_path_factory):
-    from headwise.analysis.local_model import load_head_model
+    from headwise.models import open_model
 
     folder = save_decoder(tmp_path_factory.mktemp(request.param), request.param, init=0.5)
-    return request.param, load_head_model(folder)
+    return request.param, open_model(folder)
 
 
 def _out_proj(hm, family, layer):
@@ -116,9 +116,9 @@ def test_pruning_steps():
 
 def test_encoder_importance_is_the_embedding_turning_rate():
     """The bundled MiniLM: forward-mode derivatives against central differences in float64."""
-    from headwise.analysis.local_model import load_head_model
+    from headwise.models import open_model
 
-    hm = load_head_model(None)
+    hm = open_model(None)
     hm.model.double()
     enc = hm.encode(["God saw the light, and it was good."])
     with torch.no_grad():
@@ -138,7 +138,7 @@ def test_encoder_importance_is_the_embedding_turning_rate():
         assert got[layer, head] == pytest.approx(float(turn.norm() / e.norm()), rel=1e-6)
     # Removing a head: the same as zeroing its columns of Wo.
     with torch.no_grad():
-        wo = hm._attention_modules[2].Wo
+        wo = hm.attention_modules[2].Wo
         saved = wo.weight.clone()
         dh = wo.weight.shape[1] // 12
         wo.weight[:, 4 * dh : 5 * dh] = 0.0

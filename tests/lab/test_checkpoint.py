@@ -9,7 +9,7 @@ import torch
 
 from headwise._io import atomic_folder
 from headwise.lab import LMConfig, TransformerLM, is_lab_checkpoint, load, save
-from headwise.lab.checkpoint import CONFIG_FILE, MODEL_TYPE, WEIGHTS_FILE
+from headwise.models.lab_checkpoint import CONFIG_FILE, MODEL_TYPE, WEIGHTS_FILE
 
 
 @pytest.fixture

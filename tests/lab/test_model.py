@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from headwise.interop import from_torch
-from headwise.lab.model import LMConfig, TransformerLM
+from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 
 def _reference(model: TransformerLM, ids: torch.Tensor) -> torch.Tensor:

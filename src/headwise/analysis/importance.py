@@ -122,7 +122,7 @@ def objective(hm, batches: Sequence, *, reference=None) -> tuple[float, int]:
     """The objective of :func:`head_importance` on ``batches`` under the gates / ablation now active.
 
     Args:
-        hm: a :class:`~headwise.analysis.local_model.HeadModel`.
+        hm: a :class:`~headwise.models.HeadModel`.
         batches: ``(ids, mask)`` pairs.
         reference: encoders: the intact model's pooled embeddings, one ``(B, D)`` per batch.
     Returns:
@@ -215,7 +215,7 @@ def head_importance(
     """Importance, single-head ablation and pruning curves of every head of ``hm``.
 
     Args:
-        hm: a :class:`~headwise.analysis.local_model.HeadModel`.
+        hm: a :class:`~headwise.models.HeadModel`.
         batches: ``(ids (B, L), mask (B, L))`` long tensors (right padding).
         random_orders: random removal orders (seeds ``seed``, ``seed + 1``, …).
         seed: the first random order's seed.

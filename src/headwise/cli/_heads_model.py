@@ -32,12 +32,13 @@ DECODER_COLUMNS = (
 IMPORTANCE_OUTPUTS = ("pruning.png", "pruning.csv")
 
 
-def load(folder: Path):
-    """The :class:`~headwise.analysis.local_model.HeadModel` of a checked folder, errors as one line."""
-    from headwise.analysis.local_model import load_head_model
+def load(folder: Path | None):
+    """The :class:`~headwise.models.HeadModel` of ``--model`` (None: the bundled model), opened once through
+    :func:`headwise.models.open_model`; errors as one line."""
+    from headwise.models import open_model
 
     try:
-        return load_head_model(folder)
+        return open_model(folder)
     except (FileNotFoundError, ValueError) as e:
         raise CLIError(f"--model: {e}") from None
 

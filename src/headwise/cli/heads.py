@@ -22,7 +22,7 @@ on the text and on a probe of repeated random tokens (``--probe-length``, ``--pr
 
 ``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) adds Michel et al.'s
 head importance, each head's measured ablation, and ``pruning.png`` / ``pruning.csv``
-(:mod:`headwise.analysis.importance`): next-token loss for decoders, the mean-pooled embedding's change
+(:func:`headwise.analysis.head_importance`): next-token loss for decoders, the mean-pooled embedding's change
 for encoders.
 
 What happens with bad input: an empty TEXT, an empty corpus, a missing or corrupt checkpoint (no
@@ -78,42 +78,39 @@ def _sample_corpus() -> Path:
 
 
 def load_model(model: str | None, hm=None):
-    """``(attend, num_layers, num_heads, max_length, title)`` for ``--model`` (None, a folder, or ``untrained``).
+    """``(attend, num_layers, num_heads, max_length, title)`` for ``--model``: ``untrained``, or an encoder
+    opened once through :func:`headwise.models.open_model` (``hm``).
 
     Args:
         model: the option's value.
-        hm: an encoder already loaded as a :class:`~headwise.analysis.local_model.HeadModel` (a Hugging
-            Face encoder other than BERT): its attention through :meth:`HeadModel.attentions`.
-    Raises:
-        CLIError: the checkpoint cannot be loaded (missing, corrupt, wrong shapes …), naming the file.
+        hm: the opened encoder, a :class:`~headwise.models.HeadModel` (None only for ``untrained``): headwise's
+            BERT through :func:`headwise.models.model_attend`, a Hugging Face encoder through
+            :meth:`HeadModel.attentions`.
     """
     from headwise import models
 
-    if hm is not None and hm.family != "bert":
-        return _head_model_attend(hm), hm.num_layers, hm.num_heads, hm.max_length, hm.title
-    try:
-        if model == "untrained":
-            import torch
+    if model == "untrained":
+        import torch
 
-            from headwise.core.block import AttentionBlock
+        from headwise.core.block import AttentionBlock
 
+        try:
             _, tokenizer = models.load_bert()
-            torch.manual_seed(UNTRAINED["seed"])
-            block = AttentionBlock(tokenizer.get_vocab_size(), UNTRAINED["d_model"], UNTRAINED["num_heads"]).eval()
+        except (FileNotFoundError, ValueError) as e:
+            raise CLIError(f"--model: {e}") from None
+        torch.manual_seed(UNTRAINED["seed"])
+        block = AttentionBlock(tokenizer.get_vocab_size(), UNTRAINED["d_model"], UNTRAINED["num_heads"]).eval()
 
-            def run(ids, padding):
-                return block(ids, key_padding_mask=padding, need_weights=True, average_weights=False)[1]
+        def run(ids, padding):
+            return block(ids, key_padding_mask=padding, need_weights=True, average_weights=False)[1]
 
-            title = f"untrained AttentionBlock (D={UNTRAINED['d_model']}, H={UNTRAINED['num_heads']}, seed 0)"
-            return models.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
-        bert, tokenizer = models.load_bert(model)
-    except (FileNotFoundError, ValueError) as e:
-        raise CLIError(f"--model: {e}") from None
-    c = bert.config
-    name = "all-MiniLM-L6-v2" if model is None else Path(model).name
-    title = f"{name} ({c.num_hidden_layers} layers × {c.num_attention_heads} heads)"
-    attend = models.model_attend(bert, tokenizer)
-    return attend, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings, title
+        title = f"untrained AttentionBlock (D={UNTRAINED['d_model']}, H={UNTRAINED['num_heads']}, seed 0)"
+        return models.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
+    if hm.family != "bert":
+        return _head_model_attend(hm), hm.num_layers, hm.num_heads, hm.max_length, hm.title
+    title = f"{hm.name} ({hm.num_layers} layers × {hm.num_heads} heads)"
+    attend = models.model_attend(hm.model, hm.tokenizer)
+    return attend, hm.num_layers, hm.num_heads, hm.model.config.max_position_embeddings, title
 
 
 def _head_model_attend(hm):
@@ -257,16 +254,9 @@ def heads(
             raise CLIError(f"--corpus: no such file: '{corpus_path}'")
         if corpus_path.is_dir():
             raise CLIError(f"--corpus: '{corpus_path}' is a folder; expected a text file")
-    hm = None
+    hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
-        from headwise.analysis.local_model import inspect_folder
-
-        try:
-            info = inspect_folder(model)
-        except (FileNotFoundError, ValueError) as e:
-            raise CLIError(f"--model: {e}") from None
-        if info.model_type != "bert":
-            hm = heads_model.load(info.folder)
+        hm = heads_model.load(Path(model))
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
@@ -291,6 +281,8 @@ def heads(
     from headwise.models import TruncationWarning
     from headwise.viz.report import write_heads_outputs
 
+    if model is None:
+        hm = heads_model.load(None)
     attend, num_layers, num_heads, max_length, title = load_model(model, hm)
     if layer is not None and not 0 <= layer < num_layers:
         raise CLIError(f"--layer: expected 0 … {num_layers - 1} for this model, got {layer}")
@@ -330,9 +322,7 @@ def heads(
     columns, more = None, {}
     if importance:
         if hm is None:
-            from headwise.analysis.local_model import load_head_model
-
-            hm = load_head_model(None if model is None else Path(model))
+            raise CLIError("--importance: the untrained block has no objective to measure; pass --model")
         texts = _first_lines(corpus_path, importance_sentences)
         batches = heads_model.importance_batches(hm, texts, None, batch_size, lambda m: _warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, seed, out, title, extra)

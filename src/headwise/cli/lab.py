@@ -107,8 +107,8 @@ def induction(
     out = _out_folder(out)
 
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.checkpoint import write_checkpoint_files
     from headwise.lab.induction import InductionSetup, run_induction
+    from headwise.models.lab_checkpoint import write_checkpoint_files
     from headwise.viz.lab import plot_training
 
     setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
@@ -238,7 +238,7 @@ def prune(
     _positive("--threads", threads)
     if seed < 0:
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    from headwise.lab.checkpoint import load
+    from headwise.models.lab_checkpoint import load
 
     lm = load(model)  # FileNotFoundError / ValueError -> one line, exit 2
     out = _out_folder(model / "pruning" if out is None else out)

@@ -1,11 +1,11 @@
 """The lab: small transformers trained on a laptop's CPU, to watch heads specialise.
 
 - :class:`TransformerLM` / :class:`LMConfig` — a decoder-only model on headwise's own layers
-  (:mod:`headwise.lab.model`); ``model(token_ids (B, L))`` returns logits ``(B, L, V)``.
+  (:mod:`headwise.models.transformer_lm`); ``model(token_ids (B, L))`` returns logits ``(B, L, V)``.
 - :func:`train` / :class:`TrainConfig` — AdamW with warmup and cosine decay, seeds, thread count,
   progress through a callback (:mod:`headwise.lab.trainer`).
 - :func:`save` / :func:`load` — checkpoint folders of ``model.safetensors`` + ``config.json`` with
-  ``"model_type": "headwise-lab"`` (:mod:`headwise.lab.checkpoint`).
+  ``"model_type": "headwise-lab"`` (:mod:`headwise.models.lab_checkpoint`).
 - Experiments: :func:`run_induction` (induction heads, :mod:`headwise.lab.induction`),
   :func:`run_heads_vs_one` (:mod:`headwise.lab.heads_vs_one`), :func:`pruning_curves`
   (Michel et al.'s importance, :mod:`headwise.lab.prune`); tasks in :mod:`headwise.lab.tasks`.
@@ -13,12 +13,12 @@
 The lab draws nothing on the terminal; the ``headwise lab`` commands do.
 """
 
-from headwise.lab.checkpoint import MODEL_TYPE, is_lab_checkpoint, load, save
 from headwise.lab.heads_vs_one import HeadsSetup, run_heads_vs_one
 from headwise.lab.induction import InductionSetup, run_induction
-from headwise.lab.model import LMConfig, TransformerLM
 from headwise.lab.prune import head_importance, pruning_curves
 from headwise.lab.trainer import Progress, TrainConfig, train
+from headwise.models.lab_checkpoint import MODEL_TYPE, is_lab_checkpoint, load, save
+from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = [
     "MODEL_TYPE",

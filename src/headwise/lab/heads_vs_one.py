@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from headwise import checks
-from headwise.lab.model import LMConfig, TransformerLM
 from headwise.lab.tasks import RELATIONS, relation_task
 from headwise.lab.trainer import TrainConfig, masked_loss, train
+from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = ["HeadsSetup", "HEAD_COUNTS", "run_one", "run_heads_vs_one", "verdict", "SOLVED"]
 

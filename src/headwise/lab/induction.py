@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from headwise import checks
-from headwise.lab.model import LMConfig, TransformerLM
 from headwise.lab.scores import head_scores
 from headwise.lab.tasks import induction_probe, repeated_segments
 from headwise.lab.trainer import TrainConfig, lm_batches, train
+from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = ["InductionSetup", "InductionRun", "BOUND", "run_induction", "evaluate_induction", "probe_stream"]
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headwise.lab.model import TransformerLM
 from headwise.lab.trainer import masked_loss
+from headwise.models.transformer_lm import TransformerLM
 
 __all__ = ["head_importance", "masked_loss_with_heads", "PruningCurves", "pruning_curves"]
 

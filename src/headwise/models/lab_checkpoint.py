@@ -1,22 +1,24 @@
-"""Lab checkpoints: a folder with ``model.safetensors`` and ``config.json``.
+"""Lab checkpoints (headwise's small decoders, trained by :mod:`headwise.lab`): a folder with
+``model.safetensors`` and ``config.json``.
 
 ``config.json`` (UTF-8 JSON object)::
 
     {
-      "model_type": "headwise-lab",        # what reads it: headwise.lab.load
+      "model_type": "headwise-lab",        # what reads it: headwise.models.lab_checkpoint.load
       "format_version": 1,
-      "architecture": "TransformerLM",     # decoder-only, causal, pre-LN (headwise.lab.model)
+      "architecture": "TransformerLM",     # decoder-only, causal, pre-LN (headwise.models.transformer_lm)
       "config": {"vocab_size": 256, "context_length": 64, "d_model": 64, "num_layers": 2,
                  "num_heads": 4, "d_ff": null, "positional": "rope", "activation": "gelu"},
       "training": {...}                    # free-form: task, seed, steps, … (optional)
     }
 
-``model.safetensors`` holds the ``state_dict`` of :class:`~headwise.lab.model.TransformerLM` in float32,
+``model.safetensors`` holds the ``state_dict`` of :class:`~headwise.models.transformer_lm.TransformerLM` in float32,
 under the module's own names: ``embed.weight``, ``layers.{i}.self_attn.{Wq,Wk,Wv,Wo}.{weight,bias}``,
 ``layers.{i}.norm1.{weight,bias}``, (``layers.{i}.ff.linear{1,2}.*``, ``layers.{i}.norm3.*`` with MLPs),
 ``norm.{weight,bias}``, ``unembed.weight`` (and ``pos_embed.weight`` with learned positions).
 
-A tool that wants to read a folder without knowing the lab can test :func:`is_lab_checkpoint` first.
+A tool that wants to read a folder without knowing the lab can test :func:`is_lab_checkpoint` first;
+:func:`headwise.models.open_model` opens one like any other model folder.
 """
 
 from __future__ import annotations
@@ -28,9 +30,18 @@ from pathlib import Path
 import torch
 
 from headwise._io import atomic_folder, atomic_write
-from headwise.lab.model import LMConfig, TransformerLM
+from headwise.models.transformer_lm import LMConfig, TransformerLM
 
-__all__ = ["MODEL_TYPE", "FORMAT_VERSION", "CONFIG_FILE", "WEIGHTS_FILE", "save", "load", "is_lab_checkpoint"]
+__all__ = [
+    "MODEL_TYPE",
+    "FORMAT_VERSION",
+    "CONFIG_FILE",
+    "WEIGHTS_FILE",
+    "save",
+    "load",
+    "is_lab_checkpoint",
+    "is_lab_config",
+]
 
 MODEL_TYPE = "headwise-lab"
 FORMAT_VERSION = 1
@@ -79,13 +90,18 @@ def save(model: TransformerLM, path: str | os.PathLike, *, training: dict | None
     return Path(path)
 
 
+def is_lab_config(config) -> bool:
+    """True when a parsed ``config.json`` is a lab checkpoint's (``"model_type": "headwise-lab"``)."""
+    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
+
+
 def is_lab_checkpoint(path: str | os.PathLike) -> bool:
     """True when ``path`` is a folder whose ``config.json`` says ``"model_type": "headwise-lab"``."""
     try:
         data = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("model_type") == MODEL_TYPE
+    return is_lab_config(data)
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -129,18 +145,15 @@ def load(path: str | os.PathLike) -> TransformerLM:
         ValueError: a corrupt or foreign ``config.json``, or weights that are unreadable or do not fit
             the config (missing, unexpected or wrongly shaped tensors).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load as from_bytes
+    from headwise.models.folder import read_safetensors, refuse_pickles
 
     data = read_config(path)
     path = Path(path)
     weights_file = path / WEIGHTS_FILE
     if not weights_file.is_file():
+        refuse_pickles(path, WEIGHTS_FILE)
         raise FileNotFoundError(f"model: no {WEIGHTS_FILE} in '{path}'")
-    try:
-        tensors = from_bytes(weights_file.read_bytes())
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise ValueError(f"model: '{weights_file}' is not a readable safetensors file ({e})") from None
+    tensors = read_safetensors(weights_file)  # ValueError naming a corrupt or truncated file
     model = TransformerLM(LMConfig.from_dict(data["config"]))
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))

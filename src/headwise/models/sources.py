@@ -1,0 +1,225 @@
+"""The one door to a model: :func:`open_model` opens any supported source as a :class:`HeadModel`.
+
+Shape legend: NL layers, H heads per layer, V vocabulary.
+
+What it opens, chosen by what the source holds (:func:`headwise.models.folder.source_kind`), after the one
+set of checks of :func:`headwise.models.folder.inspect_folder` (safetensors headers against file lengths,
+pickle-only folders refused and never unpickled, an unknown ``model_type``, parameters against memory):
+
+- ``"bert"`` — headwise's own BERT encoder (:func:`headwise.models.load_bert`); None: the bundled
+  all-MiniLM-L6-v2;
+- ``"lab"`` — a lab checkpoint (:func:`headwise.models.lab_checkpoint.is_lab_config`): headwise's
+  :class:`~headwise.models.transformer_lm.TransformerLM`, a decoder;
+- ``"hf"`` — any other family Hugging Face transformers knows: ``AutoModelForCausalLM`` when the checkpoint
+  is a causal LM (its ``architectures`` say ``…ForCausalLM`` / ``…LMHeadModel``, or the type has no
+  masked-LM class), else ``AutoModel`` (an encoder), loaded with ``attn_implementation="headwise"``:
+  attention runs on headwise's backend (:mod:`headwise.hf`), per-head weights come from
+  :func:`headwise.hf.capture`, and a family that writes its own attention is refused.
+
+**Another kind of source** (a GGUF file, a bundled name): :func:`inspect_source` is where a path is told
+apart — a folder goes to :func:`~headwise.models.folder.inspect_folder`; a file is refused today. A new
+kind adds its check there, returning a :class:`FolderInfo` with its own ``kind``, and its loader to
+:func:`open_model`'s dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from headwise.models import lab_checkpoint
+from headwise.models.checkpoint import load_bert
+from headwise.models.folder import FolderInfo, inspect_folder
+from headwise.models.head_model import MAX_ANALYSIS_LENGTH, HeadModel
+
+__all__ = ["open_model", "inspect_source"]
+
+
+def inspect_source(source: str | os.PathLike) -> FolderInfo:
+    """Check a source without loading its weights: what kind it is, and that it can be opened here.
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`~headwise.models.folder.inspect_folder`; a file (a GGUF
+            file is named as such).
+    """
+    path = Path(source)
+    if path.is_file():
+        what = "a GGUF file, which headwise does not open as a model yet" if path.suffix == ".gguf" else "a file"
+        raise ValueError(f"model: expected a checkpoint folder, got {what}: {path}")
+    return inspect_folder(path)
+
+
+def _headwise_modules(model) -> list:
+    from headwise.core.attention import MultiHeadAttention
+
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def _hf_class(config: dict):
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    archs = config.get("architectures") or []
+    model_type = config["model_type"]
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "decoder", AutoModelForCausalLM
+    if (
+        not archs
+        and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    ):
+        return "decoder", AutoModelForCausalLM
+    return "encoder", AutoModel
+
+
+def _load_hf(info: FolderInfo) -> HeadModel:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    import headwise.hf
+    from headwise.hf.backend import hook_points
+
+    kind, cls = _hf_class(info.config)
+    bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = cls.from_pretrained(
+                os.fspath(info.folder), attn_implementation=headwise.hf.NAME, use_safetensors=True, dtype=torch.float32
+            )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    model.eval()
+    c = model.config
+    text_config = c.get_text_config() if hasattr(c, "get_text_config") else c
+    modules = headwise.hf.attention_layers(model)
+    positions = getattr(text_config, "max_position_embeddings", None) or MAX_ANALYSIS_LENGTH
+    hm = HeadModel(
+        model=model,
+        kind=kind,
+        family=info.model_type,
+        name=info.folder.name,
+        num_layers=len(modules),
+        num_heads=headwise.hf.num_heads(modules[0]),
+        max_length=int(min(positions, MAX_ANALYSIS_LENGTH)),
+        vocab_size=int(text_config.vocab_size),
+        tokenizer=None,
+        bos_id=getattr(text_config, "bos_token_id", None),
+        special_ids=(),
+        backend="hf+headwise",
+    )
+    hm.attention_modules = modules
+    hm.head_points = [hook_points(m).hook_heads for m in modules]
+    return hm
+
+
+def _load_bert(folder: Path | None) -> HeadModel:
+    model, tokenizer = load_bert(folder)
+    c = model.config
+    hm = HeadModel(
+        model=model,
+        kind="encoder",
+        family="bert",
+        name="all-MiniLM-L6-v2" if folder is None else folder.name,
+        num_layers=c.num_hidden_layers,
+        num_heads=c.num_attention_heads,
+        max_length=min(c.max_position_embeddings, MAX_ANALYSIS_LENGTH),
+        vocab_size=c.vocab_size,
+        tokenizer=tokenizer,
+        bos_id=None,
+        special_ids=tuple(
+            tokenizer.token_to_id(t)
+            for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")
+            if tokenizer.token_to_id(t) is not None
+        ),
+        backend="headwise",
+    )
+    hm.attention_modules = _headwise_modules(model)
+    hm.head_points = [m.hook_heads for m in hm.attention_modules]
+    return hm
+
+
+def _load_lab(info: FolderInfo) -> HeadModel:
+    model = lab_checkpoint.load(info.folder)
+    modules = _headwise_modules(model)
+    hm = HeadModel(
+        model=model,
+        kind="decoder",
+        family=info.model_type,
+        name=info.folder.name,
+        num_layers=len(modules),
+        num_heads=int(modules[0].num_heads),
+        max_length=min(int(model.context_length), MAX_ANALYSIS_LENGTH),
+        vocab_size=int(model.vocab_size),
+        tokenizer=None,
+        bos_id=None,
+        special_ids=(),
+        backend="headwise",
+    )
+    hm.attention_modules = modules
+    hm.head_points = [m.hook_heads for m in modules]
+    return hm
+
+
+def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
+    ids = set()
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        v = config.get(key)
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, int) and 0 <= x < hm.vocab_size:
+                ids.add(x)
+    if hm.tokenizer is not None:
+        for tid, tok in hm.tokenizer.get_added_tokens_decoder().items():
+            if tok.special and tid < hm.vocab_size:
+                ids.add(int(tid))
+    return tuple(sorted(ids))
+
+
+def open_model(source: str | os.PathLike | FolderInfo | None = None) -> HeadModel:
+    """Open a model as a :class:`HeadModel`: a folder of any supported kind, or None for the bundled
+    all-MiniLM-L6-v2. The one way headwise opens a model; each call checks and loads the source once.
+
+    Args:
+        source: a checkpoint folder; a :class:`FolderInfo` already checked by :func:`inspect_folder` (it is not
+            checked again); None: the bundled model.
+    Returns:
+        the :class:`HeadModel` (eval mode, float32).
+    Raises:
+        FileNotFoundError / ValueError: see :func:`inspect_folder`; a GGUF file (not opened yet); weights that
+        do not fit the config; a tokenizer.json that does not load — one line naming the file.
+    """
+    if source is None:
+        return _load_bert(None)
+    info = source if isinstance(source, FolderInfo) else inspect_source(source)
+    if info.kind == "bert":
+        return _load_bert(info.folder)
+    if info.kind == "lab":
+        hm = _load_lab(info)
+    else:
+        try:
+            hm = _load_hf(info)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, ImportError) as e:
+            msg = " ".join(str(e).split())
+            raise ValueError(f"{info.folder}: cannot load the checkpoint ({msg[:300]})") from None
+    if info.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        try:
+            hm.tokenizer = Tokenizer.from_file(os.fspath(info.tokenizer))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"{info.tokenizer}: not a valid tokenizer.json ({' '.join(str(e).split())})") from None
+        hm.tokenizer.no_padding()
+        hm.tokenizer.no_truncation()
+    hm.special_ids = _special_ids(hm, info.config)
+    if hm.bos_id is not None and not 0 <= hm.bos_id < hm.vocab_size:
+        hm.bos_id = None
+    return hm
