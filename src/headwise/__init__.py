@@ -19,6 +19,7 @@ _LAZY = {
     "EmbeddingWithPE": "headwise.core.block",
     "EncoderLayer": "headwise.core.layers",
     "DecoderLayer": "headwise.core.layers",
+    "Cache": "headwise.core.cache",
     "KVCache": "headwise.core.cache",
     "SlidingWindowCache": "headwise.core.cache",
     "LatentCache": "headwise.core.cache",

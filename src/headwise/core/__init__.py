@@ -2,18 +2,20 @@
 
 One concept per file — ``functional`` (the maths: ``attention_math`` and the SDPA call), ``fastpath``
 (the optional fast kernels the readable path never needs), ``masks`` (the one mask convention and its
-one conversion), ``cache`` (``KVCache``, ``SlidingWindowCache``, ``LatentCache``), ``attention``
+one conversion), ``cache`` (the ``Cache`` protocol: ``KVCache``, ``SlidingWindowCache``, ``LatentCache``), ``attention``
 (``MultiHeadAttention``), ``latent`` (``LatentAttention``), ``block`` (the first article's embedding and
 attention block). Positional parts live beside it in :mod:`headwise.positional`.
 """
 
 from headwise.core.attention import MultiHeadAttention
 from headwise.core.block import AttentionBlock, EmbeddingWithPE
-from headwise.core.cache import KVCache, LatentCache, SlidingWindowCache
+from headwise.core.cache import Cache, CacheRead, KVCache, LatentCache, SlidingWindowCache
 from headwise.core.latent import LatentAttention
 
 __all__ = [
     "AttentionBlock",
+    "Cache",
+    "CacheRead",
     "EmbeddingWithPE",
     "KVCache",
     "LatentAttention",

@@ -9,7 +9,8 @@ function), so ``from_pretrained(path, attn_implementation="headwise")`` and
   the model was loaded with;
 - :func:`ablate` — heads removed where they enter the output projection (``"zero"`` or ``"mean"``).
 
-See ``docs/transformers_backend.md`` for what is compared and what is refused. Needs the ``hf`` extra (``transformers``).
+See ``docs/transformers_backend.md`` for what is compared and what is refused. Needs the ``hf`` extra
+(``transformers``).
 """
 
 from __future__ import annotations
