@@ -149,3 +149,31 @@ def test_encoder_importance_is_the_embedding_turning_rate():
         with hm.gated(g):
             gated = hm.forward(enc.ids, enc.mask)
     torch.testing.assert_close(gated, zeroed, rtol=0, atol=1e-12)
+
+
+def test_which_tokens_are_scored_is_one_argument_of_one_implementation():
+    """``scored="answers"`` with every next-token position chosen is ``scored="next_token"``, as whole arrays;
+    scoring fewer tokens changes the objective; a choice that does not fit the model's kind is refused."""
+    from headwise.models import LMConfig, TransformerLM, lab_head_model
+
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(vocab_size=24, context_length=16, d_model=16, num_layers=2, num_heads=2)).eval()
+    hm = lab_head_model(model)
+    ids = torch.randint(0, 24, (5, 12))
+    mask = torch.ones_like(ids)
+    everything = torch.ones_like(ids, dtype=torch.bool)
+    everything[:, -1] = False
+    answers = [(ids, ids.roll(-1, dims=1), everything)]
+    a = I.head_importance(hm, [(ids, mask)], random_orders=2, points=5)
+    b = I.head_importance(hm, answers, scored="answers", random_orders=2, points=5)
+    assert a.objective != b.objective
+    for name in ("importance", "importance_norm", "ablation"):
+        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-6, atol=1e-9)
+    for name in a.curves:
+        np.testing.assert_allclose(b.curves[name], a.curves[name], rtol=1e-6, atol=1e-9)
+    fewer = everything.clone()
+    fewer[:, :6] = False
+    c = I.head_importance(hm, [(ids, ids.roll(-1, dims=1), fewer)], scored="answers", random_orders=1, points=3)
+    assert c.num_tokens == 5 * 5 < a.num_tokens and c.base_loss != pytest.approx(a.base_loss)
+    with pytest.raises(ValueError, match="scored: 'embedding' does not fit a model of kind 'decoder'"):
+        I.head_importance(hm, [(ids, mask)], scored="embedding")

@@ -122,3 +122,26 @@ def test_corrupt_checkpoint_and_empty_corpus(capsys, tmp_path):
     corpus.write_bytes(b"\xff\xfe\n\n")
     code, _, err = _run(capsys, "heads", "--corpus", str(corpus), "--out", str(tmp_path / "o"))
     assert "--corpus: no non-empty UTF-8 line" in _error_line(code, err) and "(1 undecodable line(s) skipped)" in err
+
+
+def test_a_model_folder_is_opened_once_per_command(run_cli, tiny, tmp_path, monkeypatch):
+    """``--model DIR --importance`` on a BERT folder: the folder is checked once and its weights read once."""
+    import headwise.models.sources as sources
+
+    calls = {"inspect_folder": 0, "load_bert": 0}
+    for name in calls:
+        original = getattr(sources, name)
+
+        def counted(*args, name=name, original=original, **kwargs):
+            calls[name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(sources, name, counted)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat .\nin the beginning god created the earth .\n")
+    outcome = run_cli(
+        "heads", "--model", str(tiny), "--corpus", str(corpus), "--importance", "--out", str(tmp_path / "o")
+    )
+    assert outcome.code == 0, outcome.err
+    assert calls == {"inspect_folder": 1, "load_bert": 1}
+    assert (tmp_path / "o" / "pruning.csv").read_text().startswith("removed,importance,ablation,")

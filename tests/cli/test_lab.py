@@ -43,7 +43,7 @@ def test_heads_vs_one_and_prune_tiny(run_cli, tmp_path):
     outcome = run_cli("lab", "prune", "--model", str(tmp_path / "m"), "--sequences", "16", "--random-orders", "2")
     assert outcome.code == 0, outcome.err
     rows = list(csv.DictReader((tmp_path / "m" / "pruning" / "pruning.csv").open()))
-    assert [int(r["heads_removed"]) for r in rows] == list(range(9))
+    assert [int(r["removed"]) for r in rows] == list(range(9))
     read_png(tmp_path / "m" / "pruning" / "pruning.png")
 
 

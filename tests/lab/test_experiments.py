@@ -69,10 +69,11 @@ def test_importance_is_the_mean_absolute_gate_gradient():
     normalised = head_importance(model, [batch])
     torch.testing.assert_close(normalised.norm(dim=1), torch.ones(2), rtol=1e-5, atol=1e-6)
     curves = pruning_curves(model, [batch], [batch], random_orders=2)
-    assert len(curves.by_importance) == 9 and len(curves.random) == 2
+    by_importance, random = curves.curves["importance"], curves.random_curves
+    assert len(by_importance) == 9 and len(random) == 2
     with torch.no_grad():
-        assert curves.by_importance[0] == pytest.approx(float(masked_loss(model(ids), targets, scored)), rel=1e-5)
-        assert curves.by_importance[-1] == pytest.approx(curves.random[0][-1], rel=1e-5)  # all heads gone
+        assert by_importance[0] == pytest.approx(float(masked_loss(model(ids), targets, scored)), rel=1e-5)
+        assert by_importance[-1] == pytest.approx(random[0][-1], rel=1e-5)  # all heads gone
 
 
 def test_induction_run_records_everything_on_a_tiny_budget():

@@ -1,4 +1,6 @@
-"""Per-head attention statistics (Clark et al. 2019; Voita et al. 2019) as pure NumPy functions.
+"""Per-head attention statistics (Clark et al. 2019; Voita et al. 2019) as NumPy functions, and head
+importance (Michel et al. 2019) on a model it is handed — metrics only: it opens no model folder and
+imports neither :mod:`headwise.models`, :mod:`headwise.hf`, :mod:`headwise.lab` nor the command line.
 
 Shape legend: B batch, H heads, L sequence length; NL layers, N = NL · H heads of a whole model.
 
@@ -20,6 +22,9 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
   :func:`analyze_texts`, :class:`CorpusFile`).
 - :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
+- :mod:`~headwise.analysis.importance` — Michel et al.'s head importance, single-head ablation and pruning
+  curves (:func:`head_importance`, with ``scored=`` for which tokens are scored), on any model shaped as
+  :class:`headwise.models.HeadModel` (PyTorch, imported when called).
 
 The package draws nothing on the terminal: :func:`analyze_texts` reports progress to a callback.
 The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).
@@ -58,6 +63,7 @@ from headwise.analysis.entropy import (
     row_entropy,
     uniform_entropy,
 )
+from headwise.analysis.importance import SCORED, ImportanceResult, gate_importance, head_importance
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import ROLES, RoleThresholds, decoder_roles, head_roles
 from headwise.analysis.sentence import SentenceHeads, analyze_sentence
@@ -125,4 +131,8 @@ __all__ = [
     "CorpusFile",
     "SentenceHeads",
     "analyze_sentence",
+    "SCORED",
+    "ImportanceResult",
+    "gate_importance",
+    "head_importance",
 ]

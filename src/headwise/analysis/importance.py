@@ -13,20 +13,27 @@ corpus, and one backward pass gives every sequence's gradient (one gate per sequ
 Michel et al. do before pruning, the importances of each layer are also normalised by their ℓ2 norm
 (``importance_norm``).
 
-**The objective** depends on the model:
+**The objective** — which tokens are scored — is the ``scored`` argument (default: by the model's kind):
 
-- a causal LM: ``L(x)`` is the mean next-token cross-entropy (nats) over the sequence's tokens;
-- an encoder without an LM head (all-MiniLM-L6-v2 is a sentence embedder): the change of the
+- ``"next_token"`` (decoders): ``L(x)`` is the mean next-token cross-entropy (nats) over every real token of
+  the sequence that has a next one; batches are ``(ids, mask)``;
+- ``"answers"`` (decoders, the lab's tasks): the mean cross-entropy over chosen positions only — batches are
+  ``(ids, targets, scored)``: position t is scored against ``targets[t]`` where ``scored[t]`` (the lab's
+  answers, the second copy of an induction sequence);
+- ``"embedding"`` (an encoder without an LM head (all-MiniLM-L6-v2 is a sentence embedder): the change of the
   mean-pooled sentence embedding e(x), ``L(x) = 1 − cos(e_ξ(x), e(x))`` against the intact model. At
   ξ = 1 this loss is at its minimum (0), so its gradient is 0 for every head; the importance is then
   the first-order rate at which the embedding *turns* when the gate moves,
   ``I_h = E_x ‖(I − ê êᵀ) ∂e/∂ξ_h‖ / ‖e‖`` (radians per unit of gate; for small changes
-  ``1 − cos ≈ θ²/2``), computed exactly with forward-mode differentiation, one pass per head.
+  ``1 − cos ≈ θ²/2``), computed exactly with forward-mode differentiation, one pass per layer.
 
 **Measured ablation**: the objective with one head removed (ξ_h = 0, every other gate 1), minus the
 intact model's. **Pruning curve**: the objective with the k least important heads removed, for k from 0
 to N — heads ordered by ``importance_norm`` (Michel et al.'s order), by measured ablation, and at
-random (several seeds: mean, min and max).
+random (several seeds: mean, min and max). Both can be measured on held-out ``eval_batches``.
+
+The model is anything shaped as :class:`headwise.models.HeadModel` (``kind``, ``num_layers``, ``num_heads``,
+``forward``, ``gated``): this module runs what it is handed and opens nothing.
 """
 
 from __future__ import annotations
@@ -37,15 +44,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from headwise.checks import positive_int
+from headwise.checks import one_of, positive_int
 
-__all__ = ["ImportanceResult", "head_importance", "objective", "pruning_steps", "OBJECTIVES"]
+__all__ = [
+    "ImportanceResult",
+    "head_importance",
+    "gate_importance",
+    "objective",
+    "pruning_steps",
+    "OBJECTIVES",
+    "SCORED",
+]
 
-#: What the objective is, by model kind.
+#: What the objective is, by which tokens are scored.
 OBJECTIVES = {
-    "decoder": "next-token cross-entropy (nats per token)",
-    "encoder": "1 − cos(mean-pooled sentence embedding, intact model's)",
+    "next_token": "next-token cross-entropy (nats per token)",
+    "answers": "cross-entropy on the scored answer tokens (nats per token)",
+    "embedding": "1 − cos(mean-pooled sentence embedding, intact model's)",
 }
+#: The ``scored`` choices of :func:`head_importance`.
+SCORED = tuple(OBJECTIVES)
 
 Progress = Callable[[str, int, int], None]
 
@@ -55,7 +73,8 @@ class ImportanceResult:
     """Importance, ablation and pruning curves of every head.
 
     Attributes:
-        kind: ``"decoder"`` or ``"encoder"``; objective: what the loss is (:data:`OBJECTIVES`).
+        kind: ``"decoder"`` or ``"encoder"``; objective: what the loss is (:data:`OBJECTIVES`: which tokens
+            were scored).
         importance: ``(NL, H)`` Michel et al.'s ``E_x |∂L/∂ξ_h|`` (encoders: the embedding's turning rate).
         importance_norm: ``(NL, H)`` the same, divided by its layer's ℓ2 norm.
         base_loss: the intact model's objective.
@@ -64,7 +83,11 @@ class ImportanceResult:
         curves: name → ``(K,)`` objective: ``"importance"``, ``"ablation"``, ``"random_mean"``,
             ``"random_min"``, ``"random_max"``.
         random_seeds: the seeds of the random orders.
-        num_sequences, num_tokens: what was measured on.
+        num_sequences, num_tokens: what the importance was estimated on (sequences), the objective measured on
+            (scored tokens; sentences for encoders).
+        order: ``(N,)`` flat head numbers ``layer · H + head`` in Michel et al.'s removal order (least
+            important first by ``importance_norm``).
+        random_curves: ``(orders, K)`` the objective along each random order.
     """
 
     kind: str
@@ -78,6 +101,8 @@ class ImportanceResult:
     random_seeds: tuple[int, ...]
     num_sequences: int
     num_tokens: int
+    order: np.ndarray | None = None
+    random_curves: np.ndarray | None = None
 
     def csv_rows(self) -> list[dict]:
         """One dict per point of the pruning curves."""
@@ -101,15 +126,26 @@ class ImportanceResult:
         }
 
 
-def _decoder_losses(logits, ids, mask):
-    """Per-sequence mean next-token cross-entropy ``(B,)`` and the tokens counted ``(B,)``."""
+def _targets(batch, scored: str):
+    """``(ids (B, L), mask (B, L) or None, targets (B, L), scored (B, L) bool)`` of one decoder batch."""
+    if scored == "answers":
+        ids, targets, chosen = batch
+        return ids, None, targets, chosen.bool()
+    ids, mask = batch
+    targets = ids.roll(-1, dims=1)  # position t predicts token t + 1
+    real = mask > 0
+    chosen = real & real.roll(-1, dims=1)  # (B, L): a real token whose next one is real too
+    chosen[:, -1] = False
+    return ids, mask, targets, chosen
+
+
+def _decoder_losses(logits, targets, scored):
+    """Per-sequence mean cross-entropy over the scored positions ``(B,)`` and the tokens counted ``(B,)``."""
     import torch
 
-    targets = ids[:, 1:]  # (B, L − 1)
-    keep = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)  # (B, L − 1)
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), targets, reduction="none")
-    count = keep.sum(dim=1)  # (B,)
-    return (ce * keep).sum(dim=1) / count.clamp(min=1), count
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")  # (B, L)
+    count = scored.sum(dim=1)  # (B,)
+    return (ce * scored).sum(dim=1) / count.clamp(min=1), count
 
 
 def _pooled(hidden, mask):
@@ -118,44 +154,58 @@ def _pooled(hidden, mask):
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
 
 
-def objective(hm, batches: Sequence, *, reference=None) -> tuple[float, int]:
+def _scoring(hm, scored: str | None) -> str:
+    if scored is None:
+        return "next_token" if hm.kind == "decoder" else "embedding"
+    one_of("scored", scored, SCORED)
+    if (scored == "embedding") != (hm.kind == "encoder"):
+        raise ValueError(f"scored: {scored!r} does not fit a model of kind {hm.kind!r}")
+    return scored
+
+
+def objective(hm, batches: Sequence, *, reference=None, scored: str | None = None) -> tuple[float, int]:
     """The objective of :func:`head_importance` on ``batches`` under the gates / ablation now active.
 
     Args:
         hm: a :class:`~headwise.models.HeadModel`.
-        batches: ``(ids, mask)`` pairs.
+        batches: ``(ids, mask)`` pairs (``(ids, targets, scored)`` triples for ``scored="answers"``).
         reference: encoders: the intact model's pooled embeddings, one ``(B, D)`` per batch.
+        scored: which tokens are scored (:data:`SCORED`; default by the model's kind).
     Returns:
-        ``(loss, tokens)``: decoders, cross-entropy averaged over all predicted tokens; encoders, the mean
+        ``(loss, tokens)``: decoders, cross-entropy averaged over all scored tokens; encoders, the mean
         over sentences of ``1 − cos``.
     """
     import torch
 
+    scored = _scoring(hm, scored)
     total, count = 0.0, 0
     with torch.no_grad():
-        for k, (ids, mask) in enumerate(batches):
-            out = hm.forward(ids, mask)
-            if hm.kind == "decoder":
-                losses, n = _decoder_losses(out, ids, mask)
-                total += float((losses * n).sum())
-                count += int(n.sum())
-            else:
-                e = _pooled(out, mask)
+        for k, batch in enumerate(batches):
+            if scored == "embedding":
+                ids, mask = batch
+                e = _pooled(hm.forward(ids, mask), mask)
                 total += float((1 - torch.nn.functional.cosine_similarity(e, reference[k], dim=-1)).sum())
                 count += ids.shape[0]
+            else:
+                ids, mask, targets, chosen = _targets(batch, scored)
+                losses, n = _decoder_losses(hm.forward(ids, mask), targets, chosen)
+                total += float((losses * n).sum())
+                count += int(n.sum())
     return total / max(count, 1), count
 
 
-def _decoder_importance(hm, batches, progress) -> tuple[np.ndarray, int]:
+def _decoder_importance(hm, batches, scored, progress) -> tuple[np.ndarray, int]:
     import torch
 
+    dtype = next(hm.model.parameters()).dtype
     grads = []
-    for k, (ids, mask) in enumerate(batches):
-        gates = torch.ones((ids.shape[0], hm.num_layers, hm.num_heads), requires_grad=True)  # (B, NL, H)
+    for k, batch in enumerate(batches):
+        ids, mask, targets, chosen = _targets(batch, scored)
+        gates = torch.ones((ids.shape[0], hm.num_layers, hm.num_heads), dtype=dtype, requires_grad=True)  # (B, NL, H)
         with hm.gated(gates):
-            losses, n = _decoder_losses(hm.forward(ids, mask), ids, mask)
+            losses, n = _decoder_losses(hm.forward(ids, mask), targets, chosen)
         losses.sum().backward()  # sequence b's loss depends only on its own gates: per-example gradients
-        grads.append(gates.grad.abs()[n > 0])
+        grads.append(gates.grad.abs()[n > 0].double())
         progress("importance", k + 1, len(batches))
     g = torch.cat(grads)  # (sequences, NL, H)
     return g.mean(dim=0).numpy(), g.shape[0]
@@ -195,6 +245,22 @@ def _encoder_importance(hm, batches, references, progress) -> tuple[np.ndarray, 
     return total / max(sequences, 1), sequences
 
 
+def gate_importance(hm, batches: Sequence, *, scored: str | None = None, progress: Progress | None = None):
+    """Michel et al.'s importance alone: ``(importance (NL, H), sequences)``, ``E_x |∂L(x)/∂ξ_h|`` over the
+    sequences of ``batches`` (encoders: the embedding's turning rate). See :func:`head_importance`."""
+    import torch
+
+    if not batches:
+        raise ValueError("batches: expected at least one batch, got none")
+    scored = _scoring(hm, scored)
+    progress = progress or (lambda *_: None)
+    if scored != "embedding":
+        return _decoder_importance(hm, batches, scored, progress)
+    with torch.no_grad():
+        references = [_pooled(hm.forward(ids, mask), mask) for ids, mask in batches]
+    return _encoder_importance(hm, batches, references, progress)
+
+
 def pruning_steps(n: int, points: int = 33) -> np.ndarray:
     """Heads removed at each point of a curve: every k in 0 … n when n < points, else ``points`` evenly spaced."""
     if n + 1 <= points:
@@ -206,6 +272,8 @@ def head_importance(
     hm,
     batches: Sequence,
     *,
+    scored: str | None = None,
+    eval_batches: Sequence | None = None,
     random_orders: int = 3,
     seed: int = 0,
     points: int = 33,
@@ -216,7 +284,12 @@ def head_importance(
 
     Args:
         hm: a :class:`~headwise.models.HeadModel`.
-        batches: ``(ids (B, L), mask (B, L))`` long tensors (right padding).
+        batches: what the importance is estimated on: ``(ids (B, L), mask (B, L))`` long tensors (right
+            padding), or ``(ids, targets, scored)`` for ``scored="answers"``.
+        scored: which tokens are scored — ``"next_token"``, ``"answers"`` or ``"embedding"`` (:data:`SCORED`;
+            default: ``"next_token"`` for decoders, ``"embedding"`` for encoders).
+        eval_batches: what the objective, the ablation and the pruning curves are measured on (held out;
+            default: ``batches``).
         random_orders: random removal orders (seeds ``seed``, ``seed + 1``, …).
         seed: the first random order's seed.
         points: most points per pruning curve (see :func:`pruning_steps`).
@@ -226,13 +299,17 @@ def head_importance(
     Returns:
         :class:`ImportanceResult`.
     Raises:
-        ValueError: no batch, ``random_orders`` < 1.
+        ValueError: no batch, ``random_orders`` < 1, a ``scored`` that does not fit the model's kind.
     """
     import torch
 
     if not batches:
         raise ValueError("batches: expected at least one batch, got none")
     positive_int("random_orders", random_orders)
+    scored = _scoring(hm, scored)
+    eval_batches = batches if eval_batches is None else eval_batches
+    if not eval_batches:
+        raise ValueError("eval_batches: expected at least one batch, got none")
     progress = progress or (lambda *_: None)
     nl, h = hm.num_layers, hm.num_heads
     n = nl * h
@@ -249,21 +326,22 @@ def head_importance(
         return hm.gated(gates)
 
     references = None
-    if hm.kind == "encoder":
+    if scored == "embedding":
         with torch.no_grad():
-            references = [_pooled(hm.forward(ids, mask), mask) for ids, mask in batches]
-    base, tokens = objective(hm, batches, reference=references)
-    if hm.kind == "decoder":
-        importance, sequences = _decoder_importance(hm, batches, progress)
-    else:
-        importance, sequences = _encoder_importance(hm, batches, references, progress)
+            references = [_pooled(hm.forward(ids, mask), mask) for ids, mask in eval_batches]
+
+    def measure() -> float:
+        return objective(hm, eval_batches, reference=references, scored=scored)[0]
+
+    base, tokens = objective(hm, eval_batches, reference=references, scored=scored)
+    importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
     norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
     importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
 
     ablation = np.zeros(n)
     for flat in range(n):
         with remove([flat]):
-            ablation[flat] = objective(hm, batches, reference=references)[0] - base
+            ablation[flat] = measure() - base
         progress("ablation", flat + 1, n)
 
     steps = pruning_steps(n, points)
@@ -284,7 +362,7 @@ def head_importance(
                 values[i] = base
             else:
                 with remove(order[:k]):
-                    values[i] = objective(hm, batches, reference=references)[0]
+                    values[i] = measure()
             done += 1
             progress("pruning", done, total)
         curves[name] = values
@@ -296,7 +374,7 @@ def head_importance(
         raise ValueError(f"the intact model's objective is not finite ({base})")
     return ImportanceResult(
         kind=hm.kind,
-        objective=OBJECTIVES[hm.kind],
+        objective=OBJECTIVES[scored],
         importance=importance,
         importance_norm=importance_norm,
         base_loss=base,
@@ -306,4 +384,6 @@ def head_importance(
         random_seeds=seeds,
         num_sequences=sequences,
         num_tokens=tokens,
+        order=orders["importance"],
+        random_curves=random,
     )

@@ -138,13 +138,26 @@ def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn
     return [(ids[s : s + batch_size], torch.ones_like(ids[s : s + batch_size])) for s in range(0, len(ids), batch_size)]
 
 
-def run_importance(hm, batches, *, seed: int, out: Path, title: str):
-    """Importance, ablation and pruning curves; writes :data:`IMPORTANCE_OUTPUTS`.
+def run_importance(
+    hm,
+    batches,
+    *,
+    seed: int,
+    out: Path,
+    title: str,
+    scored: str | None = None,
+    eval_batches=None,
+    random_orders: int = 3,
+    points: int = 33,
+):
+    """Importance, ablation and pruning curves (:func:`headwise.analysis.head_importance`); writes
+    :data:`IMPORTANCE_OUTPUTS` into ``out``. The one path of ``headwise heads --importance`` and
+    ``headwise lab prune``.
 
     Returns:
         ``(result, columns for heads.json / heads.csv, paths)``.
     """
-    from headwise.analysis.importance import head_importance
+    from headwise.analysis import head_importance
     from headwise.cli._progress import stage_progress
     from headwise.viz.pruning import plot_pruning, write_pruning_csv
 
@@ -156,7 +169,17 @@ def run_importance(hm, batches, *, seed: int, out: Path, title: str):
             return headwise.hf.ablate(hm.model, spec, mode="zero")
 
     with stage_progress() as progress:
-        result = head_importance(hm, batches, seed=seed, ablate=ablate, progress=progress)
+        result = head_importance(
+            hm,
+            batches,
+            scored=scored,
+            eval_batches=eval_batches,
+            random_orders=random_orders,
+            seed=seed,
+            points=points,
+            ablate=ablate,
+            progress=progress,
+        )
     columns = {
         "importance": result.importance,
         "importance_norm": result.importance_norm,

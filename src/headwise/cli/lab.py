@@ -6,7 +6,8 @@
 - ``headwise lab heads-vs-one --out DIR``: 1, 2, 4, 8 heads at equal width and parameters, several seeds,
   two tasks; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
 - ``headwise lab prune --model DIR``: Michel et al.'s head importance, loss against heads removed (by
-  importance and at random); writes ``pruning.csv`` and ``pruning.png``.
+  importance, by measured ablation and at random); writes ``pruning.csv`` and ``pruning.png`` as
+  ``headwise heads --importance`` does (one code path, one schema), and ``importance.json``.
 
 Every output folder appears whole or not at all (written beside it, then renamed): Ctrl-C leaves nothing
 half-written. The progress bars live here; the lab reports through callbacks.
@@ -238,18 +239,20 @@ def prune(
     _positive("--threads", threads)
     if seed < 0:
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    from headwise.models.lab_checkpoint import load
+    from headwise.cli._heads_model import run_importance
+    from headwise.models import open_model
+    from headwise.models.lab_checkpoint import read_config
 
-    lm = load(model)  # FileNotFoundError / ValueError -> one line, exit 2
+    read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
+    hm = open_model(model)  # the one door: the folder's checks, then the weights, once
+    lm = hm.model
     out = _out_folder(model / "pruning" if out is None else out)
 
     import numpy as np
 
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.prune import pruning_curves
     from headwise.lab.tasks import induction_probe
     from headwise.lab.trainer import threads as torch_threads
-    from headwise.viz.lab import plot_pruning
 
     def batches(stream: int):
         ids, copy, first = induction_probe(
@@ -260,43 +263,29 @@ def prune(
         scored[:, -1] = False
         return [(ids[i : i + 64], targets[i : i + 64], scored[i : i + 64]) for i in range(0, sequences, 64)]
 
-    with torch_threads(threads):
-        curves = pruning_curves(lm, batches(0), batches(1), random_orders=random_orders, seed=seed)
-    n_heads = len(curves.order)
-    rows = []
-    for k in range(n_heads + 1):
-        row = {
-            "heads_removed": k,
-            "removed_last": "" if k == 0 else "L{}H{}".format(*curves.order[k - 1]),
-            "loss_by_importance": f"{curves.by_importance[k]:.6f}",
-            "loss_random_mean": f"{curves.random_mean[k]:.6f}",
-        }
-        for r, curve in enumerate(curves.random):
-            row[f"loss_random_{r}"] = f"{curve[k]:.6f}"
-        rows.append(row)
-    columns = list(rows[0])
-    importance = {
-        f"L{n}H{h}": curves.importance[n][h]
-        for n in range(len(curves.importance))
-        for h in range(len(curves.importance[0]))
-    }
-    with atomic_folder(out) as tmp:
-        write_text_atomic(tmp / "pruning.csv", _csv(rows, columns))
-        write_text_atomic(
-            tmp / "importance.json", _json({"importance": importance, "order": [f"L{n}H{h}" for n, h in curves.order]})
+    n_heads = hm.num_layers * hm.num_heads
+    title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(lm.vocab_size):.2f})"
+    with torch_threads(threads), atomic_folder(out) as tmp:
+        result, _, _ = run_importance(
+            hm,
+            batches(0),
+            seed=seed,
+            out=tmp,
+            title=title,
+            scored="answers",
+            eval_batches=batches(1),
+            random_orders=random_orders,
+            points=n_heads + 1,
         )
-        plot_pruning(
-            {
-                "by importance (least first)": curves.by_importance,
-                f"random (mean of {random_orders})": curves.random_mean,
-            },
-            tmp / "pruning.png",
-            title=f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(lm.vocab_size):.2f})",
-        )
+        names = [f"L{i // hm.num_heads}H{i % hm.num_heads}" for i in range(n_heads)]
+        importance = dict(zip(names, result.importance_norm.ravel().tolist()))
+        order = [names[i] for i in result.order]
+        write_text_atomic(tmp / "importance.json", _json({"importance": importance, "order": order}))
     ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(importance.items(), key=lambda kv: -kv[1]))
+    curves, half = result.curves, n_heads // 2
     typer.echo(f"wrote {out}/ (pruning.csv, pruning.png, importance.json)")
     typer.echo(f"importance (normalised per layer): {ranked}")
     typer.echo(
-        f"loss with all heads {curves.by_importance[0]:.3f}; after removing half ({n_heads // 2}): by importance "
-        f"{curves.by_importance[n_heads // 2]:.3f}, at random {curves.random_mean[n_heads // 2]:.3f}"
+        f"loss with all heads {curves['importance'][0]:.3f}; after removing half ({half}): by importance "
+        f"{curves['importance'][half]:.3f}, at random {curves['random_mean'][half]:.3f}"
     )

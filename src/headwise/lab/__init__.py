@@ -8,7 +8,8 @@
   ``"model_type": "headwise-lab"`` (:mod:`headwise.models.lab_checkpoint`).
 - Experiments: :func:`run_induction` (induction heads, :mod:`headwise.lab.induction`),
   :func:`run_heads_vs_one` (:mod:`headwise.lab.heads_vs_one`), :func:`pruning_curves`
-  (Michel et al.'s importance, :mod:`headwise.lab.prune`); tasks in :mod:`headwise.lab.tasks`.
+  (Michel et al.'s importance through :func:`headwise.analysis.head_importance`, :mod:`headwise.lab.prune`);
+  tasks in :mod:`headwise.lab.tasks`.
 
 The lab draws nothing on the terminal; the ``headwise lab`` commands do.
 """

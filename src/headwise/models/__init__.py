@@ -24,12 +24,13 @@ from headwise.models.config import BertConfig
 from headwise.models.folder import FolderInfo, inspect_folder
 from headwise.models.head_model import EncodedTexts, HeadModel
 from headwise.models.lab_checkpoint import is_lab_checkpoint
-from headwise.models.sources import inspect_source, open_model
+from headwise.models.sources import inspect_source, lab_head_model, open_model
 from headwise.models.tokenizer import EncodedBatch, TruncationWarning, encode, load_tokenizer
 from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = [
     "open_model",
+    "lab_head_model",
     "inspect_source",
     "inspect_folder",
     "FolderInfo",

@@ -33,7 +33,7 @@ from headwise.models.checkpoint import load_bert
 from headwise.models.folder import FolderInfo, inspect_folder
 from headwise.models.head_model import MAX_ANALYSIS_LENGTH, HeadModel
 
-__all__ = ["open_model", "inspect_source"]
+__all__ = ["open_model", "inspect_source", "lab_head_model"]
 
 
 def inspect_source(source: str | os.PathLike) -> FolderInfo:
@@ -149,13 +149,18 @@ def _load_bert(folder: Path | None) -> HeadModel:
 
 
 def _load_lab(info: FolderInfo) -> HeadModel:
-    model = lab_checkpoint.load(info.folder)
+    return lab_head_model(lab_checkpoint.load(info.folder), name=info.folder.name)
+
+
+def lab_head_model(model, *, name: str = "TransformerLM") -> HeadModel:
+    """A lab decoder already in memory (a :class:`~headwise.models.transformer_lm.TransformerLM`, trained or
+    loaded) as a :class:`HeadModel`, as :func:`open_model` returns it for a lab checkpoint folder."""
     modules = _headwise_modules(model)
     hm = HeadModel(
         model=model,
         kind="decoder",
-        family=info.model_type,
-        name=info.folder.name,
+        family=lab_checkpoint.MODEL_TYPE,
+        name=name,
         num_layers=len(modules),
         num_heads=int(modules[0].num_heads),
         max_length=min(int(model.context_length), MAX_ANALYSIS_LENGTH),

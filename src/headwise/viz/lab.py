@@ -1,4 +1,5 @@
-"""The lab's pictures: training curves with head scores, heads against one, loss against heads pruned.
+"""The lab's pictures: training curves with head scores, heads against one (its pruning curves are
+:func:`headwise.viz.pruning.plot_pruning`, as ``headwise heads --importance`` draws them).
 
 matplotlib is imported inside each function; every file is written atomically (``save_figure``).
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 from headwise.viz._files import HeatmapFile, save_figure
 
-__all__ = ["plot_training", "plot_heads_vs_one", "plot_pruning"]
+__all__ = ["plot_training", "plot_heads_vs_one"]
 
 
 def _picture(fig, path, figsize, dpi) -> HeatmapFile:
@@ -97,27 +98,4 @@ def plot_heads_vs_one(
         ax.set_xticks(x, [str(h) for h in heads])
         ax.set(xlabel="heads (H)", ylabel=metric, title=task, ylim=(0, 1.02))
     fig.suptitle(title)
-    return _picture(fig, path, figsize, dpi)
-
-
-def plot_pruning(
-    curves: dict[str, list[float]],
-    path: str | os.PathLike,
-    *,
-    title: str = "Loss as heads are removed",
-    ylabel: str = "loss (nats)",
-    figsize: tuple[float, float] = (6.5, 4.2),
-    dpi: int = 100,
-) -> HeatmapFile:
-    """One line per order: the loss after removing 0, 1, 2, … heads."""
-    from matplotlib.figure import Figure
-
-    if not curves:
-        raise ValueError("curves: expected at least one curve, got none")
-    fig = Figure(figsize=figsize, layout="constrained")
-    ax = fig.subplots()
-    for name, values in curves.items():
-        ax.plot(np.arange(len(values)), values, marker="o", ms=3, label=name)
-    ax.set(xlabel="heads removed", ylabel=ylabel, title=title)
-    ax.legend(fontsize=8)
     return _picture(fig, path, figsize, dpi)

@@ -57,7 +57,8 @@ def _grid(fig, ax, values: np.ndarray, title: str, cmap: str, centred: bool) -> 
 
 def plot_pruning(result, path: str | os.PathLike, *, title: str | None = None, dpi: int = 100) -> HeatmapFile:
     """Write the importance / ablation heatmaps and the pruning curves of an
-    :class:`~headwise.analysis.importance.ImportanceResult`.
+    :class:`~headwise.analysis.importance.ImportanceResult` — the one picture of ``headwise heads
+    --importance`` and ``headwise lab prune``.
 
     Args:
         result: the result.
