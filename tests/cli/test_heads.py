@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import astuple
 
 import pytest
 
-from headwise.cli import main
+from _cli_helpers import assert_user_error
 from headwise.viz.report import OUTPUTS
 
 pytest.importorskip("tokenizers")
@@ -34,23 +35,9 @@ def tiny(tmp_path_factory):
     return folder
 
 
-def _run(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def _error_line(code, err):
-    assert code == 2
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("headwise: error: "), err
-    return lines[0]
-
-
-def test_sentence_writes_every_output(capsys, tmp_path):
-    code, out, err = _run(
-        capsys, "heads", "In the beginning God created the heavens and the earth.", "--out", str(tmp_path)
+def test_sentence_writes_every_output(run_cli, tmp_path):
+    code, out, err = astuple(
+        run_cli("heads", "In the beginning God created the heavens and the earth.", "--out", str(tmp_path))
     )
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(OUTPUTS)
@@ -61,12 +48,12 @@ def test_sentence_writes_every_output(capsys, tmp_path):
     assert len((tmp_path / "heads.csv").read_text().splitlines()) == 1 + 72
 
 
-def test_corpus_skips_undecodable_lines_and_shows_one_layer(capsys, tmp_path, tiny):
+def test_corpus_skips_undecodable_lines_and_shows_one_layer(run_cli, tmp_path, tiny):
     corpus = tmp_path / "c.txt"
     long_line = " ".join(["light"] * 20)
     corpus.write_bytes(b"It was good.\n\xff\xfe broken line\n\nGod saw the light.\n" + long_line.encode() + b"\n")
     argv = ["heads", "--corpus", str(corpus), "--model", str(tiny), "--layer", "1", "--out", str(tmp_path / "o")]
-    code, out, err = _run(capsys, *argv)
+    code, out, err = astuple(run_cli(*argv))
     assert code == 0, err
     assert "skipped 1 line(s) that are not valid UTF-8 (line 2)" in err
     assert "1 line(s) longer than 16 tokens were truncated to 16" in err
@@ -77,15 +64,15 @@ def test_corpus_skips_undecodable_lines_and_shows_one_layer(capsys, tmp_path, ti
     assert len(rows) == 2 and all(r.split("│")[1].strip() == "1" for r in rows)
 
 
-def test_untrained_block(capsys, tmp_path):
-    code, out, err = _run(capsys, "heads", "the cat sat on the mat", "--model", "untrained", "--out", str(tmp_path))
+def test_untrained_block(run_cli, tmp_path):
+    code, out, err = astuple(run_cli("heads", "the cat sat on the mat", "--model", "untrained", "--out", str(tmp_path)))
     assert code == 0, err
     data = json.loads((tmp_path / "heads.json").read_text())
     assert (data["num_layers"], data["num_heads"]) == (1, 4) and data["model"].startswith("untrained AttentionBlock")
 
 
-def test_too_long_text_is_truncated_with_a_warning(capsys, tmp_path, tiny):
-    code, out, err = _run(capsys, "heads", " ".join(["word"] * 30), "--model", str(tiny), "--out", str(tmp_path))
+def test_too_long_text_is_truncated_with_a_warning(run_cli, tmp_path, tiny):
+    code, out, err = astuple(run_cli("heads", " ".join(["word"] * 30), "--model", str(tiny), "--out", str(tmp_path)))
     assert code == 0, err
     assert "warning: TEXT: 32 tokens, more than the model's 16 positions; truncated to the first 16" in err
     data = json.loads((tmp_path / "heads.json").read_text())
@@ -103,12 +90,12 @@ def test_too_long_text_is_truncated_with_a_warning(capsys, tmp_path, tiny):
         (["heads", "x", "--layer", "6"], "--layer: expected 0 … 5"),
     ],
 )
-def test_errors_are_one_line(capsys, tmp_path, argv, message):
-    code, _, err = _run(capsys, *argv, "--out", str(tmp_path / "o"))
-    assert message in _error_line(code, err)
+def test_errors_are_one_line(run_cli, tmp_path, argv, message):
+    outcome = run_cli(*argv, "--out", str(tmp_path / "o"))
+    assert_user_error(outcome, message)
 
 
-def test_corrupt_checkpoint_and_empty_corpus(capsys, tmp_path):
+def test_corrupt_checkpoint_and_empty_corpus(run_cli, tmp_path):
     from headwise.models import default_model_path
 
     ckpt = tmp_path / "ckpt"
@@ -116,12 +103,13 @@ def test_corrupt_checkpoint_and_empty_corpus(capsys, tmp_path):
     for name in ("config.json", "tokenizer.json", "vocab.txt"):
         shutil.copy(default_model_path() / name, ckpt / name)
     (ckpt / "model.safetensors").write_bytes(b"\x00" * 100)
-    code, _, err = _run(capsys, "heads", "x", "--model", str(ckpt), "--out", str(tmp_path / "o"))
-    assert "model.safetensors: corrupt or truncated safetensors file" in _error_line(code, err)
+    outcome = run_cli("heads", "x", "--model", str(ckpt), "--out", str(tmp_path / "o"))
+    assert_user_error(outcome, "model.safetensors: corrupt or truncated safetensors file")
     corpus = tmp_path / "bad.txt"
     corpus.write_bytes(b"\xff\xfe\n\n")
-    code, _, err = _run(capsys, "heads", "--corpus", str(corpus), "--out", str(tmp_path / "o"))
-    assert "--corpus: no non-empty UTF-8 line" in _error_line(code, err) and "(1 undecodable line(s) skipped)" in err
+    outcome = run_cli("heads", "--corpus", str(corpus), "--out", str(tmp_path / "o"))
+    assert_user_error(outcome, "--corpus: no non-empty UTF-8 line")
+    assert "(1 undecodable line(s) skipped)" in outcome.err
 
 
 def test_a_model_folder_is_opened_once_per_command(run_cli, tiny, tmp_path, monkeypatch):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+from dataclasses import astuple
 
 import numpy as np
 import pytest
 
-from headwise.cli import main
+from _cli_helpers import assert_user_error
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -18,20 +19,6 @@ pytest.importorskip("tokenizers")
 from _decoders import config_of, save_decoder  # noqa: E402
 
 TEXT = "the cat sat on the mat . the cat sat on the mat ."
-
-
-def _run(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def _error_line(code, err):
-    assert code == 2, err
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("headwise: error: "), err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +41,14 @@ def _eager_maps(folder, ids):
 @pytest.mark.parametrize(
     "family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow)]
 )
-def test_decoder_metrics_match_eager_attention(capsys, tmp_path, folders, family):
+def test_decoder_metrics_match_eager_attention(run_cli, tmp_path, folders, family):
     from tokenizers import Tokenizer
 
     from headwise.analysis import Probe, detector_scores, repeated_random_tokens
     from headwise.analysis.decoder import causal_entropy_ratio
 
     folder = folders[family]
-    code, out, err = _run(capsys, "heads", TEXT, "--model", str(folder), "--out", str(tmp_path))
+    code, out, err = astuple(run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path)))
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["heads.json", "heads.csv", "heads.png", "roles.png", "headview.html"]
@@ -91,26 +78,26 @@ def test_decoder_metrics_match_eager_attention(capsys, tmp_path, folders, family
     assert '"causal":true' in page
 
 
-def test_a_checkpoint_without_tokenizer_is_read_on_its_probe(capsys, tmp_path):
+def test_a_checkpoint_without_tokenizer_is_read_on_its_probe(run_cli, tmp_path):
     folder = save_decoder(tmp_path / "bare", "llama", tokenizer=False, init=0.5)
     argv = ["heads", "--model", str(folder), "--probe-length", "10", "--probe-repeats", "3", "--seed", "7"]
-    code, out, err = _run(capsys, *argv, "--out", str(tmp_path / "o"))
+    code, out, err = astuple(run_cli(*argv, "--out", str(tmp_path / "o")))
     assert code == 0, err
     data = json.loads((tmp_path / "o" / "heads.json").read_text())
     assert data["probe"] == {"length": 10, "repeats": 3, "batch": 8, "seed": 7, "bos": None, "total_length": 30}
     assert data["num_sentences"] == 8 and data["sentence"]["tokens"][0].startswith("<")
     for row in data["heads"]:  # the text is the probe: both columns measure the same thing
         assert row["induction"] == pytest.approx(row["induction_probe"], abs=1e-12)
-    code, _, err = _run(capsys, "heads", "a text", "--model", str(folder), "--out", str(tmp_path / "p"))
-    assert "TEXT: the checkpoint bare has no tokenizer.json" in _error_line(code, err)
+    outcome = run_cli("heads", "a text", "--model", str(folder), "--out", str(tmp_path / "p"))
+    assert_user_error(outcome, "TEXT: the checkpoint bare has no tokenizer.json")
     assert not (tmp_path / "p").exists()
 
 
-def test_importance_writes_the_pruning_curve(capsys, tmp_path, folders):
+def test_importance_writes_the_pruning_curve(run_cli, tmp_path, folders):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat .\ngod saw the light , and it was good .\none two three red blue\n")
     argv = ["heads", "--model", str(folders["llama"]), "--corpus", str(corpus), "--importance"]
-    code, out, err = _run(capsys, *argv, "--out", str(tmp_path / "o"))
+    code, out, err = astuple(run_cli(*argv, "--out", str(tmp_path / "o")))
     assert code == 0, err
     o = tmp_path / "o"
     assert (o / "pruning.png").stat().st_size > 10_000
@@ -171,27 +158,28 @@ class _Touch:
         return (open, (self.path, "w"))
 
 
-def test_bad_checkpoints_are_one_line_and_write_nothing(capsys, tmp_path, folders):
+def test_bad_checkpoints_are_one_line_and_write_nothing(run_cli, tmp_path, folders):
     cases, marker = _bad_folders(tmp_path, folders["llama"])
     for name, (folder, words) in cases.items():
         out = tmp_path / f"out-{name.replace(' ', '-')}"
-        code, _, err = _run(capsys, "heads", "the cat", "--model", str(folder), "--out", str(out))
-        line = _error_line(code, err)
+        outcome = run_cli("heads", "the cat", "--model", str(folder), "--out", str(out))
+        assert_user_error(outcome)
+        line = outcome.err.strip()
         assert words in line and line.startswith("headwise: error: --model: "), (name, line)
         assert not out.exists(), name
     assert not marker.exists()
 
 
-def test_layer_and_probe_mistakes(capsys, tmp_path, folders):
-    code, _, err = _run(capsys, "heads", "x", "--model", str(folders["gpt2"]), "--layer", "2", "--out", str(tmp_path))
-    assert "--layer: expected 0 … 1 for this model, got 2" in _error_line(code, err)
-    code, _, err = _run(capsys, "heads", "--model", str(folders["gpt2"]), "--importance", "--out", str(tmp_path))
-    assert "--importance: expected --corpus FILE" in _error_line(code, err)
-    code, _, err = _run(capsys, "heads", "x", "--model", str(folders["gpt2"]), "--probe-repeats", "1")
+def test_layer_and_probe_mistakes(run_cli, tmp_path, folders):
+    outcome = run_cli("heads", "x", "--model", str(folders["gpt2"]), "--layer", "2", "--out", str(tmp_path))
+    assert_user_error(outcome, "--layer: expected 0 … 1 for this model, got 2")
+    outcome = run_cli("heads", "--model", str(folders["gpt2"]), "--importance", "--out", str(tmp_path))
+    assert_user_error(outcome, "--importance: expected --corpus FILE")
+    code, _, err = astuple(run_cli("heads", "x", "--model", str(folders["gpt2"]), "--probe-repeats", "1"))
     assert code == 2 and "--probe-repeats" in err
 
 
-def test_a_lab_checkpoint_goes_through_the_same_model_option(capsys, tmp_path):
+def test_a_lab_checkpoint_goes_through_the_same_model_option(run_cli, tmp_path):
     lab = pytest.importorskip("headwise.lab", reason="headwise.lab is not installed")
     import torch
 
@@ -201,7 +189,7 @@ def test_a_lab_checkpoint_goes_through_the_same_model_option(capsys, tmp_path):
     model = lab.TransformerLM(lab.LMConfig(vocab_size=64, context_length=64, d_model=32, num_layers=2, num_heads=4))
     folder = tmp_path / "lab"
     lab.save(model, folder)
-    code, out, err = _run(capsys, "heads", "--model", str(folder), "--out", str(tmp_path / "o"))
+    code, out, err = astuple(run_cli("heads", "--model", str(folder), "--out", str(tmp_path / "o")))
     assert code == 0, err
     data = json.loads((tmp_path / "o" / "heads.json").read_text())
     assert (data["num_layers"], data["num_heads"]) == (2, 4) and data["probe"]["bos"] is None
@@ -219,7 +207,7 @@ def test_a_lab_checkpoint_goes_through_the_same_model_option(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_encoder_importance_on_the_bundled_model(capsys, tmp_path):
+def test_encoder_importance_on_the_bundled_model(run_cli, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("In the beginning God created the heavens and the earth.\nGod saw the light, and it was good.\n")
     argv = [
@@ -232,7 +220,7 @@ def test_encoder_importance_on_the_bundled_model(capsys, tmp_path):
         "--out",
         str(tmp_path / "o"),
     ]
-    code, out, err = _run(capsys, *argv)
+    code, out, err = astuple(run_cli(*argv))
     assert code == 0, err
     data = json.loads((tmp_path / "o" / "heads.json").read_text())
     imp = data["importance"]
