@@ -29,6 +29,7 @@ from torch import Tensor
 from headwise.checks import one_of
 from headwise.core.hooks import hooked
 from headwise.patching.exact import DIRECTIONS, Metric, Patching, check_pair, run_with_cache
+from headwise.patching.metric import reads_last_position
 from headwise.patching.target import as_target
 
 __all__ = ["attribution_patch"]
@@ -72,7 +73,7 @@ def attribution_patch(model, clean, corrupted, metric: Metric, *, direction: str
         hooks.append((point, partial(_add, deltas[layer])))
     with torch.enable_grad(), hooked(hooks):
         t1 = time.perf_counter()
-        value = metric(target.logits(base))  # (P,)
+        value = metric(target.logits(base, last_only=reads_last_position(metric)))  # (P,)
         forward = time.perf_counter() - t1
         grads = torch.autograd.grad(value.sum(), deltas)  # each (P, H, L, Dh); rows do not mix
     patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.core.hooks import hooked
+from headwise.patching.metric import reads_last_position
 from headwise.patching.target import Target, as_target
 
 __all__ = [
@@ -182,11 +183,14 @@ def _replace(layer: int, masks: Mapping[int, Tensor], source: HeadCache, J: int,
     return mixed.reshape(N, H, L, Dh)
 
 
-def run_patched(target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]]) -> Tensor:
+def run_patched(
+    target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]], *, last_only: bool = False
+) -> Tensor:
     """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``.
 
     Returns:
-        logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]``.
+        logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]`` (``last_only``: a Hugging Face
+        model's last position alone, ``(J·P, 1, V)``).
     Raises:
         ValueError / TypeError: a layer, head or position out of range (named).
     """
@@ -209,7 +213,7 @@ def run_patched(target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence
     masks = {layer: m.to(base.device) for layer, m in masks.items()}
     hooks = [(target.points[layer], partial(_replace, layer, masks, source, J)) for layer in masks]
     with torch.no_grad(), hooked(hooks):
-        return target.logits(base.repeat(J, 1))  # (J·P, L, V)
+        return target.logits(base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
 
 
 def _sweep(target: Target, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
@@ -217,9 +221,10 @@ def _sweep(target: Target, base: Tensor, source: HeadCache, metric: Metric, jobs
     P = base.shape[0]
     values = []
     batches = 0
+    last_only = reads_last_position(metric)
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start : start + batch_size]
-        logits = run_patched(target, base, source, chunk)  # (J·P, L, V)
+        logits = run_patched(target, base, source, chunk, last_only=last_only)  # (J·P, L or 1, V)
         values.append(metric(logits).detach().float().reshape(len(chunk), P).cpu())
         batches += 1
         if progress is not None:

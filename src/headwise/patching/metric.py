@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["LogitDifference", "logit_difference"]
+__all__ = ["LogitDifference", "logit_difference", "reads_last_position"]
 
 
 @dataclass(frozen=True)
@@ -74,3 +74,9 @@ def logit_difference(answer, wrong, *, position: int = -1) -> LogitDifference:
     if isinstance(position, bool) or not isinstance(position, int):
         raise TypeError(f"position: expected an int, got {position!r}")
     return LogitDifference(a, w, position)
+
+
+def reads_last_position(metric) -> bool:
+    """Whether ``metric`` declares that it reads the last position alone (a ``position`` attribute of -1), so
+    that a run may compute the last position's logits only."""
+    return getattr(metric, "position", None) == -1

@@ -64,10 +64,15 @@ class Target:
         param = next(self.module.parameters(), None)
         return param.device if param is not None else torch.device("cpu")
 
-    def logits(self, ids: Tensor) -> Tensor:
-        """``ids (B, L)`` -> logits ``(B, L, V)`` (the model's final logits, soft-capping included)."""
+    def logits(self, ids: Tensor, *, last_only: bool = False) -> Tensor:
+        """``ids (B, L)`` -> logits ``(B, L, V)`` (the model's final logits, soft-capping included).
+
+        ``last_only``: a Hugging Face model computes the last position's logits alone (``logits_to_keep=1``:
+        ``(B, 1, V)``, the unembedding of one position instead of L); headwise's modules return all L.
+        """
         if self.hf:
-            return self.module(input_ids=ids, use_cache=False).logits
+            keep = {"logits_to_keep": 1} if last_only else {}
+            return self.module(input_ids=ids, use_cache=False, **keep).logits
         out = self.module(ids)
         return out[0] if isinstance(out, (tuple, list)) else out
 
