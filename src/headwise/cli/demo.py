@@ -156,7 +156,7 @@ def real_model_available() -> bool:
         models.default_model_path()
     except (ImportError, AttributeError, FileNotFoundError):
         return False
-    return hasattr(models, "load_bert")
+    return hasattr(models, "open_model")
 
 
 def check_layer(layer: int) -> None:
@@ -182,10 +182,11 @@ def run_minilm(text: str, layer: int) -> Run:
         raise CLIError(_NO_MODEL)
     import torch
 
-    from headwise.models import encode, load_bert
+    from headwise.models import encode, open_model
 
     check_layer(layer)
-    model, tokenizer = load_bert()
+    hm = open_model(None)  # the one door; None: the bundled checkpoint
+    model, tokenizer = hm.model, hm.tokenizer
     config = model.config
     with warnings.catch_warnings(record=True):  # too long: cut to MAX_TOKENS, said in the notes below
         warnings.simplefilter("always")
@@ -198,7 +199,7 @@ def run_minilm(text: str, layer: int) -> Run:
     L, H, D = len(tokens), config.num_attention_heads, config.hidden_size
     attention = sum(_count(lay.attn) for lay in model.layers)
     return Run(
-        title=f"pretrained all-MiniLM-L6-v2 (headwise.models.load_bert), layer {layer} of {config.num_hidden_layers}",
+        title=f"pretrained all-MiniLM-L6-v2 (headwise.models.open_model), layer {layer} of {config.num_hidden_layers}",
         tokens=tokens,
         weights=weights[0].numpy(),
         shapes=[
