@@ -206,6 +206,30 @@ def test_a_lab_checkpoint_goes_through_the_same_model_option(run_cli, tmp_path):
             assert row["induction_probe"] == pytest.approx(float(scores["induction"][:, h].mean()), abs=1e-5)
 
 
+def test_bad_lab_checkpoints_are_one_line_and_write_nothing(run_cli, tmp_path):
+    """The door's checks are the same for a lab folder: a truncated file, a pickle in place of the weights."""
+    lab = pytest.importorskip("headwise.lab", reason="headwise.lab is not installed")
+
+    model = lab.TransformerLM(lab.LMConfig(vocab_size=32, context_length=16, d_model=16, num_layers=1, num_heads=2))
+    truncated, pickled = tmp_path / "truncated", tmp_path / "pickled"
+    lab.save(model, truncated)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) - 8])
+    lab.save(model, pickled)
+    (pickled / "model.safetensors").unlink()
+    marker = tmp_path / "unpickled"
+    (pickled / "model.pt").write_bytes(pickle.dumps(_Touch(str(marker))))
+    for folder, words in (
+        (truncated, "model.safetensors: corrupt or truncated safetensors file"),
+        (pickled, "found only model.pt (a pickle checkpoint, which headwise never loads"),
+    ):
+        for argv in (["heads", "--model", str(folder)], ["lab", "prune", "--model", str(folder)]):
+            out = tmp_path / "out"
+            assert_user_error(run_cli(*argv, "--out", str(out)), words)
+            assert not out.exists() and not (folder / "pruning").exists()
+    assert not marker.exists()
+
+
 @pytest.mark.slow
 def test_encoder_importance_on_the_bundled_model(run_cli, tmp_path):
     corpus = tmp_path / "c.txt"
