@@ -17,6 +17,7 @@ from headwise import checks
 from headwise.core import fastpath, functional, masks
 from headwise.core.cache import Cache
 from headwise.core.hooks import HookPoint
+from headwise.core.rows import AttentionRows
 from headwise.positional.base import PositionalPart
 
 QK_NORMS = (None, "head", "full")
@@ -145,6 +146,7 @@ class MultiHeadAttention(nn.Module):
         self.Wo = nn.Linear(num_heads * head_dim, d_model, **kw)
         self.positional = positional
         self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()  # where gates, ablation, capture act
+        self.hook_qk = HookPoint()  # post-rotary q and k with the masks: AttentionRows, while hooked
         self.fast_projections = bool(fast_projections)
         self.sliding_window, self.softcap, self.qk_norm = sliding_window, softcap, qk_norm
         if sinks:
@@ -309,13 +311,20 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             read = cache.update(k, v, k_pos)  # the keys in stream order and where they sit
             (k, v), k_pos = read.tensors, read.positions  # (B, Hkv, S, Dh) each, (B, S)
-            k, v = k.to(q.dtype), v.to(q.dtype)
             if position_ids is None:
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
             key_slots, sink_tokens, window = read.key_slots, read.sink_tokens, masks.narrowest(window, read.window)
         if self.positional is not None:
             bias = masks.added(bias, self.positional.score_bias(q_pos, k_pos))  # ALiBi: (B|1, H, L, S)
 
+        if self.hook_qk.active:  # a reader of every head's rows, a block at a time (streaming statistics)
+            self.hook_qk(
+                AttentionRows(
+                    q, k, blocked=blocked, bias=bias, is_causal=is_causal, q_offset=offset, window=window,
+                    key_slots=key_slots, sink_tokens=sink_tokens, scale=self.scale, softcap=self.softcap,
+                    sinks=self._local_sinks(),
+                )
+            )  # fmt: skip
         watched = self.hook_pattern.active
         out, weights = functional.attend(
             q,

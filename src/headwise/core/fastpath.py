@@ -4,11 +4,15 @@ Nothing here is needed by the readable path (``backend="math"``: ``nn.Linear`` a
 :func:`headwise.core.functional.attention_math` end to end). Each function computes what the readable
 path computes, faster or in less memory, and is tested to agree with it (``tests/core/test_fast_paths.py``):
 
-- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue, or
-  the BLAS matrix-vector product for a single row (a decoded token);
+- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue (a
+  single row too: a decoded token's projection, where oneDNN reads the weight on every thread and MKL's
+  ``addmv`` on one);
 - :func:`project`: a module's Q/K/V projections as one product when they share an input;
 - :func:`attention_weights`: attention that returns its weights (or applies soft-capping / sinks,
-  which ``F.scaled_dot_product_attention`` cannot), a block of scores at a time.
+  which ``F.scaled_dot_product_attention`` cannot), a block of scores at a time;
+- :func:`attention_one_query`: one decoded token's attention over its cache as two matrix products, the
+  grouped heads' queries against their key/value head's entries read once (GQA, MQA), bf16 entries read as
+  bf16.
 
 Under ``torch.compile`` each of them steps aside for the plain operation (TorchInductor fuses on its own,
 and cannot lower oneDNN's private operator).
@@ -19,6 +23,7 @@ Shape legend: B batch, L query length, S key length, H query heads, Hkv key/valu
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -72,18 +77,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     result equals ``F.linear``'s up to round-off (tested). Everything else is ``F.linear``.
     """
     if _onednn_applies(x, weight, bias):
-        if x.numel() == x.shape[-1] and x.dtype == torch.float32:
-            return _matvec(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-def _matvec(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """One row ``x (1, …, 1, In)`` through the BLAS matrix-vector product (``addmv``), ``(1, …, 1, Out)``:
-    a decoded token's projection is memory-bound, and a GEMV reads ``weight`` once with no GEMM set-up."""
-    row = x.reshape(-1)  # (In,)
-    y = torch.mv(weight, row) if bias is None else torch.addmv(bias, weight, row)  # (Out,)
-    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 def _plain(m: nn.Module) -> bool:
@@ -275,3 +270,100 @@ def attention_weights(
             if weights is not None and average_heads:
                 weights[b, rs] = mean / H
     return out.transpose(1, 2), weights  # (B, H, L, Dv), weights
+
+
+@functools.cache
+def bf16_products() -> bool:
+    """Whether a bf16 matrix product reads its bf16 operands at about their bytes' cost on this CPU, so that a
+    bf16 cache is read as bf16 rather than widened to float32 first (a copy twice its size).
+
+    True with bf16 dot-product instructions (``avx512_bf16``, AMX: oneDNN's ``brg_matmul:avx512_core_bf16``)
+    and on any AVX-512 CPU (oneDNN's ``gemm:jit:bf16`` widens in registers; measured with
+    ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``, see docs/performance.md). ``torch.backends.cpu.get_cpu_capability()``
+    names AVX-512 but not its bf16 instructions, so the flags are read from ``/proc/cpuinfo``; False where
+    neither is known (AVX2 and older: oneDNN may fall back to a reference kernel there)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool({"avx512_bf16", "amx_bf16"} & flags) or "avx512f" in flags
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+_ONE_QUERY_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def one_query_applies(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool:
+    """Whether :func:`attention_one_query` computes this call: one query row, CPU plain tensors in float32 /
+    bfloat16 (the keys and values may be bf16 under float32 queries: a bf16 cache), no dropout, no
+    gradient recorded, not inside ``torch.compile``."""
+    if torch.compiler.is_compiling() or q.shape[-2] != 1 or dropout_p > 0.0:
+        return False
+    if any(type(t) is not Tensor or t.device.type != "cpu" or t.dtype not in _ONE_QUERY_DTYPES for t in (q, k, v)):
+        return False
+    if k.dtype != v.dtype or k.shape[-2] == 0:
+        return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
+def _grouped(m: Tensor | None, H: int, Hkv: int) -> Tensor | None:
+    """A mask or bias broadcastable to ``(B, H, 1, S)`` as ``(B|1, Hkv, G, S)`` (per head) or ``(B|1, 1, 1, S)``."""
+    if m is None:
+        return None
+    m = _rank4(m)  # (B|1, H|1, 1, S|1)
+    return m.reshape(m.shape[0], Hkv, H // Hkv, m.shape[-1]) if m.shape[1] == H else m
+
+
+def attention_one_query(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    blocked: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """One query row's attention, ``softmax(q kᵀ · scale) v``, as two matrix products per key/value head.
+
+    A decoded token reads every cached key and value once; this is memory-bound, and two batched matrix
+    products over the entries as they lie (a strided view is fine) read them at close to the read bandwidth
+    where ``F.scaled_dot_product_attention``'s flash kernel, built for blocks of queries, does not (see
+    docs/performance.md). The ``G = H / Hkv`` query heads of a group form one ``(G, Dh)`` block against their
+    key/value head, so GQA and MQA read each entry once too. bf16 entries (a bf16 cache) are multiplied as
+    bf16 with float32 scores and softmax where the CPU multiplies bf16 at its bytes' cost
+    (:func:`bf16_products`; the query and the weights are then rounded to bf16), and widened to float32
+    otherwise.
+
+    Args:
+        q: ``(B, H, 1, Dh)``; k: ``(B, Hkv, S, Dh)``; v: ``(B, Hkv, S, Dv)``.
+        blocked: bool, True = may not attend, broadcastable to ``(B, H, 1, S)`` (causality of a window,
+            padding); a row with every key blocked (or at ``-inf``) gives zeros.
+        bias: float added to the scores (ALiBi, a float mask), broadcastable to ``(B, H, 1, S)``.
+        scale: defaults to ``1 / sqrt(Dh)``.
+    Returns:
+        ``out (B, H, 1, Dv)`` in ``q``'s dtype.
+    """
+    B, H, _, Dh = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    if k.dtype != q.dtype and not bf16_products():
+        k, v = k.to(q.dtype), v.to(q.dtype)  # widen once, then the float32 route
+    qg = (q * scale).reshape(B, Hkv, G, Dh).to(k.dtype)  # (B, Hkv, G, Dh): a group's queries as one block
+    s = torch.matmul(qg, k.mT)  # (B, Hkv, G, S)
+    if s.dtype != torch.float32:
+        s = s.float()  # the softmax in float32
+    blocked, bias = _grouped(blocked, H, Hkv), _grouped(bias, H, Hkv)  # (B|1, Hkv|1, G|1, S)
+    if bias is not None:
+        s += bias
+    if blocked is not None:
+        s.masked_fill_(blocked, float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, S)
+    dead = masks.dead_rows(blocked, bias)  # (B|1, Hkv|1, G|1, 1): rows with no key left, or None
+    if dead is not None:
+        p.masked_fill_(dead, 0.0)
+    out = torch.matmul(p.to(v.dtype), v)  # (B, Hkv, G, Dv)
+    return out.to(q.dtype).view(B, H, 1, Dv)

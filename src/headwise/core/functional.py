@@ -13,8 +13,11 @@ there, pytorch#41508).
 The readable path is :func:`attention_math`. :func:`scaled_dot_product_attention` is the one entry: it
 checks its inputs once and calls :func:`attend`, which picks the path — ``attention_math`` for
 ``backend="math"``, ``F.scaled_dot_product_attention`` (:func:`attention_sdpa`) when it can compute the
-call, and :func:`headwise.core.fastpath.attention_weights` (the same maths a block of scores at a time)
-when weights are asked for or soft-capping / sinks are on, which the kernel cannot do.
+call, :func:`headwise.core.fastpath.attention_weights` (the same maths a block of scores at a time)
+when weights are asked for or soft-capping / sinks are on, which the kernel cannot do, and
+:func:`headwise.core.fastpath.attention_one_query` for one decoded token on the CPU without autograd.
+Keys and values in another dtype than the queries (a bf16 cache under a float32 module) are cast to the
+queries' dtype, except by the one-query kernel, which reads them as they are.
 """
 
 from __future__ import annotations
@@ -130,7 +133,14 @@ def attend(
     L, S = q.shape[-2], k.shape[-2]
     slots = {"q_offset": q_offset, "window": window, "key_slots": key_slots, "sink_tokens": sink_tokens}
     kernel_capped = softcap is not None or sinks is not None  # what F.scaled_dot_product_attention cannot do
-    if backend == "math" or (torch.compiler.is_compiling() and (need_weights or kernel_capped)):
+    math = backend == "math" or (torch.compiler.is_compiling() and (need_weights or kernel_capped))
+    if not (math or need_weights or kernel_capped) and fastpath.one_query_applies(q, k, v, dropout_p):
+        # one decoded token: memory-bound, two matrix products over the entries as they lie (a bf16 cache too)
+        _, causal = masks.causality(is_causal, L, S, **slots, device=q.device)
+        out = fastpath.attention_one_query(q, k, v, blocked=masks.either(blocked, causal), bias=bias, scale=scale)
+        return out, None
+    k, v = k.to(q.dtype), v.to(q.dtype)  # entries of a cache in another dtype (a bf16 cache)
+    if math:
         _, causal = masks.causality(is_causal, L, S, **slots, device=q.device)
         blocked = masks.either(blocked, causal)
         out, weights = attention_math(
