@@ -1,6 +1,7 @@
 """Shared test set-up: hypothesis profiles, determinism, offline Hugging Face."""
 
 import os
+import tempfile
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -8,6 +9,9 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# GGUF models de-quantised by a test run go to one folder per run (the bundled SmolLM2 once, ~25 s), not to
+# the user's cache; a developer who set HEADWISE_CACHE_DIR keeps theirs.
+os.environ.setdefault("HEADWISE_CACHE_DIR", tempfile.mkdtemp(prefix="headwise-test-cache-"))
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))

