@@ -1,6 +1,7 @@
 """Shared test set-up: hypothesis profiles, determinism, offline Hugging Face."""
 
 import os
+import shutil
 import tempfile
 
 import torch
@@ -11,7 +12,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 # GGUF models de-quantised by a test run go to one folder per run (the bundled SmolLM2 once, ~25 s), not to
 # the user's cache; a developer who set HEADWISE_CACHE_DIR keeps theirs.
-os.environ.setdefault("HEADWISE_CACHE_DIR", tempfile.mkdtemp(prefix="headwise-test-cache-"))
+_OWN_CACHE = None if "HEADWISE_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="headwise-test-cache-")
+if _OWN_CACHE is not None:
+    os.environ["HEADWISE_CACHE_DIR"] = _OWN_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's own GGUF cache goes with it (a de-quantised SmolLM2 is 540 MB)."""
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
