@@ -152,3 +152,15 @@ def test_bf16_cache_is_read_as_bf16():
     assert got.dtype == torch.float32
     want = want.float()
     assert float((got - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bf16_view_of_a_larger_buffer_reads_only_its_keys(batch):
+    torch.manual_seed(3)
+    buf_k, buf_v = torch.randn(batch, 2, 12, 16).bfloat16(), torch.randn(batch, 2, 12, 16).bfloat16()
+    buf_k[:, :, 7:] = 1e4  # slots past the keys: large, and they must get no weight
+    q = torch.randn(batch, 4, 1, 16)
+    k, v = buf_k[:, :, :7], buf_v[:, :, :7]  # (B, Hkv, 7, Dh) strided by the buffer's 12 slots
+    got = fastpath.attention_one_query(q, k, v)
+    want = fastpath.attention_one_query(q, k.contiguous(), v.contiguous())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

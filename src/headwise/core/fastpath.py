@@ -317,6 +317,25 @@ def _grouped(m: Tensor | None, H: int, Hkv: int) -> Tensor | None:
     return m.reshape(m.shape[0], Hkv, H // Hkv, m.shape[-1]) if m.shape[1] == H else m
 
 
+def _slots(t: Tensor) -> Tensor:
+    """``t (B, Hkv, S, Dh)``, a cache's view of its first S slots, widened to every slot its heads' stride
+    spans (``(B, Hkv, C, Dh)``, heads contiguous in batch) when that is at most 2·S and inside the storage.
+
+    torch hands oneDNN's bf16 matmul only batch-contiguous (or transposed) operands and copies any other
+    (``mkldnn_matmul``); a cache's view ``k[:, :, :S]`` of a ``(B, Hkv, C, Dh)`` buffer is strided by C, and
+    that copy costs more than reading the ``C − S`` slots past the keys (their scores are set to ``-inf``).
+    """
+    B, Hkv, S, Dh = t.shape
+    sb, sh, ss, sd = t.stride()
+    if (sd, ss) != (1, Dh) or sh == S * Dh or sh % Dh or (B > 1 and sb != Hkv * sh):
+        return t
+    C = sh // Dh
+    end = (t.storage_offset() + (B - 1) * sb + (Hkv - 1) * sh + C * Dh) * t.element_size()
+    if C > 2 * S or end > t.untyped_storage().nbytes():
+        return t
+    return t.as_strided((B, Hkv, C, Dh), (Hkv * sh if B > 1 else sb, sh, Dh, 1))
+
+
 def attention_one_query(
     q: Tensor,
     k: Tensor,
@@ -352,16 +371,22 @@ def attention_one_query(
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     if k.dtype != q.dtype and not bf16_products():
         k, v = k.to(q.dtype), v.to(q.dtype)  # widen once, then the float32 route
+    S = k.shape[-2]
+    if k.dtype == torch.bfloat16:
+        k, v = _slots(k), _slots(v)  # (B, Hkv, C, Dh): the cache's slots, S ≤ C ≤ 2·S
     qg = (q * scale).reshape(B, Hkv, G, Dh).to(k.dtype)  # (B, Hkv, G, Dh): a group's queries as one block
-    s = torch.matmul(qg, k.mT)  # (B, Hkv, G, S)
+    s = torch.matmul(qg, k.mT)  # (B, Hkv, G, C)
+    if s.shape[-1] != S:  # the slots past the cached keys get no weight
+        s[..., S:] = float("-inf")
     if s.dtype != torch.float32:
         s = s.float()  # the softmax in float32
     blocked, bias = _grouped(blocked, H, Hkv), _grouped(bias, H, Hkv)  # (B|1, Hkv|1, G|1, S)
+    scores = s[..., :S]  # (B, Hkv, G, S): a view
     if bias is not None:
-        s += bias
+        scores += bias
     if blocked is not None:
-        s.masked_fill_(blocked, float("-inf"))
-    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, S)
+        scores.masked_fill_(blocked, float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (B, Hkv, G, C)
     dead = masks.dead_rows(blocked, bias)  # (B|1, Hkv|1, G|1, 1): rows with no key left, or None
     if dead is not None:
         p.masked_fill_(dead, 0.0)
