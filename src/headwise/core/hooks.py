@@ -14,6 +14,10 @@ module of a model the same two (:func:`headwise.hf.backend.hook_points`):
   computed when it is called, so a returned tensor changes nothing. While a hook is registered the module
   asks the maths for the weights (as TransformerLens's ``hook_pattern``); with none, no ``L × S`` weights are
   formed.
+- ``hook_qk`` — the post-rotary queries ``(B, H, L, Dh)`` and keys ``(B, Hkv, S, Dh)`` with the scale, masks,
+  causality, window, key slots, soft-cap and sinks, as one :class:`~headwise.core.rows.AttentionRows`: a reader
+  forms every head's weights a block of query rows at a time, exactly as the model does (streaming statistics),
+  never ``(B, H, L, S)`` at once. Read-only; the object is built only while a hook is registered.
 
 Unused, a point costs one module call that returns its input (measured: below the noise of a forward,
 ``docs/architecture.md``). A hook is ``fn(x) -> replacement or None``; :meth:`HookPoint.add_hook` returns

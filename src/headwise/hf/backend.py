@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from headwise.core import functional, masks
 from headwise.core.hooks import HookPoint
+from headwise.core.rows import AttentionRows
 
 NAME = "headwise"
 
@@ -85,11 +86,14 @@ class AttentionHooks(nn.Module):
         hook_heads: the per-head outputs ``(B, H, L, Dv)`` before the model merges the heads for its output
             projection (``o_proj``, GPT-2's ``c_proj``, BERT's ``attention.output.dense``); a hook may replace them.
         hook_pattern: the weights ``(B, H, L, S)`` the maths used, formed only while a hook is registered here.
+        hook_qk: the post-rotary queries and keys with the converted mask, scale, window, soft-cap and sinks
+            (:class:`~headwise.core.rows.AttentionRows`), handed over only while a hook is registered here.
     """
 
     def __init__(self):
         super().__init__()
         self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_qk = HookPoint()
 
 
 _HOOKS: WeakKeyDictionary[nn.Module, AttentionHooks] = WeakKeyDictionary()
@@ -250,6 +254,13 @@ def attention_forward(
             _, blocked = masks.causality(True, 1, S, q_offset=S - 1, window=sliding_window, device=query.device)
     # with a mask, the registered mask function built the window into it
     points = _HOOKS.get(module)
+    if points is not None and points.hook_qk.active:  # every head's rows, a block at a time, as computed below
+        points.hook_qk(
+            AttentionRows(
+                query, key, blocked=blocked, bias=bias, is_causal=causal, window=window, scale=scaling,
+                softcap=softcap, sinks=s_aux,
+            )
+        )  # fmt: skip
     watched = points is not None and points.hook_pattern.active
     need_weights = bool(output_attentions) or watched
     out, weights = functional.scaled_dot_product_attention(
