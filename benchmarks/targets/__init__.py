@@ -10,6 +10,7 @@ from targets.blocked import Blocked
 from targets.compiled import Compiled
 from targets.decode import Decode
 from targets.forward import Forward
+from targets.generate import Generate
 from targets.gpu import GPU
 from targets.lab import Lab
 from targets.limits import Limits
@@ -19,7 +20,20 @@ from targets.weights import Weights
 
 ALL: dict[str, Target] = {
     t.name: t
-    for t in (Limits(), Forward(), Compiled(), BF16(), Decode(), Train(), Lab(), Weights(), Long(), Blocked(), GPU())
+    for t in (
+        Limits(),
+        Forward(),
+        Compiled(),
+        BF16(),
+        Decode(),
+        Generate(),
+        Train(),
+        Lab(),
+        Weights(),
+        Long(),
+        Blocked(),
+        GPU(),
+    )
 }
 CPU = [name for name in ALL if name != "gpu"]  # what run.py measures; the GPU target runs with run.py --gpu
 
