@@ -148,6 +148,23 @@ def _nested(a: np.ndarray) -> list:
     return [[round(float(x), 8) for x in row] for row in a]
 
 
+#: Rows × keys of one sentence's Jensen–Shannon sample beyond 1,024 tokens (the cost of 128 rows at 1,024).
+JS_CELLS = 1 << 17
+
+
+def js_row_budget(n: int, max_rows: int = 128) -> int:
+    """Rows sampled per sentence for the Jensen–Shannon sums: ``max_rows`` (128) up to 1,024 tokens, then
+    ``JS_CELLS // n`` (16 at 8,192 tokens), never fewer than 8 — the pairwise cost stays that of 1,024 tokens."""
+    return max(min(8, max_rows), min(max_rows, JS_CELLS // max(n, 1)))
+
+
+def js_sample_rows(n: int, max_rows: int) -> np.ndarray:
+    """The query rows (of n) the Jensen–Shannon sums of one sentence use: all n, or ``max_rows`` evenly spaced."""
+    if n <= max_rows:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, max_rows).round().astype(np.int64))
+
+
 class HeadStats:
     """Running per-head statistics over sentences (constant memory).
 
@@ -156,7 +173,8 @@ class HeadStats:
         max_length: the longest sentence accepted (sizes the offset histogram; BERT: 512).
         js: also accumulate the Jensen–Shannon sums between heads (the costliest part: N² · n² per sentence).
         js_max_rows: in sentences longer than this, the JS divergence is averaged over this many evenly
-            spaced query rows instead of all n (an estimate of the same per-token mean, at N² · rows · n cost).
+            spaced query rows instead of all n (an estimate of the same per-token mean, at N² · rows · n cost);
+            beyond 1,024 tokens over fewer (:func:`js_row_budget`: 16 at 8,192), so the cost stays bounded.
         thresholds: role thresholds for :meth:`result`.
         entropy_smoothing, js_smoothing: Clark et al.'s ε values (10⁻⁴ and 10⁻³).
     """
@@ -246,25 +264,52 @@ class HeadStats:
             "entropy_ratio": entropy_ratio(p, info, smoothing=eps),
             "distance": mean_attention_distance(p, info),
         }
+        n = p.shape[-1]
+        rows = info.valid[0] & ~info.special[0]  # (n,) Voita's query tokens
+        js = None
+        if self._js_sum is not None:
+            sampled = js_sample_rows(n, js_row_budget(n, self.js_max_rows))
+            js = (sentence_js_sums(p[0][:, sampled, :], self.js_smoothing), sampled.size)  # (N, rows, n)
+        self.add_sentence_sums(
+            {name: v[0] for name, v in values.items()},
+            length=n,
+            confidence=(p[0].max(axis=-1)[:, rows].sum(axis=-1), int(rows.sum())),
+            histogram=offset_histogram(p, info, self.max_length),
+            js=js,
+        )
+
+    def add_sentence_sums(
+        self,
+        values: dict[str, np.ndarray],
+        *,
+        length: int,
+        confidence: tuple[np.ndarray, int],
+        histogram: np.ndarray,
+        js: tuple[np.ndarray, int] | None,
+    ) -> None:
+        """Add one sentence already reduced (the streaming pass, :mod:`headwise.analysis.streaming`, reduces rows
+        inside attention and hands the same quantities here).
+
+        Args:
+            values: each sentence metric → ``(N,)`` (NaN: the sentence has no such row).
+            length: n, its real tokens.
+            confidence: ``(sum of the row maxima (N,), rows counted)`` over Voita's query tokens.
+            histogram: ``(N, 2·max_length − 1)`` argmax-offset counts.
+            js: ``(JS sums (N, N), rows summed)`` over the sampled rows, or None.
+        """
         for name, v in values.items():
-            v = v[0]  # (N,)
             ok = ~np.isnan(v)
             self._sum[name] += np.where(ok, v, 0.0)
             self._count[name] += ok
-        n = p.shape[-1]
-        self._uniform_sum += math.log(n)
-        rows = info.valid[0] & ~info.special[0]  # (n,) Voita's query tokens
-        self._conf_sum += p[0].max(axis=-1)[:, rows].sum(axis=-1)
-        self._conf_count += int(rows.sum())
-        self._hist += offset_histogram(p, info, self.max_length)
-        if self._js_sum is not None:
-            rows = np.arange(n)
-            if n > self.js_max_rows:
-                rows = np.unique(np.linspace(0, n - 1, self.js_max_rows).round().astype(np.int64))
-            self._js_sum += sentence_js_sums(p[0][:, rows, :], self.js_smoothing)  # (N, rows, n)
-            self._js_rows += rows.size
+        self._uniform_sum += math.log(length)
+        self._conf_sum += confidence[0]
+        self._conf_count += int(confidence[1])
+        self._hist += histogram
+        if self._js_sum is not None and js is not None:
+            self._js_sum += js[0]
+            self._js_rows += int(js[1])
         self.num_sentences += 1
-        self.num_tokens += n
+        self.num_tokens += length
 
     def result(self) -> HeadReport:
         """The aggregated :class:`HeadReport` (the accumulator stays usable).

@@ -92,8 +92,12 @@ class DetectorStats:
             scores = detector_scores(np.asarray(a), ids, info)
             scores["entropy_ratio_causal"] = causal_entropy_ratio(a, info)
             per_layer.append(scores)
+        self.add_scores({name: np.concatenate([s[name] for s in per_layer], axis=1) for name in self._names})
+
+    def add_scores(self, scores: Mapping[str, np.ndarray]) -> None:
+        """Add sentences already scored: name → ``(B, N)`` (NaN: no target in that sentence)."""
         for name in self._names:
-            v = np.concatenate([s[name] for s in per_layer], axis=1)  # (B, N)
+            v = np.asarray(scores[name], dtype=np.float64)
             ok = ~np.isnan(v)
             self._sum[name] += np.where(ok, v, 0.0).sum(axis=0)
             self._count[name] += ok.sum(axis=0)

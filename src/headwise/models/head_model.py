@@ -180,6 +180,38 @@ class HeadModel:
             raise RuntimeError(f"{self.name}: captured {len(maps)} attention layers, expected {self.num_layers}")
         return [m.float().cpu().numpy() for m in maps]
 
+    @property
+    def qk_points(self) -> list:
+        """Each layer's ``hook_qk`` :class:`~headwise.core.hooks.HookPoint` (post-rotary q and k with the masks,
+        :class:`~headwise.core.rows.AttentionRows`), where streaming statistics read every head's rows."""
+        if self.backend == "hf+headwise":
+            from headwise.hf.backend import hook_points
+
+            return [hook_points(m).hook_qk for m in self.attention_modules]
+        return [m.hook_qk for m in self.attention_modules]
+
+    def read_rows(self, ids, mask, readers) -> None:
+        """One forward pass (no gradient) with ``readers[layer]`` hooked on each layer's :attr:`qk_points`.
+
+        Hugging Face models run their base model (no language-model head: an 8,192-token pass would otherwise
+        form ``(L, V)`` logits nobody reads).
+        """
+        import torch
+
+        from headwise.core.hooks import hooked
+
+        if len(readers) != self.num_layers:
+            raise ValueError(f"readers: expected {self.num_layers}, one per layer, got {len(readers)}")
+        with torch.no_grad(), hooked(zip(self.qk_points, readers)):
+            if self.backend == "headwise":
+                if self.kind == "encoder":
+                    self.model(ids, mask)
+                else:
+                    self.model(ids)
+            else:
+                base = getattr(self.model, "base_model", None) or self.model
+                base(input_ids=ids, attention_mask=mask)
+
     def _headwise_attentions(self, ids, mask):
         if self.kind == "encoder":
             return list(self.model(ids, mask, output_attentions=True).attentions)
