@@ -78,6 +78,39 @@ def llama_pair(D: int, H: int, max_len: int):
     return config, hf, LlamaRotaryEmbedding(config), headwise.interop.from_hf(hf).eval()
 
 
+# How each piece of a decoded token was chosen: measured side by side on AMD EPYC (Zen 5, 2 cores, avx512_bf16,
+# no AMX; a shared machine at load 1.0-1.7), one layer, D 768, 12 heads, prefix 4,096, float32, 2 threads.
+# Timings of other contenders than the ones in the table above: scratch scripts, not part of `make bench`.
+ROUTES = [
+    "How each piece was chosen (AMD EPYC Zen 5, 2 threads, prefix 4,096; ranges over rounds on a shared machine; "
+    "no Intel machine was available, so the Intel half is unmeasured):",
+    "",
+    "| piece | before | after | alternatives measured |",
+    "|---|---|---|---|",
+    "| one query's attention (25.2 MB of K and V) | `F.scaled_dot_product_attention`: 1.43 ms per call inside the "
+    "step (profiler), 1.5–1.9 ms alone | `fastpath.attention_one_query`: two batched matrix products per KV head "
+    "over the cache's views, 0.38 ms each inside the step (0.77 ms a step), 0.9–1.3 ms alone | K stored transposed "
+    "`(Hkv, Dh, C)`: 5–10 % faster alone (1.30–1.39 vs 1.44 ms), not taken: every other reader (SDPA's prefill, the "
+    "ring's read) would get a strided K; NumPy/OpenBLAS: 1.1–1.3 ms, not taken (below); `torch.compile`d kernel: "
+    "fp32 1.8–2.4 ms, bf16 0.62 ms but 29 s to compile |",
+    "| Q/K/V and output projections (9.4 MB) | MKL `addmv`: one thread, 0.39–0.44 ms per call inside the step, "
+    "12–13 GB/s from memory | oneDNN linear (as for longer inputs): 0.29 ms per call inside the step, 14–24 GB/s "
+    "from memory | `x @ Wᵀ` stored transposed 0.53–0.84 ms; a K-split batched product 0.51–0.61 ms (10–20 % "
+    "over oneDNN, a second copy of the weights); NumPy's OpenBLAS: 0.05 ms with the weights in cache, but "
+    "12–16 ms in some rounds once torch's OpenMP threads had run (two thread pools on two cores) — never on the "
+    "fast path |",
+    "| a bf16 cache's entries | widened to float32 by the module (`.to`), then SDPA: 1.42× the float32 step | "
+    "read as bf16 by oneDNN's bf16 matmul (`brg_matmul:avx512_core_bf16`; with `ONEDNN_MAX_CPU_ISA=AVX512_CORE` "
+    "its `gemm:jit:bf16` ran as fast, 0.59–0.64 ms); a cache view strided by its capacity is read over the "
+    "buffer's slots (≤ 2·S) because torch copies strided operands first (4.5–6 ms) | widening the whole cache "
+    "15 ms (fresh 25 MB buffers fault in page by page); widening blocks of 512–2,048 keys into a reused "
+    "buffer 1.4–2.4 ms |",
+    "| everything else (Python, small ops) | ≈ 0.5–0.7 ms a step | ≈ 0.3 ms a step at a prefix of 16 (the "
+    "GEMVs in cache included) | a compiled decode step: not taken (compile time, recompiles as S grows) |",
+    "",
+]
+
+
 class Decode(Target):
     name = "decode"
     title = "decoding with a KV cache"
@@ -288,6 +321,7 @@ class Decode(Target):
             f"12-layer stack (residual headwise attention layers, D = 768, H = 12, float32, B = 1), prompt "
             f"{st['prompt']:,}, {st['new_tokens']} new tokens: {tps}.",
             "",
+            *ROUTES,
         ]
 
     def notes(self, r, results):
