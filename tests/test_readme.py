@@ -24,9 +24,14 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 TOL = 5e-6
 
 
-def _blocks():
+#: Blocks that open the bundled real decoder (a 20 s de-quantisation on a fresh cache) run in the slow suite.
+REAL_MODEL = 'open_model("smollm2")'
+
+
+def _blocks(*, real_model: bool = False):
     text = README.read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return [b for b in blocks if (REAL_MODEL in b) == real_model]
 
 
 def _reference_kwargs(m):
@@ -135,3 +140,24 @@ def test_a_wrong_readme_figure_is_caught(monkeypatch):
         module.Wo.weight.add_(1e-3)
     with pytest.raises(AssertionError):
         _check_against_reference(module, query, kwargs, before, result)
+
+
+@pytest.mark.slow
+def test_readme_real_decoder_block_runs_as_stated():
+    """The tour's SmolLM2 block: 30 layers of (1, 9, 14, 14) maps, tokens as text, a notebook view."""
+    pytest.importorskip("gguf")
+    from headwise.models import bundled_path
+
+    try:
+        bundled_path("smollm2")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    [block] = _blocks(real_model=True)
+    namespace: dict = {}
+    exec(compile(block, str(README), "exec"), namespace)  # noqa: S102 - our own README
+    maps, enc = namespace["maps"], namespace["enc"]
+    assert len(maps) == 30 and all(tuple(m.shape) == (1, 9, 14, 14) for m in maps)
+    np.testing.assert_allclose(np.asarray(maps[5])[0].sum(-1), 1.0, atol=1e-5)  # causal rows sum to 1
+    assert np.all(np.triu(np.asarray(maps[5])[0], k=1) == 0)
+    texts = namespace["hm"].token_texts(enc.ids[0].tolist())
+    assert texts[1] == "␣Mary" and texts[0] == "When"
