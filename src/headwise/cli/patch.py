@@ -14,10 +14,11 @@ Writes into ``--out`` (the folder appears whole or not at all): ``patching.json`
 patched metric and its normalised effect per layer and head, the attribution), ``patching.csv`` (one row per
 part) and ``patching.png`` (the layer × head maps).
 
-``--model``: a model folder that :func:`headwise.models.open_model` opens and that is a decoder (a Hugging Face
-causal LM on headwise's backend, a lab checkpoint). ``TOKEN`` must encode to exactly one token, as typed (for
-byte-level BPE, " Mary" with its leading space is one token). Bad input — texts of different token lengths, an
-answer or wrong token of several tokens or unknown, identical answer and wrong tokens, a ``--head`` out of range
+``--model``: a model folder, a GGUF file or a bundled name (``smollm2``) that :func:`headwise.models.open_model`
+opens and that is a decoder (a Hugging Face causal LM on headwise's backend, a lab checkpoint). ``TOKEN`` must
+encode to exactly one token, as typed (for byte-level BPE, " Mary" with its leading space is one token). Bad
+input — texts of different token lengths, an answer or wrong token of several tokens or unknown, identical
+answer and wrong tokens, a ``--head`` out of range
 — is one line on stderr and exit status 2, before anything is written.
 """
 
@@ -47,8 +48,8 @@ def open_decoder(model: str):
 
     try:
         hm = open_model(model)
-    except (FileNotFoundError, ValueError) as e:
-        raise CLIError(f"--model: {e}") from None
+    except (OSError, ValueError) as e:  # OSError: a GGUF cache that cannot be written
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder":
         raise CLIError(f"--model: {hm.name} is an encoder ({hm.family}); patching reads a decoder's next-token logits")
     if hm.tokenizer is None:
@@ -159,7 +160,10 @@ def _csv(result, dla: dict) -> str:
 
 @app.command()
 def patch(
-    model: Annotated[str, typer.Option("--model", help="A decoder's model folder (what `headwise heads` opens).")],
+    model: Annotated[
+        str,
+        typer.Option("--model", help="A decoder: a model folder, a GGUF file, or 'smollm2' (as headwise heads)."),
+    ],
     clean: Annotated[str, typer.Option("--clean", help="The clean text (the answer is right).")],
     corrupted: Annotated[str, typer.Option("--corrupted", help="The corrupted text, of the same token length.")],
     answer: Annotated[str, typer.Option("--answer", help="The answer token, as typed (e.g. ' Mary').")],
@@ -261,8 +265,10 @@ def patch(
         "corrupted": corrupted,
         "clean_ids": clean_ids,
         "corrupted_ids": corrupted_ids,
-        "clean_tokens": hm.token_strings(clean_ids),
-        "corrupted_tokens": hm.token_strings(corrupted_ids),
+        "clean_tokens": hm.token_texts(clean_ids),
+        "corrupted_tokens": hm.token_texts(corrupted_ids),
+        "clean_pieces": hm.token_strings(clean_ids),
+        "corrupted_pieces": hm.token_strings(corrupted_ids),
         "answer": {"text": answer, "id": answer_id},
         "wrong": {"text": wrong, "id": wrong_id},
         "metric_clean": _number(clean_m),
