@@ -30,14 +30,20 @@ def test_induction_tiny_writes_a_loadable_checkpoint(run_cli, tmp_path):
 def test_heads_vs_one_and_prune_tiny(run_cli, tmp_path):
     out = tmp_path / "hv1"
     outcome = run_cli(
-        "lab", "heads-vs-one", "--out", str(out), "--seeds", "2", "--steps", "2", "--tasks", "sum", "--workers", "1"
-    )
+        "lab", "heads-vs-one", "--out", str(out), "--seeds", "2", "--steps", "2", "--tasks", "pair", "--heads", "1,2",
+        "--workers", "1",
+    )  # fmt: skip
     assert outcome.code == 0, outcome.err
-    assert "verdict" in outcome.out
+    assert "verdict: void" in outcome.out  # two steps learn nothing: no comparison is made
+    assert sorted(p.name for p in out.iterdir()) == ["heads_vs_one.csv", "heads_vs_one.json", "heads_vs_one.png"]
     rows = list(csv.DictReader((out / "heads_vs_one.csv").open()))
-    assert sorted({int(r["heads"]) for r in rows}) == [1, 2, 4, 8] and len(rows) == 8
+    evaluation = [r for r in rows if r["phase"] == "eval"]
+    assert sorted({int(r["heads"]) for r in evaluation}) == [1, 2] and len(evaluation) == 4
+    assert {int(r["seed"]) for r in rows if r["phase"] == "tune"}.isdisjoint({int(r["seed"]) for r in evaluation})
     assert len({r["parameters"] for r in rows}) == 1
-    read_png(out / "heads_vs_one.png")
+    result = json.loads((out / "heads_vs_one.json").read_text())
+    assert result["verdict"]["pair"]["outcome"] == "void" and set(result["sweep"]["pair"]) == {"1", "2"}
+    assert_not_blank(read_png(out / "heads_vs_one.png"))
 
     assert run_cli("lab", "induction", "--out", str(tmp_path / "m"), "--steps", "2").code == 1
     outcome = run_cli("lab", "prune", "--model", str(tmp_path / "m"), "--sequences", "16", "--random-orders", "2")
@@ -52,7 +58,9 @@ def test_heads_vs_one_and_prune_tiny(run_cli, tmp_path):
     [
         (["lab", "induction", "--out", "OUT", "--steps", "0"], ["--steps", "0"]),
         (["lab", "heads-vs-one", "--out", "OUT", "--tasks", "product"], ["--tasks", "product"]),
-        (["lab", "heads-vs-one", "--out", "OUT", "--seeds", "0"], ["--seeds"]),
+        (["lab", "heads-vs-one", "--out", "OUT", "--seeds", "0"], ["--seeds", "0"]),
+        (["lab", "heads-vs-one", "--out", "OUT", "--heads", "1,3"], ["--heads", "d_model=32", "3"]),
+        (["lab", "heads-vs-one", "--out", "OUT", "--heads", "two"], ["--heads", "two"]),
         (["lab", "induction", "--out", "FILE"], ["--out", "not a folder"]),
         (["lab", "heads-vs-one", "--out", "FILE"], ["--out", "not a folder"]),
         (["lab", "prune", "--model", "MISSING"], ["model", "not a folder"]),

@@ -1,5 +1,5 @@
-"""Head scores by hand, Michel et al.'s importance against its definition, and the experiments' records
-on tiny budgets (the real budgets run in the slow suite)."""
+"""Head scores by hand, Michel et al.'s importance against its definition, and the induction run's record
+on a tiny budget (the real budget runs in the slow suite; one head against many: test_heads_vs_one.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from headwise.lab import HeadsSetup, InductionSetup, LMConfig, TransformerLM, head_importance, pruning_curves
-from headwise.lab.heads_vs_one import run_heads_vs_one, summarise, verdict
+from headwise.lab import InductionSetup, LMConfig, TransformerLM, head_importance, pruning_curves
 from headwise.lab.induction import BOUND, run_induction
 from headwise.lab.scores import head_scores
 from headwise.lab.tasks import induction_probe
@@ -86,27 +85,6 @@ def test_induction_run_records_everything_on_a_tiny_budget():
     assert s["passed"] is False  # four steps cannot copy
     assert np.array(s["scores"]["prev"]).shape == (2, 4)
     assert abs(s["final"]["loss_unrepeated"] - math.log(256)) < 0.5
-
-
-def test_heads_vs_one_equal_parameters_and_a_verdict_from_the_numbers():
-    setup = HeadsSetup(tasks=("difference",), heads=(1, 2, 4, 8), seeds=2, steps=3, eval_size=64)
-    result = run_heads_vs_one(setup)
-    assert isinstance(result["parameters"], int)  # the same for every H
-    assert len(result["runs"]) == 8 and set(result["table"]["difference"]) == {"1", "2", "4", "8"}
-    # two worker processes give the same runs, in the same order
-    small = HeadsSetup(tasks=("sum",), heads=(1, 2), seeds=1, steps=2, eval_size=32)
-    one, two = run_heads_vs_one(small), run_heads_vs_one(small, workers=2)
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in one["runs"]] == [
-        {k: v for k, v in r.items() if k != "seconds"} for r in two["runs"]
-    ]
-    fake = [
-        {"task": "sum", "heads": h, "seed": s, "accuracy": acc, "loss": 1.0}
-        for h, accs in ((1, [0.99, 0.97]), (4, [0.30, 0.35]))
-        for s, acc in enumerate(accs)
-    ]
-    table = summarise(fake, HeadsSetup(tasks=("sum",), heads=(1, 4), seeds=2))
-    text = verdict(table, 16)["sum"]
-    assert text.startswith("best: 1 head at mean accuracy 0.98 (2/2 seeds") and "a clear difference" in text
 
 
 @pytest.mark.slow

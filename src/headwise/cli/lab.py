@@ -3,8 +3,9 @@
 - ``headwise lab induction --out DIR [--seed N]``: a 2-layer attention-only model learns in-context
   copying; writes the checkpoint (``model.safetensors`` + ``config.json``), ``summary.json`` and
   ``training.png``. Exit status 1 when the held-out loss on the second copy misses the target.
-- ``headwise lab heads-vs-one --out DIR``: 1, 2, 4, 8 heads at equal width and parameters, several seeds,
-  two tasks; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
+- ``headwise lab heads-vs-one --out DIR [--full]``: 1, 2, 4, 8 heads at equal width and parameters, the
+  learning rate tuned per head count on tuning seeds, 8 evaluation seeds, two synthetic tasks and a
+  character-level language model; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
 - ``headwise lab prune --model DIR``: Michel et al.'s head importance, loss against heads removed (by
   importance, by measured ablation and at random); writes ``pruning.csv`` and ``pruning.png`` as
   ``headwise heads --importance`` does (one code path, one schema), and ``importance.json``.
@@ -155,64 +156,109 @@ def _csv(rows: list[dict], columns: list[str]) -> str:
     return buf.getvalue()
 
 
+_HEADS_COLUMNS = [
+    "task",
+    "phase",
+    "heads",
+    "seed",
+    "lr",
+    "accuracy",
+    "loss",
+    "steps_to_target",
+    "solved",
+    "diverged",
+    "parameters",
+    "seconds",
+]
+
+
 @lab_app.command("heads-vs-one")
 def heads_vs_one(
     out: Annotated[Path, typer.Option("--out", help="Folder for heads_vs_one.json, .csv and .png.")],
-    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per (task, head count).")] = 5,
-    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run (default 1500).")] = None,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", help="Evaluation seeds per (task, head count); default 8 (16 with --full).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Training steps of every run (default: each task's).")
+    ] = None,
     tasks: Annotated[
-        str, typer.Option("--tasks", help="Comma-separated: difference, sum, previous.")
-    ] = "difference,sum",
+        str, typer.Option("--tasks", help="Comma-separated: pair, triple, language, difference, sum, previous.")
+    ] = "pair,triple,language",
+    heads: Annotated[str, typer.Option("--heads", help="Comma-separated head counts compared.")] = "1,2,4,8",
+    full: Annotated[bool, typer.Option("--full", help="16 evaluation seeds, 2 tuning seeds, twice the steps.")] = False,
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
     workers: Annotated[int, typer.Option("--workers", help="Runs trained at once, one process each.")] = 2,
 ) -> None:
-    """Compare 1, 2, 4 and 8 heads at equal width and parameter count (about 10 minutes on 2 cores)."""
-    from headwise.lab.heads_vs_one import HeadsSetup, run_heads_vs_one
-    from headwise.lab.tasks import RELATIONS
+    """Compare 1, 2, 4 and 8 heads at equal width and parameter count, learning rate tuned per head count
+    (about 6 minutes on 2 free cores; --full about four times that).
+
+    A task whose best head count does not solve it in 80% of the seeds gets the verdict "void".
+    """
+    from headwise.lab.heads_vs_one import TASKS, HeadsSetup, run_heads_vs_one
 
     _positive("--seeds", seeds)
     _positive("--steps", steps)
     _positive("--threads", threads)
     _positive("--workers", workers)
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    unknown = [t for t in names if t not in RELATIONS]
+    unknown = [t for t in names if t not in TASKS]
     if not names or unknown:
-        raise CLIError(f"--tasks: expected some of {', '.join(RELATIONS)}, got {tasks!r}")
+        raise CLIError(f"--tasks: expected some of {', '.join(TASKS)}, got {tasks!r}")
+    try:
+        counts = tuple(int(h) for h in heads.split(",") if h.strip())
+    except ValueError:
+        raise CLIError(f"--heads: expected comma-separated positive integers, got {heads!r}") from None
+    if not counts or min(counts) <= 0:
+        raise CLIError(f"--heads: expected comma-separated positive integers, got {heads!r}")
+    options = {"tasks": names, "heads": counts}
+    if seeds is not None:
+        options["seeds"] = seeds
+    if steps is not None:
+        options["steps"] = steps
+    try:
+        setup = HeadsSetup.full(**options) if full else HeadsSetup(**options)
+    except ValueError as e:
+        message = str(e)
+        raise CLIError("--" + message if message.startswith("heads: ") else message) from None
     out = _out_folder(out)
 
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.viz.lab import plot_heads_vs_one
 
-    setup = HeadsSetup(tasks=names, seeds=seeds, **({} if steps is None else {"steps": steps}))
-    total = len(setup.tasks) * len(setup.heads) * setup.seeds
-    with _Bar(f"heads vs one, {total} runs of {setup.steps} steps", total, unit="runs") as bar:
+    n_tune = sum(len(setup.budget(t).lrs) for t in setup.tasks) * len(setup.heads) * setup.tuning_seeds
+    total = n_tune + len(setup.tasks) * len(setup.heads) * setup.seeds
+    with _Bar(f"heads vs one: {n_tune} tuning + {total - n_tune} evaluation runs", total, unit="runs") as bar:
 
         def on_run(run, done, total_runs):
-            bar.advance(f"last: {run['task']} H={run['heads']} seed {run['seed']} acc {run['accuracy']:.2f}")
+            what = run["accuracy"] if run["task"] != "language" else run["loss"]
+            bar.advance(f"last: {run['phase']} {run['task']} H={run['heads']} seed {run['seed']} {what:.3f}")
 
         result = run_heads_vs_one(setup, on_run=on_run, num_threads=threads, workers=workers)
     table = result["table"]
     with atomic_folder(out) as tmp:
         write_text_atomic(tmp / "heads_vs_one.json", _json(result))
-        write_text_atomic(
-            tmp / "heads_vs_one.csv",
-            _csv(result["runs"], ["task", "heads", "seed", "accuracy", "loss", "parameters", "seconds"]),
-        )
+        write_text_atomic(tmp / "heads_vs_one.csv", _csv(result["tuning_runs"] + result["runs"], _HEADS_COLUMNS))
         plot_heads_vs_one(
-            {t: {int(h): s["accuracies"] for h, s in by.items()} for t, by in table.items()},
+            result,
             tmp / "heads_vs_one.png",
-            title=f"One head against many: D={setup.d_model}, {result['parameters']:,} parameters, "
-            f"{setup.steps} steps, {setup.seeds} seeds",
+            title=f"One head against many at equal width and parameters: {setup.seeds} seeds per head count, "
+            "learning rate tuned per head count",
         )
-    summed = result["seconds"]
-    typer.echo(f"wrote {out}/ (heads_vs_one.json, .csv, .png); training time summed over the runs: {summed:.0f} s")
+    typer.echo(
+        f"wrote {out}/ (heads_vs_one.json, .csv, .png) in {result['wall_seconds']:.0f} s "
+        f"(training time summed over the runs: {result['seconds']:.0f} s, {workers} worker(s))"
+    )
     for task, by in table.items():
-        cells = "  ".join(
-            f"H={h}: {s['accuracy']['mean']:.2f}±{s['accuracy']['std']:.2f} ({s['solved']}/{s['seeds']} solved)"
-            for h, s in by.items()
-        )
-        typer.echo(f"{task}: {cells}")
-        typer.echo(f"  verdict: {result['verdict'][task]}")
+        key = "loss" if task == "language" else "accuracy"
+        typer.echo(f"{task} ({result['parameters'][task]:,} parameters for every H):")
+        for h, s in by.items():
+            m, st = s[key], s["steps"]
+            typer.echo(
+                f"  H={h}: lr {s['lr']:g}, {key} {m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}], "
+                f"steps to target {st['mean']:.0f} [{st['ci95'][0]:.0f}, {st['ci95'][1]:.0f}] "
+                f"({s['not_reached']} never), solved {s['solved']}/{s['seeds']}"
+            )
+        typer.echo(f"  verdict: {result['verdict'][task]['text']}")
 
 
 @lab_app.command("prune")

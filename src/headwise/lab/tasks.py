@@ -18,8 +18,13 @@ training data decides whether that general circuit forms, or a shortcut that onl
 non-overlapping places among random tokens: no distance or period is shared between sequences, a
 quarter to a half of the tokens are predictable, and the rest are unpredictable random tokens.
 
-**Relations** (:func:`relation_task`): targets that need one or two earlier tokens, for comparing one
-head with many at the same width (:mod:`headwise.lab.experiments`).
+**Relations** (:func:`relation_task`): targets that need one, two or three earlier tokens, for comparing
+one head with many at the same width (:mod:`headwise.lab.heads_vs_one`). In ``pair`` and ``triple`` the
+target names the earlier tokens themselves, as one class (``x[t−1]·V + x[t−4]`` for ``pair``): each token
+alone already predicts part of the target, so attending to either offset lowers the loss from the first
+step, and the task is learnt in hundreds of steps. In ``difference`` and ``sum`` the target is independent
+of each token alone (for a fixed ``x[t−1]``, ``(x[t−1] ± x[t−5]) mod V`` is uniform): nothing rewards
+attending to either offset until both are attended to, and runs sit at chance for thousands of steps.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ __all__ = [
     "induction_probe",
     "relation_task",
     "relation_targets",
+    "relation_classes",
 ]
 
 #: relation tasks: name -> (what the target is, the offsets it reads)
@@ -44,7 +50,19 @@ RELATIONS = {
     "difference": ("(x[t−1] − x[t−5]) mod V: two tokens, an order-sensitive combination", (1, 5)),
     "sum": ("(x[t−1] + x[t−5]) mod V: two tokens, a symmetric combination (the control)", (1, 5)),
     "previous": ("x[t−1]: one token", (1,)),
+    "pair": ("(x[t−1], x[t−4]) as one class x[t−1]·V + x[t−4]: two tokens, kept apart", (1, 4)),
+    "triple": ("(x[t−1], x[t−3], x[t−6]) as one class: three tokens, kept apart", (1, 3, 6)),
 }
+
+#: the relations whose target names the tokens themselves: V ** (number of offsets) classes
+_TUPLES = ("pair", "triple")
+
+
+def relation_classes(task: str, vocab_size: int) -> int:
+    """How many target classes a relation has: ``V`` for ``difference``, ``sum`` and ``previous``;
+    ``V ** k`` for a relation naming ``k`` tokens (``pair``: V², ``triple``: V³)."""
+    checks.one_of("task", task, tuple(RELATIONS))
+    return vocab_size ** len(RELATIONS[task][1]) if task in _TUPLES else vocab_size
 
 
 def place_copies(rng: np.random.Generator, length: int, n: int, copies: int) -> list[int]:
@@ -152,6 +170,10 @@ def relation_targets(x: Tensor, task: str, vocab_size: int) -> tuple[Tensor, Ten
         y[:, reach:] = (x[:, reach - 1 : -1] - x[:, :-reach]) % vocab_size  # x[t−1] − x[t−5]
     elif task == "sum":
         y[:, reach:] = (x[:, reach - 1 : -1] + x[:, :-reach]) % vocab_size
+    elif task in _TUPLES:
+        L = x.shape[1]
+        for offset in offsets:  # class = Σ x[t − o_i] · V^(k − 1 − i), the first offset most significant
+            y[:, reach:] = y[:, reach:] * vocab_size + x[:, reach - offset : L - offset]
     else:
         y[:, 1:] = x[:, :-1]
     scored = torch.zeros_like(x, dtype=torch.bool)

@@ -1,5 +1,6 @@
-"""The lab's pictures: training curves with head scores, heads against one (its pruning curves are
-:func:`headwise.viz.pruning.plot_pruning`, as ``headwise heads --importance`` draws them).
+"""The lab's pictures: training curves with head scores; one head against many (measures per head count
+and learning curves). Its pruning curves are :func:`headwise.viz.pruning.plot_pruning`, as
+``headwise heads --importance`` draws them.
 
 matplotlib is imported inside each function; every file is written atomically (``save_figure``).
 """
@@ -68,34 +69,69 @@ def plot_training(
 
 
 def plot_heads_vs_one(
-    results: dict[str, dict[int, list[float]]],
+    result: dict,
     path: str | os.PathLike,
     *,
-    metric: str = "accuracy",
     title: str = "One head against many, equal width and parameters",
-    figsize: tuple[float, float] = (9.0, 4.0),
     dpi: int = 100,
 ) -> HeatmapFile:
-    """Per task, the metric of every seed (dots) and its mean (bar) for each head count.
+    """One row per task: the final measure of every seed (dots) with its mean and 95% bootstrap interval
+    per head count (accuracy; test loss for the language task), the steps to the target likewise, and
+    the learning curves (mean over seeds per head count, the band from the lowest to the highest seed).
 
     Args:
-        results: task -> head count -> the metric of each seed.
+        result: :func:`headwise.lab.heads_vs_one.run_heads_vs_one`'s result (``table``, ``runs``,
+            ``baselines``, ``budgets``, ``verdict``).
+    Raises:
+        ValueError: no task in ``result``.
     """
     from matplotlib.figure import Figure
 
-    if not results:
-        raise ValueError("results: expected at least one task, got none")
+    table = result["table"]
+    if not table:
+        raise ValueError("result: expected at least one task, got none")
+    figsize = (13.0, 3.4 * len(table))
     fig = Figure(figsize=figsize, layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(results)))
-    for ax, (task, by_heads) in zip(axes, results.items()):
-        heads = sorted(by_heads)
+    axes = np.atleast_2d(fig.subplots(len(table), 3))
+    colours = {}
+    for row, (task, by_heads) in zip(axes, table.items()):
+        heads = sorted(by_heads, key=int)
         x = np.arange(len(heads))
-        means = [float(np.mean(by_heads[h])) for h in heads]
-        ax.bar(x, means, color="#9ecae1", label="mean")
-        for i, h in enumerate(heads):
-            vals = by_heads[h]
-            ax.scatter(np.full(len(vals), x[i]) + np.linspace(-0.15, 0.15, len(vals)), vals, color="k", s=12, zorder=3)
-        ax.set_xticks(x, [str(h) for h in heads])
-        ax.set(xlabel="heads (H)", ylabel=metric, title=task, ylim=(0, 1.02))
+        language = task == "language"
+        measure = "loss" if language else "accuracy"
+        outcome = result["verdict"][task]["outcome"]
+        for ax, key, label in ((row[0], measure, f"test {measure}"), (row[1], "steps", "steps to target")):
+            for i, h in enumerate(heads):
+                s = by_heads[h][key]
+                vals = s["values"]
+                ax.scatter(
+                    np.full(len(vals), x[i]) + np.linspace(-0.18, 0.18, len(vals)), vals, color="k", s=9, zorder=3
+                )
+                lo, hi = s["ci95"]
+                ax.errorbar(
+                    x[i] + 0.3, s["mean"], yerr=[[s["mean"] - lo], [hi - s["mean"]]], fmt="o", color="C3", capsize=3
+                )
+            ax.set_xticks(x, heads)
+            ax.set(xlabel="heads (H)", ylabel=label, title=f"{task}: {label} ({outcome})")
+        base = result["baselines"][task]
+        if language:
+            row[0].axhline(base["bigram_loss"], color="grey", ls="--", lw=0.8, label="bigram model")
+            row[0].legend(fontsize=7)
+        else:
+            row[0].axhline(0.95, color="grey", ls="--", lw=0.8)
+            row[0].set_ylim(-0.02, 1.02)
+        row[1].axhline(result["budgets"][task]["steps"], color="grey", ls=":", lw=0.8)
+        ax = row[2]
+        for h in heads:
+            curves = [r["history"] for r in result["runs"] if r["task"] == task and str(r["heads"]) == h]
+            steps = [p["step"] for p in curves[0]]
+            values = np.array([[p[measure] for p in c] for c in curves])  # (seeds, T)
+            colour = colours.setdefault(h, f"C{len(colours)}")
+            ax.plot(steps, values.mean(0), color=colour, label=f"H={h}")
+            ax.fill_between(steps, values.min(0), values.max(0), color=colour, alpha=0.15)
+        if language:
+            ax.axhline(base["bigram_loss"], color="grey", ls="--", lw=0.8)
+        ax.set(xlabel="step", ylabel=f"probe {measure}", title=f"{task}: learning curves (mean, min–max)")
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     return _picture(fig, path, figsize, dpi)
