@@ -381,3 +381,35 @@ def test_hooked_projections_run_their_hooks_on_the_fast_path():
     with torch.no_grad():
         again, _ = m(x)  # the hook is gone: the fast path again, unchanged numbers
     assert not torch.equal(again, out)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_forward_mode_derivatives_survive_the_fast_paths(num_kv_heads):
+    """jvp (forward mode) through the module with no gradient recorded — where the fast projections, the
+    one-query kernel and SDPA would otherwise run and drop or refuse the tangent — equals the float64 jvp."""
+    import copy
+
+    torch.manual_seed(3)
+    m = headwise.MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads).eval()
+    m64 = copy.deepcopy(m).double()
+    x, t = torch.randn(2, 6, 32), torch.randn(2, 6, 32)
+
+    def prefill_and_decode(module, x):
+        cache = headwise.KVCache.for_module(module, batch_size=2, capacity=8, dtype=x.dtype)
+        first, _ = module(x[:, :5], is_causal=True, cache=cache)
+        last, _ = module(x[:, 5:], is_causal=True, cache=cache)  # one query after the cache
+        return torch.cat([first, last], dim=1)
+
+    with torch.no_grad():
+        _, got = torch.func.jvp(lambda x: prefill_and_decode(m, x), (x,), (t,))
+        _, want = torch.func.jvp(lambda x: prefill_and_decode(m64, x), (x.double(),), (t.double(),))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+
+
+def test_forward_mode_through_the_onednn_linear():
+    torch.manual_seed(4)
+    x, t, w, b = torch.randn(3, 5, 16), torch.randn(3, 5, 16), torch.randn(8, 16), torch.randn(8)
+    with torch.no_grad():
+        _, tangent = torch.func.jvp(lambda x: fastpath.linear(x, w, b), (x,), (t,))
+    torch.testing.assert_close(tangent, t @ w.T, rtol=0, atol=1e-5)

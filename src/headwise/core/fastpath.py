@@ -27,6 +27,7 @@ import functools
 import math
 
 import torch
+import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -51,6 +52,22 @@ _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 FUSE_MIN_TOKENS = 1024
 
 
+def differentiated(*tensors: Tensor | None) -> bool:
+    """Whether a derivative is being taken through these tensors: autograd records them (reverse mode), or a
+    forward-mode level is open (``torch.autograd.forward_ad.dual_level``) and one of them carries a tangent.
+    The fast kernels have no derivative formulas of either kind, so they step aside in both cases."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return True
+    return forward_mode(*tensors)
+
+
+def forward_mode(*tensors: Tensor | None) -> bool:
+    """Whether one of these tensors carries a forward-mode tangent (inside ``forward_ad.dual_level``)."""
+    if fwad._current_level < 0:  # no dual level open: no tangent can exist
+        return False
+    return any(t is not None and fwad.unpack_dual(t).tangent is not None for t in tensors)
+
+
 def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether oneDNN's linear gives exactly ``F.linear``'s result here: CPU float32/bf16 plain tensors,
     no gradient recorded, no autocast, not inside ``torch.compile``."""
@@ -64,8 +81,7 @@ def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if torch.is_autocast_enabled("cpu"):
         return False
-    grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    return not (torch.is_grad_enabled() and grads)
+    return not differentiated(x, weight, bias)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -306,7 +322,7 @@ def one_query_applies(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool
         return False
     if k.dtype != v.dtype or k.shape[-2] == 0:
         return False
-    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    return not differentiated(q, k, v)
 
 
 def _grouped(m: Tensor | None, H: int, Hkv: int) -> Tensor | None:

@@ -133,7 +133,13 @@ def attend(
     L, S = q.shape[-2], k.shape[-2]
     slots = {"q_offset": q_offset, "window": window, "key_slots": key_slots, "sink_tokens": sink_tokens}
     kernel_capped = softcap is not None or sinks is not None  # what F.scaled_dot_product_attention cannot do
-    math = backend == "math" or (torch.compiler.is_compiling() and (need_weights or kernel_capped))
+    # The readable path also for forward-mode derivatives (jvp): the SDPA kernels and the fast paths have no
+    # forward-mode formulas, the maths does.
+    math = (
+        backend == "math"
+        or (torch.compiler.is_compiling() and (need_weights or kernel_capped))
+        or fastpath.forward_mode(q, k, v)
+    )
     if not (math or need_weights or kernel_capped) and fastpath.one_query_applies(q, k, v, dropout_p):
         # one decoded token: memory-bound, two matrix products over the entries as they lie (a bf16 cache too)
         _, causal = masks.causality(is_causal, L, S, **slots, device=q.device)
