@@ -189,3 +189,23 @@ def test_a_block_size_below_one_is_refused():
     info = TokenInfo.plain(1, 4)
     with pytest.raises(ValueError, match="block_size"):
         RowReader(1, 2, np.zeros((1, 4), dtype=np.int64), info, block_size=0)
+
+
+def test_pooled_overview_and_kept_rows_equal_the_full_map():
+    """The head view's overview (pooled bins) and full rows of a query range, from the same pass."""
+    from headwise.viz.headview import thumbnails
+
+    c = dict(B=2, L=21, hkv=1, h=2, layers=2, causal=True, window=6, softcap=None, sinks=False, rope=True)
+    c.update(padding="right", mask=False, block=4, vocab=50, specials=False, seed=3)
+    layers, ids, info = _build(c)
+    with torch.no_grad():
+        maps = np.stack([w.double().numpy() for w in layers.run(need_weights=True)])  # (NL, B, H, L, L)
+    n = int(info.valid[0].sum())
+    first = maps[:, 0][..., :n, :n]
+    first = first / np.maximum(first.sum(-1, keepdims=True), 1e-300)
+    reader = read_rows(layers, torch.as_tensor(ids), None, info, block_size=4, pool=5, keep=(3, 11))
+    pooled, bounds = reader.pooled_maps()
+    want, want_bounds = thumbnails(first, size=5)
+    np.testing.assert_array_equal(bounds, want_bounds)
+    np.testing.assert_allclose(pooled, want, atol=1e-6)
+    np.testing.assert_allclose(reader.kept.numpy(), first[:, :, 3:11, 3:11], atol=1e-6)

@@ -18,8 +18,8 @@ windows, sinks, padding and GQA).
 What is exact, what is sampled. Every per-head metric (targets, self / previous / next, entropies, distance,
 confidence, the argmax-offset histogram, the detectors, the causal entropy ratio) uses every real query row.
 The Jensen–Shannon sums between heads compare every pair of the N heads row by row (N² · J · n work), so they
-use J evenly spaced rows per sentence: ``js_rows`` (:func:`js_row_budget`: 128 up to 1,024 tokens, then
-``131072 // n``, at least 8), the rule :class:`~headwise.analysis.HeadStats` applies to full maps.
+use J evenly spaced rows per sentence: :func:`read_rows` takes 32 (``js_max_rows``) up to 4,096 tokens, then
+``131072 // n`` (16 at 8,192, 8 from 16,384), against the 128 of :class:`~headwise.analysis.HeadStats` on full maps.
 
 Memory beyond the model's own forward (float32): one block's rows and their temporaries,
 ``≈ 6 · B · H · R · S' · 4`` bytes (R = ``block_size``, default :func:`default_block_size`: B · H · R · L ≤ 2²⁴,
@@ -55,20 +55,30 @@ def default_block_size(batch: int, heads: int, length: int) -> int:
 
 
 def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING):
-    """:func:`headwise.analysis.divergence.sentence_js_sums` in torch, each pair once: ``p`` ``(N, J, n)`` rows
-    (float32 tensor), returns ``(N, N)`` float64 NumPy sums (symmetric, zero diagonal)."""
+    """:func:`headwise.analysis.divergence.sentence_js_sums` in torch: ``p`` ``(N, J, n)`` rows (a float32
+    tensor), returns ``(N, N)`` float64 NumPy sums (symmetric, zero diagonal).
+
+    Each pair once, and per row only the keys some head weighs (a causal row's first ``i + 1``): beyond them
+    both smoothed rows hold ε/n and their divergence term is exactly 0. Per-key terms are summed in float64.
+    """
     import torch
 
-    heads, _, n = p.shape
-    q = (1.0 - smoothing) * p.double() + smoothing / n  # (N, J, n)
-    h = torch.special.entr(q).sum(-1)  # (N, J)
+    heads, rows, n = p.shape
     sums = torch.zeros(heads, heads, dtype=torch.float64)
-    for i in range(heads - 1):
-        m = 0.5 * (q[i][None] + q[i + 1 :])  # (N − i − 1, J, n)
-        js = torch.special.entr(m).sum(-1) - 0.5 * (h[i][None] + h[i + 1 :])  # (N − i − 1, J)
-        sums[i, i + 1 :] = js.clamp_min(0.0).sum(-1)
-    sums = sums + sums.T
-    return sums.numpy()
+    for r in range(rows):
+        row = p[:, r]  # (N, n)
+        used = torch.nonzero(row.gt(0).any(0))
+        k = int(used.max()) + 1 if used.numel() else 1
+        q = (1.0 - smoothing) * row[:, :k].float() + smoothing / n  # (N, k)
+        e = torch.special.entr(q)  # (N, k)
+        chunk = max(1, (1 << 22) // max(1, heads * k))
+        for s0 in range(0, heads, chunk):
+            s1 = min(heads, s0 + chunk)
+            m = 0.5 * (q[s0:s1, None] + q[None, s0:])  # (c, N − s0, k)
+            js = (torch.special.entr(m) - 0.5 * (e[s0:s1, None] + e[None, s0:])).sum(-1, dtype=torch.float64)
+            sums[s0:s1, s0:] += js.clamp_min(0.0)
+    sums = torch.triu(sums, diagonal=1)
+    return (sums + sums.T).numpy()
 
 
 class RowReader:
@@ -100,6 +110,8 @@ class RowReader:
         entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
         max_length: int | None = None,
         progress: Callable[[int, int, int], None] | None = None,
+        pool: int | None = None,
+        keep: tuple[int, int] | None = None,
     ):
         import torch
 
@@ -159,6 +171,25 @@ class RowReader:
             else None
         )
         self._patterns: dict[tuple[int, int], tuple] = {}
+        # the first sequence's picture: every head pooled to P × P bins, and full rows of the kept queries
+        self.pooled = self.bounds = self.kept = None
+        if pool is not None:
+            checks.positive_int("pool", pool)
+            n0 = int(valid[0].sum())
+            P = min(n0, pool)
+            self.bounds = np.linspace(0, n0, P + 1).round().astype(np.int64)  # (P + 1,) over the real tokens
+            of = np.searchsorted(self.bounds, np.arange(n0), side="right") - 1  # (n,) bin of each real token
+            bins = np.full(L, -1)
+            bins[np.flatnonzero(valid[0])] = of
+            self.bin_of = t(bins)  # (L,) −1 for padding
+            onehot = np.zeros((L, P), dtype=np.float32)
+            onehot[np.flatnonzero(valid[0]), of] = 1.0
+            self.onehot = t(onehot)  # (L, P)
+            self.pooled = torch.zeros(num_layers, num_heads, P, P, dtype=torch.float64)
+        if keep is not None:
+            a0, b0 = keep
+            self.keep = (a0, b0)
+            self.kept = torch.zeros(num_layers, num_heads, b0 - a0, b0 - a0)
         self.layers_read = [False] * num_layers
 
     # -- the readers ---------------------------------------------------------------------------------
@@ -182,35 +213,39 @@ class RowReader:
                 w = rows.weights(start, stop)  # (B, H, R, S')
                 if w.dtype not in (torch.float32, torch.float64):
                     w = w.float()  # bf16 / fp16 rows: the sums in float32
-                self._block(layer, w, start, stop)
+                self._block(layer, w, start, stop, causal=rows.is_causal and rows.key_slots is None)
                 if self.progress is not None:
                     self.progress(layer, stop, L)
         self.layers_read[layer] = True
 
-    def _block(self, layer: int, w, start: int, stop: int) -> None:
+    def _block(self, layer: int, w, start: int, stop: int, *, causal: bool = False) -> None:
+        """Add rows ``start:stop`` of one layer: ``w`` ``(B, H, R, S')`` as the model formed them. Each row is
+        taken over the real keys and renormalised (:func:`~headwise.analysis.tokens.as_attention`) through its
+        total ``T``, applied to the per-row results rather than to every weight."""
         import torch
 
         B, H, R, Sv = w.shape
         vq, vk = self.valid[:, start:stop], self.valid[:, :Sv]  # (B, R), (B, S')
-        # as_attention: padded keys out, each real row renormalised over the real keys
         if not bool(vk.all()):
-            w = w * vk[:, None, None, :]
-        total = w.sum(-1, keepdim=True)  # (B, H, R, 1)
-        a = w / torch.where(total > 0, total, torch.ones_like(total))  # (B, H, R, S')
-        rowmask = vq[:, None, :].to(a.dtype)  # (B, 1, R)
+            w = w * vk[:, None, None, :]  # padded keys out
+        total = w.sum(-1)  # (B, H, R)
+        inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+        rowmask = vq[:, None, :].to(w.dtype)  # (B, 1, R)
+        scale = inv * rowmask  # (B, H, R): renormalisation, padded rows out
         hs = self.head_sums
         if self.marks is not None:
-            t = (a @ self.marks[:, None, :Sv].to(a.dtype)) * rowmask[..., None]  # (B, H, R, 3)
+            t = (w @ self.marks[:, None, :Sv].to(w.dtype)) * scale[..., None]  # (B, H, R, 3)
             t = t.sum(2)  # (B, H, 3)
             for k, name in enumerate(("cls", "sep", "punct")):
                 hs[name][layer] += t[..., k]
         for name, key in (("self", self.key_self), ("prev", self.key_prev), ("next", self.key_next)):
-            hs[name][layer] += self._at(a, key[:, start:stop], vq)
+            hs[name][layer] += self._at(w, key[:, start:stop], vq, inv)
         # entropy with Clark et al.'s smoothing over the n real keys: padded keys inside the block and real keys
         # beyond it (a causal block's future) hold exactly ε/n, added in closed form
-        c = (self.eps / self.n.clamp_min(1)).to(a.dtype)  # (B,)
-        p = a * (1.0 - self.eps) + c[:, None, None, None]
+        c = (self.eps / self.n.clamp_min(1)).to(w.dtype)  # (B,)
+        p = torch.addcmul(c[:, None, None, None], w, ((1.0 - self.eps) * inv)[..., None])  # (B, H, R, S')
         h = torch.special.entr(p).sum(-1)  # (B, H, R)
+        del p
         const = torch.special.entr(c)  # (B,)
         correction = (self.n - vk.sum(1)) - (~vk).sum(1)  # real keys beyond S' minus padded keys within
         h = (h + (correction * const)[:, None, None]) * rowmask
@@ -218,14 +253,20 @@ class RowReader:
         for b, pos in enumerate(self.cls_pos):
             if start <= pos < stop:
                 hs["entropy_cls"][layer, b] += h[b, :, pos - start]
-        gap = (self.cpos[:, start:stop, None] - self.cpos[:, None, :Sv]).abs().to(a.dtype)  # (B, R, S')
-        hs["distance"][layer] += ((a * gap[:, None]).sum(-1) * rowmask).sum(-1)
+        qpos = self.cpos[:, start:stop]  # (B, R)
+        kpos = self.cpos[:, :Sv].to(w.dtype)  # (B, S')
+        # Σ_j a_ij |c_i − c_j| = Σ_j a_ij (c_i − c_j) + 2 Σ_{j > i} a_ij (c_j − c_i); the second sum is 0 when causal
+        dist = qpos[:, None, :].to(w.dtype) * total - (w @ kpos[:, None, :, None])[..., 0]  # (B, H, R)
+        if not causal:
+            ahead = (kpos[:, None, :] - qpos[:, :, None].to(w.dtype)).clamp_min(0)  # (B, R, S')
+            dist = dist + 2.0 * (w * ahead[:, None]).sum(-1)
+        hs["distance"][layer] += (dist * scale).sum(-1)
         # Voita: row maxima and argmax offsets over the real tokens
-        mx, am = a.max(-1)  # (B, H, R)
-        qpos = self.cpos[:, start:stop][:, None, :]  # (B, 1, R)
-        off = torch.where(mx > 0, self.cpos.gather(1, am.reshape(B, -1)).reshape(B, H, R) - qpos, -qpos)
+        mx, am = w.max(-1)  # (B, H, R)
+        q3 = qpos[:, None, :]  # (B, 1, R)
+        off = torch.where(mx > 0, self.cpos.gather(1, am.reshape(B, -1)).reshape(B, H, R) - q3, -q3)
         vo = self.voita[:, start:stop][:, None, :].expand(B, H, R)  # (B, H, R)
-        self.conf_sum[layer] += (mx * total[..., 0] * vo).sum(-1)  # the row's own maximum, as HeadStats reads it
+        self.conf_sum[layer] += (mx * vo).sum(-1)  # the row's own maximum, as HeadStats reads it
         width = 2 * self.max_length - 1
         head = torch.arange(H)[None, :, None].expand(B, H, R) + layer * H
         self.hist += torch.bincount((head * width + off + self.max_length - 1)[vo], minlength=self.hist.numel())
@@ -233,17 +274,31 @@ class RowReader:
         ds, dc = self.det_sums, self.det_counts
         for name, key in (("prev", self.slot_prev[:, start:stop]), ("first", self._first_keys(start, stop))):
             ok = vq & (key >= 0)
-            ds[name][layer] += self._at(a, key, vq)
+            ds[name][layer] += self._at(w, key, vq, inv)
             dc[name][layer] += ok.sum(1)
         for name, (nz, has) in zip(("duplicate", "induction"), self._pattern(start, stop, Sv)):
-            mass = torch.zeros(B, R, H, dtype=a.dtype)
-            mass.index_put_((nz[:, 0], nz[:, 1]), a[nz[:, 0], :, nz[:, 1], nz[:, 2]], accumulate=True)
-            ds[name][layer] += (mass * has[..., None]).sum(1)
+            mass = torch.zeros(B, R, H, dtype=w.dtype)
+            mass.index_put_((nz[:, 0], nz[:, 1]), w[nz[:, 0], :, nz[:, 1], nz[:, 2]], accumulate=True)
+            ds[name][layer] += (mass * inv.transpose(1, 2) * has[..., None]).sum(1)
             dc[name][layer] += has.sum(1)
+        if self.pooled is not None:  # cell (p, q): mean over query bin p of the weight summed over key bin q
+            keys = (w[0] @ self.onehot[:Sv].to(w.dtype)) * inv[0][..., None]  # (H, R, P)
+            qb = self.bin_of[start:stop]  # (R,)
+            ok = qb >= 0
+            self.pooled[layer].index_add_(1, qb[ok], keys[:, ok].double())
+        if self.kept is not None:
+            a0, b0 = self.keep
+            lo, hi = max(a0, start), min(b0, stop)
+            if lo < hi:
+                cols = min(b0, Sv) - a0
+                if cols > 0:
+                    sub = w[0, :, lo - start : hi - start, a0 : a0 + cols] * inv[0, :, lo - start : hi - start, None]
+                    self.kept[layer, :, lo - a0 : hi - a0, :cols] = sub.float()
         seen = self.seen[:, start:stop]  # (B, R)
         rows = vq & (seen >= 2)
-        plain = torch.special.entr(a).sum(-1)  # (B, H, R)
-        ratio = plain / torch.log(seen.clamp_min(2)).to(a.dtype)[:, None, :]
+        # entropy of a = w / T: Σ entr(w) / T + ln T
+        plain = torch.special.entr(w).sum(-1) * inv + torch.where(total > 0, total, torch.ones_like(total)).log()
+        ratio = plain / torch.log(seen.clamp_min(2)).to(w.dtype)[:, None, :]
         ds["entropy_ratio_causal"][layer] += (ratio * rows[:, None, :]).sum(-1)
         dc["entropy_ratio_causal"][layer] += rows.sum(1)
         if self.js_buf is not None:
@@ -255,12 +310,12 @@ class RowReader:
                     self.js_buf[b][layer * H : (layer + 1) * H, inside, : real.numel()] = block.float()
 
     @staticmethod
-    def _at(a, key, vq):
-        """``Σ_rows a[b, h, r, key[b, r]]`` over the rows with a key (key ≥ 0) that are real: ``(B, H)``."""
-        B, H, R, Sv = a.shape
+    def _at(w, key, vq, inv):
+        """``Σ_rows a[b, h, r, key[b, r]]`` (a = w / T) over the real rows that have a key (≥ 0): ``(B, H)``."""
+        B, H, R, Sv = w.shape
         ok = vq & (key >= 0) & (key < Sv)
-        g = a.gather(-1, key.clamp(0, Sv - 1)[:, None, :, None].expand(B, H, R, 1))[..., 0]  # (B, H, R)
-        return (g * ok[:, None, :]).sum(-1)
+        g = w.gather(-1, key.clamp(0, Sv - 1)[:, None, :, None].expand(B, H, R, 1))[..., 0]  # (B, H, R)
+        return (g * inv * ok[:, None, :]).sum(-1)
 
     def _first_keys(self, start: int, stop: int):
         import torch
@@ -285,6 +340,14 @@ class RowReader:
         got = tuple((m.nonzero(), m.any(-1)) for m in (dup, ind))
         self._patterns = {(start, stop): got}  # one block at a time: every layer walks the same blocks
         return got
+
+    def pooled_maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The first sequence's ``(NL, H, P, P)`` pooled maps (as :func:`headwise.viz.headview.thumbnails` pools
+        a full map) and the bins' token bounds ``(P + 1,)``."""
+        if self.pooled is None:
+            raise ValueError("pool: the reader was made without pool=")
+        counts = np.diff(self.bounds).astype(np.float64)  # (P,) tokens per query bin
+        return self.pooled.numpy() / counts[None, None, :, None], self.bounds
 
     # -- after the pass ------------------------------------------------------------------------------
     def sentence_values(self) -> tuple[list[dict], list[dict]]:
@@ -369,8 +432,10 @@ def read_rows(
     head_stats=None,
     detector_stats=None,
     block_size: int | None = None,
-    js_max_rows: int = 128,
+    js_max_rows: int = 32,
     progress: Callable[[int, int, int], None] | None = None,
+    pool: int | None = None,
+    keep: tuple[int, int] | None = None,
 ) -> RowReader:
     """One forward pass of ``hm`` (a :class:`headwise.models.HeadModel`) on a batch, every layer's heads reduced
     at its ``hook_qk`` point into ``head_stats`` / ``detector_stats``.
@@ -380,7 +445,11 @@ def read_rows(
         ids: ``(B, L)`` token ids (torch); mask: ``(B, L)``, 1 = real token (None: all real).
         info: token info (default: :meth:`TokenInfo.plain` from the mask).
         head_stats, detector_stats: the accumulators fed.
-        block_size, js_max_rows, progress: see :class:`RowReader`.
+        block_size, progress: see :class:`RowReader`.
+        pool: also pool the first sequence's maps to at most ``pool`` × ``pool`` bins (:meth:`RowReader.pooled_maps`).
+        keep: ``(A, B)``: also keep the first sequence's rows ``A … B − 1`` over keys ``A … B − 1`` in full
+            (``reader.kept``, ``(NL, H, B − A, B − A)``; memory ``NL · H · (B − A)² · 4`` bytes).
+        js_max_rows: Jensen–Shannon rows per sentence (32; fewer beyond 4,096 tokens, :func:`js_row_budget`).
     Returns:
         the :class:`RowReader` (its sums).
     """
@@ -394,9 +463,11 @@ def read_rows(
         info,
         block_size=block_size,
         js=head_stats is not None and head_stats.js,
-        js_max_rows=getattr(head_stats, "js_max_rows", js_max_rows),
+        js_max_rows=js_max_rows,
         max_length=getattr(head_stats, "max_length", None),
         progress=progress,
+        pool=pool,
+        keep=keep,
     )
     hm.read_rows(ids, mask, reader.readers())
     reader.add_to(head_stats, detector_stats)
