@@ -77,6 +77,29 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+def check_length(hm, text: str) -> int:
+    """The tokens of TEXT; CLIError (one line) when it is longer than the model's context."""
+    n = len(hm.tokenizer.encode(text).ids)
+    if n > hm.max_length:
+        raise CLIError(f"TEXT: {n:,} tokens, longer than the model's context of {hm.max_length:,} tokens")
+    return n
+
+
+def parse_queries(value: str | None, n: int) -> tuple[int, int] | None:
+    """``--queries A:B`` as ``(A, B)`` within the example's n tokens (at most :data:`MAX_QUERIES`)."""
+    if value is None:
+        return None
+    try:
+        a, b = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise CLIError(f"--queries: expected A:B (two integers), got {value!r}") from None
+    if not 0 <= a < b <= n:
+        raise CLIError(f"--queries: expected 0 ≤ A < B ≤ {n} (the example's tokens), got {value}")
+    if b - a > MAX_QUERIES:
+        raise CLIError(f"--queries: at most {MAX_QUERIES} queries at full resolution, got {b - a} ({value})")
+    return a, b
+
+
 def text_batches(hm, texts: Iterable[str], batch_size: int, warn) -> Iterator[tuple]:
     """``(ids, mask)`` per batch of texts; truncation warnings go to ``warn`` (one summary)."""
     from headwise.models import TruncationWarning
@@ -99,23 +122,45 @@ def _info(mask):
     return TokenInfo.plain(m.shape[0], m.shape[1], m.sum(axis=1))
 
 
-def decoder_report(hm, batches: Iterable[tuple], probe, *, layer_check=None, progress=None):
-    """Stream ``(ids, mask)`` batches and the probe into a :class:`DecoderReport`.
+#: Longest example drawn at full resolution in heads.png / headview.html; a longer one is drawn pooled.
+VIEW_FULL_UP_TO = 256
+#: Bins per side of the pooled overview of a long example (tokens per bin: n / 128).
+VIEW_BINS = 128
+#: Most queries ``--queries`` may keep at full resolution (the kept block is NL · H · (B − A)² floats).
+MAX_QUERIES = 512
 
+
+def decoder_report(
+    hm, batches: Iterable[tuple], probe, *, progress=None, block_size=None, queries=None, row_progress=None
+):
+    """Stream ``(ids, mask)`` batches and the probe into a :class:`DecoderReport`, every head's statistics
+    reduced inside attention a block of query rows at a time (:func:`headwise.analysis.streaming.read_rows`).
+
+    Args:
+        queries: ``(A, B)``: the first sequence's queries kept at full resolution (None: none).
+        row_progress: ``(layer, rows done, L)`` after every block (long inputs).
     Returns:
-        ``(report, example)``: the report and the first sequence's ``(ids, (NL, H, n, n) maps)``.
+        ``(report, example)``: the report and the first sequence's ``(ids, view)``: ``view`` holds ``maps``
+        ``(NL, H, n, n)`` for n ≤ :data:`VIEW_FULL_UP_TO`, else ``pooled`` ``(NL, H, P, P)`` with its ``bounds``,
+        and ``kept`` ``(NL, H, B − A, B − A)`` for ``queries``.
     """
     from headwise.analysis import DecoderStats, DetectorStats
+    from headwise.analysis.streaming import read_rows
 
     stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
     example = None
     texts = 0
     for ids, mask in batches:
-        maps = hm.attentions(ids, mask)
-        stats.update(maps, ids.numpy(), _info(mask))
-        if example is None:
-            n = int(mask[0].sum())
-            example = (ids[0, :n].tolist(), np.stack([m[0, :, :n, :n] for m in maps]).astype(np.float32))
+        first = example is None
+        n = int(mask[0].sum())
+        pool = VIEW_BINS if first and n > VIEW_FULL_UP_TO else None
+        keep = queries if first else None
+        reader = read_rows(
+            hm, ids, mask, head_stats=stats.heads, detector_stats=stats.detectors, block_size=block_size,
+            progress=row_progress, pool=pool, keep=keep,
+        )  # fmt: skip
+        if first:
+            example = (ids[0, :n].tolist(), _view(hm, ids, mask, n, reader))
         texts += ids.shape[0]
         if progress is not None:
             progress(texts, stats.num_tokens)
@@ -123,9 +168,34 @@ def decoder_report(hm, batches: Iterable[tuple], probe, *, layer_check=None, pro
     ids = probe_ids(hm, probe)
     for start in range(0, ids.shape[0], 4):
         chunk = ids[start : start + 4]
-        mask = np.ones(chunk.shape, dtype=np.int64)
-        detectors.update(hm.attentions(chunk, None), chunk.numpy(), _info(mask))
+        read_rows(hm, chunk, None, detector_stats=detectors, block_size=block_size)
     return stats.result(detectors.result(), probe), example
+
+
+def _view(hm, ids, mask, n: int, reader) -> dict:
+    view: dict = {"n": n}
+    if reader.pooled is None:
+        maps = hm.attentions(ids[:1, :n], mask[:1, :n])  # bounded: n ≤ VIEW_FULL_UP_TO
+        view["maps"] = np.stack([m[0] for m in maps]).astype(np.float32)
+    else:
+        view["pooled"], view["bounds"] = reader.pooled_maps()
+    if reader.kept is not None:
+        view["kept"], view["queries"] = reader.kept.numpy(), reader.keep
+    return view
+
+
+def example_view(hm, ids, mask, *, queries=None, block_size=None, row_progress=None) -> tuple[list[int], dict]:
+    """The first sequence's picture alone (one pass, no statistics): ``(ids, view)`` as :func:`decoder_report`."""
+    from headwise.analysis.streaming import read_rows
+
+    n = int(mask[0].sum())
+    pool = VIEW_BINS if n > VIEW_FULL_UP_TO else None
+    if pool is None and queries is None:
+        return ids[0, :n].tolist(), _view(hm, ids, mask, n, type("NoRows", (), {"pooled": None, "kept": None}))
+    reader = read_rows(
+        hm, ids[:1], mask[:1], block_size=block_size, progress=row_progress, pool=pool, keep=queries
+    )  # fmt: skip
+    return ids[0, :n].tolist(), _view(hm, ids, mask, n, reader)
 
 
 def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn) -> list[tuple]:

@@ -37,6 +37,7 @@ text longer than the model's positions (at most 1,024 analysed) is truncated, wi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from pathlib import Path
@@ -265,6 +266,14 @@ def heads(
         int, typer.Option("--probe-repeats", help="Decoders: copies of the segment in the probe.", min=2)
     ] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probe and of the random pruning orders.", min=0)] = 0,
+    block_size: Annotated[
+        int | None,
+        typer.Option("--block-size", help="Decoders: query rows per block of the streaming pass (default: automatic)."),
+    ] = None,
+    queries: Annotated[
+        str | None,
+        typer.Option("--queries", help="Decoders: A:B, the example's queries shown at full resolution (at most 512)."),
+    ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
 
@@ -284,6 +293,8 @@ def heads(
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
         hm = heads_model.load(model, cache=not no_cache)
+    if block_size is not None and block_size <= 0:
+        raise CLIError(f"--block-size: expected a positive number of query rows, got {block_size}")
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
@@ -297,6 +308,8 @@ def heads(
             probe_length,
             probe_repeats,
             seed,
+            block_size,
+            queries,
         )
         return
     if text is None and corpus is None:
@@ -407,10 +420,23 @@ def _importance_line(result) -> str:
 
 
 def _decoder(
-    hm, text, corpus_path, layer, out, batch_size, importance, importance_sentences, probe_length, probe_repeats, seed
+    hm,
+    text,
+    corpus_path,
+    layer,
+    out,
+    batch_size,
+    importance,
+    importance_sentences,
+    probe_length,
+    probe_repeats,
+    seed,
+    block_size=None,
+    queries=None,
 ) -> None:
     """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance."""
     from headwise.analysis import SentenceHeads
+    from headwise.viz.headview import write_headview
     from headwise.viz.report import write_heads_outputs
 
     if layer is not None and not 0 <= layer < hm.num_layers:
@@ -422,6 +448,18 @@ def _decoder(
     if importance and corpus_path is None and hm.tokenizer is not None:
         raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
     probe = heads_model.make_probe(hm, length=probe_length, repeats=probe_repeats, seed=seed)
+    if text is not None:
+        n = heads_model.check_length(hm, text)
+    elif corpus_path is not None:
+        from itertools import islice
+
+        from headwise import analysis
+
+        head = list(islice(analysis.CorpusFile(corpus_path), 1))
+        n = min(len(hm.tokenizer.encode(head[0]).ids), hm.max_length) if head else 0
+    else:
+        n = probe.total_length
+    span = heads_model.parse_queries(queries, n)
     prepare_folder(out, "--out")
     warn = _warn
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
@@ -440,12 +478,13 @@ def _decoder(
         texts, total, scope = None, 0, f"its probe ({probe.batch} × {probe.total_length} random tokens)"
     if texts is not None:
         batches = heads_model.text_batches(hm, texts, batch_size, lambda m: warn(f"TEXT / --corpus: {m}"))
-        with corpus_progress(total) as progress:
-            report, example = heads_model.decoder_report(hm, batches, probe, progress=progress)
+        with _row_bars(hm, n) as rows, corpus_progress(total) as progress:
+            report, example = heads_model.decoder_report(
+                hm, batches, probe, progress=progress, block_size=block_size, queries=span, row_progress=rows
+            )
         if text is not None and corpus_path is not None:  # the example drawn is TEXT
             [(ids, mask)] = list(heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
-            maps = hm.attentions(ids, mask)
-            example = (ids[0].tolist(), np.stack([m[0] for m in maps]).astype(np.float32))
+            example = heads_model.example_view(hm, ids, mask, queries=span, block_size=block_size)
         if corpus_path is not None:
             extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
     else:
@@ -453,8 +492,8 @@ def _decoder(
 
         ids = heads_model.probe_ids(hm, probe)
         batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4])) for s in range(0, len(ids), 4)]
-        report, example = heads_model.decoder_report(hm, batches, probe)
-    example_ids, maps = example
+        report, example = heads_model.decoder_report(hm, batches, probe, block_size=block_size, queries=span)
+    example_ids, view = example
     tokens = hm.token_texts(example_ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(example_ids), "ids": example_ids}
     console = _console()
@@ -478,11 +517,72 @@ def _decoder(
         batches = heads_model.importance_batches(hm, lines, probe, batch_size, lambda m: warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
         console.print(_importance_line(result))
-    sentence = SentenceHeads(report, list(tokens), maps)
+    sentence = SentenceHeads(report, *_drawn(view, tokens))
+    extra["view"] = _view_note(view, report)
+    console.print(extra["view"]["note"])
     try:
         paths = write_heads_outputs(
             sentence, report, out, layer=layer, title=title, extra=extra, causal=True, columns=columns
         )
+        if "kept" in view:
+            a, b = view["queries"]
+            paths["headview_queries.html"] = write_headview(
+                view["kept"],
+                tokens[a:b],
+                out / "headview_queries.html",
+                roles=report.roles.tolist(),
+                title=f"{title} head view, queries {a}–{b - 1}",
+                subtitle=f"full resolution over keys {a}–{b - 1}; weight on earlier keys is not drawn",
+                causal=True,
+            )
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
+
+
+def _drawn(view: dict, tokens: list[str]) -> tuple[list[str], np.ndarray]:
+    """The example's tokens and maps as drawn: every token, or one label per bin of the pooled overview."""
+    if "maps" in view:
+        return list(tokens), view["maps"]
+    bounds = view["bounds"]
+    labels = [f"{a}–{b - 1}" for a, b in zip(bounds[:-1], bounds[1:])]
+    return labels, view["pooled"].astype(np.float32)
+
+
+def _view_note(view: dict, report) -> dict:
+    """What the pictures and the head view show, and what the statistics sampled, for heads.json and the terminal."""
+    from headwise.analysis.corpus import js_row_budget
+
+    n = view["n"]
+    rows = js_row_budget(n, 32)
+    note = (
+        f"every metric uses every query row; the Jensen–Shannon map and MDS use {min(rows, n)} evenly spaced "
+        f"query rows per sequence (of {n} in the example)"
+    )
+    data: dict = {"tokens": n, "js_rows_per_sequence": min(rows, n), "pooled": "pooled" in view}
+    if "pooled" in view:
+        bins = len(view["bounds"]) - 1
+        data["bins"] = bins
+        note += f"; heads.png and headview.html show the example pooled to {bins} × {bins} bins"
+    if "queries" in view:
+        data["queries"] = list(view["queries"])
+        note += f"; headview_queries.html: queries {view['queries'][0]}–{view['queries'][1] - 1} at full resolution"
+    data["note"] = note
+    return data
+
+
+@contextlib.contextmanager
+def _row_bars(hm, n: int):
+    """A bar over layers × rows for a long example (≥ 2,048 tokens); None otherwise."""
+    if n < 2048:
+        yield None
+        return
+    from headwise.cli._progress import stage_progress
+
+    with stage_progress() as stage:
+        total = hm.num_layers * n
+
+        def rows(layer: int, done: int, length: int) -> None:
+            stage(f"rows of {hm.num_layers} layers", min(total, layer * length + done), hm.num_layers * length)
+
+        yield rows

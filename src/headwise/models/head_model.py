@@ -28,7 +28,8 @@ from headwise.models.token_text import token_pieces, token_texts
 
 __all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
 
-#: Longest input analysed (tokens), whatever the model's position limit: maps are L × L per head.
+#: Longest input an encoder is analysed on (tokens): its maps are L × L per head. Decoders are read by the
+#: streaming pass (:mod:`headwise.analysis.streaming`) up to their context.
 MAX_ANALYSIS_LENGTH = 1024
 
 
@@ -53,7 +54,8 @@ class HeadModel:
         family: the config's ``model_type``.
         name: the folder's name (or the bundled model's).
         num_layers, num_heads: NL and H (query heads).
-        max_length: the longest input analysed (the model's positions, at most :data:`MAX_ANALYSIS_LENGTH`).
+        max_length: the longest input analysed: a decoder's context; an encoder's positions, at most
+            :data:`MAX_ANALYSIS_LENGTH`.
         vocab_size: V.
         tokenizer: a ``tokenizers.Tokenizer`` or None (the folder has none).
         bos_id: the id a probe starts with (the config's ``bos_token_id``), or None.
