@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import headwise
 from headwise.core import fastpath, functional, masks
 
 TOL = 1e-12
@@ -174,3 +175,18 @@ def test_dead_rows_equal_torch_all_on_every_layout():
             want = full.all(-1, keepdim=True)
             got = masks.dead_rows(blocked, b)
             assert torch.equal(got if got is not None else torch.zeros_like(want), want)
+
+
+@pytest.mark.parametrize("backend", ["math", "auto"])
+def test_a_bias_in_another_dtype_is_read_in_the_queries_dtype(backend):
+    """A float64 bias (ALiBi's table) under float32 queries: every path computes the scores in float32 and
+    agrees with the float64 reference."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 5, 8) for _ in range(3))
+    bias = headwise.ALiBi(4).score_bias(torch.arange(5), torch.arange(5)).double()
+    out, _ = functional.scaled_dot_product_attention(q, k, v, bias=bias, is_causal=True, backend=backend)
+    want, _ = functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), bias=bias, is_causal=True, backend="math"
+    )
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)

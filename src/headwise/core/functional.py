@@ -131,6 +131,8 @@ def attend(
     All of it becomes a flag or a mask in :func:`headwise.core.masks.causality`, nowhere else.
     """
     L, S = q.shape[-2], k.shape[-2]
+    if bias is not None and bias.dtype != q.dtype:  # scores are in q's dtype on every path (a float64 ALiBi bias)
+        bias = bias.to(q.dtype)
     slots = {"q_offset": q_offset, "window": window, "key_slots": key_slots, "sink_tokens": sink_tokens}
     kernel_capped = softcap is not None or sinks is not None  # what F.scaled_dot_product_attention cannot do
     # The readable path also for forward-mode derivatives (jvp): the SDPA kernels and the fast paths have no
