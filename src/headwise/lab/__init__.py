@@ -7,7 +7,10 @@
 - :func:`save` / :func:`load` — checkpoint folders of ``model.safetensors`` + ``config.json`` with
   ``"model_type": "headwise-lab"`` (:mod:`headwise.models.lab_checkpoint`).
 - Experiments: :func:`run_induction` (induction heads, :mod:`headwise.lab.induction`),
-  :func:`run_heads_vs_one` (:mod:`headwise.lab.heads_vs_one`), :func:`pruning_curves`
+  :func:`run_heads_vs_one` (one head against many at equal parameters: learnable tasks and a
+  character-level language model on the bundled corpus, learning rates swept per head count on tuning
+  seeds, intervals and rank tests over evaluation seeds, a void verdict when nothing is learnt;
+  :mod:`headwise.lab.heads_vs_one`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves`
   (Michel et al.'s importance through :func:`headwise.analysis.head_importance`, :mod:`headwise.lab.prune`);
   tasks in :mod:`headwise.lab.tasks`.
 
