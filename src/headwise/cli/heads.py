@@ -32,7 +32,13 @@ folder, no ``config.json``, an unknown ``model_type``, corrupt or truncated safe
 more parameters than the machine's memory holds), TEXT for a checkpoint without a tokenizer, an
 unknown ``--layer`` → one line on stderr, exit status 2, before any file is written. Corpus lines
 that are not valid UTF-8 are skipped and counted (a warning says how many and where the first was). A
-text longer than the model's positions (at most 1,024 analysed) is truncated, with a warning.
+text longer than an encoder's positions (at most 1,024 analysed) is truncated, with a warning; for a decoder,
+a TEXT longer than its context, a ``--block-size`` ≤ 0 or a ``--queries A:B`` outside the example exit 2.
+
+Decoders are read by the streaming pass (:mod:`headwise.analysis.streaming`): every head's statistics are
+reduced inside attention a block of query rows at a time, up to the model's context; the Jensen–Shannon map
+samples rows, a long example is drawn pooled, and ``--queries A:B`` adds ``headview_queries.html`` at full
+resolution (``docs/heads.md``, "Long inputs").
 """
 
 from __future__ import annotations
