@@ -198,7 +198,7 @@ COMMAND_LINE = [
     exits(
         "demo/unknown-model",
         lambda ws: ["demo", "--model", "gpt"],
-        r"--model: expected one of auto, untrained, minilm, got 'gpt'",
+        r"--model: expected one of auto, untrained, minilm, smollm2, got 'gpt'",
     ),
     exits(
         "demo/layer-out-of-range",
