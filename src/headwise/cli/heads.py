@@ -297,10 +297,10 @@ def heads(
         if corpus_path.is_dir():
             raise CLIError(f"--corpus: '{corpus_path}' is a folder; expected a text file")
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
+    if block_size is not None and block_size <= 0:  # before anything is loaded
+        raise CLIError(f"--block-size: expected a positive number of query rows, got {block_size}")
     if model not in (None, "untrained"):
         hm = heads_model.load(model, cache=not no_cache)
-    if block_size is not None and block_size <= 0:
-        raise CLIError(f"--block-size: expected a positive number of query rows, got {block_size}")
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
