@@ -73,7 +73,8 @@ def _drawn_grid(monkeypatch, tmp_path, **kw):
 
 @pytest.mark.parametrize("layers, heads, with_roles", [(6, 12, True), (6, 12, False), (1, 4, True), (12, 12, True)])
 def test_the_title_clears_the_first_rows_labels(monkeypatch, tmp_path, layers, heads, with_roles):
-    """The figure's title sits above every panel title and every panel, and inside the picture."""
+    """The figure's title sits above every panel title and every panel, and inside the picture; panel titles
+    sit between their panel and the row above, and no two of them meet."""
     rng = np.random.default_rng(1)
     maps = _maps(rng, layers, heads)
     roles = [["[CLS] sink"] * heads] * layers if with_roles else None
@@ -82,12 +83,51 @@ def test_the_title_clears_the_first_rows_labels(monkeypatch, tmp_path, layers, h
     top = fig.texts[0].get_window_extent(renderer)  # the suptitle
     assert fig.texts[0].get_text() == title
     assert top.y1 <= fig.bbox.y1, "the title is cut at the top"
-    for ax in fig.axes[:-1]:  # the panels; the last axes is the colour bar
-        assert ax.title.get_window_extent(renderer).y1 < top.y0, ax.title.get_text()
-        assert ax.get_window_extent(renderer).y1 < top.y0
-    first_row = fig.axes[0]
-    gap = top.y0 - first_row.title.get_window_extent(renderer).y1
-    assert gap > 0.03 * fig.dpi  # a visible gap, not touching
+    ax = fig.axes[0]  # every panel in one image; the last axes is the colour bar
+    titles = ax.texts
+    assert [t.get_text().split("\n")[0] for t in titles] == [f"L{r} H{h}" for r in range(layers) for h in range(heads)]
+    boxes = [t.get_window_extent(renderer) for t in titles]
+    assert max(b.y1 for b in boxes) < top.y0
+    assert top.y0 - max(b.y1 for b in boxes) > 0.03 * fig.dpi  # a visible gap, not touching
+    for i, a in enumerate(boxes):
+        assert a.x0 >= 0 and a.x1 <= fig.bbox.x1
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), "two panel titles meet"
+    # each panel (where its map is drawn) lies below its own title and above the next row's titles
+    image = ax.images[0].get_array()  # (rows, cols, 4) RGBA bytes; gaps are white
+    to_display = ax.transData.transform
+    n = len(TOKENS)
+    for k, box in enumerate(boxes):
+        r = k // heads
+        filled = np.flatnonzero((image[:, :, :3] != 255).any(-1).any(-1))  # image rows holding a panel
+        rows_of_r = filled[r * n : (r + 1) * n]
+        y_top = to_display((0, rows_of_r[0] - 0.5))[1]
+        y_bottom = to_display((0, rows_of_r[-1] + 0.5))[1]
+        assert box.y0 >= y_top - 0.5, titles[k].get_text()  # the title is above its panel
+        if r + 1 < layers:
+            assert boxes[(r + 1) * heads].y1 < y_bottom  # the next row's titles are below this panel
+
+
+def test_the_grid_draws_every_map_where_its_title_says(monkeypatch, tmp_path):
+    """The one image holds each head's map, coloured on [0, 1], under the title naming it."""
+    rng = np.random.default_rng(4)
+    maps = _maps(rng, 3, 4)
+    fig, renderer = _drawn_grid(monkeypatch, tmp_path, attentions=maps, tokens=TOKENS)
+    ax = fig.axes[0]
+    image = ax.images[0].get_array()  # (rows, cols, 4)
+    from matplotlib import colormaps
+
+    want = colormaps["viridis"](maps, bytes=True)  # (NL, H, n, n, 4)
+    inv = ax.transData.inverted()
+    n = len(TOKENS)
+    for t in ax.texts:
+        layer, head = (int(x[1:]) for x in t.get_text().split())
+        box = t.get_window_extent(renderer)
+        col, row = inv.transform(((box.x0 + box.x1) / 2, box.y0))  # under the title's centre
+        c0 = int(round(col - (n - 1) / 2))
+        r0 = int(np.ceil(row))
+        r0 += int(np.argmax((image[r0:, c0, :3] != 255).any(-1)))  # the first row of the panel below
+        np.testing.assert_array_equal(image[r0 : r0 + n, c0 : c0 + n], want[layer, head])
 
 
 def test_the_overlap_check_can_fail(monkeypatch, tmp_path):
@@ -95,7 +135,7 @@ def test_the_overlap_check_can_fail(monkeypatch, tmp_path):
     fig, renderer = _drawn_grid(monkeypatch, tmp_path, attentions=_maps(np.random.default_rng(2)), tokens=TOKENS)
     fig.suptitle("over the panels", y=0.5)
     top = fig.texts[0].get_window_extent(renderer)
-    assert any(ax.get_window_extent(renderer).y1 >= top.y0 for ax in fig.axes[:-1])
+    assert max(t.get_window_extent(renderer).y1 for t in fig.axes[0].texts) >= top.y0
 
 
 def _decode(payload):

@@ -97,11 +97,11 @@ class AttentionRows:
         hkv = self.k.shape[1]
         G = H // hkv
         scale = 1.0 / math.sqrt(self.q.shape[-1]) if self.scale is None else self.scale
-        q = self.q[:, :, start:stop]  # (B, H, R, Dh)
+        q = self.q[:, :, start:stop] * scale  # (B, H, R, Dh): the scale on q, not on R · S' scores
         k = self.k[:, :, :Sv].to(q.dtype)  # (B, Hkv, S', Dh)
         R, dh = stop - start, q.shape[-1]
         scores = q.reshape(B, hkv, G, R, dh) @ k[:, :, None].transpose(-2, -1)  # (B, Hkv, G, R, S')
-        scores = scores.reshape(B, H, R, Sv) * scale  # (B, H, R, S')
+        scores = scores.reshape(B, H, R, Sv)  # (B, H, R, S')
         sinks = self.sinks
         bias = _rows_of(self.bias, start, stop, Sv)
         blocked = _rows_of(self.blocked, start, stop, Sv)
@@ -127,4 +127,19 @@ class AttentionRows:
         )  # (R, S) or None
         if causal is not None:
             causal = causal[:, :Sv]
-        return softmax(scores, masks.either(blocked, causal), sinks)  # (B, H', R, S')
+        blocked = masks.either(blocked, causal)
+        if sinks is not None or torch.is_grad_enabled() and scores.requires_grad:
+            return softmax(scores, blocked, sinks)  # (B, H', R, S')
+        return _rows_softmax(scores, blocked)
+
+
+def _rows_softmax(scores: Tensor, blocked: Tensor | None) -> Tensor:
+    """:func:`headwise.core.primitives.softmax` without sinks or gradients, in place through torch's fused softmax
+    (one pass instead of five); a row with every entry blocked gives zeros, as there."""
+    if blocked is not None:
+        scores = scores.masked_fill_(blocked, float("-inf"))
+    w = torch.softmax(scores, dim=-1)
+    empty = w[..., :1].isnan()  # (…, R, 1): a fully blocked row is NaN throughout
+    if bool(empty.any()):
+        w = w.masked_fill_(empty, 0.0)
+    return w

@@ -16,8 +16,11 @@ import numpy as np
 
 from headwise.viz._files import HeatmapFile, save_figure
 
-__all__ = ["ROLE_PANELS", "DECODER_PANELS", "plot_role_maps"]
+__all__ = ["CELL_TEXT_UP_TO", "ROLE_PANELS", "DECODER_PANELS", "plot_role_maps"]
 
+#: Most heads whose values are written in their cells (a 12 × 12 model; beyond, heads.csv holds the numbers and
+#: thousands of cell texts would dominate the drawing time).
+CELL_TEXT_UP_TO = 144
 #: (metric, panel title, colour scale maximum or None for the data's maximum).
 ROLE_PANELS = (
     ("cls", "attention to [CLS]", 1.0),
@@ -56,7 +59,7 @@ def _heatmap(fig, ax, values: np.ndarray, title: str, vmax: float | None) -> Non
     ax.set_yticks(range(nl), [str(x) for x in range(nl)], fontsize=6)
     ax.set_xlabel("head", fontsize=7)
     ax.set_ylabel("layer", fontsize=7)
-    if nl * h <= 400:
+    if nl * h <= CELL_TEXT_UP_TO:
         size = 5 if h <= 12 else 4
         for i in range(nl):
             for j in range(h):
@@ -92,9 +95,18 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     panels = len(chosen) + 2
     rows = -(-panels // cols)
     cell_w = max(3.2, 0.32 * h + 0.9)
-    cell_h = max(2.4, 0.32 * nl + 1.0)
-    figsize = (cols * cell_w, rows * cell_h + (0.5 if title else 0.1))
-    fig = Figure(figsize=figsize, layout="constrained")
+    cell_h = max(2.4, 0.32 * nl + 1.0) + 1.0  # the panel and the gap below it
+    top = 0.6 if title else 0.3  # inches above the first row's panel titles
+    figsize = (cols * cell_w, rows * cell_h + top)
+    fig = Figure(figsize=figsize)
+    # fixed margins: constrained layout measured every one of the figure's texts twice (seconds for 30 × 9 heads)
+    # between rows: the row above's tick labels and axis label, the role map's legend, this row's titles (inches)
+    gap, bottom = 1.5, 1.3
+    axes_h = (figsize[1] - top - bottom - (rows - 1) * gap) / rows
+    fig.subplots_adjust(
+        left=0.55 / figsize[0], right=1 - 0.6 / figsize[0], bottom=bottom / figsize[1], top=1 - top / figsize[1],
+        wspace=0.45, hspace=gap / axes_h,
+    )  # fmt: skip
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (metric, label, vmax) in zip(axes, chosen):
         _heatmap(fig, ax, report.metrics[metric], label, vmax)
@@ -116,7 +128,7 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
         handles=[Patch(color=colours[index[r]], label=r) for r in present],
         fontsize=6,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.18),
+        bbox_to_anchor=(0.5, -0.45 / axes_h),  # under the axis label
         ncol=3,
         frameon=False,
     )
@@ -137,6 +149,6 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     for ax in axes[panels:]:
         ax.set_axis_off()
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=11, y=1 - 0.1 / figsize[1], va="top")
     out = save_figure(fig, path, dpi=dpi)
     return HeatmapFile(out, round(figsize[0] * dpi), round(figsize[1] * dpi))
