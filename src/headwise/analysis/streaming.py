@@ -23,8 +23,9 @@ use J evenly spaced rows per sentence: :func:`read_rows` takes 32 (``js_max_rows
 
 Memory beyond the model's own forward (float32): one block's rows and their temporaries,
 ``≈ 6 · B · H · R · S' · 4`` bytes (R = ``block_size``, default :func:`default_block_size`: B · H · R · L ≤ 2²¹, or
-R = 32 rows where that allows fewer, so about 50 MB up to B · H · L = 2¹⁶ and ``768 · B · H · L`` bytes beyond), plus the sampled rows ``N · J · n · 4`` per sentence, the histogram
-``N · (2L − 1) · 8`` and ``O(NL · B · H)`` sums. Nothing grows as L².
+R = 32 rows where that allows fewer, so about 50 MB up to B · H · L = 2¹⁶ and ``768 · B · H · L`` bytes beyond),
+plus the sampled rows ``N · J · n · 4`` per sentence, the histogram ``N · (2L − 1) · 8`` and ``O(NL · B · H)`` sums.
+Nothing grows as L².
 """
 
 from __future__ import annotations
