@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -39,6 +40,33 @@ def test_past_1024_tokens_streams_pools_and_keeps_the_chosen_queries(run_cli, tm
     assert "Jensen–Shannon" in outcome.out and "pooled to 128 × 128 bins" in outcome.out
     assert (out / "headview_queries.html").exists()
     assert (out / "headview.html").stat().st_size < 4_000_000
+
+
+def _page_data(path) -> dict:
+    html = path.read_text(encoding="utf-8")
+    return json.loads(html.split('id="headview-data">', 1)[1].split("</script>", 1)[0])
+
+
+def test_the_pooled_head_view_holds_the_command_that_draws_chosen_queries(run_cli, tmp_path, long_model):
+    text = " ".join(["a", "the"] * 150)  # 301 tokens with BOS: pooled; 599 characters: written out in the command
+    out = tmp_path / "out"
+    outcome = run_cli("heads", text, "--model", str(long_model), "--out", str(out), "--queries", "200:250")
+    assert outcome.code == 0, outcome.err
+    data = _page_data(out / "headview.html")
+    ov = data["overview"]
+    assert ov["tokens"] == 301 and len(ov["bounds"]) == 129 and ov["bounds"][-1] == 301
+    model, folder = shlex.quote(str(long_model)), shlex.quote(str(out))
+    assert ov["command"] == f"headwise heads --model {model} '{text}' --out {folder}"
+    assert ov["queries"] == [200, 250] and ov["max_queries"] == 512 and ov["note"] == ""
+    assert data["links"] == [{"href": "headview_queries.html", "text": "queries 200–249 at full resolution"}]
+    queries = _page_data(out / "headview_queries.html")
+    assert queries["overview"] is None and queries["links"][0]["href"] == "headview.html"
+    # A longer TEXT is not repeated in the page: the command says TEXT, and the note says what it stands for.
+    outcome = run_cli("heads", _text(1500), "--model", str(long_model), "--out", str(out))
+    assert outcome.code == 0, outcome.err
+    ov = _page_data(out / "headview.html")["overview"]
+    assert " TEXT --out " in ov["command"] and "not repeated here" in ov["note"] and ov["queries"] is None
+    assert _page_data(out / "headview.html")["links"] == []  # the older headview_queries.html is not linked
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,15 @@ import pytest
 
 from headwise import analysis as A
 from headwise.viz.heads import plot_head_grid
-from headwise.viz.headview import EXACT_UP_TO, TOP_K, headview_payload, render_headview, write_headview
+from headwise.viz.headview import (
+    EXACT_UP_TO,
+    TOP_K,
+    headview_payload,
+    page_size_bound,
+    query_overview,
+    render_headview,
+    write_headview,
+)
 from headwise.viz.report import OUTPUTS, report_csv, report_json, write_heads_outputs
 from headwise.viz.roles import plot_role_maps
 
@@ -178,6 +186,55 @@ def test_headview_is_self_contained_and_escapes_text(tmp_path):
     data = html.split('id="headview-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(data)["tokens"] == ["</script>", "<!--", "&amp;", "é"]
     assert "__HEADVIEW" not in render_headview(headview_payload(maps, ["a", "b", "c", "d"]))
+
+
+def _causal_uniform(layers: int, heads: int, n: int) -> np.ndarray:
+    """Every head uniform over the prefix (the densest causal maps the top-K lines can meet)."""
+    row = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    return np.broadcast_to(row, (layers, heads, n, n)).astype(np.float32)
+
+
+def test_query_overview_checks_its_bounds_and_queries():
+    bounds = np.linspace(0, 8192, 129).round().astype(int)
+    ov = query_overview(bounds, command="headwise heads --model m TEXT", max_queries=512, queries=(4000, 4100))
+    assert ov["tokens"] == 8192 and ov["bounds"][:3] == [0, 64, 128] and ov["queries"] == [4000, 4100]
+    json.dumps(ov)  # plain JSON types
+    for bad in ([1, 5, 9], [0, 5, 5, 9], [0]):
+        with pytest.raises(ValueError, match="bounds"):
+            query_overview(bad, command="c", max_queries=512)
+    with pytest.raises(ValueError, match="queries"):
+        query_overview(bounds, command="c", max_queries=512, queries=(8000, 8193))
+    with pytest.raises(ValueError, match="max_queries"):
+        query_overview(bounds, command="c", max_queries=0)
+    maps = _causal_uniform(1, 2, 128)
+    with pytest.raises(ValueError, match="overview: expected 65 bounds for 64 rows, got 129"):
+        headview_payload(maps[..., :64, :64], [str(i) for i in range(64)], overview=ov)
+    for href in ("../x.html", "/tmp/x.html", "https://example.com/x.html", "a/b.html", ""):
+        with pytest.raises(ValueError, match="links"):
+            headview_payload(maps, [str(i) for i in range(128)], links=[(href, "x")])
+
+
+@pytest.mark.parametrize(("rows", "layers", "heads"), [(128, 1, 1), (128, 3, 5), (100, 2, 4), (40, 2, 3)])
+def test_page_size_bound_holds(rows, layers, heads):
+    """The stated bound against real pages: bin labels as the CLI writes them, roles, an overview and a link."""
+    n = 8192 if rows == 128 else rows
+    bounds = np.linspace(0, n, rows + 1).round().astype(int)
+    labels = [f"{a}–{b - 1}" for a, b in zip(bounds[:-1], bounds[1:])]
+    ov = query_overview(bounds, command="headwise heads --model ./model TEXT --out ./out", max_queries=512)
+    html = render_headview(
+        headview_payload(
+            _causal_uniform(layers, heads, rows),
+            labels,
+            roles=[["previous-token"] * heads] * layers,
+            title="a decoder head view",
+            subtitle=" ".join(labels)[:600],
+            causal=True,
+            overview=ov,
+            links=[("headview_queries.html", "queries 4000–4099 at full resolution")],
+        )
+    )
+    size = len(html.encode("utf-8"))
+    assert size <= page_size_bound(rows, layers, heads)
 
 
 def test_write_heads_outputs_writes_every_file_atomically(tmp_path):

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import base64
-import os
 import time
 
 import numpy as np
 import pytest
 
-from headwise.viz.headview import TOP_K, headview_payload, render_headview, write_headview
+from _browser import BROWSER_MARKS, chromium, open_page
+from headwise.viz.headview import TOP_K, headview_payload, query_overview, render_headview, write_headview
 
-CHROMIUM = "/usr/bin/chromium"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
+pytestmark = BROWSER_MARKS
+pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
 
 N = 10
 
@@ -35,23 +30,12 @@ def _known_maps() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _open(browser, path):
-    page = browser.new_page(viewport={"width": 1000, "height": 800})
-    problems, requests = [], []
-    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=20_000)
-    return page, problems, requests
+    return open_page(browser, path, width=1000, height=800, timeout_ms=20_000)
 
 
 def _lines(page) -> int:
@@ -93,6 +77,7 @@ def test_renders_and_selectors_change_what_is_drawn(browser, tmp_path):
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] + 50)
     assert _lines(page) == N + N + N * N
     assert page.locator("#hv-heads .role").first.text_content() == "· self"
+    assert page.is_hidden("#hv-range")  # not a pooled overview: no choice of queries
     assert problems == [] and requests == []
     page.close()
 
@@ -138,5 +123,38 @@ def test_stays_responsive_at_512_tokens(browser, tmp_path):
     assert nodes < 200, nodes  # no element per line or per token
     assert max(timings) < 5.0, timings  # seconds to a painted frame: software rendering, shared CI cores
     assert load_s < 30, load_s
+    assert problems == [] and requests == []
+    page.close()
+
+
+def test_a_pooled_overview_chooses_queries_and_shows_their_command(browser, tmp_path):
+    """128 bins of 64 tokens (an 8,192-token input): head 0 on its own bin, head 1 uniform over earlier bins."""
+    bins = 128
+    maps = np.zeros((2, 2, bins, bins))
+    maps[:, 0] = np.eye(bins)
+    maps[:, 1] = np.tril(np.ones((bins, bins))) / np.arange(1, bins + 1)[:, None]
+    bounds = np.arange(0, 8192 + 1, 64)
+    labels = [f"{a}–{b - 1}" for a, b in zip(bounds[:-1], bounds[1:])]
+    ov = query_overview(bounds, command="headwise heads --model ./m TEXT --out ./o", max_queries=512, note="TEXT: …")
+    path = write_headview(maps, labels, tmp_path / "headview.html", causal=True, overview=ov)
+    page, problems, requests = _open(browser, path)
+    assert page.is_visible("#hv-range") and page.is_disabled("#hv-copy")
+    assert page.text_content("#hv-command") == "headwise heads --model ./m TEXT --out ./o --queries A:B"
+    assert page.get_attribute("#hv-zoom", "data-rows") == ""
+    page.focus("#hv-qa")
+    page.keyboard.type("650")
+    page.keyboard.press("Tab")
+    page.focus("#hv-qb")
+    page.keyboard.type("800")
+    page.keyboard.press("Enter")
+    assert page.text_content("#hv-command") == "headwise heads --model ./m TEXT --out ./o --queries 650:800"
+    assert page.get_attribute("#hv-canvas", "data-range") == "10,13"  # tokens 650 … 799: bins 10 … 12
+    # Enlarged rows 10 … 12 over key bins 0 … 12: head 0 one cell a row, head 1 r + 1 cells (11 + 12 + 13).
+    assert page.get_attribute("#hv-zoom", "data-rows") == "10,13"
+    assert page.get_attribute("#hv-zoom", "data-heads") == "0,1"
+    assert int(page.get_attribute("#hv-zoom", "data-cells")) == 3 + 36
+    page.uncheck("#hv-heads input[data-head='1']")
+    assert int(page.get_attribute("#hv-zoom", "data-cells")) == 3
+    assert not page.is_disabled("#hv-copy") and "TEXT: …" in page.text_content("#hv-range-note")
     assert problems == [] and requests == []
     page.close()

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import pytest
 
+from _browser import BROWSER_MARKS, chromium, open_page
 from headwise.viz.headview import THUMB, headview_payload, render_headview, thumbnails, write_headview
 
-CHROMIUM = "/usr/bin/chromium"
 N = 10
 
 
@@ -46,30 +45,19 @@ def test_thumbnails_pool_by_hand():
 
 def browser_only(test):
     """Mark a test as needing Debian's chromium (skipped with the reason when it is missing)."""
-    missing = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)")
-    return pytest.mark.browser(missing(test))
+    for mark in reversed(BROWSER_MARKS):
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _open(browser, path, height=900):
-    page = browser.new_page(viewport={"width": 1100, "height": height})
-    problems, requests = [], []
-    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
-    return page, problems, requests
+    return open_page(browser, path, width=1100, height=height)
 
 
 def _pixels(page, points):

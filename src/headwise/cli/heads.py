@@ -38,7 +38,8 @@ a TEXT longer than its context, a ``--block-size`` ≤ 0 or a ``--queries A:B`` 
 Decoders are read by the streaming pass (:mod:`headwise.analysis.streaming`): every head's statistics are
 reduced inside attention a block of query rows at a time, up to the model's context; the Jensen–Shannon map
 samples rows, a long example is drawn pooled, and ``--queries A:B`` adds ``headview_queries.html`` at full
-resolution (``docs/heads.md``, "Long inputs").
+resolution (``docs/heads.md``, "Long inputs"). The pooled ``headview.html`` lets the user choose queries and
+shows this command with them (:func:`headwise.viz.headview.query_overview`).
 """
 
 from __future__ import annotations
@@ -316,6 +317,7 @@ def heads(
             seed,
             block_size,
             queries,
+            command=_view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed),
         )
         return
     if text is None and corpus is None:
@@ -425,6 +427,32 @@ def _importance_line(result) -> str:
     )
 
 
+#: Longest TEXT written out in the command a pooled head view shows (longer: the placeholder TEXT).
+COMMAND_TEXT_UP_TO = 1000
+
+
+def _view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed) -> tuple[str, str]:
+    """The command line that draws the same example again, without ``--queries`` (a pooled head view appends it),
+    and a line saying what a placeholder in it stands for. Only the options that choose the example appear."""
+    import shlex
+
+    args = ["headwise", "heads", "--model", shlex.quote(str(model))]
+    note = ""
+    if no_cache:
+        args.append("--no-cache")
+    if text is not None and len(text) <= COMMAND_TEXT_UP_TO:
+        args.append(shlex.quote(text))
+    elif text is not None:
+        args.append("TEXT")
+        note = f"TEXT: the text this page was drawn from ({len(text):,} characters, not repeated here)."
+    elif corpus is not None:  # the example is the corpus's first line
+        args += ["--corpus", shlex.quote(corpus)]
+    else:  # the example is the probe
+        args += ["--probe-length", str(probe_length), "--probe-repeats", str(probe_repeats), "--seed", str(seed)]
+    args += ["--out", shlex.quote(str(out))]
+    return " ".join(args), note
+
+
 def _decoder(
     hm,
     text,
@@ -439,10 +467,14 @@ def _decoder(
     seed,
     block_size=None,
     queries=None,
+    *,
+    command: tuple[str, str] = ("headwise heads", ""),
 ) -> None:
-    """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance."""
+    """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance.
+
+    ``command``: :func:`_view_command`, shown by a pooled head view with the queries the user chooses."""
     from headwise.analysis import SentenceHeads
-    from headwise.viz.headview import write_headview
+    from headwise.viz.headview import query_overview, write_headview
     from headwise.viz.report import write_heads_outputs
 
     if layer is not None and not 0 <= layer < hm.num_layers:
@@ -526,9 +558,30 @@ def _decoder(
     sentence = SentenceHeads(report, *_drawn(view, tokens))
     extra["view"] = _view_note(view, report)
     console.print(extra["view"]["note"])
+    overview, links = None, []
+    if "kept" in view:
+        a, b = view["queries"]
+        links.append(("headview_queries.html", f"queries {a}–{b - 1} at full resolution"))
+    if "pooled" in view:
+        overview = query_overview(
+            view["bounds"],
+            command=command[0],
+            note=command[1],
+            max_queries=heads_model.MAX_QUERIES,
+            queries=view.get("queries"),
+        )
     try:
         paths = write_heads_outputs(
-            sentence, report, out, layer=layer, title=title, extra=extra, causal=True, columns=columns
+            sentence,
+            report,
+            out,
+            layer=layer,
+            title=title,
+            extra=extra,
+            causal=True,
+            columns=columns,
+            overview=overview,
+            links=links,
         )
         if "kept" in view:
             a, b = view["queries"]
@@ -540,6 +593,7 @@ def _decoder(
                 title=f"{title} head view, queries {a}–{b - 1}",
                 subtitle=f"full resolution over keys {a}–{b - 1}; weight on earlier keys is not drawn",
                 causal=True,
+                links=[("headview.html", "the whole example" + (", pooled" if "pooled" in view else ""))],
             )
     except OSError as e:
         raise write_failed("--out", out, e) from None

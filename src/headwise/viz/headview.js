@@ -15,7 +15,7 @@
   var keys = new Uint16Array(kb.length / 2);
   for (var i = 0; i < keys.length; i++) keys[i] = kb[2 * i] | (kb[2 * i + 1] << 8);
 
-  var state = { layer: 0, heads: [], hover: null };
+  var state = { layer: 0, heads: [], hover: null, range: null };
   for (var h = 0; h < H; h++) state.heads.push(true);
 
   function colour(h) { return "hsl(" + Math.round((h * 360) / H) + ", 75%, 42%)"; }
@@ -23,6 +23,14 @@
   document.getElementById("hv-title").textContent = data.title || "head view";
   document.getElementById("hv-subtitle").textContent = data.subtitle || "";
   document.getElementById("hv-note").textContent = data.note || "";
+
+  (data.links || []).forEach(function (link) {      // pages written beside this one (relative file names)
+    var a = document.createElement("a");
+    a.href = link.href; a.textContent = link.text + " →";
+    document.getElementById("hv-links").appendChild(a);
+  });
+  var ov = data.overview || null;                     // rows are bins of a pooled overview (see setRange)
+  if (ov) document.getElementById("hv-range").hidden = false;
 
   var layerSel = document.getElementById("hv-layer");
   for (var l = 0; l < L; l++) {
@@ -117,8 +125,15 @@
     ctx.clearRect(0, 0, geom.width, geom.view);
     ctx.font = font; ctx.textBaseline = "middle";
     var first = Math.max(0, Math.floor((top - padTop) / rowH)), last = Math.min(n - 1, Math.ceil((bottom - padTop) / rowH));
+    var rg = state.range;
     for (var i = first; i <= last; i++) {
       var yi = y(i) - top;
+      if (rg && i >= rg.r0 && i < rg.r1) {          // the chosen queries' bins
+        ctx.fillStyle = "#d1e9ff";
+        ctx.fillRect(0, yi - rowH / 2, geom.left - 4, rowH);
+        ctx.fillStyle = "#1570ef";
+        ctx.fillRect(geom.left - 4, yi - rowH / 2, 3, rowH);
+      }
       var hiL = hv && hv.side === "left" && hv.index === i, hiR = hv && hv.side === "right" && hv.index === i;
       if (hiL || hiR) {
         ctx.fillStyle = "#fff3bf";
@@ -167,6 +182,7 @@
     canvas.dataset.layer = String(layer);
     canvas.dataset.heads = state.heads.map(function (on, k) { return on ? k : -1; }).filter(function (k) { return k >= 0; }).join(",");
     canvas.dataset.hover = hv ? hv.side + ":" + hv.index : "";
+    canvas.dataset.range = rg ? rg.r0 + "," + rg.r1 : "";
     canvas.dataset.renderMs = ms.toFixed(1);
     api.lastRenderMs = ms;
     api.lines = drawn;
@@ -180,16 +196,16 @@
     }
   }
 
-  layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); updateRoles(); render(); drawModel(); });
+  layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); updateRoles(); redraw(); });
   boxes.forEach(function (cb, h) {
-    cb.addEventListener("change", function () { state.heads[h] = cb.checked; render(); drawModel(); });
+    cb.addEventListener("change", function () { state.heads[h] = cb.checked; redraw(); });
     cb.parentElement.addEventListener("dblclick", function (ev) {
       ev.preventDefault();
       for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
-      render(); drawModel();
+      redraw();
     });
   });
-  function setAll(on) { for (var k = 0; k < H; k++) { state.heads[k] = on; boxes[k].checked = on; } render(); drawModel(); }
+  function setAll(on) { for (var k = 0; k < H; k++) { state.heads[k] = on; boxes[k].checked = on; } redraw(); }
   document.getElementById("hv-all").addEventListener("click", function () { setAll(true); });
   document.getElementById("hv-none").addEventListener("click", function () { setAll(false); });
 
@@ -217,7 +233,7 @@
   var resizeTimer = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(function () { layout(); render(); modelLayout(); drawModel(); }, 100);
+    resizeTimer = setTimeout(function () { layout(); modelLayout(); redraw(); }, 100);
   });
 
   // Model view: every (layer, head) as a T × T thumbnail of its pooled map, on one canvas.
@@ -276,18 +292,23 @@
         var picked = l2 === state.layer && h2 === sel;
         mctx.strokeStyle = picked ? "#d92d20" : "#d0d5dd"; mctx.lineWidth = picked ? 2 : 1;
         mctx.strokeRect(x0 + 0.5, y0 + 0.5, c - 1, c - 1);
+        if (state.range) {                          // the chosen queries, beside the query axis
+          var rg = state.range;
+          mctx.fillStyle = "#1570ef";
+          mctx.fillRect(x0 - 3, y0 + (c * rg.r0) / n, 2, Math.max(1, (c * (rg.r1 - rg.r0)) / n));
+        }
       }
     }
     mv.dataset.selected = sel >= 0 ? state.layer + "," + sel : "";
   }
   // data.show: "both" (default), "head" (no model view) or "model" (the head view appears once a head is opened)
-  var headParts = ["hv-controls", "hv-wrap", "hv-note"].map(function (id) { return document.getElementById(id); });
+  var headParts = ["hv-controls", "hv-range", "hv-wrap", "hv-note"].map(function (id) { return document.getElementById(id); });
   function showHeadView(on) { headParts.forEach(function (el) { el.style.display = on ? "" : "none"; }); }
   function openHead(l, h) {
     if (data.show === "model") { showHeadView(true); layout(); }
     state.layer = l; layerSel.value = String(l);
     for (var k = 0; k < H; k++) { state.heads[k] = k === h; boxes[k].checked = k === h; }
-    updateRoles(); render(); drawModel();
+    updateRoles(); redraw();
     document.getElementById("hv-controls").scrollIntoView({ block: "start" });
   }
   if (mv && T) {
@@ -302,9 +323,165 @@
     document.getElementById("mv").style.display = "none";
   }
 
-  var api = { state: state, render: render, data: data, lastRenderMs: 0, lines: 0, openHead: openHead };
+  function redraw() { render(); drawModel(); drawZoom(); }
+
+  // Choosing queries on a pooled overview (data.overview: row p pools tokens bounds[p] … bounds[p+1] − 1).
+  // The page holds no finer weights, so it highlights the chosen bins, draws their pooled rows enlarged
+  // (#hv-zoom) and shows the command that writes those queries at full resolution.
+  var qa = document.getElementById("hv-qa"), qb = document.getElementById("hv-qb");
+  var cmdEl = document.getElementById("hv-command"), copyBtn = document.getElementById("hv-copy");
+  var copied = document.getElementById("hv-copied"), rangeNote = document.getElementById("hv-range-note");
+  var zoom = document.getElementById("hv-zoom"), zctx = zoom.getContext("2d");
+  var ZOOM_H = 200, AXIS = 16;                      // CSS pixels (as headview.html's style): choosing never moves the head view
+
+  function binOf(t) {                               // the row whose bin holds token t
+    var lo = 0, hi = n - 1;
+    while (lo < hi) {
+      var mid = (lo + hi + 1) >> 1;
+      if (ov.bounds[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+  // Queries a … b − 1 (token indices), clamped to the input and to the most one --queries range holds.
+  function setRange(a, b) {
+    if (!ov) return;
+    a = Math.max(0, Math.min(ov.tokens - 1, Math.floor(a)));
+    b = Math.max(a + 1, Math.min(ov.tokens, Math.floor(b)));
+    var clamped = b - a > ov.max_queries;
+    if (clamped) b = a + ov.max_queries;
+    state.range = { a: a, b: b, r0: binOf(a), r1: binOf(b - 1) + 1, clamped: clamped };
+    showRange();
+  }
+  function selectRows(r, s) {                       // whole bins r … s (either order)
+    setRange(ov.bounds[Math.min(r, s)], ov.bounds[Math.max(r, s) + 1]);
+  }
+  function showRange() {
+    if (!ov) { redraw(); return; }
+    var rg = state.range;
+    qa.max = String(ov.tokens - 1); qb.max = String(ov.tokens);
+    qa.value = rg ? String(rg.a) : ""; qb.value = rg ? String(rg.b) : "";
+    copyBtn.disabled = !rg; copied.textContent = "";
+    if (!rg) {
+      cmdEl.textContent = ov.command + " --queries A:B";
+      rangeNote.textContent = "Choose queries to see their pooled rows enlarged below, and the command that draws " +
+        "them at full resolution (at most " + ov.max_queries + " queries). " + ov.note;
+    } else {
+      cmdEl.textContent = ov.command + " --queries " + rg.a + ":" + rg.b;
+      var done = ov.queries && rg.a >= ov.queries[0] && rg.b <= ov.queries[1];
+      rangeNote.textContent = "Queries " + rg.a + "–" + (rg.b - 1) + " (" + (rg.b - rg.a) + " tokens)" +
+        (rg.clamped ? ", cut to the " + ov.max_queries + " that one --queries range holds" : "") +
+        ", in bins " + data.tokens[rg.r0] + (rg.r1 - rg.r0 > 1 ? " … " + data.tokens[rg.r1 - 1] : "") +
+        ": below, those bins' pooled rows for the heads chosen above. " +
+        (done ? "They are already at full resolution in headview_queries.html. "
+              : "The command above draws every weight of these queries (headview_queries.html). ") + ov.note;
+    }
+    zoom.dataset.queries = rg ? rg.a + ":" + rg.b : "";
+    redraw();
+  }
+  function drawZoom() {
+    if (!ov) return;
+    var width = Math.max(360, wrap.clientWidth), dpr = window.devicePixelRatio || 1;
+    zoom.width = Math.floor(width * dpr); zoom.height = Math.floor(ZOOM_H * dpr);
+    zoom.style.width = width + "px"; zoom.style.height = ZOOM_H + "px";
+    zctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    zctx.clearRect(0, 0, width, ZOOM_H);
+    zctx.font = "11px system-ui, sans-serif"; zctx.textBaseline = "middle"; zctx.fillStyle = "#667085";
+    var rg = state.range, heads = [];
+    for (var h = 0; h < H; h++) if (state.heads[h]) heads.push(h);
+    var cells = 0, shown = [];
+    if (!rg || !heads.length) {
+      zctx.textAlign = "left";
+      zctx.fillText(rg ? "no head chosen" : "no queries chosen", 4, AXIS / 2);
+    } else {
+      var rows = rg.r1 - rg.r0, cols = data.causal ? rg.r1 : n;   // causal: later key bins are all zero
+      var fit = Math.max(1, Math.floor((ZOOM_H - AXIS) / (rows + 3)));
+      shown = heads.slice(0, fit);
+      var rowPx = Math.max(1, Math.min(16, Math.floor((ZOOM_H - AXIS - 3 * shown.length) / (shown.length * rows))));
+      var labelW = 34, binW = 0;
+      if (rowPx >= 11) for (var r = rg.r0; r < rg.r1; r++) binW = Math.max(binW, zctx.measureText(data.tokens[r]).width + 8);
+      var x0 = labelW + binW, cellW = (width - x0 - 4) / cols;
+      zctx.textAlign = "left";
+      zctx.fillText("keys: tokens 0 … " + (ov.bounds[cols] - 1) + " (" + cols + " bins) →" +
+        (shown.length < heads.length ? "   (" + shown.length + " of " + heads.length + " heads fit: double-click a head to see it alone)" : ""),
+        x0, AXIS / 2);
+      var yy = AXIS;
+      shown.forEach(function (h) {
+        zctx.globalAlpha = 1; zctx.fillStyle = colour(h); zctx.textAlign = "left";
+        zctx.fillText("H" + h, 2, yy + (rows * rowPx) / 2);
+        var base = (state.layer * H + h) * n * K;
+        for (var r = rg.r0; r < rg.r1; r++) {
+          var yr = yy + (r - rg.r0) * rowPx;
+          zctx.globalAlpha = 1;
+          if (binW) { zctx.fillStyle = "#1d2330"; zctx.textAlign = "right"; zctx.fillText(data.tokens[r], x0 - 4, yr + rowPx / 2); }
+          zctx.fillStyle = "#f2f4f7"; zctx.fillRect(x0, yr, cols * cellW, rowPx);
+          if (data.causal && r + 1 < cols) { zctx.fillStyle = "#e4e7ec"; zctx.fillRect(x0 + (r + 1) * cellW, yr, (cols - r - 1) * cellW, rowPx); }
+          zctx.fillStyle = colour(h);
+          for (var k = 0; k < K; k++) {
+            var q = wq[base + r * K + k], j = keys[base + r * K + k];
+            if (q === 0 || j >= cols) continue;
+            zctx.globalAlpha = Math.sqrt(q / 255);   // as the thumbnails: faint weights stay visible
+            zctx.fillRect(x0 + j * cellW, yr, Math.max(1, cellW), rowPx);
+            cells++;
+          }
+        }
+        yy += rows * rowPx + 3;
+      });
+      zctx.globalAlpha = 1;
+    }
+    zoom.dataset.rows = rg ? rg.r0 + "," + rg.r1 : "";
+    zoom.dataset.cells = String(cells);
+    zoom.dataset.heads = shown.join(",");
+    zoom.dataset.layer = String(state.layer);
+  }
+
+  if (ov) {
+    var fromInputs = function () {
+      if (qa.value === "") return;
+      var a = Number(qa.value), b = qb.value === "" ? a + 1 : Number(qb.value);
+      if (!isFinite(a) || !isFinite(b)) return;
+      setRange(a, b > a ? b : a + 1);
+    };
+    qa.addEventListener("change", fromInputs);
+    qb.addEventListener("change", fromInputs);
+    document.getElementById("hv-clear").addEventListener("click", function () { state.range = null; showRange(); });
+    copyBtn.addEventListener("click", function () {
+      function selectIt() {                         // no clipboard access: select the text for Ctrl+C
+        var r = document.createRange(), sel = window.getSelection();
+        r.selectNodeContents(cmdEl); sel.removeAllRanges(); sel.addRange(r);
+        copied.textContent = "selected: press Ctrl+C to copy";
+      }
+      if (navigator.clipboard && navigator.clipboard.writeText) {
+        navigator.clipboard.writeText(cmdEl.textContent).then(function () { copied.textContent = "copied"; }, selectIt);
+      } else selectIt();
+    });
+    // Drag over the query column (left) to choose bins; shift-click extends the last choice.
+    var anchor = null, dragging = false, lastRow = null;
+    canvas.addEventListener("mousedown", function (ev) {
+      var h = ev.button === 0 ? hit(ev) : null;
+      if (!h || h.side !== "left") return;
+      ev.preventDefault();                          // no text selection while dragging
+      if (!(ev.shiftKey && anchor !== null)) anchor = h.index;
+      dragging = true; lastRow = h.index;
+      selectRows(anchor, h.index);
+    });
+    window.addEventListener("mousemove", function (ev) {
+      if (!dragging) return;
+      var rect = canvas.getBoundingClientRect();
+      var i = Math.floor((ev.clientY - rect.top + wrap.scrollTop - padTop) / rowH);
+      i = Math.max(0, Math.min(n - 1, i));
+      if (i !== lastRow) { lastRow = i; selectRows(anchor, i); }
+    });
+    window.addEventListener("mouseup", function () { dragging = false; });
+  }
+
+  var api = {
+    state: state, render: render, data: data, lastRenderMs: 0, lines: 0, openHead: openHead,
+    setRange: setRange, selectRows: selectRows
+  };
   window.headview = api;
-  layout(); updateRoles(); render(); modelLayout(); drawModel();
+  layout(); updateRoles(); modelLayout();
+  if (ov && ov.queries) setRange(ov.queries[0], ov.queries[1]);   // the queries written beside this page
+  else showRange();
   if (data.show === "head" && mv) document.getElementById("mv").style.display = "none";
   if (data.show === "model" && mv && T) showHeadView(false);
   document.body.dataset.ready = "1";

@@ -60,6 +60,8 @@ def write_head_views(
     layer: int | None = None,
     title: str = "",
     causal: bool = False,
+    overview: dict | None = None,
+    links=(),
 ) -> dict[str, Path]:
     """Write ``heads.png``, ``roles.png`` and ``headview.html`` for one sentence.
 
@@ -71,6 +73,9 @@ def write_head_views(
         layer: draw only this layer in ``heads.png`` (the head view keeps every layer, starting there).
         title: a line naming the model, used in every picture.
         causal: a decoder's maps (the head view's model view shows the causal triangle).
+        overview: the sentence's rows are the bins of a pooled overview:
+            :func:`headwise.viz.headview.query_overview` (the head view lets the user choose queries).
+        links: ``(file name, text)`` of pages beside ``headview.html``, linked from it.
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
@@ -102,6 +107,8 @@ def write_head_views(
         title=f"{title} head view".strip(),
         subtitle=text if len(text) <= 600 else text[:600] + " …",
         causal=causal,
+        overview=overview,
+        links=links,
     )
     return paths
 
@@ -116,6 +123,8 @@ def write_heads_outputs(
     extra: dict | None = None,
     causal: bool = False,
     columns: dict | None = None,
+    overview: dict | None = None,
+    links=(),
 ) -> dict[str, Path]:
     """Write all of :data:`OUTPUTS` to ``out_dir`` (created if needed), each atomically.
 
@@ -128,6 +137,7 @@ def write_heads_outputs(
         extra: fields put first in ``heads.json`` (model, corpus, sentence …).
         causal: a decoder's maps.
         columns: more per-head values for ``heads.json`` / ``heads.csv`` (name → ``(NL, H)``).
+        overview, links: passed to ``headview.html`` (see :func:`write_head_views`).
     Returns:
         file name → path, in the order of :data:`OUTPUTS`.
     """
@@ -137,5 +147,9 @@ def write_heads_outputs(
         "heads.json": write_text_atomic(out / "heads.json", report_json(report, extra=extra, columns=columns)),
         "heads.csv": write_text_atomic(out / "heads.csv", report_csv(report, columns=columns)),
     }
-    paths.update(write_head_views(sentence, out, report=report, layer=layer, title=title, causal=causal))
+    paths.update(
+        write_head_views(
+            sentence, out, report=report, layer=layer, title=title, causal=causal, overview=overview, links=links
+        )
+    )
     return {name: paths[name] for name in OUTPUTS}
