@@ -12,6 +12,7 @@ from targets.decode import Decode
 from targets.forward import Forward
 from targets.generate import Generate
 from targets.gpu import GPU
+from targets.heads_long import HeadsLong
 from targets.lab import Lab
 from targets.limits import Limits
 from targets.long import Long
@@ -31,6 +32,7 @@ ALL: dict[str, Target] = {
         Lab(),
         Weights(),
         Long(),
+        HeadsLong(),
         Blocked(),
         GPU(),
     )

@@ -48,6 +48,9 @@ __all__ = ["RowReader", "read_rows", "default_block_size", "js_sums_torch", "BLO
 #: SmolLM2 at 1,024 tokens, blocks of 128–256 rows read 1.7 × faster than one block of 1,024, whose temporaries
 #: are fresh pages on every call).
 BLOCK_ELEMENTS = 1 << 21
+#: int64 elements of the duplicate / induction patterns kept across layers (128 MB; a text of few distinct
+#: tokens, whose patterns grow as L², has them recomputed per layer beyond this).
+PATTERN_ROOM = 1 << 24
 #: Fewest rows of a default block (long inputs: per-block overhead against block memory).
 MIN_BLOCK_ROWS = 32
 _HEAD_SUMS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "entropy_cls", "distance")
@@ -197,6 +200,7 @@ class RowReader:
             else None
         )
         self._patterns: dict[tuple[int, int], tuple] = {}
+        self._pattern_room = PATTERN_ROOM  # int64 elements the kept block patterns may still take
         # the first sequence's picture: every head pooled to P × P bins, and full rows of the kept queries
         self.pooled = self.bounds = self.kept = None
         if pool is not None:
@@ -368,7 +372,10 @@ class RowReader:
         dup = (idq == self.ids[:, None, :Sv]) & (j < i) & vq & vk  # (B, R, S')
         ind = (idq == self.ids_prev[:, None, :Sv]) & (j <= i) & vq & vk  # key j − 1 an earlier copy of query i
         got = tuple((m.nonzero(), m.any(-1)) for m in (dup, ind))
-        self._patterns = {(start, stop): got}  # one block at a time: every layer walks the same blocks
+        size = sum(nz.numel() for nz, _ in got)
+        if size <= self._pattern_room:  # every layer walks the same blocks: keep them while they are small
+            self._patterns[(start, stop)] = got
+            self._pattern_room -= size
         return got
 
     def pooled_maps(self) -> tuple[np.ndarray, np.ndarray]:

@@ -100,7 +100,8 @@ class AttentionRows:
         q = self.q[:, :, start:stop] * scale  # (B, H, R, Dh): the scale on q, not on R · S' scores
         k = self.k[:, :, :Sv].to(q.dtype)  # (B, Hkv, S', Dh)
         R, dh = stop - start, q.shape[-1]
-        scores = q.reshape(B, hkv, G, R, dh) @ k[:, :, None].transpose(-2, -1)  # (B, Hkv, G, R, S')
+        # a key/value head's G query heads stacked as G · R rows: one product per KV head, no broadcast copy of k
+        scores = q.reshape(B, hkv, G * R, dh) @ k.transpose(-2, -1)  # (B, Hkv, G·R, S')
         scores = scores.reshape(B, H, R, Sv)  # (B, H, R, S')
         sinks = self.sinks
         bias = _rows_of(self.bias, start, stop, Sv)
