@@ -126,6 +126,8 @@ def _info(mask):
 VIEW_FULL_UP_TO = 256
 #: Bins per side of the pooled overview of a long example (tokens per bin: n / 128).
 VIEW_BINS = 128
+#: Probe sequences per forward pass (the default probe's 8 in one: 15 % faster than two of 4 on SmolLM2).
+PROBE_CHUNK = 8
 #: Most queries ``--queries`` may keep at full resolution (the kept block is NL · H · (B − A)² floats).
 MAX_QUERIES = 512
 
@@ -166,8 +168,8 @@ def decoder_report(
             progress(texts, stats.num_tokens)
     detectors = DetectorStats(hm.num_layers, hm.num_heads)
     ids = probe_ids(hm, probe)
-    for start in range(0, ids.shape[0], 4):
-        chunk = ids[start : start + 4]
+    for start in range(0, ids.shape[0], PROBE_CHUNK):
+        chunk = ids[start : start + PROBE_CHUNK]
         read_rows(hm, chunk, None, detector_stats=detectors, block_size=block_size)
     return stats.result(detectors.result(), probe), example
 

@@ -128,10 +128,14 @@ class AttentionRows:
         )  # (R, S) or None
         if causal is not None:
             causal = causal[:, :Sv]
-        blocked = masks.either(blocked, causal)
         if sinks is not None or torch.is_grad_enabled() and scores.requires_grad:
-            return softmax(scores, blocked, sinks)  # (B, H', R, S')
-        return _rows_softmax(scores, blocked)
+            return softmax(scores, masks.either(blocked, causal), sinks)  # (B, H', R, S')
+        if causal is not None and blocked is None and self.window is None and self.key_slots is None:
+            # plain causality blocks only keys after the block's first row: fill those columns alone
+            c0 = min(Sv, self.q_offset + start + 1)
+            scores[..., c0:].masked_fill_(causal[:, c0:], float("-inf"))
+            return _rows_softmax(scores, None)
+        return _rows_softmax(scores, masks.either(blocked, causal))
 
 
 def _rows_softmax(scores: Tensor, blocked: Tensor | None) -> Tensor:

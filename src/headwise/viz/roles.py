@@ -21,6 +21,8 @@ __all__ = ["CELL_TEXT_UP_TO", "ROLE_PANELS", "DECODER_PANELS", "plot_role_maps"]
 #: Most heads whose values are written in their cells (a 12 × 12 model; beyond, heads.csv holds the numbers and
 #: thousands of cell texts would dominate the drawing time).
 CELL_TEXT_UP_TO = 144
+#: Most layers numbered one by one down a panel (beyond, every k-th so that at most this many are).
+LAYER_TICKS_UP_TO = 16
 #: (metric, panel title, colour scale maximum or None for the data's maximum).
 ROLE_PANELS = (
     ("cls", "attention to [CLS]", 1.0),
@@ -49,14 +51,26 @@ DECODER_PANELS = (
 )
 
 
+def _ticks(ax, nl: int, h: int) -> None:
+    """Head numbers across; layer numbers down, every one up to :data:`LAYER_TICKS_UP_TO` layers, else evenly
+    spaced (every tick is an artist: 30 layers × 11 panels of them took most of a second)."""
+    ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
+    step = 1 if nl <= LAYER_TICKS_UP_TO else -(-nl // LAYER_TICKS_UP_TO)
+    ax.set_yticks(range(0, nl, step), [str(x) for x in range(0, nl, step)], fontsize=6)
+
+
 def _heatmap(fig, ax, values: np.ndarray, title: str, vmax: float | None) -> None:
     v = np.asarray(values, dtype=np.float64)
     top = vmax if vmax is not None else (float(np.nanmax(v)) if np.isfinite(v).any() else 1.0)
-    image = ax.imshow(v, cmap="magma", vmin=0.0, vmax=top or 1.0, aspect="auto", interpolation="nearest")
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    image = ScalarMappable(norm=Normalize(0.0, top or 1.0), cmap="magma")
+    # coloured here: RGBA bytes resample several times faster than floats through a colour map (NaN: clear)
+    ax.imshow(image.to_rgba(v, bytes=True), aspect="auto", interpolation="nearest")
     ax.set_title(title, fontsize=9)
     nl, h = v.shape
-    ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
-    ax.set_yticks(range(nl), [str(x) for x in range(nl)], fontsize=6)
+    _ticks(ax, nl, h)
     ax.set_xlabel("head", fontsize=7)
     ax.set_ylabel("layer", fontsize=7)
     if nl * h <= CELL_TEXT_UP_TO:
@@ -117,10 +131,9 @@ def plot_role_maps(report, path: str | os.PathLike, *, title: str | None = None,
     index = {r: k for k, r in enumerate(ROLES)}
     codes = np.vectorize(index.get)(report.roles)
     colours = np.array([palette(k % 10) for k in range(len(ROLES))])
-    ax.imshow(colours[codes], aspect="auto", interpolation="nearest")
+    ax.imshow(np.rint(colours[codes] * 255).astype(np.uint8), aspect="auto", interpolation="nearest")  # RGBA bytes
     ax.set_title("role (thresholds in headwise.analysis.roles)", fontsize=9)
-    ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
-    ax.set_yticks(range(nl), [str(x) for x in range(nl)], fontsize=6)
+    _ticks(ax, nl, h)
     ax.set_xlabel("head", fontsize=7)
     ax.set_ylabel("layer", fontsize=7)
     present = [r for r in ROLES if (report.roles == r).any()]
