@@ -5,7 +5,8 @@
 
 Each case runs in its own process; its time is wall time from interpreter start to files written (the command) or
 of one forward after the load (sdpa, ``model(ids)`` with no gradient), and its peak is the process's peak resident
-set (``ru_maxrss``). The text is the bundled sample corpus repeated until it holds L tokens.
+set (``ru_maxrss``). The text is the bundled sample corpus repeated until it holds L tokens (given as TEXT, or
+as a one-line ``--corpus`` file past 100 kB, the most one argument may hold).
 
 Beyond SmolLM2's context of 8,192 tokens (which the command refuses), the model is SmolLM2's own weights in a
 folder whose config raises ``max_position_embeddings`` to L: the same computation at that length (rotary
@@ -94,6 +95,10 @@ def measure(L: int, sdpa: bool = True) -> dict:
         model = stretched(L, Path(tmp))
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(ids))
+        given = [text]
+        if len(text.encode()) > 100_000:  # past what one argument may hold (128 KiB): a corpus of one line
+            (Path(tmp) / "text.txt").write_text(text.replace("\n", " ") + "\n")
+            given = ["--corpus", str(Path(tmp) / "text.txt")]
         sdpa_out = {}
         if sdpa:
             got = case([sys.executable, "-c", SDPA, str(ids_file), model])
@@ -103,7 +108,7 @@ def measure(L: int, sdpa: bool = True) -> dict:
              "code = 0\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code or 0\n"
              "print(json.dumps({'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
              "sys.exit(code)",
-             "heads", text, "--model", model, "--out", str(Path(tmp) / "out")]
+             "heads", *given, "--model", model, "--out", str(Path(tmp) / "out")]
         )  # fmt: skip
         size = (Path(tmp) / "out" / "headview.html").stat().st_size if "error" not in cli else None
     cli_peak = json.loads(cli["stdout_tail"][0])["peak_mib"] if "error" not in cli else None

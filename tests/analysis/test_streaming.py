@@ -209,3 +209,31 @@ def test_pooled_overview_and_kept_rows_equal_the_full_map():
     np.testing.assert_array_equal(bounds, want_bounds)
     np.testing.assert_allclose(pooled, want, atol=1e-6)
     np.testing.assert_allclose(reader.kept.numpy(), first[:, :, 3:11, 3:11], atol=1e-6)
+
+
+@pytest.mark.parametrize("hkv, window, padding", [(1, 6, "right"), (2, None, "none"), (2, None, "right")])
+def test_a_pass_of_the_kept_rows_alone_equals_the_full_map(hkv, window, padding):
+    """``rows_only``: the bounded pass over the chosen queries forms the same rows as the full map, and no others."""
+    c = dict(B=1, L=23, hkv=hkv, h=4, layers=2, causal=True, window=window, softcap=None, sinks=False, rope=True)
+    c.update(padding=padding, mask=False, block=3, vocab=50, specials=False, seed=5)
+    layers, ids, info = _build(c)
+    with torch.no_grad():
+        maps = np.stack([w.double().numpy() for w in layers.run(need_weights=True)])  # (NL, B, H, L, L)
+    n = int(info.valid[0].sum())
+    real = np.flatnonzero(info.valid[0])
+    first = maps[:, 0][..., real[:, None], real[None, :]]  # (NL, H, n, n) over the real tokens
+    first = first / np.maximum(first.sum(-1, keepdims=True), 1e-300)
+    a, b = 2, min(n, 13)
+    slots = (int(real[a]), int(real[b - 1]) + 1)  # real tokens a … b − 1 (right padding: the same slots)
+    assert slots == (a, b)
+    seen = []
+    reader = read_rows(
+        layers, torch.as_tensor(ids), None, info, block_size=3, keep=slots, rows_only=True,
+        progress=lambda layer, done, L: seen.append(done),
+    )  # fmt: skip
+    np.testing.assert_allclose(reader.kept.numpy(), first[:, :, a:b, a:b], atol=1e-6)
+    assert max(seen) == slots[1] and len(seen) == 2 * -(-(slots[1] - slots[0]) // 3)  # only the span's blocks
+    with pytest.raises(ValueError, match="rows_only"):
+        read_rows(layers, torch.as_tensor(ids), None, info, rows_only=True)  # nothing to keep
+    with pytest.raises(ValueError, match="rows_only"):
+        read_rows(layers, torch.as_tensor(ids), None, info, keep=slots, rows_only=True, pool=4)

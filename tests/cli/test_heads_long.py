@@ -56,7 +56,7 @@ def test_the_pooled_head_view_holds_the_command_that_draws_chosen_queries(run_cl
     ov = data["overview"]
     assert ov["tokens"] == 301 and len(ov["bounds"]) == 129 and ov["bounds"][-1] == 301
     model, folder = shlex.quote(str(long_model)), shlex.quote(str(out))
-    assert ov["command"] == f"headwise heads --model {model} '{text}' --out {folder}"
+    assert ov["command"] == f"headwise heads --model {model} '{text}' --queries-only --out {folder}"
     assert ov["queries"] == [200, 250] and ov["max_queries"] == 512 and ov["note"] == ""
     assert data["links"] == [{"href": "headview_queries.html", "text": "queries 200–249 at full resolution"}]
     queries = _page_data(out / "headview_queries.html")
@@ -65,7 +65,9 @@ def test_the_pooled_head_view_holds_the_command_that_draws_chosen_queries(run_cl
     outcome = run_cli("heads", _text(1500), "--model", str(long_model), "--out", str(out))
     assert outcome.code == 0, outcome.err
     ov = _page_data(out / "headview.html")["overview"]
-    assert " TEXT --out " in ov["command"] and "not repeated here" in ov["note"] and ov["queries"] is None
+    assert (
+        " TEXT --queries-only --out " in ov["command"] and "not repeated here" in ov["note"] and ov["queries"] is None
+    )
     assert _page_data(out / "headview.html")["links"] == []  # the older headview_queries.html is not linked
 
 
@@ -76,6 +78,8 @@ def test_the_pooled_head_view_holds_the_command_that_draws_chosen_queries(run_cl
         (("--block-size", "-3"), ("--block-size", "-3")),
         (("--queries", "10:9000"), ("--queries", "10:9000", "≤ 11")),
         (("--queries", "5:2"), ("--queries", "5:2")),
+        (("--queries-only",), ("--queries-only", "--queries A:B")),
+        (("--queries", "2:5", "--queries-only", "--importance"), ("--queries-only", "--importance")),
     ],
 )
 def test_bad_block_sizes_and_query_ranges_are_refused(run_cli, tmp_path, long_model, args, words):
@@ -92,3 +96,26 @@ def test_a_text_longer_than_the_context_is_refused(run_cli, tmp_path, long_model
     outcome = run_cli("heads", _text(2100), "--model", str(long_model), "--out", str(out))
     assert_user_error(outcome, "TEXT", "2,101 tokens", "context of 2,048")
     assert not out.exists()
+
+
+def test_queries_only_writes_the_chosen_rows_alone_as_the_full_pass_keeps_them(run_cli, tmp_path, long_model):
+    """``--queries-only``: headview_queries.html from a pass over the chosen rows alone — the same page the full
+    run writes for those queries — and every other file left as it was."""
+    text = " ".join(["a", "the", "cat"] * 100)  # 301 tokens with BOS
+    full, alone = tmp_path / "full", tmp_path / "alone"
+    outcome = run_cli("heads", text, "--model", str(long_model), "--out", str(full), "--queries", "120:180")
+    assert outcome.code == 0, outcome.err
+    outcome = run_cli("heads", text, "--model", str(long_model), "--out", str(alone), "--queries", "5:40")
+    assert outcome.code == 0, outcome.err
+    before = {f.name: f.read_bytes() for f in alone.iterdir() if f.name != "headview_queries.html"}
+    outcome = run_cli(
+        "heads", text, "--model", str(long_model), "--out", str(alone), "--queries", "120:180", "--queries-only"
+    )
+    assert outcome.code == 0, outcome.err
+    assert "one pass over those rows alone" in outcome.out
+    assert {f.name: f.read_bytes() for f in alone.iterdir() if f.name != "headview_queries.html"} == before
+    got, want = _page_data(alone / "headview_queries.html"), _page_data(full / "headview_queries.html")
+    assert got["n"] == 60 and got["tokens"] == want["tokens"]
+    for key in ("keys", "weights", "thumbs", "k", "dropped"):
+        assert got[key] == want[key], key
+    assert got["links"] == [{"href": "headview.html", "text": "the whole example"}]

@@ -142,6 +142,7 @@ class RowReader:
         progress: Callable[[int, int, int], None] | None = None,
         pool: int | None = None,
         keep: tuple[int, int] | None = None,
+        rows_only: bool = False,
     ):
         import torch
 
@@ -221,6 +222,9 @@ class RowReader:
             a0, b0 = keep
             self.keep = (a0, b0)
             self.kept = torch.zeros(num_layers, num_heads, b0 - a0, b0 - a0)
+        if rows_only and (keep is None or pool is not None):
+            raise ValueError("rows_only: expected keep=(A, B) and no pool= (the pass reads the kept rows alone)")
+        self.rows_only = rows_only
         self.layers_read = [False] * num_layers
 
     # -- the readers ---------------------------------------------------------------------------------
@@ -238,13 +242,17 @@ class RowReader:
                 f"rows: expected self-attention over (B, H, L) = ({self.B}, {self.num_heads}, {self.L}), "
                 f"got (B, H, L, S) = {(B, H, L, S)}"
             )
+        first, last = self.keep if self.rows_only else (0, L)
         with torch.no_grad():
-            for start in range(0, L, self.block_size):
-                stop = min(L, start + self.block_size)
+            for start in range(first, last, self.block_size):
+                stop = min(last, start + self.block_size)
                 w = rows.weights(start, stop)  # (B, H, R, S')
                 if w.dtype not in (torch.float32, torch.float64):
                     w = w.float()  # bf16 / fp16 rows: the sums in float32
-                self._block(layer, w, start, stop, causal=rows.is_causal and rows.key_slots is None)
+                if self.rows_only:
+                    self._keep_rows(layer, w, start, stop)
+                else:
+                    self._block(layer, w, start, stop, causal=rows.is_causal and rows.key_slots is None)
                 if self.progress is not None:
                     self.progress(layer, stop, L)
         self.layers_read[layer] = True
@@ -324,13 +332,7 @@ class RowReader:
                 sums = (qbins[None] * inv[0][:, None, :]) @ w[0]  # (H, P', S'): each bin's renormalised rows summed
                 self.pooled[layer, :, lo : hi + 1] += (sums @ self.onehot[:Sv].to(w.dtype)).double()  # (H, P', P)
         if self.kept is not None:
-            a0, b0 = self.keep
-            lo, hi = max(a0, start), min(b0, stop)
-            if lo < hi:
-                cols = min(b0, Sv) - a0
-                if cols > 0:
-                    sub = w[0, :, lo - start : hi - start, a0 : a0 + cols] * inv[0, :, lo - start : hi - start, None]
-                    self.kept[layer, :, lo - a0 : hi - a0, :cols] = sub.float()
+            self._keep(layer, w, inv, start, stop)
         seen = self.seen[:, start:stop]  # (B, R)
         rows = vq & (seen >= 2)
         # entropy of a = w / T: Σ entr(w) / T + ln T
@@ -345,6 +347,26 @@ class RowReader:
                     real = torch.as_tensor(np.flatnonzero(self.valid[b, :Sv].numpy()))
                     block = w[b][:, torch.as_tensor(sampled[inside] - start)][:, :, real]  # (H, J', keys), as read
                     self.js_buf[b][layer * H : (layer + 1) * H, inside, : real.numel()] = block.float()
+
+    def _keep(self, layer: int, w, inv, start: int, stop: int) -> None:
+        """Rows ``start:stop`` of the kept queries A … B − 1 over keys A … B − 1, renormalised by ``inv``."""
+        Sv = w.shape[-1]
+        a0, b0 = self.keep
+        lo, hi = max(a0, start), min(b0, stop)
+        if lo < hi:
+            cols = min(b0, Sv) - a0
+            if cols > 0:
+                sub = w[0, :, lo - start : hi - start, a0 : a0 + cols] * inv[0, :, lo - start : hi - start, None]
+                self.kept[layer, :, lo - a0 : hi - a0, :cols] = sub.float()
+
+    def _keep_rows(self, layer: int, w, start: int, stop: int) -> None:
+        """``rows_only``: the kept rows of one block and nothing else (each row renormalised over the real keys)."""
+        import torch
+
+        vk = self.valid[:, : w.shape[-1]]  # (B, S')
+        total = (w * vk[:, None, None, :]).sum(-1)  # (B, H, R)
+        inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+        self._keep(layer, w * vk[:, None, None, :], inv, start, stop)
 
     @staticmethod
     def _at(w, key, vq, inv):
@@ -476,6 +498,7 @@ def read_rows(
     progress: Callable[[int, int, int], None] | None = None,
     pool: int | None = None,
     keep: tuple[int, int] | None = None,
+    rows_only: bool = False,
 ) -> RowReader:
     """One forward pass of ``hm`` (a :class:`headwise.models.HeadModel`) on a batch, every layer's heads reduced
     at its ``hook_qk`` point into ``head_stats`` / ``detector_stats``.
@@ -489,6 +512,8 @@ def read_rows(
         pool: also pool the first sequence's maps to at most ``pool`` × ``pool`` bins (:meth:`RowReader.pooled_maps`).
         keep: ``(A, B)``: also keep the first sequence's rows ``A … B − 1`` over keys ``A … B − 1`` in full
             (``reader.kept``, ``(NL, H, B − A, B − A)``; memory ``NL · H · (B − A)² · 4`` bytes).
+        rows_only: form the kept rows alone — a bounded pass (the forward plus ``(B − A)`` rows of every head, no
+            statistics; no ``head_stats``, ``detector_stats`` or ``pool``).
         js_max_rows: Jensen–Shannon rows per sentence (32; fewer beyond 4,096 tokens, :func:`js_row_budget`).
     Returns:
         the :class:`RowReader` (its sums).
@@ -508,7 +533,11 @@ def read_rows(
         progress=progress,
         pool=pool,
         keep=keep,
+        rows_only=rows_only,
     )
+    if rows_only and (head_stats is not None or detector_stats is not None):
+        raise ValueError("rows_only: a pass of the kept rows alone feeds no head_stats or detector_stats")
     hm.read_rows(ids, mask, reader.readers())
-    reader.add_to(head_stats, detector_stats)
+    if not rows_only:
+        reader.add_to(head_stats, detector_stats)
     return reader

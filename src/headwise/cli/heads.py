@@ -39,7 +39,9 @@ Decoders are read by the streaming pass (:mod:`headwise.analysis.streaming`): ev
 reduced inside attention a block of query rows at a time, up to the model's context; the Jensen–Shannon map
 samples rows, a long example is drawn pooled, and ``--queries A:B`` adds ``headview_queries.html`` at full
 resolution (``docs/heads.md``, "Long inputs"). The pooled ``headview.html`` lets the user choose queries and
-shows this command with them (:func:`headwise.viz.headview.query_overview`).
+shows this command with them and ``--queries-only``, which writes ``headview_queries.html`` alone from a pass that
+forms those rows of every head and nothing else (:func:`headwise.viz.headview.query_overview`). ``--queries-only``
+without ``--queries``, or with ``--importance``, exits 2.
 """
 
 from __future__ import annotations
@@ -281,6 +283,13 @@ def heads(
         str | None,
         typer.Option("--queries", help="Decoders: A:B, the example's queries shown at full resolution (at most 512)."),
     ] = None,
+    queries_only: Annotated[
+        bool,
+        typer.Option(
+            "--queries-only",
+            help="Decoders: write headview_queries.html alone, from a pass over those queries' rows (no statistics).",
+        ),
+    ] = False,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
 
@@ -300,8 +309,14 @@ def heads(
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if block_size is not None and block_size <= 0:  # before anything is loaded
         raise CLIError(f"--block-size: expected a positive number of query rows, got {block_size}")
+    if queries_only and queries is None:
+        raise CLIError("--queries-only: expected --queries A:B (the queries to draw)")
+    if queries_only and importance:
+        raise CLIError("--queries-only: draws the chosen queries alone; run --importance without it")
     if model not in (None, "untrained"):
         hm = heads_model.load(model, cache=not no_cache)
+    if queries_only and (hm is None or hm.kind != "decoder"):
+        raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and hm.kind == "decoder":
         _decoder(
             hm,
@@ -318,6 +333,7 @@ def heads(
             block_size,
             queries,
             command=_view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed),
+            queries_only=queries_only,
         )
         return
     if text is None and corpus is None:
@@ -432,8 +448,9 @@ COMMAND_TEXT_UP_TO = 1000
 
 
 def _view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed) -> tuple[str, str]:
-    """The command line that draws the same example again, without ``--queries`` (a pooled head view appends it),
-    and a line saying what a placeholder in it stands for. Only the options that choose the example appear."""
+    """The command line that draws the same example's chosen queries (``--queries-only``; a pooled head view appends
+    ``--queries A:B``), and a line saying what a placeholder in it stands for. Only the options that choose the
+    example appear."""
     import shlex
 
     args = ["headwise", "heads", "--model", shlex.quote(str(model))]
@@ -449,7 +466,7 @@ def _view_command(model, text, corpus, out, no_cache, probe_length, probe_repeat
         args += ["--corpus", shlex.quote(corpus)]
     else:  # the example is the probe
         args += ["--probe-length", str(probe_length), "--probe-repeats", str(probe_repeats), "--seed", str(seed)]
-    args += ["--out", shlex.quote(str(out))]
+    args += ["--queries-only", "--out", shlex.quote(str(out))]  # the chosen rows alone: a bounded pass
     return " ".join(args), note
 
 
@@ -469,10 +486,12 @@ def _decoder(
     queries=None,
     *,
     command: tuple[str, str] = ("headwise heads", ""),
+    queries_only: bool = False,
 ) -> None:
     """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance.
 
-    ``command``: :func:`_view_command`, shown by a pooled head view with the queries the user chooses."""
+    ``command``: :func:`_view_command`, shown by a pooled head view with the queries the user chooses.
+    ``queries_only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
     from headwise.viz.report import write_heads_outputs
@@ -499,6 +518,9 @@ def _decoder(
         n = probe.total_length
     span = heads_model.parse_queries(queries, n)
     prepare_folder(out, "--out")
+    if queries_only:
+        _queries_only(hm, text, corpus_path, probe, span, out, block_size)
+        return
     warn = _warn
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
     if corpus_path is not None:
@@ -598,6 +620,45 @@ def _decoder(
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
+
+
+def _queries_only(hm, text, corpus_path, probe, span, out, block_size) -> None:
+    """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1 in ``headview_queries.html``, from one
+    forward pass that forms those rows of every head and nothing else (no statistics, no other file written)."""
+    from headwise.analysis.streaming import read_rows
+    from headwise.viz.headview import write_headview
+
+    if text is not None or corpus_path is not None:
+        if text is None:
+            from itertools import islice
+
+            from headwise import analysis
+
+            text = next(islice(analysis.CorpusFile(corpus_path), 1))
+        [(ids, mask)] = list(heads_model.text_batches(hm, [text], 1, lambda m: _warn(f"TEXT / --corpus: {m}")))
+    else:
+        import torch
+
+        ids = heads_model.probe_ids(hm, probe)[:1]
+        mask = torch.ones_like(ids)
+    a, b = span
+    with _row_bars(hm, b - a) as rows:
+        reader = read_rows(hm, ids, mask, keep=span, rows_only=True, block_size=block_size, progress=rows)
+    tokens = hm.token_texts(ids[0, : int(mask[0].sum())].tolist())
+    links = [("headview.html", "the whole example")] if (out / "headview.html").is_file() else []
+    try:
+        path = write_headview(
+            reader.kept.numpy(),
+            tokens[a:b],
+            out / "headview_queries.html",
+            title=f"{hm.title} head view, queries {a}–{b - 1}",
+            subtitle=f"full resolution over keys {a}–{b - 1}; weight on earlier keys is not drawn",
+            causal=True,
+            links=links,
+        )
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+    _console().print(f"queries {a}–{b - 1} of {len(tokens)} tokens (one pass over those rows alone); wrote {path}")
 
 
 def _drawn(view: dict, tokens: list[str]) -> tuple[list[str], np.ndarray]:
