@@ -183,6 +183,9 @@ def test_js_sums_in_torch_equal_the_numpy_sums():
     p = rng.random((7, 5, 11))
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(js_sums_torch(torch.as_tensor(p, dtype=torch.float32)), sentence_js_sums(p), atol=1e-6)
+    # one head's pairs larger than the chunk budget (N · n > budget): chunks of one head, the buffers grown to fit
+    small = js_sums_torch(torch.as_tensor(p, dtype=torch.float32), budget=p.shape[0] * p.shape[-1] // 2)
+    np.testing.assert_allclose(small, sentence_js_sums(p), atol=1e-6)
 
 
 def test_a_block_size_below_one_is_refused():

@@ -23,7 +23,8 @@ use J evenly spaced rows per sentence: :func:`read_rows` takes 32 (``js_max_rows
 
 Memory beyond the model's own forward (float32): one block's rows and their temporaries,
 ``≈ 6 · B · H · R · S' · 4`` bytes (R = ``block_size``, default :func:`default_block_size`: B · H · R · L ≤ 2²¹, or
-R = 64 rows where that allows fewer, so about 50 MB up to B · H · L = 2¹⁵ and ``1536 · B · H · L`` bytes beyond),
+R = 64 rows where that allows fewer, and never more than 2²³ elements unless that leaves fewer than 16 rows: about
+50 MB up to B · H · L = 2¹⁵, at most 6 · 2²³ · 4 = 200 MB up to B · H · L = 2¹⁹, ``384 · B · H · L`` bytes beyond),
 plus the sampled rows ``N · J · n · 4`` per sentence, the histogram ``N · (2L − 1) · 8`` and ``O(NL · B · H)`` sums.
 Nothing grows as L².
 """
@@ -54,31 +55,42 @@ PATTERN_ROOM = 1 << 24
 #: Fewest rows of a default block (long inputs: per-block overhead against block memory; at 8,192 tokens and 9
 #: heads, 64 rows read 1.3 × faster than 32 and 1.6 × faster than 128).
 MIN_BLOCK_ROWS = 64
+#: Most elements of a block of :data:`MIN_BLOCK_ROWS` rows (32 MB: past it every temporary is fresh pages; at
+#: 32,768 tokens and 9 heads, 32 rows read 1.4 × faster than 64) ...
+MAX_BLOCK_ELEMENTS = 1 << 23
+#: ... and the fewest rows a default block has.
+FEWEST_BLOCK_ROWS = 16
 _HEAD_SUMS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "entropy_cls", "distance")
 _DETECTOR_SUMS = ("prev", "first", "duplicate", "induction", "entropy_ratio_causal")
 
 
 def default_block_size(batch: int, heads: int, length: int) -> int:
-    """Query rows per block: as many as keep one block within :data:`BLOCK_ELEMENTS` weights, at least
-    :data:`MIN_BLOCK_ROWS`, at most ``length``."""
-    rows = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, batch * heads * length))
+    """Query rows per block: as many as keep one block within :data:`BLOCK_ELEMENTS` weights; where that is fewer
+    than :data:`MIN_BLOCK_ROWS`, that many unless a block would pass :data:`MAX_BLOCK_ELEMENTS` (then fewer, down to
+    :data:`FEWEST_BLOCK_ROWS`); at most ``length``."""
+    bhl = max(1, batch * heads * length)
+    rows = BLOCK_ELEMENTS // bhl
+    if rows < MIN_BLOCK_ROWS:
+        rows = max(FEWEST_BLOCK_ROWS, min(MIN_BLOCK_ROWS, MAX_BLOCK_ELEMENTS // bhl))
     return max(1, min(length, rows))
 
 
-def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING):
+def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING, *, budget: int = 1 << 22):
     """:func:`headwise.analysis.divergence.sentence_js_sums` in torch: ``p`` ``(N, J, n)`` rows (a float32
     tensor), returns ``(N, N)`` float64 NumPy sums (symmetric, zero diagonal).
 
     Each pair once, and per row only the keys some head weighs (a causal row's first ``i + 1``): beyond them
     both smoothed rows hold ε/n and their divergence term is exactly 0. Per-key terms are summed in float32 (torch's
-    cascade sum), the sums over rows in float64.
+    cascade sum), the sums over rows in float64. ``budget``: elements of one chunk of pairs (at least N · n are
+    used).
     """
     import torch
 
     heads, rows, n = p.shape
     sums = torch.zeros(heads, heads, dtype=torch.float64)
-    budget = 1 << 22  # elements of one chunk of pairs (16 MB), two reused buffers
-    buf_s, buf_l = torch.empty(budget), torch.empty(budget)
+    # two reused buffers of one chunk of pairs: `budget` elements (16 MB), or one head's pairs when that is more
+    size = max(budget, heads * n)
+    buf_s, buf_l = torch.empty(size), torch.empty(size)
     half_ln2 = 0.5 * math.log(2.0)
     for r in range(rows):
         row = p[:, r]  # (N, n)
