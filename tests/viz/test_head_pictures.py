@@ -265,3 +265,34 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         _io.write_text_atomic(tmp_path / "heads.json", "new")
     assert [p.name for p in tmp_path.iterdir()] == ["heads.json"]
     assert (tmp_path / "heads.json").read_text() == "old"
+
+
+def test_concurrent_drawing_writes_the_same_files_and_survives_a_failed_child(tmp_path, monkeypatch):
+    """``concurrent=True`` (heads.png from a forked child) writes byte for byte what the sequential call writes; a
+    child that fails leaves heads.png to the parent."""
+    import os
+
+    import headwise.viz.heads as heads_module
+
+    s = _sentence(np.random.default_rng(5))
+    one, two, three = (tmp_path / d for d in ("one", "two", "three"))
+    for d in (one, two, three):
+        d.mkdir()
+    from headwise.viz.report import write_head_views
+
+    write_head_views(s, one, title="t")
+    write_head_views(s, two, title="t", concurrent=True)
+    parent = os.getpid()
+    draw = heads_module.plot_head_grid
+
+    def fails_in_a_child(*a, **k):
+        if os.getpid() != parent:
+            raise RuntimeError("the child cannot draw")
+        return draw(*a, **k)
+
+    monkeypatch.setattr(heads_module, "plot_head_grid", fails_in_a_child)
+    paths = write_head_views(s, three, title="t", concurrent=True)
+    assert list(paths) == ["heads.png", "roles.png", "headview.html"]
+    for name in paths:
+        assert (two / name).read_bytes() == (one / name).read_bytes() == (three / name).read_bytes(), name
+    assert sorted(p.name for p in three.iterdir()) == sorted(paths)  # nothing half-written left

@@ -394,7 +394,9 @@ def heads(
         result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
         console.print(_importance_line(result))
     try:
-        paths = write_heads_outputs(sentence, report, out, layer=layer, title=title, extra=extra, columns=columns)
+        paths = write_heads_outputs(
+            sentence, report, out, layer=layer, title=title, extra=extra, columns=columns, concurrent=True
+        )
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
@@ -604,6 +606,7 @@ def _decoder(
             columns=columns,
             overview=overview,
             links=links,
+            concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
         )
         if "kept" in view:
             a, b = view["queries"]

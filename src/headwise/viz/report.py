@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 from headwise._io import write_text_atomic
@@ -62,6 +63,7 @@ def write_head_views(
     causal: bool = False,
     overview: dict | None = None,
     links=(),
+    concurrent: bool = False,
 ) -> dict[str, Path]:
     """Write ``heads.png``, ``roles.png`` and ``headview.html`` for one sentence.
 
@@ -76,6 +78,9 @@ def write_head_views(
         overview: the sentence's rows are the bins of a pooled overview:
             :func:`headwise.viz.headview.query_overview` (the head view lets the user choose queries).
         links: ``(file name, text)`` of pages beside ``headview.html``, linked from it.
+        concurrent: on Linux, draw ``heads.png`` in a forked child process while this one draws the rest (each
+            picture is single-threaded matplotlib work; the child uses no torch); a child that fails or cannot be
+            forked leaves the drawing to this process, so the files are the same either way.
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
@@ -89,28 +94,67 @@ def write_head_views(
     text = " ".join(sentence.tokens)
     layers = None if layer is None else [layer]
     paths = {}
-    paths["heads.png"] = plot_head_grid(
-        sentence.attentions,
-        sentence.tokens,
-        out / "heads.png",
-        layers=layers,
-        roles=roles,
-        title=f"{title} — attention of every head on one sentence".strip(" —"),
-    ).path
-    scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
-    paths["roles.png"] = plot_role_maps(report, out / "roles.png", title=f"{title} — per-head metrics ({scope})").path
-    paths["headview.html"] = write_headview(
-        sentence.attentions,
-        sentence.tokens,
-        out / "headview.html",
-        roles=roles,
-        title=f"{title} head view".strip(),
-        subtitle=text if len(text) <= 600 else text[:600] + " …",
-        causal=causal,
-        overview=overview,
-        links=links,
-    )
-    return paths
+
+    def grid():
+        return plot_head_grid(
+            sentence.attentions,
+            sentence.tokens,
+            out / "heads.png",
+            layers=layers,
+            roles=roles,
+            title=f"{title} — attention of every head on one sentence".strip(" —"),
+        ).path
+
+    child = _fork(grid) if concurrent else None
+    try:
+        if child is None:
+            paths["heads.png"] = grid()
+        scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
+        title_roles = f"{title} — per-head metrics ({scope})"
+        paths["roles.png"] = plot_role_maps(report, out / "roles.png", title=title_roles).path
+        paths["headview.html"] = write_headview(
+            sentence.attentions,
+            sentence.tokens,
+            out / "headview.html",
+            roles=roles,
+            title=f"{title} head view".strip(),
+            subtitle=text if len(text) <= 600 else text[:600] + " …",
+            causal=causal,
+            overview=overview,
+            links=links,
+        )
+    finally:
+        drawn = child is not None and _joined(child)
+    if child is not None:
+        paths["heads.png"] = out / "heads.png" if drawn else grid()
+    return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
+
+
+def _fork(draw) -> int | None:
+    """Run ``draw()`` in a forked child process (Linux only): its pid, or None when nothing was forked. The child
+    exits at once with status 0 when ``draw`` returned, 1 otherwise (it writes through ``atomic_write`` alone)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import matplotlib.figure  # noqa: F401  (imported once, before the fork, for both processes)
+
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: draw, and leave without running anything of the parent's (no flush, no atexit)
+        status = 1
+        try:
+            draw()
+            status = 0
+        finally:
+            os._exit(status)
+    return pid
+
+
+def _joined(pid: int) -> bool:
+    """Wait for a child of :func:`_fork`; whether it drew what it was given."""
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def write_heads_outputs(
@@ -125,6 +169,7 @@ def write_heads_outputs(
     columns: dict | None = None,
     overview: dict | None = None,
     links=(),
+    concurrent: bool = False,
 ) -> dict[str, Path]:
     """Write all of :data:`OUTPUTS` to ``out_dir`` (created if needed), each atomically.
 
@@ -137,7 +182,7 @@ def write_heads_outputs(
         extra: fields put first in ``heads.json`` (model, corpus, sentence …).
         causal: a decoder's maps.
         columns: more per-head values for ``heads.json`` / ``heads.csv`` (name → ``(NL, H)``).
-        overview, links: passed to ``headview.html`` (see :func:`write_head_views`).
+        overview, links, concurrent: see :func:`write_head_views`.
     Returns:
         file name → path, in the order of :data:`OUTPUTS`.
     """
@@ -149,7 +194,15 @@ def write_heads_outputs(
     }
     paths.update(
         write_head_views(
-            sentence, out, report=report, layer=layer, title=title, causal=causal, overview=overview, links=links
-        )
+            sentence,
+            out,
+            report=report,
+            layer=layer,
+            title=title,
+            causal=causal,
+            overview=overview,
+            links=links,
+            concurrent=concurrent,
+        )  # fmt: skip
     )
     return {name: paths[name] for name in OUTPUTS}
