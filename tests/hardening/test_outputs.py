@@ -224,7 +224,12 @@ def _argv(command: str, out: Path) -> list[str]:
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_ctrl_c_at_every_file_write_leaves_earlier_or_whole_files(command, tmp_path, monkeypatch, capsys):
     """KeyboardInterrupt just before the k-th rename, for every k: exit 130, no temporary file, every
-    file present is either the earlier version (byte for byte) or a whole new one."""
+    file present is either the earlier version (byte for byte) or a whole new one. Pictures are drawn in this
+    process (a forked child would count its renames apart; a failed child is tested in tests/viz)."""
+    import headwise.viz.report
+
+    monkeypatch.setattr(headwise.viz.report, "_fork", lambda draw: None)
+    real_replace = os.replace
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(SystemExit):
@@ -237,7 +242,7 @@ def test_ctrl_c_at_every_file_write_leaves_earlier_or_whole_files(command, tmp_p
         monkeypatch.setattr(_io.os, "replace", replace)
         with pytest.raises(SystemExit) as stop:
             main(_argv(command, out))
-        monkeypatch.undo()
+        monkeypatch.setattr(_io.os, "replace", real_replace)
         assert stop.value.code == 130 and calls["n"] == k, (k, stop.value.code, calls)
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.strip().splitlines()[-1] == "headwise: interrupted", err

@@ -296,3 +296,32 @@ def test_concurrent_drawing_writes_the_same_files_and_survives_a_failed_child(tm
     for name in paths:
         assert (two / name).read_bytes() == (one / name).read_bytes() == (three / name).read_bytes(), name
     assert sorted(p.name for p in three.iterdir()) == sorted(paths)  # nothing half-written left
+
+
+def test_an_interrupt_while_the_child_draws_stops_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C in the parent during concurrent drawing: the child is interrupted too and reaped, and neither its
+    picture nor a temporary file is left."""
+    import time
+
+    import headwise.viz.heads as heads_module
+    import headwise.viz.roles as roles_module
+    from headwise.viz.report import write_head_views
+
+    s = _sentence(np.random.default_rng(6))
+    draw = heads_module.plot_head_grid
+
+    def slow(*a, **k):
+        time.sleep(30)  # interrupted long before
+        return draw(*a, **k)
+
+    def interrupt(*a, **k):
+        time.sleep(0.5)  # the child is asleep in `slow` by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heads_module, "plot_head_grid", slow)
+    monkeypatch.setattr(roles_module, "plot_role_maps", interrupt)
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        write_head_views(s, tmp_path, title="t", concurrent=True)
+    assert time.perf_counter() - start < 10  # the child was interrupted and reaped, not waited out
+    assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ never holds a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -123,10 +124,13 @@ def write_head_views(
             overview=overview,
             links=links,
         )
-    finally:
-        drawn = child is not None and _joined(child)
-    if child is not None:
-        paths["heads.png"] = out / "heads.png" if drawn else grid()
+        if child is not None:
+            drawn, child = _joined(child), None  # reaped
+            paths["heads.png"] = out / "heads.png" if drawn else grid()  # a failed child: drawn here
+    except BaseException:  # Ctrl-C or an error here: the child stops too (its atomic write removes its temporary)
+        if child is not None:
+            _stop(child)
+        raise
     return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
 
 
@@ -149,6 +153,16 @@ def _fork(draw) -> int | None:
         finally:
             os._exit(status)
     return pid
+
+
+def _stop(pid: int) -> None:
+    """Interrupt a child of :func:`_fork` (KeyboardInterrupt there) and wait for it."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _joined(pid: int) -> bool:
