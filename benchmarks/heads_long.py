@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -44,11 +43,8 @@ print(json.dumps({"time_s": time.perf_counter() - t, "peak_mib": peak}))
 """
 
 
-def tokens(L: int) -> tuple[str, list[int]]:
-    """A text of exactly L SmolLM2 tokens from the sample corpus, and its ids."""
-    from headwise.models import open_model
-
-    hm = open_model("smollm2")
+def tokens(hm, L: int) -> tuple[str, list[int]]:
+    """A text of exactly L SmolLM2 tokens (``hm``: the opened model) from the sample corpus, and its ids."""
     lines = (ROOT / "src/headwise/data/corpus/web_sentences.txt").read_text().split("\n")
     parts, k = [], 0
     while True:
@@ -60,11 +56,9 @@ def tokens(L: int) -> tuple[str, list[int]]:
     return hm.tokenizer.decode(ids[:L]), ids[:L]
 
 
-def stretched(L: int, tmp: Path) -> str:
-    """``smollm2``, or for L beyond its context a folder of its weights whose config allows L positions."""
-    from headwise.models import open_model
-
-    hm = open_model("smollm2")
+def stretched(hm, L: int, tmp: Path) -> str:
+    """``smollm2``, or for L beyond its context (``hm``: the opened model) a folder of its weights whose config allows
+    L positions."""
     if hm.max_length >= L:
         return "smollm2"
     src = Path(hm.model.config._name_or_path)
@@ -83,17 +77,20 @@ def case(cmd: list[str]) -> dict:
     start = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1]}
-    return {"wall_s": wall, "children_peak_mib": peak, "stdout_tail": p.stdout.strip().splitlines()[-1:]}
+    return {"wall_s": wall, "stdout_tail": p.stdout.strip().splitlines()[-1:]}
 
 
 def measure(L: int, sdpa: bool = True) -> dict:
     """One row: the sdpa forward and the command on the same L tokens, each in a fresh process."""
-    text, ids = tokens(L)
+    from headwise.models import open_model
+
+    hm = open_model("smollm2")  # once: the tokens, and the folder past the context
+    text, ids = tokens(hm, L)
     with tempfile.TemporaryDirectory() as tmp:
-        model = stretched(L, Path(tmp))
+        model = stretched(hm, L, Path(tmp))
+        del hm  # not held while the cases run
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(ids))
         given = [text]

@@ -114,6 +114,13 @@ def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING, *, budget: int = 1 <
     return (sums + sums.T).numpy()
 
 
+def _inverse(total):
+    """``1 / total`` where a row has weight, 0 where it has none (a fully blocked or padded row): ``(B, H, R)``."""
+    import torch
+
+    return torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+
+
 def _entropy_sum(p, *, positive: bool = False):
     """``Σ_j −p_j ln p_j`` over the last axis (``0 ln 0 = 0``), as ``torch.special.entr(p).sum(-1)`` but through the
     vectorised ``log`` (entr is a scalar loop on CPU, ~4 × slower). ``positive``: every p > 0 (no clamp needed)."""
@@ -284,7 +291,7 @@ class RowReader:
         # one pass over the rows for their totals and Σ_j a_ij c_j
         tk = w @ torch.stack([torch.ones_like(kpos), kpos], -1)[:, None]  # (B, H, R, 2)
         total, wk = tk[..., 0], tk[..., 1]  # (B, H, R)
-        inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+        inv = _inverse(total)  # (B, H, R)
         rowmask = vq[:, None, :].to(w.dtype)  # (B, 1, R)
         scale = inv * rowmask  # (B, H, R): renormalisation, padded rows out
         hs = self.head_sums
@@ -373,12 +380,9 @@ class RowReader:
 
     def _keep_rows(self, layer: int, w, start: int, stop: int) -> None:
         """``rows_only``: the kept rows of one block and nothing else (each row renormalised over the real keys)."""
-        import torch
 
-        vk = self.valid[:, : w.shape[-1]]  # (B, S')
-        total = (w * vk[:, None, None, :]).sum(-1)  # (B, H, R)
-        inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
-        self._keep(layer, w * vk[:, None, None, :], inv, start, stop)
+        w = w * self.valid[:, None, None, : w.shape[-1]]  # padded keys out
+        self._keep(layer, w, _inverse(w.sum(-1)), start, stop)
 
     @staticmethod
     def _at(w, key, vq, inv):
