@@ -76,7 +76,9 @@ class Timing:
 
 
 def _time_once(fn: Callable[[], object], number: int) -> float:
-    return tb.Timer(stmt="fn()", globals={"fn": fn}).timeit(number).median
+    # torch.utils.benchmark.Timer runs its statement with ONE torch thread unless told otherwise: pass the
+    # count in force (the caller's, or the one ``threads`` set), so that a comparison runs as it is called
+    return tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).timeit(number).median
 
 
 def compare(

@@ -31,7 +31,7 @@ import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.core import masks
+from headwise.core import kernels, masks
 from headwise.core.primitives import repeat_kv, softmax
 
 
@@ -93,6 +93,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     result equals ``F.linear``'s up to round-off (tested). Everything else is ``F.linear``.
     """
     if _onednn_applies(x, weight, bias):
+        if kernels.enabled and kernels.linear_rows_applies(x, weight, bias):
+            return kernels.linear_rows(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
@@ -333,6 +335,19 @@ def _grouped(m: Tensor | None, H: int, Hkv: int) -> Tensor | None:
     return m.reshape(m.shape[0], Hkv, H // Hkv, m.shape[-1]) if m.shape[1] == H else m
 
 
+def _additive(blocked: Tensor | None, bias: Tensor | None, S: int) -> Tensor | None:
+    """``bias`` with ``-inf`` where ``blocked``, float32 ``(B|1, H|1, 1, S)``; None when both are None."""
+    if blocked is None and bias is None:
+        return None
+    add = torch.zeros((), dtype=torch.float32) if bias is None else bias.float()
+    if blocked is not None:
+        add = add.masked_fill(blocked, float("-inf")) if add.shape == blocked.shape else torch.where(
+            blocked, float("-inf"), add
+        )
+    add = _rank4(add)  # (B|1, H|1, 1, S|1)
+    return add.expand(*add.shape[:-1], S)
+
+
 def _slots(t: Tensor) -> Tensor:
     """``t (B, Hkv, S, Dh)``, a cache's view of its first S slots, widened to every slot its heads' stride
     spans (``(B, Hkv, C, Dh)``, heads contiguous in batch) when that is at most 2·S and inside the storage.
@@ -385,6 +400,9 @@ def attention_one_query(
     Hkv, Dv = k.shape[1], v.shape[-1]
     G = H // Hkv
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    if kernels.enabled and kernels.available():
+        additive = _grouped(_additive(blocked, bias, k.shape[-2]), H, Hkv)  # (B|1, Hkv|1, G|1, S) or None
+        return kernels.attention_one_query(q, k, v, additive, scale).to(q.dtype)
     if k.dtype != q.dtype and not bf16_products():
         k, v = k.to(q.dtype), v.to(q.dtype)  # widen once, then the float32 route
     S = k.shape[-2]

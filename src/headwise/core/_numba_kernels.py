@@ -1,0 +1,177 @@
+"""The Numba kernels behind :mod:`headwise.core.kernels` (imported only where Numba is installed).
+
+Compiled for the CPU they run on (``cache=True``); fast-math flags that let the compiler reorder sums and
+use FMA, but keep infinities and NaNs (a blocked key's score is ``-inf``).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import types
+from llvmlite import ir
+from numba.extending import intrinsic, overload
+
+# reassociation (vectorised sums), contraction (FMA), reciprocals; not "ninf"/"nnan": -inf marks blocked keys
+_FAST = {"contract", "reassoc", "arcp", "nsz", "afn"}
+
+
+@intrinsic
+def _float_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 ``bits``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.int32), codegen
+
+
+@nb.njit(inline="always", fastmath=_FAST)
+def _exp(x):
+    """``exp(x)`` for float32 ``x ≤ 0`` (scores less their maximum), 0 below -87 and at ``-inf``: Cephes'
+    ``expf`` (2ⁿ · a degree-6 polynomial of the remainder, relative error ≈ 1e-7) — written out so that the
+    compiler vectorises it, which it cannot do with a call to the C library's ``expf``."""
+    c = max(x, np.float32(-87.0))
+    n = np.floor(c * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = c - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    e = p * _float_from_bits((np.int32(n) + np.int32(127)) << 23)
+    return e if x > np.float32(-87.0) else np.float32(0.0)
+
+
+@intrinsic
+def _prefetch(typingctx, flat, index):
+    """Ask for the cache line holding ``flat[index]`` (a 1-D array) as non-temporal data (``llvm.prefetch``,
+    locality 0: ``prefetchnta`` on x86): read once, it should not push other data out of the caches."""
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
+        )
+        ptr = builder.bitcast(builder.gep(array.data, [args[1]]), byte_ptr)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, LOCALITY), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(flat, types.intp), codegen
+
+
+LOCALITY = 0
+
+
+def _widen(x):
+    """An entry of K or V as float32: itself, or a bf16 entry stored as its int16 bit pattern."""
+
+
+@overload(_widen, inline="always")
+def _widen_typed(x):
+    if x == types.int16:  # bf16's bits are float32's top half
+        return lambda x: _float_from_bits(np.int32(x) << 16)
+    return lambda x: x
+
+
+@nb.njit(parallel=True, fastmath=_FAST, cache=True)
+def attend(q, k, v, S, bias, has_bias, block, ahead, top, total, part, out):
+    # q (B, Hkv, G, Dh) float32, scaled; k (B, Hkv, C, Dh), v (B, Hkv, C, Dv): the first S slots are read;
+    # bias (B|1, Hkv|1, G|1, S) float32 when has_bias; per block c of keys: top, total (B, Hkv, G, n),
+    # part (B, Hkv, G, n, Dv); out (B, Hkv, G, Dv).
+    B, Hkv, G, Dh = q.shape
+    Dv = v.shape[3]
+    n = (S + block - 1) // block
+    for task in nb.prange(B * Hkv * n):
+        c = task % n
+        h = (task // n) % Hkv
+        b = task // (n * Hkv)
+        s0 = c * block
+        m = min(S, s0 + block) - s0
+        score = np.empty((G, m), np.float32)  # (G, m): this block's scores
+        kf, vf = k.ravel(), v.ravel()
+        C = k.shape[2]
+        step_k = max(1, 64 // k.itemsize)
+        for j in range(m):
+            if ahead > 0 and j + ahead < m:
+                base = ((b * Hkv + h) * C + s0 + j + ahead) * Dh
+                for o in range(0, Dh, step_k):
+                    _prefetch(kf, base + o)
+            for g in range(G):
+                acc = np.float32(0.0)
+                for d in range(Dh):
+                    acc += q[b, h, g, d] * _widen(k[b, h, s0 + j, d])
+                score[g, j] = acc
+        if has_bias:
+            bb = b if bias.shape[0] > 1 else 0
+            hb = h if bias.shape[1] > 1 else 0
+            for g in range(G):
+                gb = g if bias.shape[2] > 1 else 0
+                for j in range(m):
+                    score[g, j] += bias[bb, hb, gb, s0 + j]
+        acc_v = np.zeros((G, Dv), np.float32)  # (G, Dv): Σ exp(score − top) · v over the block
+        for g in range(G):
+            t = -np.inf
+            for j in range(m):
+                t = max(t, score[g, j])
+            s = np.float32(0.0)
+            if t > -np.inf:
+                for j in range(m):
+                    score[g, j] = _exp(score[g, j] - t)
+                for j in range(m):
+                    s += score[g, j]
+            top[b, h, g, c] = t
+            total[b, h, g, c] = s
+        for j in range(m):
+            if ahead > 0 and j + ahead < m:
+                base = ((b * Hkv + h) * C + s0 + j + ahead) * Dv
+                for o in range(0, Dv, step_k):
+                    _prefetch(vf, base + o)
+            for g in range(G):
+                if top[b, h, g, c] > -np.inf:
+                    p = score[g, j]
+                    for d in range(Dv):
+                        acc_v[g, d] += p * _widen(v[b, h, s0 + j, d])
+        for g in range(G):
+            for d in range(Dv):
+                part[b, h, g, c, d] = acc_v[g, d]
+    for row in nb.prange(B * Hkv * G):  # combine the blocks by their maxima
+        g = row % G
+        h = (row // G) % Hkv
+        b = row // (G * Hkv)
+        t = -np.inf
+        for c in range(n):
+            t = max(t, top[b, h, g, c])
+        for d in range(Dv):
+            out[b, h, g, d] = 0.0
+        if t == -np.inf:  # every key blocked: zeros
+            continue
+        s = np.float32(0.0)
+        for c in range(n):
+            if top[b, h, g, c] > -np.inf:
+                w = _exp(top[b, h, g, c] - t)
+                s += w * total[b, h, g, c]
+                for d in range(Dv):
+                    out[b, h, g, d] += w * part[b, h, g, c, d]
+        inv = np.float32(1.0) / s
+        for d in range(Dv):
+            out[b, h, g, d] *= inv
+
+
+@nb.njit(parallel=True, fastmath=_FAST, cache=True)
+def rows(w, x, bias, has_bias, per_task, y):
+    """``y (N, Out) = x (N, In) wᵀ (+ bias (Out,))`` for ``w (Out, In)``, the weight's rows split among the
+    threads ``per_task`` at a time; each weight row is read once for all N rows of ``x``."""
+    Out, In = w.shape
+    N = x.shape[0]
+    for task in nb.prange((Out + per_task - 1) // per_task):
+        for i in range(task * per_task, min(Out, task * per_task + per_task)):
+            for r in range(N):
+                acc = np.float32(0.0)
+                for j in range(In):
+                    acc += w[i, j] * x[r, j]
+                y[r, i] = acc + bias[i] if has_bias else acc
