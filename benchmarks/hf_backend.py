@@ -158,7 +158,11 @@ def time_side_by_side(calls: dict, rounds: int, target_s: float) -> dict:
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            times[name].append(tb.Timer(stmt="fn()", globals={"fn": calls[name]}, num_threads=torch.get_num_threads()).timeit(numbers[name]).median)
+            times[name].append(
+                tb.Timer(stmt="fn()", globals={"fn": calls[name]}, num_threads=torch.get_num_threads())
+                .timeit(numbers[name])
+                .median
+            )
     return times
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba import types
 from llvmlite import ir
+from numba import types
 from numba.extending import intrinsic, overload
 
 # reassociation (vectorised sums), contraction (FMA), reciprocals; not "ninf"/"nnan": -inf marks blocked keys
@@ -79,13 +79,17 @@ def _widen_typed(x):
 
 
 @nb.njit(parallel=True, fastmath=_FAST, cache=True)
-def attend(q, k, v, S, bias, has_bias, block, ahead, top, total, part, out):
-    # q (B, Hkv, G, Dh) float32, scaled; k (B, Hkv, C, Dh), v (B, Hkv, C, Dv): the first S slots are read;
-    # bias (B|1, Hkv|1, G|1, S) float32 when has_bias; per block c of keys: top, total (B, Hkv, G, n),
-    # part (B, Hkv, G, n, Dv); out (B, Hkv, G, Dv).
-    B, Hkv, G, Dh = q.shape
-    Dv = v.shape[3]
+def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_):
+    # q (B, Hkv, G, Dh) float32; k (B, Hkv, C, Dh), v (B, Hkv, C, Dv): the first S slots are read; bias
+    # (B|1, Hkv|1, G|1, S) float32 when has_bias; dh_, dv_: tuples whose lengths are Dh and Dv.
+    # Returns out (B, Hkv, G, Dv) float32.
+    B, Hkv, G, _ = q.shape
+    Dh, Dv = len(dh_), len(dv_)  # the head widths as constants of the compiled code
     n = (S + block - 1) // block
+    top = np.empty((B, Hkv, G, n), np.float32)  # each block's largest score
+    total = np.empty((B, Hkv, G, n), np.float32)  # each block's Σ exp(score − its largest)
+    part = np.empty((B, Hkv, G, n, Dv), np.float32)  # each block's Σ exp(score − its largest) · v
+    out = np.empty((B, Hkv, G, Dv), np.float32)
     for task in nb.prange(B * Hkv * n):
         c = task % n
         h = (task // n) % Hkv
@@ -105,7 +109,7 @@ def attend(q, k, v, S, bias, has_bias, block, ahead, top, total, part, out):
                 acc = np.float32(0.0)
                 for d in range(Dh):
                     acc += q[b, h, g, d] * _widen(k[b, h, s0 + j, d])
-                score[g, j] = acc
+                score[g, j] = acc * scale
         if has_bias:
             bb = b if bias.shape[0] > 1 else 0
             hb = h if bias.shape[1] > 1 else 0
@@ -160,14 +164,16 @@ def attend(q, k, v, S, bias, has_bias, block, ahead, top, total, part, out):
         inv = np.float32(1.0) / s
         for d in range(Dv):
             out[b, h, g, d] *= inv
+    return out
 
 
 @nb.njit(parallel=True, fastmath=_FAST, cache=True)
-def rows(w, x, bias, has_bias, per_task, y):
-    """``y (N, Out) = x (N, In) wᵀ (+ bias (Out,))`` for ``w (Out, In)``, the weight's rows split among the
+def rows(w, x, bias, has_bias, per_task):
+    """``y (N, Out) = x (N, In) wᵀ (+ bias (Out,))``, returned for ``w (Out, In)``, the weight's rows split among the
     threads ``per_task`` at a time; each weight row is read once for all N rows of ``x``."""
     Out, In = w.shape
     N = x.shape[0]
+    y = np.empty((N, Out), np.float32)
     for task in nb.prange((Out + per_task - 1) // per_task):
         for i in range(task * per_task, min(Out, task * per_task + per_task)):
             for r in range(N):
@@ -175,3 +181,90 @@ def rows(w, x, bias, has_bias, per_task, y):
                 for j in range(In):
                     acc += w[i, j] * x[r, j]
                 y[r, i] = acc + bias[i] if has_bias else acc
+    return y
+
+
+@intrinsic
+def _bits_from_float(typingctx, x):
+    """The int32 bit pattern of the float32 ``x``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int32))
+
+    return types.int32(types.float32), codegen
+
+
+def _narrow(x, like):
+    """A float32 as an entry of a buffer whose elements are ``like``'s type: itself, or bf16 bits (int16)."""
+
+
+@overload(_narrow, inline="always")
+def _narrow_typed(x, like):
+    if like == types.int16:
+
+        def to_bf16(x, like):  # round to nearest even, as torch's .to(torch.bfloat16); NaN stays NaN
+            if x != x:
+                return np.int16(0x7FC0)
+            bits = np.uint32(_bits_from_float(x))
+            return np.int16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+        return to_bf16
+    return lambda x, like: x
+
+
+@nb.njit(cache=True)
+def _angles(position, inv_freq, factor):
+    """float32 ``cos, sin`` of ``position · inv_freq`` (float64, exact library functions), times ``factor``."""
+    cos = np.empty(inv_freq.shape[0], np.float32)
+    sin = np.empty(inv_freq.shape[0], np.float32)
+    for i in range(inv_freq.shape[0]):
+        angle = np.float64(position) * inv_freq[i]
+        cos[i] = np.float32(np.cos(angle) * factor)
+        sin[i] = np.float32(np.sin(angle) * factor)
+    return cos, sin
+
+
+@nb.njit(fastmath=_FAST, cache=True)
+def _rotate(x, start, heads, Dh, cos, sin, interleaved):
+    """RoPE in place on ``heads`` consecutive heads of width Dh of the row ``x`` from ``start``."""
+    half = Dh // 2
+    for h in range(heads):
+        o = start + h * Dh
+        for i in range(half):
+            if interleaved:
+                a, b = x[o + 2 * i], x[o + 2 * i + 1]
+                x[o + 2 * i] = a * cos[i] - b * sin[i]
+                x[o + 2 * i + 1] = a * sin[i] + b * cos[i]
+            else:
+                a, b = x[o + i], x[o + half + i]
+                x[o + i] = a * cos[i] - b * sin[i]
+                x[o + half + i] = b * cos[i] + a * sin[i]
+
+
+@nb.njit(fastmath=_FAST, cache=True)
+def decode(
+    x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, position, inv_freq, rope, factor,
+    H, scale, block, ahead, dh_,
+):  # fmt: skip
+    """One decoded token through a whole attention module: ``x (B, D)`` → Q/K/V (one product), RoPE at
+    ``position`` (rope 0: none, 1: half, 2: interleaved; ``cos, sin`` of ``position · inv_freq`` computed in
+    float64 and multiplied by ``factor``, as :class:`headwise.RotaryEmbedding`), the new key and value written
+    to ``slot`` of ``k_buf, v_buf (B, Hkv, C, Dh)``, attention over slots ``0 … slot``, the output product.
+    Returns ``(B, D)`` float32."""
+    B = x.shape[0]
+    Hkv = k_buf.shape[1]
+    Dh = len(dh_)
+    qkv = rows(w_qkv, x, b_qkv, has_b_qkv, 64)  # (B, (H + 2·Hkv)·Dh)
+    if rope > 0:
+        cos, sin = _angles(position, inv_freq, factor)
+        for b in range(B):
+            _rotate(qkv[b], 0, H + Hkv, Dh, cos, sin, rope == 2)  # the queries' and the keys' heads
+    like = k_buf[0, 0, 0, 0]
+    for b in range(B):
+        for h in range(Hkv):
+            for d in range(Dh):
+                k_buf[b, h, slot, d] = _narrow(qkv[b, (H + h) * Dh + d], like)
+                v_buf[b, h, slot, d] = _narrow(qkv[b, (H + Hkv + h) * Dh + d], like)
+    q = np.ascontiguousarray(qkv[:, : H * Dh]).reshape(B, Hkv, H // Hkv, Dh)
+    heads = attend(q, k_buf, v_buf, slot + 1, scale, np.zeros((1, 1, 1, 1), np.float32), False, block, ahead, dh_, dh_)
+    return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, 64)

@@ -278,6 +278,11 @@ class MultiHeadAttention(nn.Module):
             ValueError / TypeError: wrong rank, width or dtype of an input, differing batch sizes, masks or
             positions whose shape or dtype does not fit, a full cache.
         """
+        if cache is not None and fastpath.decode_applies(
+            self, query, cache, key=key, value=value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            need_weights=need_weights, position_ids=position_ids,
+        ):  # fmt: skip
+            return fastpath.decode(self, query, cache), None  # one token, one compiled call (the same numbers)
         self_attention = key is None and value is None
         key = query if key is None else key
         value = key if value is None else value

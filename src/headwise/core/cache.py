@@ -239,6 +239,21 @@ class KVCache(Cache):
         self.length = end
         return CacheRead((self.k[:, :, :end], self.v[:, :, :end]), self.positions[:, :end])
 
+    def commit(self, n: int = 1) -> None:
+        """Count ``n`` tokens whose keys and values a kernel wrote in place at slots ``length … length + n − 1``
+        (a compiled decode step), at their default positions (their slots)."""
+        if self.length + n > self.capacity:
+            raise ValueError(
+                f"cache: appending {n} tokens to {self.length} cached ones exceeds its capacity of {self.capacity}"
+            )
+        if n == 1:
+            self.positions[:, self.length] = self.length
+        else:
+            self.positions[:, self.length : self.length + n] = torch.arange(
+                self.length, self.length + n, device=self.positions.device
+            )
+        self.length += n
+
 
 class SlidingWindowCache(KVCache):
     """The last ``window`` keys and values in a ring of slots, plus the first ``sink_tokens`` (StreamingLLM).

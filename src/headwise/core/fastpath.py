@@ -182,6 +182,77 @@ def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, 
 _WEIGHTS_CHUNK = 1 << 21
 
 
+def decode_applies(module, query: Tensor, cache, *, key, value, attn_mask, key_padding_mask, need_weights,
+                   position_ids) -> bool:  # fmt: skip
+    """Whether :func:`decode` computes this call of a :class:`headwise.MultiHeadAttention`: one new token of
+    self-attention appended to a :class:`~headwise.core.cache.KVCache` (float32 or bf16 buffers on the CPU) at
+    its default position, float32, no mask, no weights asked for, no gradient, no hook on the module's
+    Linears or hook points, no kind the compiled step does not know (qk-norm, soft-capping, sinks, a window,
+    dropout while training, positional parts other than plain RoPE), the compiled kernels available."""
+    from headwise.core.cache import KVCache
+
+    if not kernels.enabled or key is not None or value is not None or type(cache) is not KVCache:
+        return False
+    if attn_mask is not None or key_padding_mask is not None or need_weights or position_ids is not None:
+        return False
+    m = module
+    if m.backend == "math" or not m.fast_projections or (m.training and m.dropout > 0.0):
+        return False
+    if m.qk_norm is not None or m.softcap is not None or m.sinks is not None or m.sliding_window is not None:
+        return False
+    if m.positional is not None and m.positional.rotation() is None:
+        return False
+    if m.hook_heads.active or m.hook_pattern.active or m.hook_qk.active or _global_hooks():
+        return False
+    if type(query) is not Tensor or query.dim() != 3 or query.shape[1] != 1 or query.shape[2] != m.d_model:
+        return False
+    if query.dtype != torch.float32 or query.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    if not all(_plain(lin) and lin.weight.dtype == torch.float32 for lin in (m.Wq, m.Wk, m.Wv, m.Wo)):
+        return False
+    if m.kdim != m.d_model or m.vdim != m.d_model or torch.is_autocast_enabled("cpu"):
+        return False
+    k, v = cache.k, cache.v
+    B, Hkv, C, Dh = k.shape
+    if (B, Hkv, Dh) != (query.shape[0], m.num_kv_heads, m.head_dim) or v.shape != k.shape or cache.length >= C:
+        return False
+    if k.dtype not in _ONE_QUERY_DTYPES or v.dtype != k.dtype or k.device.type != "cpu":
+        return False
+    if not (k.is_contiguous() and v.is_contiguous() and m.Wo.weight.is_contiguous()):
+        return False
+    if (torch.is_grad_enabled() or fwad._current_level >= 0) and differentiated(
+        query, *(p for lin in (m.Wq, m.Wk, m.Wv, m.Wo) for p in lin.parameters())
+    ):
+        return False
+    return kernels.available()
+
+
+def _global_hooks() -> bool:
+    """Whether hooks registered for every module exist (``nn.modules.module.register_module_forward_hook``)."""
+    from torch.nn.modules import module as _module
+
+    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
+
+
+def decode(module, query: Tensor, cache) -> Tensor:
+    """One decoded token ``query (B, 1, D)`` through ``module`` in one compiled call (see
+    :func:`decode_applies`): the same numbers as its forward — the stacked Q/K/V product, RoPE at the cache's
+    length, the new key and value appended to ``cache``, attention over every cached token, ``Wo`` — with
+    the round-off of a different order of sums. Returns ``(B, 1, D)``."""
+    weight, bias = module.__dict__.setdefault("_fused_weights", {}).setdefault(3, _FusedWeights())(
+        (module.Wq, module.Wk, module.Wv)
+    )  # (H·Dh + 2·Hkv·Dh, D), stacked once and kept while no weight changes
+    rope = module.positional.rotation() if module.positional is not None else None
+    scale = module.scale if module.scale is not None else 1.0 / math.sqrt(module.head_dim)
+    B = query.shape[0]
+    out = kernels.decode_step(
+        query.reshape(B, -1).contiguous(), weight, bias, module.Wo.weight, module.Wo.bias, cache.k, cache.v,
+        cache.length, module.num_heads, scale, rope,
+    )  # fmt: skip
+    cache.commit(1)
+    return out.view(B, 1, -1)
+
+
 def _rank4(m: Tensor | None) -> Tensor | None:
     return None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))  # (B|1, H|1, L|1, S|1)
 
@@ -341,8 +412,10 @@ def _additive(blocked: Tensor | None, bias: Tensor | None, S: int) -> Tensor | N
         return None
     add = torch.zeros((), dtype=torch.float32) if bias is None else bias.float()
     if blocked is not None:
-        add = add.masked_fill(blocked, float("-inf")) if add.shape == blocked.shape else torch.where(
-            blocked, float("-inf"), add
+        add = (
+            add.masked_fill(blocked, float("-inf"))
+            if add.shape == blocked.shape
+            else torch.where(blocked, float("-inf"), add)
         )
     add = _rank4(add)  # (B|1, H|1, 1, S|1)
     return add.expand(*add.shape[:-1], S)

@@ -27,18 +27,33 @@ Shape legend: B batch, H query heads, Hkv key/value heads, G = H / Hkv, S keys, 
 from __future__ import annotations
 
 import functools
-import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
+_NO_BIAS = np.zeros((1, 1, 1, 1), np.float32)
+_NO_FREQ = torch.zeros(1, dtype=torch.float64)
 # Whether the fast path uses these kernels where they apply (False: torch's products, for comparisons).
 enabled = True
-# Keys per block of the split-key attention: at a prefix of 4,096 and 12 heads, 192 blocks for the threads to
-# share, and a block's scores (G × 256 floats) stay in the first-level cache.
-KEYS_PER_BLOCK = 256
+# The split-key attention's blocks of keys: as long as the threads allow (one long run over a head's keys and
+# then its values reads faster than many short ones: measured 0.76 x the step time of 256-key blocks at a prefix
+# of 4,096, 12 heads, 2 threads), at least TASKS_PER_THREAD blocks per thread in all (MQA's one key/value head
+# is split), and a block's scores (G x keys floats) at most SCORE_BYTES, to stay in the second-level cache.
+TASKS_PER_THREAD = 2
+SCORE_BYTES = 1 << 18
+MIN_BLOCK = 256
+
+
+def keys_per_block(S: int, heads: int, G: int, threads: int) -> int:
+    """Keys per block for ``heads`` (B·Hkv) key/value heads of S keys, G queries each, on ``threads`` threads."""
+    blocks = max(1, -(-TASKS_PER_THREAD * threads // heads))  # blocks per head
+    most = max(MIN_BLOCK, SCORE_BYTES // (4 * G))
+    return max(1, min(most, max(MIN_BLOCK, -(-S // blocks))))
+
+
 # Keys ahead of the one read whose cache lines are asked for (non-temporal prefetch); 0: none.
-PREFETCH_AHEAD = 32
+PREFETCH_AHEAD = 0
 # Weight rows per task of the row-parallel linear.
 ROWS_PER_TASK = 64
 # Most input rows :func:`linear_rows` takes (a batch of decoded tokens); beyond, a GEMM reuses the weight better.
@@ -62,12 +77,24 @@ def available() -> bool:
     return _compiled() is not None
 
 
-def _threads() -> None:
-    import numba
+@functools.cache
+def _width(n: int) -> tuple:
+    """A tuple of length ``n``: its type tells the compiler the head width, so that it unrolls the loops over a
+    head's entries (one kernel is compiled per width met)."""
+    return (0,) * n
 
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
+
+_set_threads = [0]  # the thread count last given to Numba (from this module)
+
+
+def _threads() -> None:
+    """Numba's threads as many as torch's (``torch.get_num_threads()``, e.g. under ``torch.set_num_threads``)."""
+    n = torch.get_num_threads()
+    if n != _set_threads[0]:
+        import numba
+
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        _set_threads[0] = n
 
 
 def _slots(t: Tensor) -> Tensor | None:
@@ -115,30 +142,15 @@ def attention_one_query(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, sc
     kern = _compiled()
     B, H, _, Dh = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
-    G = H // Hkv
-    qg = (q.reshape(B, Hkv, G, Dh).float() * scale).contiguous()  # (B, Hkv, G, Dh): a group's queries together
-    n_blocks = math.ceil(S / KEYS_PER_BLOCK)
-    top = torch.empty(B, Hkv, G, n_blocks)  # each block's largest score
-    total = torch.empty(B, Hkv, G, n_blocks)  # each block's Σ exp(score − its largest)
-    part = torch.empty(B, Hkv, G, n_blocks, Dv)  # each block's Σ exp(score − its largest) · v
-    out = torch.empty(B, Hkv, G, Dv)
-    b = torch.zeros(1, 1, 1, 1) if bias is None else bias.float().contiguous()
+    qg = q.detach().reshape(B, Hkv, H // Hkv, Dh).float().contiguous()  # (B, Hkv, G, Dh): a group's queries
+    b = _NO_BIAS if bias is None else bias.float().contiguous().numpy()
     _threads()
-    kern.attend(
-        qg.numpy(),
-        _entries(k),
-        _entries(v),
-        S,
-        b.numpy(),
-        bias is not None,
-        KEYS_PER_BLOCK,
-        PREFETCH_AHEAD,
-        top.numpy(),
-        total.numpy(),
-        part.numpy(),
-        out.numpy(),
-    )
-    return out.view(B, H, 1, Dv)
+    out = kern.attend(
+        qg.numpy(), _entries(k), _entries(v), S, scale, b, bias is not None,
+        keys_per_block(S, B * Hkv, H // Hkv, torch.get_num_threads()), PREFETCH_AHEAD,
+        _width(Dh), _width(Dv),
+    )  # fmt: skip
+    return torch.from_numpy(out).view(B, H, 1, Dv)
 
 
 def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -146,12 +158,60 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     (C-contiguous float32); each weight row is read once for every row of ``x``. Returns ``(..., Out)``."""
     kern = _compiled()
     Out, In = weight.shape
-    rows = x.reshape(-1, In).contiguous()  # (N, In)
-    y = torch.empty(rows.shape[0], Out)  # (N, Out)
-    b = torch.zeros(1) if bias is None else bias
+    rows = x.detach().reshape(-1, In).contiguous()  # (N, In)
+    b = _NO_BIAS.reshape(1) if bias is None else bias.detach().numpy()
     _threads()
-    kern.rows(weight.detach().numpy(), rows.numpy(), b.detach().numpy(), bias is not None, ROWS_PER_TASK, y.numpy())
-    return y.view(*x.shape[:-1], Out)
+    y = kern.rows(weight.detach().numpy(), rows.numpy(), b, bias is not None, ROWS_PER_TASK)  # (N, Out)
+    return torch.from_numpy(y).view(*x.shape[:-1], Out)
+
+
+def decode_step(
+    x: Tensor,
+    w_qkv: Tensor,
+    b_qkv: Tensor | None,
+    w_o: Tensor,
+    b_o: Tensor | None,
+    k_buf: Tensor,
+    v_buf: Tensor,
+    slot: int,
+    num_heads: int,
+    scale: float,
+    rope: tuple[Tensor, str, float] | None,
+) -> Tensor:
+    """One decoded token through an attention module in one compiled call: the Q/K/V product, RoPE, the new
+    key and value written to ``slot`` of the cache's buffers, attention over slots ``0 … slot``, the output
+    product.
+
+    Args:
+        x: ``(B, D)`` float32. w_qkv: ``(H·Dh + 2·Hkv·Dh, D)``, the stacked ``Wq; Wk; Wv``; b_qkv its bias or
+            None. w_o: ``(D, H·Dh)``; b_o: ``(D,)`` or None — float32, C-contiguous.
+        k_buf, v_buf: the cache's buffers ``(B, Hkv, C, Dh)``, float32 or bf16, C-contiguous, written in place.
+        slot: the new token's slot (the cache's length; C > slot). num_heads: H. scale: of the scores.
+        rope: ``(inv_freq (Dh/2,) float64, convention, factor)`` to rotate q and k at position ``slot``, or None.
+    Returns:
+        ``(B, D)`` float32.
+    """
+    kern = _compiled()
+    Dh = k_buf.shape[-1]
+    inv_freq, convention, factor = rope if rope is not None else (_NO_FREQ, "half", 1.0)
+    kind = 0 if rope is None else (1 if convention == "half" else 2)
+    B, Hkv = k_buf.shape[:2]
+    block = keys_per_block(slot + 1, B * Hkv, num_heads // Hkv, torch.get_num_threads())
+    _threads()
+    out = kern.decode(
+        x.detach().numpy(), w_qkv.detach().numpy(), _bias(b_qkv), b_qkv is not None, w_o.detach().numpy(),
+        _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, slot, inv_freq.numpy(), kind,
+        float(factor), num_heads, scale, block, PREFETCH_AHEAD, _width(Dh),
+    )  # fmt: skip
+    return torch.from_numpy(out)
+
+
+def _bias(b: Tensor | None):
+    return _NO_BIAS.reshape(1) if b is None else b.detach().numpy()
+
+
+def _buffer(t: Tensor):
+    return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def linear_rows_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:

@@ -20,5 +20,11 @@ class PositionalPart(nn.Module):
         """A float bias broadcastable to ``(B, H, L, S)``, or None. Default: None."""
         return None
 
+    def rotation(self) -> tuple[Tensor, str, float] | None:
+        """``(inv_freq (Dh/2,) float64, convention, factor)`` when this part only rotates queries and keys as
+        RoPE with these frequencies (a compiled decode step can then rotate them itself), else None. Default:
+        None."""
+        return None
+
     def check(self, *, num_heads: int, head_dim: int) -> None:
         """Raise ValueError if this part cannot serve a module with these sizes."""

@@ -178,6 +178,12 @@ class RotaryEmbedding(PositionalPart):
             cos, sin = cos * self.attention_factor, sin * self.attention_factor  # YaRN
         return cos, sin
 
+    def rotation(self) -> tuple[Tensor, str, float] | None:
+        """``(inv_freq, convention, attention_factor)`` — None for a subclass, which may rotate otherwise."""
+        if type(self) is not RotaryEmbedding or self.inv_freq.dtype != torch.float64:
+            return None
+        return self.inv_freq, self.convention, self.attention_factor
+
     def rotate_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self._angles(q_pos)
         q = apply_rope(q, cos, sin, self.convention)
