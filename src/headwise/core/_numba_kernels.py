@@ -243,13 +243,14 @@ def _rotate(x, start, heads, Dh, cos, sin, interleaved):
 
 @nb.njit(fastmath=_FAST, cache=True)
 def decode(
-    x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, position, inv_freq, rope, factor,
-    H, scale, block, ahead, dh_,
+    x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, S, bias, has_bias, position, inv_freq,
+    rope, factor, H, scale, block, ahead, dh_,
 ):  # fmt: skip
     """One decoded token through a whole attention module: ``x (B, D)`` → Q/K/V (one product), RoPE at
     ``position`` (rope 0: none, 1: half, 2: interleaved; ``cos, sin`` of ``position · inv_freq`` computed in
     float64 and multiplied by ``factor``, as :class:`headwise.RotaryEmbedding`), the new key and value written
-    to ``slot`` of ``k_buf, v_buf (B, Hkv, C, Dh)``, attention over slots ``0 … slot``, the output product.
+    to ``slot`` of ``k_buf, v_buf (B, Hkv, C, Dh)``, attention over slots ``0 … S − 1`` (plus ``bias (1, 1, 1,
+    S)`` when has_bias: ``-inf`` on slots outside a window or empty), the output product.
     Returns ``(B, D)`` float32."""
     B = x.shape[0]
     Hkv = k_buf.shape[1]
@@ -266,5 +267,5 @@ def decode(
                 k_buf[b, h, slot, d] = _narrow(qkv[b, (H + h) * Dh + d], like)
                 v_buf[b, h, slot, d] = _narrow(qkv[b, (H + Hkv + h) * Dh + d], like)
     q = np.ascontiguousarray(qkv[:, : H * Dh]).reshape(B, Hkv, H // Hkv, Dh)
-    heads = attend(q, k_buf, v_buf, slot + 1, scale, np.zeros((1, 1, 1, 1), np.float32), False, block, ahead, dh_, dh_)
+    heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, ahead, dh_, dh_)
     return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, 64)

@@ -280,7 +280,7 @@ class MultiHeadAttention(nn.Module):
         """
         if cache is not None and fastpath.decode_applies(
             self, query, cache, key=key, value=value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-            need_weights=need_weights, position_ids=position_ids,
+            need_weights=need_weights, position_ids=position_ids, is_causal=is_causal,
         ):  # fmt: skip
             return fastpath.decode(self, query, cache), None  # one token, one compiled call (the same numbers)
         self_attention = key is None and value is None

@@ -304,6 +304,21 @@ class SlidingWindowCache(KVCache):
         super().reset()
         self.slots.fill_(-1)
 
+    def next_slot(self) -> int:
+        """The ring slot the next token goes to: its own among the sinks, else ``sinks + (t − sinks) mod W``."""
+        t, n = self.length, self.sink_tokens
+        return t if t < n else n + (t - n) % self.window
+
+    def commit(self, n: int = 1) -> None:
+        """Count one token whose key and value a kernel wrote in place at :meth:`next_slot` (a compiled decode
+        step), at its default position (its stream index)."""
+        if n != 1:
+            raise ValueError(f"n: a ring takes tokens written in place one at a time, got {n!r}")
+        slot = self.next_slot()
+        self.slots[slot] = self.length
+        self.positions[:, slot] = self.length
+        self.length += 1
+
     def _forget_from(self, length: int) -> None:
         self.slots[self.slots >= length] = -1
 

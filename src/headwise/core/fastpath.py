@@ -183,22 +183,30 @@ _WEIGHTS_CHUNK = 1 << 21
 
 
 def decode_applies(module, query: Tensor, cache, *, key, value, attn_mask, key_padding_mask, need_weights,
-                   position_ids) -> bool:  # fmt: skip
+                   position_ids, is_causal) -> bool:  # fmt: skip
     """Whether :func:`decode` computes this call of a :class:`headwise.MultiHeadAttention`: one new token of
-    self-attention appended to a :class:`~headwise.core.cache.KVCache` (float32 or bf16 buffers on the CPU) at
-    its default position, float32, no mask, no weights asked for, no gradient, no hook on the module's
-    Linears or hook points, no kind the compiled step does not know (qk-norm, soft-capping, sinks, a window,
-    dropout while training, positional parts other than plain RoPE), the compiled kernels available."""
-    from headwise.core.cache import KVCache
+    self-attention appended to a :class:`~headwise.core.cache.KVCache` or written into the ring of a
+    :class:`~headwise.core.cache.SlidingWindowCache` (float32 or bf16 buffers on the CPU) at its default
+    position, float32, no mask, no weights asked for, no gradient, no hook on the module's Linears or hook
+    points, no kind the compiled step does not know (qk-norm, soft-capping, sinks, dropout while training,
+    positional parts other than plain RoPE), the compiled kernels available. Calls the cache would refuse
+    (a full cache, a window wider than the ring's, a non-causal call with a window) go the usual way, which
+    raises."""
+    from headwise.core.cache import KVCache, SlidingWindowCache
 
-    if not kernels.enabled or key is not None or value is not None or type(cache) is not KVCache:
+    if not kernels.enabled or key is not None or value is not None or type(cache) not in (KVCache, SlidingWindowCache):
         return False
+    ring = type(cache) is SlidingWindowCache
+    if (ring or module.sliding_window is not None) and not is_causal:
+        return False
+    if ring and ((module.sliding_window or 0) > cache.window or cache.k.dtype != torch.float32):
+        return False  # (a ring's update attends its new key unrounded; a bf16 ring goes the usual way)
     if attn_mask is not None or key_padding_mask is not None or need_weights or position_ids is not None:
         return False
     m = module
     if m.backend == "math" or not m.fast_projections or (m.training and m.dropout > 0.0):
         return False
-    if m.qk_norm is not None or m.softcap is not None or m.sinks is not None or m.sliding_window is not None:
+    if m.qk_norm is not None or m.softcap is not None or m.sinks is not None:
         return False
     if m.positional is not None and m.positional.rotation() is None:
         return False
@@ -214,7 +222,9 @@ def decode_applies(module, query: Tensor, cache, *, key, value, attn_mask, key_p
         return False
     k, v = cache.k, cache.v
     B, Hkv, C, Dh = k.shape
-    if (B, Hkv, Dh) != (query.shape[0], m.num_kv_heads, m.head_dim) or v.shape != k.shape or cache.length >= C:
+    if (B, Hkv, Dh) != (query.shape[0], m.num_kv_heads, m.head_dim) or v.shape != k.shape:
+        return False
+    if not ring and cache.length >= C:
         return False
     if k.dtype not in _ONE_QUERY_DTYPES or v.dtype != k.dtype or k.device.type != "cpu":
         return False
@@ -242,12 +252,23 @@ def decode(module, query: Tensor, cache) -> Tensor:
     weight, bias = module.__dict__.setdefault("_fused_weights", {}).setdefault(3, _FusedWeights())(
         (module.Wq, module.Wk, module.Wv)
     )  # (H·Dh + 2·Hkv·Dh, D), stacked once and kept while no weight changes
+    from headwise.core.cache import SlidingWindowCache
+
     rope = module.positional.rotation() if module.positional is not None else None
     scale = module.scale if module.scale is not None else 1.0 / math.sqrt(module.head_dim)
+    t, window = cache.length, module.sliding_window  # the new token's stream index; the module's window
+    if type(cache) is SlidingWindowCache:  # the ring as it lies: one query's attention needs no stream order
+        slot, window = cache.next_slot(), masks.narrowest(window, cache.window)
+        stream = cache.slots.clone()  # (C,): each slot's stream index, -1 empty
+        stream[slot] = t
+        keys = (stream >= 0) & ((stream < cache.sink_tokens) | (stream > t - window))  # (C,)
+    else:
+        slot = t
+        keys = None if window is None or t < window else torch.arange(t + 1) > t - window  # (t + 1,)
     B = query.shape[0]
     out = kernels.decode_step(
         query.reshape(B, -1).contiguous(), weight, bias, module.Wo.weight, module.Wo.bias, cache.k, cache.v,
-        cache.length, module.num_heads, scale, rope,
+        slot, t, keys, module.num_heads, scale, rope,
     )  # fmt: skip
     cache.commit(1)
     return out.view(B, 1, -1)

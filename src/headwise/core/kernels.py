@@ -174,20 +174,25 @@ def decode_step(
     k_buf: Tensor,
     v_buf: Tensor,
     slot: int,
+    position: int,
+    keys: Tensor | None,
     num_heads: int,
     scale: float,
     rope: tuple[Tensor, str, float] | None,
 ) -> Tensor:
     """One decoded token through an attention module in one compiled call: the Q/K/V product, RoPE, the new
-    key and value written to ``slot`` of the cache's buffers, attention over slots ``0 … slot``, the output
+    key and value written to ``slot`` of the cache's buffers, attention over the cached keys, the output
     product.
 
     Args:
         x: ``(B, D)`` float32. w_qkv: ``(H·Dh + 2·Hkv·Dh, D)``, the stacked ``Wq; Wk; Wv``; b_qkv its bias or
             None. w_o: ``(D, H·Dh)``; b_o: ``(D,)`` or None — float32, C-contiguous.
         k_buf, v_buf: the cache's buffers ``(B, Hkv, C, Dh)``, float32 or bf16, C-contiguous, written in place.
-        slot: the new token's slot (the cache's length; C > slot). num_heads: H. scale: of the scores.
-        rope: ``(inv_freq (Dh/2,) float64, convention, factor)`` to rotate q and k at position ``slot``, or None.
+        slot: where the new token goes. position: its position (RoPE).
+        keys: bool ``(S,)``, which of the slots ``0 … S − 1`` the token attends (a window, a ring's empty
+            slots), or None: every slot ``0 … slot``.
+        num_heads: H. scale: of the scores.
+        rope: ``(inv_freq (Dh/2,) float64, convention, factor)`` to rotate q and k, or None.
     Returns:
         ``(B, D)`` float32.
     """
@@ -196,12 +201,14 @@ def decode_step(
     inv_freq, convention, factor = rope if rope is not None else (_NO_FREQ, "half", 1.0)
     kind = 0 if rope is None else (1 if convention == "half" else 2)
     B, Hkv = k_buf.shape[:2]
-    block = keys_per_block(slot + 1, B * Hkv, num_heads // Hkv, torch.get_num_threads())
+    S = slot + 1 if keys is None else keys.shape[0]
+    bias = _NO_BIAS if keys is None else torch.zeros(1, 1, 1, S).masked_fill_(~keys, float("-inf")).numpy()
+    block = keys_per_block(S, B * Hkv, num_heads // Hkv, torch.get_num_threads())
     _threads()
     out = kern.decode(
         x.detach().numpy(), w_qkv.detach().numpy(), _bias(b_qkv), b_qkv is not None, w_o.detach().numpy(),
-        _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, slot, inv_freq.numpy(), kind,
-        float(factor), num_heads, scale, block, PREFETCH_AHEAD, _width(Dh),
+        _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, S, bias, keys is not None, position,
+        inv_freq.numpy(), kind, float(factor), num_heads, scale, block, PREFETCH_AHEAD, _width(Dh),
     )  # fmt: skip
     return torch.from_numpy(out)
 
