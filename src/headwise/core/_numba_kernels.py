@@ -79,12 +79,12 @@ def _widen_typed(x):
 
 
 @nb.njit(parallel=True, fastmath=_FAST, cache=True)
-def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_):
+def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_, g_):
     # q (B, Hkv, G, Dh) float32; k (B, Hkv, C, Dh), v (B, Hkv, C, Dv): the first S slots are read; bias
     # (B|1, Hkv|1, G|1, S) float32 when has_bias; dh_, dv_: tuples whose lengths are Dh and Dv.
     # Returns out (B, Hkv, G, Dv) float32.
-    B, Hkv, G, _ = q.shape
-    Dh, Dv = len(dh_), len(dv_)  # the head widths as constants of the compiled code
+    B, Hkv, _, _ = q.shape
+    Dh, Dv, G = len(dh_), len(dv_), len(g_)  # head widths and group size as constants of the compiled code
     n = (S + block - 1) // block
     top = np.empty((B, Hkv, G, n), np.float32)  # each block's largest score
     total = np.empty((B, Hkv, G, n), np.float32)  # each block's Σ exp(score − its largest)
@@ -244,7 +244,7 @@ def _rotate(x, start, heads, Dh, cos, sin, interleaved):
 @nb.njit(fastmath=_FAST, cache=True)
 def decode(
     x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, S, bias, has_bias, position, inv_freq,
-    rope, factor, H, scale, block, ahead, dh_,
+    rope, factor, H, scale, block, ahead, dh_, g_,
 ):  # fmt: skip
     """One decoded token through a whole attention module: ``x (B, D)`` → Q/K/V (one product), RoPE at
     ``position`` (rope 0: none, 1: half, 2: interleaved; ``cos, sin`` of ``position · inv_freq`` computed in
@@ -267,5 +267,5 @@ def decode(
                 k_buf[b, h, slot, d] = _narrow(qkv[b, (H + h) * Dh + d], like)
                 v_buf[b, h, slot, d] = _narrow(qkv[b, (H + Hkv + h) * Dh + d], like)
     q = np.ascontiguousarray(qkv[:, : H * Dh]).reshape(B, Hkv, H // Hkv, Dh)
-    heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, ahead, dh_, dh_)
+    heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, ahead, dh_, dh_, g_)
     return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, 64)

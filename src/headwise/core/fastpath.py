@@ -30,8 +30,10 @@ import torch
 import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _torch_module
 
 from headwise.core import kernels, masks
+from headwise.core.cache import KVCache, SlidingWindowCache
 from headwise.core.primitives import repeat_kv, softmax
 
 
@@ -192,46 +194,50 @@ def decode_applies(module, query: Tensor, cache, *, key, value, attn_mask, key_p
     positional parts other than plain RoPE), the compiled kernels available. Calls the cache would refuse
     (a full cache, a window wider than the ring's, a non-causal call with a window) go the usual way, which
     raises."""
-    from headwise.core.cache import KVCache, SlidingWindowCache
-
-    if not kernels.enabled or key is not None or value is not None or type(cache) not in (KVCache, SlidingWindowCache):
+    kind = type(cache)
+    if not kernels.enabled or key is not None or value is not None or kind not in (KVCache, SlidingWindowCache):
         return False
-    ring = type(cache) is SlidingWindowCache
-    if (ring or module.sliding_window is not None) and not is_causal:
-        return False
-    if ring and ((module.sliding_window or 0) > cache.window or cache.k.dtype != torch.float32):
-        return False  # (a ring's update attends its new key unrounded; a bf16 ring goes the usual way)
     if attn_mask is not None or key_padding_mask is not None or need_weights or position_ids is not None:
         return False
     m = module
+    if type(query) is not Tensor or query.dtype != torch.float32 or query.device.type != "cpu":
+        return False
+    if query.dim() != 3 or query.shape[1] != 1 or query.shape[2] != m.d_model:
+        return False
     if m.backend == "math" or not m.fast_projections or (m.training and m.dropout > 0.0):
         return False
-    if m.qk_norm is not None or m.softcap is not None or m.sinks is not None:
+    if m.qk_norm is not None or m.softcap is not None or m.sinks is not None or m.kdim != m.d_model:
+        return False
+    window, ring = m.sliding_window, kind is SlidingWindowCache
+    if (ring or window is not None) and not is_causal:
+        return False
+    k, v = cache.k, cache.v
+    if ring and ((window or 0) > cache.window or k.dtype != torch.float32):
+        return False  # (a ring's update attends its new key unrounded; a bf16 ring goes the usual way)
+    B, Hkv, C, Dh = k.shape
+    if (B, Hkv, Dh) != (query.shape[0], m.num_kv_heads, m.head_dim) or (not ring and cache.length >= C):
+        return False
+    if k.dtype not in _ONE_QUERY_DTYPES or v.dtype != k.dtype or v.shape != k.shape or k.device.type != "cpu":
+        return False
+    if not (k.is_contiguous() and v.is_contiguous()):
         return False
     if m.positional is not None and m.positional.rotation() is None:
         return False
     if m.hook_heads.active or m.hook_pattern.active or m.hook_qk.active or _global_hooks():
         return False
-    if type(query) is not Tensor or query.dim() != 3 or query.shape[1] != 1 or query.shape[2] != m.d_model:
-        return False
-    if query.dtype != torch.float32 or query.device.type != "cpu" or torch.compiler.is_compiling():
-        return False
-    if not all(_plain(lin) and lin.weight.dtype == torch.float32 for lin in (m.Wq, m.Wk, m.Wv, m.Wo)):
-        return False
-    if m.kdim != m.d_model or m.vdim != m.d_model or torch.is_autocast_enabled("cpu"):
-        return False
-    k, v = cache.k, cache.v
-    B, Hkv, C, Dh = k.shape
-    if (B, Hkv, Dh) != (query.shape[0], m.num_kv_heads, m.head_dim) or v.shape != k.shape:
-        return False
-    if not ring and cache.length >= C:
-        return False
-    if k.dtype not in _ONE_QUERY_DTYPES or v.dtype != k.dtype or k.device.type != "cpu":
-        return False
-    if not (k.is_contiguous() and v.is_contiguous() and m.Wo.weight.is_contiguous()):
+    linears = (m.Wq, m.Wk, m.Wv, m.Wo)
+    for lin in linears:  # _plain's checks, each parameter fetched once
+        if type(lin) is not nn.Linear or lin._forward_pre_hooks or lin._forward_hooks:
+            return False
+        w, b = lin.weight, lin.bias
+        if type(w) not in (nn.Parameter, Tensor) or w.dtype != torch.float32 or not w.is_contiguous():
+            return False
+        if b is not None and (type(b) not in (nn.Parameter, Tensor) or b.dtype != torch.float32):
+            return False
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
         return False
     if (torch.is_grad_enabled() or fwad._current_level >= 0) and differentiated(
-        query, *(p for lin in (m.Wq, m.Wk, m.Wv, m.Wo) for p in lin.parameters())
+        query, *(p for lin in linears for p in lin.parameters())
     ):
         return False
     return kernels.available()
@@ -239,9 +245,7 @@ def decode_applies(module, query: Tensor, cache, *, key, value, attn_mask, key_p
 
 def _global_hooks() -> bool:
     """Whether hooks registered for every module exist (``nn.modules.module.register_module_forward_hook``)."""
-    from torch.nn.modules import module as _module
-
-    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
 def decode(module, query: Tensor, cache) -> Tensor:
@@ -252,8 +256,6 @@ def decode(module, query: Tensor, cache) -> Tensor:
     weight, bias = module.__dict__.setdefault("_fused_weights", {}).setdefault(3, _FusedWeights())(
         (module.Wq, module.Wk, module.Wv)
     )  # (H·Dh + 2·Hkv·Dh, D), stacked once and kept while no weight changes
-    from headwise.core.cache import SlidingWindowCache
-
     rope = module.positional.rotation() if module.positional is not None else None
     scale = module.scale if module.scale is not None else 1.0 / math.sqrt(module.head_dim)
     t, window = cache.length, module.sliding_window  # the new token's stream index; the module's window

@@ -148,7 +148,7 @@ def attention_one_query(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, sc
     out = kern.attend(
         qg.numpy(), _entries(k), _entries(v), S, scale, b, bias is not None,
         keys_per_block(S, B * Hkv, H // Hkv, torch.get_num_threads()), PREFETCH_AHEAD,
-        _width(Dh), _width(Dv),
+        _width(Dh), _width(Dv), _width(H // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out).view(B, H, 1, Dv)
 
@@ -209,6 +209,7 @@ def decode_step(
         x.detach().numpy(), w_qkv.detach().numpy(), _bias(b_qkv), b_qkv is not None, w_o.detach().numpy(),
         _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, S, bias, keys is not None, position,
         inv_freq.numpy(), kind, float(factor), num_heads, scale, block, PREFETCH_AHEAD, _width(Dh),
+        _width(num_heads // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out)
 
