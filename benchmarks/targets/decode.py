@@ -18,11 +18,14 @@ from row import Row
 from timing import compare, threads
 
 import headwise
-from headwise.core import fastpath
+from headwise.core import fastpath, kernels
 from targets.base import Mode, Target, contender_table, fmt
 from targets.limits import bandwidth_per_round, fraction_of_roofline, read
 
 HW, HW16, HF = "headwise", "headwise, bf16 cache", "HF LlamaAttention + DynamicCache"
+HW_T, HW16_T = "headwise, torch's products (compiled kernels off)", "headwise, bf16 cache, torch's products"
+ONE_Q_T = "kernel: attention_one_query, torch's products"
+PROJ_NB = "projections alone: compiled rows"
 KERNEL = "kernel: SDPA alone (1 query, cached K and V)"
 ONE_Q = "kernel: fastpath.attention_one_query alone"
 ONE_Q16 = "kernel: fastpath.attention_one_query alone, bf16 K and V"
@@ -135,12 +138,26 @@ class Decode(Target):
                 hw(x[:, :prefix], is_causal=True, cache=c)
             hf(x[:, :prefix], position_embeddings=(cos[:, :prefix], sin[:, :prefix]), cache=hf_cache)
 
-            def ours(cache):
+            def ours(cache, compiled=True):
                 def decode():
                     cache.crop(prefix)  # forget the token the previous call appended
-                    return hw(x[:, prefix:], is_causal=True, cache=cache)[0]
+                    kernels.enabled = compiled
+                    try:
+                        return hw(x[:, prefix:], is_causal=True, cache=cache)[0]
+                    finally:
+                        kernels.enabled = True
 
                 return decode
+
+            def without_kernels(fn):
+                def call():
+                    kernels.enabled = False
+                    try:
+                        return fn()
+                    finally:
+                        kernels.enabled = True
+
+                return call
 
             def theirs():
                 extra = hf_cache.get_seq_length() - prefix
@@ -171,10 +188,14 @@ class Decode(Target):
                 HW: ours(caches[HW]),
                 HF: theirs,
                 HW16: ours(caches[HW16]),
+                HW_T: ours(caches[HW], compiled=False),
+                HW16_T: ours(caches[HW16], compiled=False),
                 **{name: other(name) for name in others},
                 KERNEL: lambda: torch.nn.functional.scaled_dot_product_attention(kq, kk, kv_),
                 ONE_Q: lambda: fastpath.attention_one_query(kq, kk, kv_),
                 ONE_Q16: lambda: fastpath.attention_one_query(kq, kk16, kv16),
+                ONE_Q_T: without_kernels(lambda: fastpath.attention_one_query(kq, kk, kv_)),
+                PROJ_NB: lambda: (kernels.linear_rows(xr, w_qkv), kernels.linear_rows(xr, w_o)),
                 PROJ_MKL: lambda: (torch.mv(w_qkv, xr[0, 0]), torch.mv(w_o, xr[0, 0])),
                 PROJ_DNN: lambda: (dnn(xr, w_qkv, None, "none", [], ""), dnn(xr, w_o, None, "none", [], "")),
                 **read(),
@@ -192,7 +213,8 @@ class Decode(Target):
         weights = 4 * D * D * 4
         kv = 2 * prefix * D  # values of K and V per token: Hkv·Dh = D here
         nbytes = {HW: weights + kv * 4, HF: weights + kv * 4, HW16: weights + kv * 2, KERNEL: kv * 4}
-        nbytes.update({ONE_Q: kv * 4, ONE_Q16: kv * 2, PROJ_MKL: weights, PROJ_DNN: weights})
+        nbytes.update({HW_T: weights + kv * 4, HW16_T: weights + kv * 2, ONE_Q_T: kv * 4})
+        nbytes.update({ONE_Q: kv * 4, ONE_Q16: kv * 2, PROJ_MKL: weights, PROJ_DNN: weights, PROJ_NB: weights})
         for name, m in others.items():  # the entries a token must read: Hkv heads, the last WINDOW keys
             keys = min(prefix + 1, m.sliding_window or prefix)
             nbytes[name] = weight_bytes(m) + 2 * keys * m.num_kv_heads * m.head_dim * 4
@@ -233,15 +255,22 @@ class Decode(Target):
                 for name in others
             ),
             Row(
-                "the attention alone: fastpath.attention_one_query ÷ SDPA (1 query, cached K and V)",
-                res.ratio(ONE_Q, KERNEL),
-                note=f"{us[ONE_Q]:.0f} µs vs {us[KERNEL]:.0f} µs; fractions of their roofline "
-                f"{roof[ONE_Q]:.2f} and {roof[KERNEL]:.2f}; bf16 K and V {us[ONE_Q16]:.0f} µs ({roof[ONE_Q16]:.2f})",
+                "the compiled decode step ÷ the same module on torch's products (compiled kernels off)",
+                res.ratio(HW, HW_T),
+                note=f"{us[HW]:.0f} µs vs {us[HW_T]:.0f} µs; bf16 cache {us[HW16]:.0f} µs vs {us[HW16_T]:.0f} µs",
             ),
             Row(
-                "the projections alone (weights in cache): oneDNN ÷ addmv (MKL)",
-                res.ratio(PROJ_DNN, PROJ_MKL),
-                note=f"{us[PROJ_DNN]:.0f} µs vs {us[PROJ_MKL]:.0f} µs for the fused Q/K/V and the output",
+                "the attention alone: fastpath.attention_one_query (compiled) ÷ SDPA (1 query, cached K and V)",
+                res.ratio(ONE_Q, KERNEL),
+                note=f"{us[ONE_Q]:.0f} µs vs {us[KERNEL]:.0f} µs (torch's products {us[ONE_Q_T]:.0f} µs); fractions "
+                f"of their roofline {roof[ONE_Q]:.2f} and {roof[KERNEL]:.2f}; bf16 K and V {us[ONE_Q16]:.0f} µs "
+                f"({roof[ONE_Q16]:.2f})",
+            ),
+            Row(
+                "the projections alone (weights in cache): compiled rows ÷ oneDNN",
+                res.ratio(PROJ_NB, PROJ_DNN),
+                note=f"{us[PROJ_NB]:.0f} µs vs {us[PROJ_DNN]:.0f} µs (MKL addmv {us[PROJ_MKL]:.0f} µs) for the fused "
+                "Q/K/V and the output",
             ),
             Row(
                 "the same with one thread: fraction of the roofline",

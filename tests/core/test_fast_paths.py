@@ -21,7 +21,7 @@ from torch import nn
 import headwise
 import headwise.reference as ref
 from _helpers import np64, ref_params
-from headwise.core import fastpath
+from headwise.core import fastpath, kernels
 from headwise.core import functional as HF
 
 TOL = 1e-12
@@ -91,7 +91,8 @@ def test_short_inputs_are_not_fused_while_autograd_records():
 
 
 @pytest.mark.parametrize("hkv", [4, 1], ids=["mha", "mqa"])
-def test_decoded_token_is_fused_without_autograd_and_equals_math_path(hkv):
+def test_decoded_token_is_fused_without_autograd_and_equals_math_path(hkv, monkeypatch):
+    monkeypatch.setattr(kernels, "enabled", False)  # torch's route (the compiled step: tests/core/test_kernels.py)
     torch.manual_seed(6)
     m = headwise.MultiHeadAttention(32, 4, num_kv_heads=hkv, positional=headwise.RotaryEmbedding(8)).eval()
     slow = headwise.MultiHeadAttention(32, 4, num_kv_heads=hkv, positional=headwise.RotaryEmbedding(8), backend="math")

@@ -1,7 +1,9 @@
-"""One decoded token's kernel (``fastpath.attention_one_query``) against the readable math path.
+"""One decoded token's fast routes against the readable math path: ``fastpath.attention_one_query`` (the
+compiled split-key kernel, or torch's products with ``kernels.enabled = False``) and the compiled decode step
+``fastpath.decode`` a module takes where it applies.
 
 float32, whole tensors, ≤ 1e-6: MHA, GQA, MQA, batch > 1, padding and float masks, ALiBi's bias, a sliding
-window over a ring cache, fully blocked rows; the routes it must not take (``backend="math"``, autograd,
+window over a ring cache, fully blocked rows; the routes they must not take (``backend="math"``, autograd,
 weights asked for, sinks, soft-capping); and a bf16 cache read as bf16.
 """
 
@@ -11,10 +13,19 @@ import pytest
 import torch
 
 import headwise
-from headwise.core import fastpath
+from headwise.core import fastpath, kernels
 from headwise.core import functional as HF
 
 TOL = 1e-6
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "torch"])
+def route(request, monkeypatch):
+    """Every test twice: with the compiled kernels (where Numba runs) and with torch's products."""
+    if request.param and not kernels.available():
+        pytest.skip("Numba is not available here")
+    monkeypatch.setattr(kernels, "enabled", request.param)
+    return request.param
 
 
 def _pair(**kw):
@@ -26,8 +37,35 @@ def _pair(**kw):
     return fast, math.double()
 
 
+class _Spy:
+    """Counts the decoded tokens that took a fast route: the one-query kernel or the compiled decode step."""
+
+    def __init__(self):
+        self.call_count = 0
+
+    def __enter__(self):
+        self._patches = [
+            mock.patch.object(fastpath, name, side_effect=self._counted(getattr(fastpath, name)))
+            for name in ("attention_one_query", "decode")
+        ]
+        for p in self._patches:
+            p.start()
+        return self
+
+    def _counted(self, fn):
+        def call(*args, **kw):
+            self.call_count += 1
+            return fn(*args, **kw)
+
+        return call
+
+    def __exit__(self, *exc):
+        for p in self._patches:
+            p.stop()
+
+
 def _spy():
-    return mock.patch.object(fastpath, "attention_one_query", wraps=fastpath.attention_one_query)
+    return _Spy()
 
 
 def _decode(m, x, prefill, cache_kw=None, **call):
@@ -134,7 +172,7 @@ def test_gradients_flow_through_the_fallback():
     torch.testing.assert_close(m.Wq.weight.grad, ref.Wq.weight.grad.float(), rtol=0, atol=1e-5)
 
 
-def test_bf16_cache_is_read_as_bf16():
+def test_bf16_cache_is_read_as_bf16(route):
     fast, math = _pair(num_kv_heads=2, positional=headwise.RotaryEmbedding(8))
     x = torch.randn(2, 12, 64)
     seen = []
@@ -144,11 +182,14 @@ def test_bf16_cache_is_read_as_bf16():
         seen.append((q.dtype, k.dtype, v.dtype))
         return real(q, k, v, **kw)
 
-    with torch.no_grad(), mock.patch.object(fastpath, "attention_one_query", spy):
+    with torch.no_grad(), mock.patch.object(fastpath, "attention_one_query", spy), _spy() as fused:
         got = _decode(fast, x, 6, {"dtype": torch.bfloat16})
     with torch.no_grad():
         want = _decode(math, x, 6)
-    assert seen == [(torch.float32, torch.bfloat16, torch.bfloat16)] * 6
+    if route:  # the compiled step reads the bf16 buffers itself
+        assert seen == [] and fused.call_count == 6
+    else:
+        assert seen == [(torch.float32, torch.bfloat16, torch.bfloat16)] * 6
     assert got.dtype == torch.float32
     want = want.float()
     assert float((got - want).abs().max() / want.abs().max()) < 1e-2
