@@ -67,9 +67,9 @@ def _compiled():
         import numba  # noqa: F401
     except Exception:  # pragma: no cover - Numba missing or broken on this platform
         return None
-    from headwise.core import _numba_kernels
+    import headwise.core._numba_kernels as compiled
 
-    return _numba_kernels
+    return compiled
 
 
 def available() -> bool:
