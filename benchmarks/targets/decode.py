@@ -26,6 +26,7 @@ HW, HW16, HF = "headwise", "headwise, bf16 cache", "HF LlamaAttention + DynamicC
 HW_T, HW16_T = "headwise, torch's products (compiled kernels off)", "headwise, bf16 cache, torch's products"
 ONE_Q_T = "kernel: attention_one_query, torch's products"
 PROJ_NB = "projections alone: compiled rows"
+STACK, STACK_SUMS = "12-layer stack, one token", "12-layer stack's bytes summed by torch"
 KERNEL = "kernel: SDPA alone (1 query, cached K and V)"
 ONE_Q = "kernel: fastpath.attention_one_query alone"
 ONE_Q16 = "kernel: fastpath.attention_one_query alone, bf16 K and V"
@@ -82,34 +83,38 @@ def llama_pair(D: int, H: int, max_len: int):
 
 
 # How each piece of a decoded token was chosen: measured side by side on AMD EPYC (Zen 5, 2 cores, avx512_bf16,
-# no AMX; a shared machine at load 1.0-1.7), one layer, D 768, 12 heads, prefix 4,096, float32, 2 threads.
-# Timings of other contenders than the ones in the table above: scratch scripts, not part of `make bench`.
+# no AMX; a shared machine whose read bandwidth moved between 26 and 54 GB/s from one minute to the next), one
+# layer, D 768, 12 heads, prefix 4,096, float32, 2 threads, in scratch scripts (alternating rounds, medians).
 ROUTES = [
-    "How each piece was chosen (AMD EPYC Zen 5, 2 threads, prefix 4,096; ranges over rounds on a shared machine; "
-    "no Intel machine was available, so the Intel half is unmeasured):",
+    "How each piece was chosen (AMD EPYC Zen 5, 2 threads, prefix 4,096; scratch scripts with alternating rounds on "
+    "a shared machine; no Intel machine was available, so the Intel half is unmeasured):",
     "",
     "| piece | before | after | alternatives measured |",
     "|---|---|---|---|",
-    "| one query's attention (25.2 MB of K and V) | `F.scaled_dot_product_attention`: 1.43 ms per call inside the "
-    "step (profiler), 1.5–1.9 ms alone | `fastpath.attention_one_query`: two batched matrix products per KV head "
-    "over the cache's views, 0.38 ms each inside the step (0.77 ms a step), 0.9–1.3 ms alone | K stored transposed "
-    "`(Hkv, Dh, C)`: 5–10 % faster alone (1.30–1.39 vs 1.44 ms), not taken: every other reader (SDPA's prefill, the "
-    "ring's read) would get a strided K; NumPy/OpenBLAS: 1.1–1.3 ms, not taken (below); `torch.compile`d kernel: "
-    "fp32 1.8–2.4 ms, bf16 0.62 ms but 29 s to compile |",
-    "| Q/K/V and output projections (9.4 MB) | MKL `addmv`: one thread, 0.39–0.44 ms per call inside the step, "
-    "12–13 GB/s from memory | oneDNN linear (as for longer inputs): 0.29 ms per call inside the step, 14–24 GB/s "
-    "from memory | `x @ Wᵀ` stored transposed 0.53–0.84 ms; a K-split batched product 0.51–0.61 ms (10–20 % "
-    "over oneDNN, a second copy of the weights); NumPy's OpenBLAS: 0.05 ms with the weights in cache, but "
-    "12–16 ms in some rounds once torch's OpenMP threads had run (two thread pools on two cores) — never on the "
-    "fast path |",
-    "| a bf16 cache's entries | widened to float32 by the module (`.to`), then SDPA: 1.42× the float32 step | "
-    "read as bf16 by oneDNN's bf16 matmul (`brg_matmul:avx512_core_bf16`; with `ONEDNN_MAX_CPU_ISA=AVX512_CORE` "
-    "its `gemm:jit:bf16` ran as fast, 0.59–0.64 ms); a cache view strided by its capacity is read over the "
-    "buffer's slots (≤ 2·S) because torch copies strided operands first (4.5–6 ms) | widening the whole cache "
-    "15 ms (fresh 25 MB buffers fault in page by page); widening blocks of 512–2,048 keys into a reused "
-    "buffer 1.4–2.4 ms |",
-    "| everything else (Python, small ops) | ≈ 0.5–0.7 ms a step | ≈ 0.3 ms a step at a prefix of 16 (the "
-    "GEMVs in cache included) | a compiled decode step: not taken (compile time, recompiles as S grows) |",
+    "| the harness | `torch.utils.benchmark.Timer` ran every contender with one torch thread (its default), so the "
+    "tables before this change are one-thread figures, read bandwidth 27 GB/s | each contender runs with the threads "
+    "in force (2: read bandwidth 30–54 GB/s) | — |",
+    "| one query's attention (25.2 MB of K and V) | two batched products per key/value head (GEMMs that pack the "
+    "keys first): 0.65–0.80 ms alone with 2 threads | the compiled split-key kernel (Numba): each block's scores, "
+    "maximum, `exp` and output part in one pass over its keys and values, 0.55–0.60 ms alone; from memory, "
+    "inside the 12-layer stack, 0.88 × the time of torch summing the same K and V | blocks of 256 / 1,024 / 4,096 "
+    "keys: 1 / 0.84 / 0.76 of the step time (one long run over a head's keys, then its values, reads faster than "
+    "many short ones); the C library's `expf`: the kernel 1.5 × slower than with the vectorised polynomial; the head "
+    "width as a constant of the compiled code: the score pass 2.4 × faster (MQA, in cache); software prefetch "
+    "(non-temporal or not, 8–64 keys ahead): 0.96–1.05, not taken; K transposed: not tried again |",
+    "| Q/K/V and output projections (9.4 MB) | oneDNN linear: 92 µs (Wq;Wk;Wv, weights in cache), 628 µs after the "
+    "weights left the cache | compiled rows (each weight row read once per input row, rows split among the threads):"
+    " 62 µs in cache, 277 µs from memory — torch summing the same weight took 323 µs | MKL `addmv` 133 µs in cache, "
+    "697 µs from memory |",
+    "| everything else (Python, small ops) | ≈ 0.4–0.5 ms a step (RoPE, cache write, masks, views, three "
+    "kernels' calls) | one compiled call per token for a `MultiHeadAttention` with a `KVCache` or a ring "
+    "(`fastpath.decode`): at a prefix of 16, 87 µs in the compiled call, ≈ 20 µs deciding it applies, ≈ 40 µs "
+    "around it | keeping torch's route with the compiled kernels inside: 1.67 × the compiled step's time |",
+    "| a sliding window of 1,024 over a ring | the ring copied into stream order every step (3.1–3.9 ms) | the "
+    "ring read as it lies (one query's softmax needs no order), its empty and out-of-window slots masked: "
+    "0.48–0.64 ms | — |",
+    "| a bf16 cache's entries | read as bf16 by oneDNN's bf16 matmul | widened in registers by the compiled kernel "
+    "(bf16 is float32's top half) | — |",
     "",
 ]
 
@@ -235,6 +240,29 @@ class Decode(Target):
                     c.crop(n_prompt)
                 with threads(n):
                     per_token[n] = generate(stack, stack_caches, h[:, -1:], n_new)
+
+            # The whole stack's bytes (12 × 35 MB) far exceed the last-level cache, so every token reads them from
+            # memory — the realistic case, where a single layer's step partly re-reads its bytes from the cache.
+            # Side by side: one token through the stack (each cache rewound), the same bytes summed by torch,
+            # and the read anchor.
+            def stack_token():
+                y = h[:, -1:]
+                for m, c in zip(stack, stack_caches):
+                    c.crop(n_prompt)
+                    y = y + m(y, is_causal=True, cache=c)[0]
+                return y
+
+            def stack_sums():
+                for m, c in zip(stack, stack_caches):
+                    m.Wq.weight.sum(), m.Wk.weight.sum(), m.Wv.weight.sum(), m.Wo.weight.sum()
+                    c.k[:, :, :n_prompt].sum(), c.v[:, :, :n_prompt].sum()
+
+            res_stack = compare(
+                {STACK: stack_token, STACK_SUMS: stack_sums, **read()}, rounds=mode.rounds, target_s=mode.target_s
+            )
+        stack_bytes = self.layers * (4 * D * D * 4 + 4 * D * 4 + 2 * n_prompt * D * 4)
+        roof_stack = fraction_of_roofline(res_stack, STACK, stack_bytes)
+        bw_stack = statistics.median(bandwidth_per_round(res_stack))
         tps = {n: 1 / statistics.median(s) for n, s in per_token.items()}
         us = {n: res.median_s[n] * 1e6 for n in nbytes}
         rows = [
@@ -292,6 +320,13 @@ class Decode(Target):
             ),
             Row.at_most("bf16 KV cache: max|out − out(float32 cache)| ÷ max|out(float32 cache)|", bf16_err, 1e-2),
             Row(
+                f"12-layer stack, prompt {n_prompt}: one token's fraction of the read-bandwidth roofline (from memory)",
+                roof_stack,
+                note=f"{res_stack.median_s[STACK] * 1e3:.1f} ms for {stack_bytes / 1e6:.0f} MB at {bw_stack / 1e9:.1f} "
+                f"GB/s; torch summing the same bytes {res_stack.median_s[STACK_SUMS] * 1e3:.1f} ms "
+                f"({res_stack.ratio(STACK, STACK_SUMS):.2f} × its time)",
+            ),
+            Row(
                 f"tokens/s, 12-layer stack (D=768, H=12), prompt {n_prompt}, {n_threads} threads",
                 tps[n_threads],
                 note=f"{tps[1]:.0f} tokens/s with 1 thread; median of {n_new} tokens",
@@ -317,6 +352,10 @@ class Decode(Target):
                 "new_tokens": n_new,
                 "tokens_per_s": {str(n): v for n, v in tps.items()},
                 "median_token_s": {str(n): statistics.median(s) for n, s in per_token.items()},
+                "roofline": roof_stack,
+                "read_gb_s": bw_stack / 1e9,
+                "bytes": stack_bytes,
+                "timing": res_stack.to_json(),
             },
         )
 
@@ -348,7 +387,13 @@ class Decode(Target):
             "largest value.",
             "",
             f"12-layer stack (residual headwise attention layers, D = 768, H = 12, float32, B = 1), prompt "
-            f"{st['prompt']:,}, {st['new_tokens']} new tokens: {tps}.",
+            f"{st['prompt']:,}, {st['new_tokens']} new tokens: {tps}."
+            + (
+                f" One token through the stack reads {st['bytes'] / 1e6:.0f} MB, far past the last-level cache: "
+                f"{fmt(st['roofline'])} of the roofline at the {st['read_gb_s']:.1f} GB/s read in the same rounds."
+                if "roofline" in st
+                else ""
+            ),
             "",
             *ROUTES,
         ]
