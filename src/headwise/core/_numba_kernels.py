@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
@@ -45,28 +44,6 @@ def _exp(x):
     return e if x > np.float32(-87.0) else np.float32(0.0)
 
 
-@intrinsic
-def _prefetch(typingctx, flat, index):
-    """Ask for the cache line holding ``flat[index]`` (a 1-D array) as non-temporal data (``llvm.prefetch``,
-    locality 0: ``prefetchnta`` on x86): read once, it should not push other data out of the caches."""
-
-    def codegen(context, builder, signature, args):
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic(
-            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
-        )
-        ptr = builder.bitcast(builder.gep(array.data, [args[1]]), byte_ptr)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, LOCALITY), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(flat, types.intp), codegen
-
-
-LOCALITY = 0
-
-
 def _widen(x):
     """An entry of K or V as float32: itself, or a bf16 entry stored as its int16 bit pattern."""
 
@@ -79,10 +56,14 @@ def _widen_typed(x):
 
 
 @nb.njit(parallel=True, fastmath=_FAST, cache=True)
-def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_, g_):
-    # q (B, Hkv, G, Dh) float32; k (B, Hkv, C, Dh), v (B, Hkv, C, Dv): the first S slots are read; bias
-    # (B|1, Hkv|1, G|1, S) float32 when has_bias; dh_, dv_: tuples whose lengths are Dh and Dv.
-    # Returns out (B, Hkv, G, Dv) float32.
+def attend(q, k, v, S, scale, bias, has_bias, block, dh_, dv_, g_):
+    """``softmax(q kᵀ · scale + bias) v`` per query row, split-key: blocks of ``block`` keys (the threads' tasks)
+    each form their scores, maximum, ``exp`` and output part in one pass, then every row combines its blocks.
+
+    q ``(B, Hkv, G, Dh)`` float32; k ``(B, Hkv, C, Dh)``, v ``(B, Hkv, C, Dv)`` float32 or bf16 bits (int16),
+    of which the first S slots are read; bias ``(B|1, Hkv|1, G|1, S)`` float32 when has_bias; dh_, dv_, g_:
+    tuples whose lengths are Dh, Dv and G. Returns ``out (B, Hkv, G, Dv)`` float32; a row whose every key is
+    at ``-inf`` gives zeros."""
     B, Hkv, _, _ = q.shape
     Dh, Dv, G = len(dh_), len(dv_), len(g_)  # head widths and group size as constants of the compiled code
     n = (S + block - 1) // block
@@ -97,14 +78,7 @@ def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_, g_):
         s0 = c * block
         m = min(S, s0 + block) - s0
         score = np.empty((G, m), np.float32)  # (G, m): this block's scores
-        kf, vf = k.ravel(), v.ravel()
-        C = k.shape[2]
-        step_k = max(1, 64 // k.itemsize)
         for j in range(m):
-            if ahead > 0 and j + ahead < m:
-                base = ((b * Hkv + h) * C + s0 + j + ahead) * Dh
-                for o in range(0, Dh, step_k):
-                    _prefetch(kf, base + o)
             for g in range(G):
                 acc = np.float32(0.0)
                 for d in range(Dh):
@@ -131,10 +105,6 @@ def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_, g_):
             top[b, h, g, c] = t
             total[b, h, g, c] = s
         for j in range(m):
-            if ahead > 0 and j + ahead < m:
-                base = ((b * Hkv + h) * C + s0 + j + ahead) * Dv
-                for o in range(0, Dv, step_k):
-                    _prefetch(vf, base + o)
             for g in range(G):
                 if top[b, h, g, c] > -np.inf:
                     p = score[g, j]
@@ -169,8 +139,8 @@ def attend(q, k, v, S, scale, bias, has_bias, block, ahead, dh_, dv_, g_):
 
 @nb.njit(parallel=True, fastmath=_FAST, cache=True)
 def rows(w, x, bias, has_bias, per_task):
-    """``y (N, Out) = x (N, In) wᵀ (+ bias (Out,))``, returned for ``w (Out, In)``, the weight's rows split among the
-    threads ``per_task`` at a time; each weight row is read once for all N rows of ``x``."""
+    """``y (N, Out) = x (N, In) wᵀ (+ bias (Out,))`` for ``w (Out, In)``, returned; the weight's rows are split
+    among the threads ``per_task`` at a time, each read once for all N rows of ``x``."""
     Out, In = w.shape
     N = x.shape[0]
     y = np.empty((N, Out), np.float32)
@@ -244,7 +214,7 @@ def _rotate(x, start, heads, Dh, cos, sin, interleaved):
 @nb.njit(fastmath=_FAST, cache=True)
 def decode(
     x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, S, bias, has_bias, position, inv_freq,
-    rope, factor, H, scale, block, ahead, dh_, g_,
+    rope, factor, H, scale, block, dh_, g_,
 ):  # fmt: skip
     """One decoded token through a whole attention module: ``x (B, D)`` → Q/K/V (one product), RoPE at
     ``position`` (rope 0: none, 1: half, 2: interleaved; ``cos, sin`` of ``position · inv_freq`` computed in
@@ -267,5 +237,5 @@ def decode(
                 k_buf[b, h, slot, d] = _narrow(qkv[b, (H + h) * Dh + d], like)
                 v_buf[b, h, slot, d] = _narrow(qkv[b, (H + Hkv + h) * Dh + d], like)
     q = np.ascontiguousarray(qkv[:, : H * Dh]).reshape(B, Hkv, H // Hkv, Dh)
-    heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, ahead, dh_, dh_, g_)
+    heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, dh_, dh_, g_)
     return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, 64)

@@ -15,8 +15,11 @@ once per machine, loaded in ~0.1 s afterwards):
   or bf16 entries (a bf16 cache's, widened in registers), float32 arithmetic.
 - :func:`linear_rows`: ``x Wᵀ + b`` for a few rows (a decoded token's projections), each weight row read
   once for every input row.
+- :func:`decode_step`: one decoded token through a whole attention module in one call — the stacked Q/K/V
+  product, RoPE, the cache write, the attention above, ``Wo`` — so that a token pays one call's overhead
+  rather than some forty small operations'.
 
-Both run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``).
+They run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``).
 :func:`available` says whether Numba loaded; where it did not, the fast path keeps torch's products. Each
 kernel is tested against the readable path (``tests/core/test_kernels.py``).
 
@@ -52,8 +55,6 @@ def keys_per_block(S: int, heads: int, G: int, threads: int) -> int:
     return max(1, min(most, max(MIN_BLOCK, -(-S // blocks))))
 
 
-# Keys ahead of the one read whose cache lines are asked for (non-temporal prefetch); 0: none.
-PREFETCH_AHEAD = 0
 # Weight rows per task of the row-parallel linear.
 ROWS_PER_TASK = 64
 # Most input rows :func:`linear_rows` takes (a batch of decoded tokens); beyond, a GEMM reuses the weight better.
@@ -79,8 +80,8 @@ def available() -> bool:
 
 @functools.cache
 def _width(n: int) -> tuple:
-    """A tuple of length ``n``: its type tells the compiler the head width, so that it unrolls the loops over a
-    head's entries (one kernel is compiled per width met)."""
+    """A tuple of length ``n``: its type tells the compiler a head width or a group size, so that it unrolls the
+    loops over them (one kernel is compiled per combination met, and cached)."""
     return (0,) * n
 
 
@@ -147,7 +148,7 @@ def attention_one_query(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, sc
     _threads()
     out = kern.attend(
         qg.numpy(), _entries(k), _entries(v), S, scale, b, bias is not None,
-        keys_per_block(S, B * Hkv, H // Hkv, torch.get_num_threads()), PREFETCH_AHEAD,
+        keys_per_block(S, B * Hkv, H // Hkv, torch.get_num_threads()),
         _width(Dh), _width(Dv), _width(H // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out).view(B, H, 1, Dv)
@@ -208,7 +209,7 @@ def decode_step(
     out = kern.decode(
         x.detach().numpy(), w_qkv.detach().numpy(), _bias(b_qkv), b_qkv is not None, w_o.detach().numpy(),
         _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, S, bias, keys is not None, position,
-        inv_freq.numpy(), kind, float(factor), num_heads, scale, block, PREFETCH_AHEAD, _width(Dh),
+        inv_freq.numpy(), kind, float(factor), num_heads, scale, block, _width(Dh),
         _width(num_heads // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out)
