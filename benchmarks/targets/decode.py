@@ -115,6 +115,12 @@ ROUTES = [
     "0.48–0.64 ms | — |",
     "| a bf16 cache's entries | read as bf16 by oneDNN's bf16 matmul | widened in registers by the compiled kernel "
     "(bf16 is float32's top half) | — |",
+    "| threads of a kernel called on its own (a Hugging Face model's attention between torch's operations) | — | "
+    "one thread below 16 MB of entries (`kernels.PARALLEL_BYTES`), torch's count above; the compiled decode step "
+    "always torch's count | SmolLM2 `generate` at 1,024 and 4,096 tokens, quiet machine: one thread and two equal "
+    "within noise; with one busy process beside it, two threads 1.24–1.38 × sdpa's time per token (Numba's and "
+    "torch's thread pools spin on each other's cores), one thread 0.64–0.89 ×; Numba's `workqueue` layer: the "
+    "kernel 3 × slower; `OMP_WAIT_POLICY=PASSIVE` for Numba's pool: 1.0–1.28 × |",
     "",
 ]
 

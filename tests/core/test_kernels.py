@@ -226,14 +226,25 @@ def test_a_full_cache_still_raises_its_error():
 
 
 def test_kernels_use_torchs_thread_count():
+    """Torch's thread count; one thread for a kernel on its own over little data (``kernels.PARALLEL_BYTES``)."""
     import numba
 
-    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 4, 30, 8)
+    small = torch.randn(1, 4, 30, 8)
+    big = torch.randn(1, 4, kernels.PARALLEL_BYTES // (4 * 8 * 4) + 1, 8)  # K alone past PARALLEL_BYTES
+    q = torch.randn(1, 4, 1, 8)
+    m = _module()
     before = torch.get_num_threads()
     try:
         for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             torch.set_num_threads(n)
-            kernels.attention_one_query(q, k, k, None, 1.0)
+            kernels.attention_one_query(q, small, small, None, 1.0)
+            assert numba.get_num_threads() == 1
+            kernels.attention_one_query(q, big, big, None, 1.0)
+            assert numba.get_num_threads() == n
+            kernels.attention_one_query(q, small, small, None, 1.0)
+            cache = headwise.KVCache(1, 4, 4, 8)
+            with torch.no_grad():
+                m(torch.randn(1, 1, 32), is_causal=True, cache=cache)  # the compiled decode step: torch's count
             assert numba.get_num_threads() == n
     finally:
         torch.set_num_threads(before)

@@ -19,7 +19,8 @@ once per machine, loaded in ~0.1 s afterwards):
   product, RoPE, the cache write, the attention above, ``Wo`` — so that a token pays one call's overhead
   rather than some forty small operations'.
 
-They run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``).
+They run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``) — the first two
+on one thread when they read little (``PARALLEL_BYTES``).
 :func:`available` says whether Numba loaded; where it did not, the fast path keeps torch's products. Each
 kernel is tested against the readable path (``tests/core/test_kernels.py``).
 
@@ -87,10 +88,20 @@ def _width(n: int) -> tuple:
 
 _set_threads = [0]  # the thread count last given to Numba (from this module)
 
+# Entries (bytes) below which a kernel called on its own — between torch's operations, as in a Hugging Face
+# model's layers — runs on one thread. Numba's thread pool is not torch's: at every switch between the two, the
+# idle threads of one spin on the cores the other needs. Measured on SmolLM2-135M (6.3 MB of K and V per layer
+# at a prompt of 4,096) with `generate`: on a quiet machine one thread and two took the same time per token
+# within the rounds' noise; with one other busy process on the 2 cores, two threads took 1.24–1.38 × sdpa's
+# time per token and one thread 0.64–0.89 ×. Larger reads gain more from a second thread than a switch costs.
+# The compiled decode step (one call per layer for the whole module) always uses torch's thread count.
+PARALLEL_BYTES = 16 << 20
 
-def _threads() -> None:
-    """Numba's threads as many as torch's (``torch.get_num_threads()``, e.g. under ``torch.set_num_threads``)."""
-    n = torch.get_num_threads()
+
+def _threads(nbytes: int | None = None) -> None:
+    """Numba's threads as many as torch's (``torch.get_num_threads()``, e.g. under ``torch.set_num_threads``);
+    one for a kernel called on its own over fewer than ``PARALLEL_BYTES`` bytes."""
+    n = 1 if nbytes is not None and nbytes < PARALLEL_BYTES else torch.get_num_threads()
     if n != _set_threads[0]:
         import numba
 
@@ -145,10 +156,10 @@ def attention_one_query(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, sc
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
     qg = q.detach().reshape(B, Hkv, H // Hkv, Dh).float().contiguous()  # (B, Hkv, G, Dh): a group's queries
     b = _NO_BIAS if bias is None else bias.float().contiguous().numpy()
-    _threads()
+    _threads(k.numel() * k.element_size() + v.numel() * v.element_size())
     out = kern.attend(
         qg.numpy(), _entries(k), _entries(v), S, scale, b, bias is not None,
-        keys_per_block(S, B * Hkv, H // Hkv, torch.get_num_threads()),
+        keys_per_block(S, B * Hkv, H // Hkv, _set_threads[0]),
         _width(Dh), _width(Dv), _width(H // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out).view(B, H, 1, Dv)
@@ -161,7 +172,7 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     Out, In = weight.shape
     rows = x.detach().reshape(-1, In).contiguous()  # (N, In)
     b = _NO_BIAS.reshape(1) if bias is None else bias.detach().numpy()
-    _threads()
+    _threads(weight.numel() * weight.element_size())
     y = kern.rows(weight.detach().numpy(), rows.numpy(), b, bias is not None, ROWS_PER_TASK)  # (N, Out)
     return torch.from_numpy(y).view(*x.shape[:-1], Out)
 
