@@ -104,8 +104,9 @@ ROUTES = [
     "(non-temporal or not, 8–64 keys ahead): 0.96–1.05, not taken; K transposed: not tried again |",
     "| Q/K/V and output projections (9.4 MB) | oneDNN linear: 92 µs (Wq;Wk;Wv, weights in cache), 628 µs after the "
     "weights left the cache | compiled rows (each weight row read once per input row, rows split among the threads):"
-    " 62 µs in cache, 277 µs from memory — torch summing the same weight took 323 µs | MKL `addmv` 133 µs in cache, "
-    "697 µs from memory |",
+    " 62 µs in cache, 277 µs from memory — torch summing the same weight took 323 µs; inside the compiled decode "
+    "step, and on its own for weights of 16 MB or more (smaller ones stay with oneDNN, on torch's threads) | MKL "
+    "`addmv` 133 µs in cache, 697 µs from memory |",
     "| everything else (Python, small ops) | ≈ 0.4–0.5 ms a step (RoPE, cache write, masks, views, three "
     "kernels' calls) | one compiled call per token for a `MultiHeadAttention` with a `KVCache` or a ring "
     "(`fastpath.decode`): at a prefix of 16, 87 µs in the compiled call, ≈ 20 µs deciding it applies, ≈ 40 µs "

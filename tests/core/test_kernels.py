@@ -101,13 +101,18 @@ def test_linear_rows_equals_f_linear(rows, bias):
     torch.manual_seed(rows)
     w, b = torch.randn(300, 130), torch.randn(300) if bias else None
     x = torch.randn(rows, 1, 130)
-    assert kernels.linear_rows_applies(x, w, b)
+    assert not kernels.linear_rows_applies(x, w, b)  # a small weight stays with oneDNN
+    big = torch.randn(kernels.PARALLEL_BYTES // (4 * 130) + 1, 130)
+    assert kernels.linear_rows_applies(x, big, None)
     got = kernels.linear_rows(x, w, b)
     want = F.linear(x.double(), w.double(), None if b is None else b.double())
     assert got.shape == (rows, 1, 300)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-5)
-    assert not kernels.linear_rows_applies(torch.randn(9, 130), w, b)  # more rows: a GEMM
-    assert not kernels.linear_rows_applies(x.double(), w.double(), None)
+    torch.testing.assert_close(
+        kernels.linear_rows(x, big).double(), F.linear(x.double(), big.double()), rtol=1e-6, atol=1e-5
+    )
+    assert not kernels.linear_rows_applies(torch.randn(9, 130), big, None)  # more rows: a GEMM
+    assert not kernels.linear_rows_applies(x.double(), big.double(), None)
 
 
 def _decode(m, x, prefill, cache):

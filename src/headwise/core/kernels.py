@@ -19,8 +19,9 @@ once per machine, loaded in ~0.1 s afterwards):
   product, RoPE, the cache write, the attention above, ``Wo`` — so that a token pays one call's overhead
   rather than some forty small operations'.
 
-They run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``) — the first two
-on one thread when they read little (``PARALLEL_BYTES``).
+They run on Numba's thread pool with as many threads as torch uses (``torch.get_num_threads()``); the attention
+called on its own runs on one thread when it reads little, and the linear is taken only for large weights
+(``PARALLEL_BYTES``).
 :func:`available` says whether Numba loaded; where it did not, the fast path keeps torch's products. Each
 kernel is tested against the readable path (``tests/core/test_kernels.py``).
 
@@ -172,7 +173,7 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     Out, In = weight.shape
     rows = x.detach().reshape(-1, In).contiguous()  # (N, In)
     b = _NO_BIAS.reshape(1) if bias is None else bias.detach().numpy()
-    _threads(weight.numel() * weight.element_size())
+    _threads()
     y = kern.rows(weight.detach().numpy(), rows.numpy(), b, bias is not None, ROWS_PER_TASK)  # (N, Out)
     return torch.from_numpy(y).view(*x.shape[:-1], Out)
 
@@ -235,9 +236,13 @@ def _buffer(t: Tensor):
 
 
 def linear_rows_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether :func:`linear_rows` takes this product: float32 CPU, at most ``MAX_ROWS`` rows, contiguous
-    weight and bias, the kernels available. (The caller checks that no gradient is recorded.)"""
+    """Whether :func:`linear_rows` takes this product: float32 CPU, at most ``MAX_ROWS`` rows, a contiguous weight
+    of at least ``PARALLEL_BYTES`` (a smaller one stays with oneDNN, on torch's own threads: on one thread the
+    kernel is slower, on Numba's pool it would switch pools), contiguous bias, the kernels available. (The caller
+    checks that no gradient is recorded.)"""
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or not weight.is_contiguous():
+        return False
+    if weight.numel() * 4 < PARALLEL_BYTES:
         return False
     if x.numel() > MAX_ROWS * x.shape[-1] or x.numel() == 0:
         return False
