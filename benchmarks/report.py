@@ -34,9 +34,10 @@ FAST_PATHS = [
         "not copied in first by `addmm`",
     ),
     (
-        "matrix-vector product",
-        "the same, one row (a decoded token), float32",
-        "`fastpath.linear`: BLAS `addmv`, which reads the weight once without a GEMM's set-up",
+        "compiled rows",
+        "the same, at most 8 rows (decoded tokens), float32, a weight of 16 MB or more",
+        "`kernels.linear_rows` (Numba): each weight row read once for every input row, the rows split among the "
+        "threads",
     ),
     (
         "SDPA",
@@ -45,9 +46,17 @@ FAST_PATHS = [
         "kernel's flag from the first slot, heads merged by a view",
     ),
     (
+        "compiled decode step",
+        "a `MultiHeadAttention` call of one token of self-attention with a `KVCache` or a ring, float32, no mask, "
+        "hook, gradient, qk-norm, soft-capping, sinks or positional part but plain RoPE",
+        "`fastpath.decode` → `kernels.decode_step`: the stacked Q/K/V product, RoPE, the cache write, the "
+        "attention below and `Wo` in one compiled call (a ring read as it lies)",
+    ),
+    (
         "one decoded token",
-        "`is_causal` with a KV cache and one new token",
-        "`masks.causal_slots` returns no mask (the token sees every key), so the kernel runs unmasked",
+        "one query row over cached keys and values (float32 or bf16), CPU, no dropout, weights or gradient",
+        "`kernels.attention_one_query` (Numba): split-key blocks, each one pass over its keys and values, "
+        "combined by their maxima; masks as an additive bias; on one thread below 16 MB of entries",
     ),
     (
         "blocked weights",
@@ -75,10 +84,12 @@ no docs). Each section says the command, the time and the machine's load when it
 - **Side by side, one process.** Every comparison builds headwise's module and the peers with *the same
   weights* (copied, and checked to give the same output before timing) and feeds them *the same input*.
 - **Alternating rounds, medians.** Each round times every contender once with `torch.utils.benchmark.Timer`
-  (a fixed number of calls per contender, about 0.4 s), the order rotating between rounds. A time is the
-  median over rounds; a ratio is the median over rounds of the per-round ratio (in brackets: the lowest and
-  highest per-round ratio), so load from other jobs on this shared 2-CPU machine hits both sides of a ratio
-  alike. Absolute times move with that load (the load averages are recorded); the ratios are what to read.
+  (a fixed number of calls per contender, about 0.4 s, with the torch threads in force — the Timer's own
+  default is one thread, which every figure written before 2026-12-02 07:00 ran with), the order rotating
+  between rounds. A time is the median over rounds; a ratio is the median over rounds of the per-round ratio
+  (in brackets: the lowest and highest per-round ratio), so load from other jobs on this shared 2-CPU machine
+  hits both sides of a ratio alike. Absolute times move with that load (the load averages are recorded); the
+  ratios are what to read.
 - **Against the machine's limits, in the same rounds.** The *theoretical FLOP rate* is computed, not
   measured: cores × clock (`cpu MHz` in `/proc/cpuinfo`) × FLOP per cycle per core (float32 lanes of the
   widest vector unit × 2 for the fused multiply-add × 2 FMA pipes; see `benchmarks/targets/limits.py` for bf16 and
