@@ -115,6 +115,16 @@ def test_linear_rows_equals_f_linear(rows, bias):
     assert not kernels.linear_rows_applies(x.double(), big.double(), None)
 
 
+def _against_math(m, x, prefill, caches):
+    """``m`` and a copy of it on ``backend="math"`` decode ``x`` after ``prefill`` tokens into ``caches[0]``
+    and ``caches[1]``: ``(got, want, calls of the compiled step)``."""
+    ref = copy.deepcopy(m)
+    ref.backend = "math"
+    with mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
+        got = _decode(m, x, prefill, caches[0])
+    return got, _decode(ref, x, prefill, caches[1]), spy.call_count
+
+
 def _decode(m, x, prefill, cache):
     with torch.no_grad():
         m(x[:, :prefill], is_causal=True, cache=cache)
@@ -149,14 +159,10 @@ def _module(positional=None, **kw):
 def test_decode_step_equals_the_math_path(case, dtype, batch):
     torch.manual_seed(7)
     m = _module(**CASES[case])
-    ref = copy.deepcopy(m)
-    ref.backend = "math"
     x = torch.randn(batch, 13, 32)
     caches = [headwise.KVCache(batch, 13, m.num_kv_heads, 8, dtype=dtype) for _ in range(2)]
-    with mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
-        got = _decode(m, x, 4, caches[0])
-    want = _decode(ref, x, 4, caches[1])
-    assert spy.call_count == 9
+    got, want, calls = _against_math(m, x, 4, caches)
+    assert calls == 9
     torch.testing.assert_close(got, want, rtol=0, atol=TOL)
     a, b = caches
     assert a.length == b.length and torch.equal(a.positions, b.positions)
@@ -169,14 +175,10 @@ def test_decode_step_equals_the_math_path(case, dtype, batch):
 def test_decode_step_over_a_ring_equals_the_math_path(window, ring, sinks):
     torch.manual_seed(1)
     m = _module(num_kv_heads=2, positional="half", sliding_window=window)
-    ref = copy.deepcopy(m)
-    ref.backend = "math"
     x = torch.randn(2, 17, 32)
     caches = [headwise.SlidingWindowCache(2, ring, 2, 8, sink_tokens=sinks) for _ in range(2)]
-    with mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
-        got = _decode(m, x, 3, caches[0])
-    want = _decode(ref, x, 3, caches[1])
-    assert spy.call_count == 14
+    got, want, calls = _against_math(m, x, 3, caches)
+    assert calls == 14
     torch.testing.assert_close(got, want, rtol=0, atol=TOL)
     a, b = caches
     assert a.length == b.length and torch.equal(a.slots, b.slots) and torch.equal(a.positions, b.positions)

@@ -214,7 +214,7 @@ def _rotate(x, start, heads, Dh, cos, sin, interleaved):
 @nb.njit(fastmath=_FAST, cache=True)
 def decode(
     x, w_qkv, b_qkv, has_b_qkv, w_o, b_o, has_b_o, k_buf, v_buf, slot, S, bias, has_bias, position, inv_freq,
-    rope, factor, H, scale, block, dh_, g_,
+    rope, factor, H, scale, block, per_task, dh_, g_,
 ):  # fmt: skip
     """One decoded token through a whole attention module: ``x (B, D)`` → Q/K/V (one product), RoPE at
     ``position`` (rope 0: none, 1: half, 2: interleaved; ``cos, sin`` of ``position · inv_freq`` computed in
@@ -225,7 +225,7 @@ def decode(
     B = x.shape[0]
     Hkv = k_buf.shape[1]
     Dh = len(dh_)
-    qkv = rows(w_qkv, x, b_qkv, has_b_qkv, 64)  # (B, (H + 2·Hkv)·Dh)
+    qkv = rows(w_qkv, x, b_qkv, has_b_qkv, per_task)  # (B, (H + 2·Hkv)·Dh)
     if rope > 0:
         cos, sin = _angles(position, inv_freq, factor)
         for b in range(B):
@@ -238,4 +238,4 @@ def decode(
                 v_buf[b, h, slot, d] = _narrow(qkv[b, (H + Hkv + h) * Dh + d], like)
     q = np.ascontiguousarray(qkv[:, : H * Dh]).reshape(B, Hkv, H // Hkv, Dh)
     heads = attend(q, k_buf, v_buf, S, scale, bias, has_bias, block, dh_, dh_, g_)
-    return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, 64)
+    return rows(w_o, heads.reshape(B, H * Dh), b_o, has_b_o, per_task)

@@ -152,6 +152,13 @@ def _records_grad(module, x: Tensor) -> bool:
     return x.requires_grad or any(p.requires_grad for m in (module.Wq, module.Wk, module.Wv) for p in m.parameters())
 
 
+def _stacked(module, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+    """The stacked ``(weight, bias)`` of ``linears``, kept on ``module`` (not as a parameter, buffer or state)
+    while no weight changes (:class:`_FusedWeights`)."""
+    store = module.__dict__.setdefault("_fused_weights", {})
+    return store.setdefault(len(linears), _FusedWeights())(linears)
+
+
 def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(Wq(query) (B, L, H·Dh), Wk(key) (B, S, Hkv·Dh), Wv(value) (B, S, Hkv·Dh))`` for a
     :class:`headwise.MultiHeadAttention`, the same numbers as calling the three ``nn.Linear``s.
@@ -171,8 +178,7 @@ def project(module, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, 
             fuse = (module.Wk, module.Wv)
     if not fuse:
         return call_linear(module.Wq, query), call_linear(module.Wk, key), call_linear(module.Wv, value)
-    store = module.__dict__.setdefault("_fused_weights", {})  # not a parameter, buffer or state
-    weight, bias = store.setdefault(len(fuse), _FusedWeights())(fuse)
+    weight, bias = _stacked(module, fuse)
     parts = linear(key, weight, bias).split([m.out_features for m in fuse], dim=-1)  # (B, S, Out) each
     if len(fuse) == 3:
         return parts
@@ -253,9 +259,7 @@ def decode(module, query: Tensor, cache) -> Tensor:
     :func:`decode_applies`): the same numbers as its forward — the stacked Q/K/V product, RoPE at the cache's
     length, the new key and value appended to ``cache``, attention over every cached token, ``Wo`` — with
     the round-off of a different order of sums. Returns ``(B, 1, D)``."""
-    weight, bias = module.__dict__.setdefault("_fused_weights", {}).setdefault(3, _FusedWeights())(
-        (module.Wq, module.Wk, module.Wv)
-    )  # (H·Dh + 2·Hkv·Dh, D), stacked once and kept while no weight changes
+    weight, bias = _stacked(module, (module.Wq, module.Wk, module.Wv))  # (H·Dh + 2·Hkv·Dh, D)
     rope = module.positional.rotation() if module.positional is not None else None
     scale = module.scale if module.scale is not None else 1.0 / math.sqrt(module.head_dim)
     t, window = cache.length, module.sliding_window  # the new token's stream index; the module's window
@@ -263,10 +267,13 @@ def decode(module, query: Tensor, cache) -> Tensor:
         slot, window = cache.next_slot(), masks.narrowest(window, cache.window)
         stream = cache.slots.clone()  # (C,): each slot's stream index, -1 empty
         stream[slot] = t
-        keys = (stream >= 0) & ((stream < cache.sink_tokens) | (stream > t - window))  # (C,)
+        blocked = masks.causal_slots(1, stream.shape[0], offset=t, window=window, key_slots=stream,
+                                     sink_tokens=cache.sink_tokens)  # fmt: skip
+        keys = (stream >= 0) & ~blocked[0]  # (C,)
     else:
         slot = t
-        keys = None if window is None or t < window else torch.arange(t + 1) > t - window  # (t + 1,)
+        blocked = masks.causal_slots(1, t + 1, offset=t, window=window)  # (1, t + 1), None: every key seen
+        keys = None if blocked is None else ~blocked[0]
     B = query.shape[0]
     out = kernels.decode_step(
         query.reshape(B, -1).contiguous(), weight, bias, module.Wo.weight, module.Wo.bias, cache.k, cache.v,

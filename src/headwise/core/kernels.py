@@ -135,9 +135,7 @@ def _entries(t: Tensor):
     full = _slots(t)
     if full is None:
         full = t.contiguous()
-    if full.dtype == torch.bfloat16:
-        return full.view(torch.int16).numpy()
-    return full.numpy()
+    return _buffer(full)
 
 
 def attention_one_query(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float) -> Tensor:
@@ -172,9 +170,8 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     kern = _compiled()
     Out, In = weight.shape
     rows = x.detach().reshape(-1, In).contiguous()  # (N, In)
-    b = _NO_BIAS.reshape(1) if bias is None else bias.detach().numpy()
     _threads()
-    y = kern.rows(weight.detach().numpy(), rows.numpy(), b, bias is not None, ROWS_PER_TASK)  # (N, Out)
+    y = kern.rows(weight.detach().numpy(), rows.numpy(), _bias(bias), bias is not None, ROWS_PER_TASK)  # (N, Out)
     return torch.from_numpy(y).view(*x.shape[:-1], Out)
 
 
@@ -221,7 +218,7 @@ def decode_step(
     out = kern.decode(
         x.detach().numpy(), w_qkv.detach().numpy(), _bias(b_qkv), b_qkv is not None, w_o.detach().numpy(),
         _bias(b_o), b_o is not None, _buffer(k_buf), _buffer(v_buf), slot, S, bias, keys is not None, position,
-        inv_freq.numpy(), kind, float(factor), num_heads, scale, block, _width(Dh),
+        inv_freq.numpy(), kind, float(factor), num_heads, scale, block, ROWS_PER_TASK, _width(Dh),
         _width(num_heads // Hkv),
     )  # fmt: skip
     return torch.from_numpy(out)
@@ -232,6 +229,7 @@ def _bias(b: Tensor | None):
 
 
 def _buffer(t: Tensor):
+    """A float32 tensor as a NumPy array of its values, a bf16 one as its bit patterns (int16), same memory."""
     return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
