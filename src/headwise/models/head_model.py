@@ -226,7 +226,10 @@ def _runner(model):
     from torch import nn
 
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected an nn.Module, a HeadModel or a Target, got {type(model).__name__}")
+        raise TypeError(
+            "model: expected an nn.Module (headwise's modules, or a Hugging Face model on headwise's attention), "
+            f"got {type(model).__name__}"
+        )
     try:
         from transformers import PreTrainedModel
     except ImportError:  # pragma: no cover - the hf extra is missing
