@@ -115,9 +115,12 @@ def test_a_lab_decoder_final_residual_gives_its_logits():
     lm = M.TransformerLM(M.LMConfig(vocab_size=32, context_length=16, d_model=16, num_layers=2, num_heads=2)).eval()
     hm = M.lab_head_model(lm)
     ids = torch.randint(0, 32, (2, 9))
-    final = hm.run_with_cache(ids, names="resid_final")["resid_final"]
+    names = ["layers.0.attn.pattern", "layers.1.attn.pattern", "resid_final"]
+    cache = hm.run_with_cache(ids, names=names)
     with torch.no_grad():
-        torch.testing.assert_close(lm.unembed(lm.norm(final)), lm(ids), atol=1e-6, rtol=0)
+        torch.testing.assert_close(lm.unembed(lm.norm(cache["resid_final"])), lm(ids), atol=1e-6, rtol=0)
+    for name, weights in zip(names, hm.attentions(ids)):  # (B, H, L, L) each
+        torch.testing.assert_close(cache[name].numpy(), weights, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
