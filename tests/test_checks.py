@@ -63,3 +63,21 @@ def test_one_of_lists_the_choices():
     assert checks.one_of("kind", "a", ("a", "b")) == "a"
     with pytest.raises(ValueError, match=r"^kind: expected one of \('a', 'b'\), got 'c'$"):
         checks.one_of("kind", "c", iter(["a", "b"]))
+
+
+def test_layer_and_head_numbers_share_one_message_shape():
+    assert checks.layer_number("layers", np.int64(1), 2) == 1 and checks.head_number("heads", 3, 0, 4) == 3
+    with pytest.raises(
+        ValueError, match=r"^layers: layer 2 is out of range: the model has 2 attention layers \(0..1\)$"
+    ):
+        checks.layer_number("layers", 2, 2)
+    with pytest.raises(ValueError, match=r"^layer: -1 is out of range: the model has 2 attention"):
+        checks.layer_number("layer", -1, 2, subject="-1")
+    with pytest.raises(ValueError, match=r"^--layer: expected 0 … 5 \(all-MiniLM-L6-v2 has 6 layers\), got 9$"):
+        checks.layer_number("--layer", 9, 6, model="all-MiniLM-L6-v2")
+    with pytest.raises(ValueError, match=r"^heads: head 4 is out of range in layer 1, which has 4 heads \(0..3\)$"):
+        checks.head_number("heads", 4, 1, 4)
+    with pytest.raises(TypeError, match=r"^layers: expected layer numbers as ints, got True$"):
+        checks.layer_number("layers", True, 2)
+    with pytest.raises(TypeError, match=r"^heads: expected head numbers as ints in layer 0, got '1'$"):
+        checks.head_number("heads", "1", 0, 4)

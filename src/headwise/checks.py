@@ -69,3 +69,44 @@ def one_of(name: str, value, choices: Iterable):
     if value not in choices:
         raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
     return value
+
+
+def layer_number(name: str, layer, num_layers: int, *, subject: str | None = None, model: str | None = None) -> int:
+    """``int(layer)`` if it is an integer in ``[0, num_layers)``: the one layer range check of every package.
+
+    Args:
+        name: the argument named in the message (``"layers"``, ``"--head"``).
+        subject: how the value is named after ``name:`` (default ``"layer <n>"``).
+        model: the model's name for the short form a command line prints (``"expected 0 … 5 (all-MiniLM-L6-v2
+            has 6 layers), got 9"``); None: ``"<subject> is out of range: the model has N attention layers
+            (0..N-1)"``.
+    Raises:
+        TypeError: not an integer (a bool is not); ValueError: out of range.
+    """
+    if not _is_int(layer):
+        raise TypeError(f"{name}: expected layer numbers as ints, got {layer!r}")
+    if not 0 <= layer < num_layers:
+        if model is not None:
+            raise ValueError(f"{name}: expected 0 … {num_layers - 1} ({model} has {num_layers} layers), got {layer}")
+        raise ValueError(
+            f"{name}: {subject or f'layer {layer}'} is out of range: the model has {num_layers} attention layers "
+            f"(0..{num_layers - 1})"
+        )
+    return int(layer)
+
+
+def head_number(name: str, head, layer: int, num_heads: int, *, subject: str | None = None) -> int:
+    """``int(head)`` if it is an integer in ``[0, num_heads)`` (the heads of layer ``layer``).
+
+    Raises:
+        TypeError: not an integer; ValueError: ``"<name>: <subject> is out of range in layer L, which has H heads
+        (0..H-1)"`` (``subject`` defaults to ``"head <n>"``).
+    """
+    if not _is_int(head):
+        raise TypeError(f"{name}: expected head numbers as ints in layer {layer}, got {head!r}")
+    if not 0 <= head < num_heads:
+        raise ValueError(
+            f"{name}: {subject or f'head {head}'} is out of range in layer {layer}, which has {num_heads} heads "
+            f"(0..{num_heads - 1})"
+        )
+    return int(head)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from _patching_models import Stack, hf_model, pair
-from headwise.core.hooks import hooked
 from headwise.patching import as_target, attribution_patch, logit_difference, patch_heads, run_with_cache
 
 METRIC = logit_difference([5, 7], [9, 11])
@@ -57,7 +56,7 @@ def test_the_estimate_is_the_derivative_along_the_patch(case, direction):
             values = []
             for alpha in (step, -step):
                 fn = partial(_moved, alpha, source.heads[layer], layer, head)
-                with torch.no_grad(), hooked([(target.points[layer], fn)]):
+                with torch.no_grad(), target.hooks({f"layers.{layer}.attn.heads": fn}):
                     values.append(METRIC(target.logits(base_ids)))
             derivative = (values[0] - values[1]) / (2 * step)  # (P,)
             got = estimate.patched[:, layer, head].double() - base_value

@@ -127,7 +127,9 @@ def test_every_head_after_the_difference_gives_the_clean_logits(model):
     from headwise.patching import as_target
 
     target = as_target(model)
-    job = [Patch(layer, head, after) for layer in range(target.num_layers) for head in range(target.num_heads[layer])]
+    job = [
+        Patch(layer, head, after) for layer in range(target.num_layers) for head in range(target.heads_per_layer[layer])
+    ]
     logits = run_patched(model, corrupted, cache, [job])
     torch.testing.assert_close(logits[:, k + 1 :], cache.logits[:, k + 1 :], atol=1e-5, rtol=0)
     torch.testing.assert_close(logits[:, :k], cache.logits[:, :k], atol=1e-5, rtol=0)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from headwise.analysis.protocol import GatedModel
 from headwise.checks import one_of, positive_int
 
 __all__ = [
@@ -154,7 +155,7 @@ def _pooled(hidden, mask):
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
 
 
-def _scoring(hm, scored: str | None) -> str:
+def _scoring(hm: GatedModel, scored: str | None) -> str:
     if scored is None:
         return "next_token" if hm.kind == "decoder" else "embedding"
     one_of("scored", scored, SCORED)
@@ -163,7 +164,7 @@ def _scoring(hm, scored: str | None) -> str:
     return scored
 
 
-def objective(hm, batches: Sequence, *, reference=None, scored: str | None = None) -> tuple[float, int]:
+def objective(hm: GatedModel, batches: Sequence, *, reference=None, scored: str | None = None) -> tuple[float, int]:
     """The objective of :func:`head_importance` on ``batches`` under the gates / ablation now active.
 
     Args:
@@ -194,7 +195,7 @@ def objective(hm, batches: Sequence, *, reference=None, scored: str | None = Non
     return total / max(count, 1), count
 
 
-def _decoder_importance(hm, batches, scored, progress) -> tuple[np.ndarray, int]:
+def _decoder_importance(hm: GatedModel, batches, scored, progress) -> tuple[np.ndarray, int]:
     import torch
 
     dtype = next(hm.model.parameters()).dtype
@@ -211,7 +212,7 @@ def _decoder_importance(hm, batches, scored, progress) -> tuple[np.ndarray, int]
     return g.mean(dim=0).numpy(), g.shape[0]
 
 
-def _encoder_importance(hm, batches, references, progress) -> tuple[np.ndarray, int]:
+def _encoder_importance(hm: GatedModel, batches, references, progress) -> tuple[np.ndarray, int]:
     """Forward-mode ∂e/∂ξ_h: one pass per layer, the batch repeated once per head, each copy's
     tangent on a different head (per-sequence gates), so H directional derivatives share one pass."""
     import torch
@@ -245,7 +246,7 @@ def _encoder_importance(hm, batches, references, progress) -> tuple[np.ndarray, 
     return total / max(sequences, 1), sequences
 
 
-def gate_importance(hm, batches: Sequence, *, scored: str | None = None, progress: Progress | None = None):
+def gate_importance(hm: GatedModel, batches: Sequence, *, scored: str | None = None, progress: Progress | None = None):
     """Michel et al.'s importance alone: ``(importance (NL, H), sequences)``, ``E_x |∂L(x)/∂ξ_h|`` over the
     sequences of ``batches`` (encoders: the embedding's turning rate). See :func:`head_importance`."""
     import torch
@@ -269,7 +270,7 @@ def pruning_steps(n: int, points: int = 33) -> np.ndarray:
 
 
 def head_importance(
-    hm,
+    hm: GatedModel,
     batches: Sequence,
     *,
     scored: str | None = None,

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 
+from headwise.checks import layer_number
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed
 
@@ -161,6 +162,15 @@ def real_model_available() -> bool:
     return hasattr(models, "open_model")
 
 
+def _check_layer(layer: int, layers: int, model: str) -> None:
+    """CLIError naming ``--layer`` unless ``layer`` is one of the model's ``layers``
+    (:func:`headwise.checks.layer_number`)."""
+    try:
+        layer_number("--layer", layer, layers, model=model)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
 def check_layer(layer: int) -> None:
     """``layer`` is one of the bundled model's layers (read from its config.json, before loading weights).
 
@@ -170,8 +180,7 @@ def check_layer(layer: int) -> None:
     from headwise.models import BertConfig, default_model_path
 
     layers = BertConfig.from_file(default_model_path() / "config.json").num_hidden_layers
-    if not 0 <= layer < layers:
-        raise CLIError(f"--layer: expected 0 … {layers - 1} (all-MiniLM-L6-v2 has {layers} layers), got {layer}")
+    _check_layer(layer, layers, "all-MiniLM-L6-v2")
 
 
 def run_minilm(text: str, layer: int) -> Run:
@@ -244,8 +253,7 @@ def smollm2_source(layer: int | None):
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     layers = int(info.header.get("block_count"))
     layer = layers - 1 if layer is None else layer
-    if not 0 <= layer < layers:
-        raise CLIError(f"--layer: expected 0 … {layers - 1} (SmolLM2-135M has {layers} layers), got {layer}")
+    _check_layer(layer, layers, "SmolLM2-135M")
     return info, layer
 
 

@@ -33,6 +33,7 @@ from typing import Annotated
 
 import typer
 
+from headwise.checks import head_number, layer_number
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
@@ -94,14 +95,11 @@ def parse_heads(target, specs: list[str]) -> list[tuple[int, int]]:
         if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
             raise CLIError(f"--head: expected LAYER.HEAD (e.g. 23.3), got {spec!r}")
         layer, head = int(parts[0]), int(parts[1])
-        if not 0 <= layer < target.num_layers:
-            raise CLIError(
-                f"--head: layer {layer} in {spec!r} is out of range: the model has {target.num_layers} attention "
-                f"layers (0..{target.num_layers - 1})"
-            )
-        H = target.num_heads[layer]
-        if not 0 <= head < H:
-            raise CLIError(f"--head: head {head} in {spec!r} is out of range: layer {layer} has {H} heads (0..{H - 1})")
+        try:
+            layer_number("--head", layer, target.num_layers, subject=f"layer {layer} in {spec!r}")
+            head_number("--head", head, layer, target.heads_per_layer[layer], subject=f"head {head} in {spec!r}")
+        except ValueError as e:
+            raise CLIError(str(e)) from None
         heads.append((layer, head))
     return heads
 

@@ -7,7 +7,8 @@ function), so ``from_pretrained(path, attn_implementation="headwise")`` and
 
 - :func:`capture` — per-head weights ``(B, H, L, S)`` of every attention layer, whatever the implementation
   the model was loaded with;
-- :func:`ablate` — heads removed where they enter the output projection (``"zero"`` or ``"mean"``).
+- :func:`ablate` — heads removed where they enter the output projection (``"zero"`` or ``"mean"``);
+- :func:`named_points` — the model's hook points by name (:mod:`headwise.points`), where both act.
 
 See ``docs/transformers_backend.md`` for what is compared and what is refused. Needs the ``hf`` extra
 (``transformers``).
@@ -24,7 +25,7 @@ except ImportError as error:  # pragma: no cover - the extra is missing or too o
         "pip install 'headwise[hf]'"
     ) from error
 
-from headwise.hf._model import attention_layers, family, num_heads
+from headwise.hf._model import attention_layers, family, named_points, num_heads
 from headwise.hf.ablate import MODES, ablate
 from headwise.hf.backend import NAME, attention_forward, build_mask, register
 from headwise.hf.capture import Capture, capture
@@ -41,6 +42,7 @@ __all__ = [
     "build_mask",
     "capture",
     "family",
+    "named_points",
     "num_heads",
     "register",
 ]

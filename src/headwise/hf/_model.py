@@ -11,13 +11,17 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from headwise.hf.backend import NAME, refuse_off_interface
+from headwise.checks import layer_number
+from headwise.hf.backend import NAME, hook_points
+from headwise.points import NamedPoints
 
 _CALLS_INTERFACE: dict[type, bool] = {}
 
 
-def _calls_interface(kind: type) -> bool:
-    """Whether ``kind.forward`` dispatches through transformers' ``ALL_ATTENTION_FUNCTIONS``."""
+def calls_interface(kind: type) -> bool:
+    """Whether ``kind.forward`` dispatches through transformers' ``AttentionInterface`` (its source names
+    ``ALL_ATTENTION_FUNCTIONS``): the one probe of whether a module — and so a family — can run on headwise.
+    Read once per class."""
     if kind not in _CALLS_INTERFACE:
         try:
             source = inspect.getsource(kind.forward)
@@ -47,8 +51,7 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
 
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
-    refuse_off_interface(model.config)
-    layers = [m for m in model.modules() if _calls_interface(type(m))]
+    layers = [m for m in model.modules() if calls_interface(type(m))]
     if not layers or not type(model)._can_set_attn_implementation():
         raise ValueError(
             f"model: the {family(model)!r} family writes its own attention instead of calling transformers' "
@@ -70,15 +73,15 @@ def num_heads(module: nn.Module) -> int:
     raise ValueError(f"model: cannot tell how many heads the {type(module).__name__} attention module has")
 
 
-def check_layer(name: str, layer, count: int) -> int:
-    """``layer`` if it is an int in ``[0, count)``; else an error naming ``name`` and the value."""
-    if isinstance(layer, bool) or not isinstance(layer, int):
-        raise TypeError(f"{name}: expected layer numbers as ints, got {layer!r}")
-    if not 0 <= layer < count:
-        raise ValueError(
-            f"{name}: layer {layer} is out of range: the model has {count} attention layers (0..{count - 1})"
-        )
-    return layer
+def named_points(model: nn.Module) -> NamedPoints:
+    """The named hook points of a Hugging Face model (:mod:`headwise.points`): its attention layers'
+    :func:`headwise.hf.backend.hook_points`, its blocks' and MLPs' inputs and outputs. They act while the model
+    runs on headwise's attention (:func:`on_headwise`).
+
+    Raises:
+        TypeError / ValueError: as :func:`attention_layers`.
+    """
+    return NamedPoints(model, attention_layers(model), hook_points)
 
 
 def _configs(model: nn.Module) -> list:
@@ -116,4 +119,4 @@ def layer_selection(name: str, layers, count: int) -> list[int]:
         return list(range(count))
     if isinstance(layers, (int, Mapping)) or not hasattr(layers, "__iter__"):
         raise TypeError(f"{name}: expected an iterable of layer numbers or None, got {layers!r}")
-    return sorted({check_layer(name, layer, count) for layer in layers})
+    return sorted({layer_number(name, layer, count) for layer in layers})

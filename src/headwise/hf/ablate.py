@@ -20,10 +20,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from headwise.checks import one_of
-from headwise.core.hooks import hooked
-from headwise.hf._model import attention_layers, check_layer, num_heads, on_headwise
-from headwise.hf.backend import hook_points
+from headwise.checks import head_number, layer_number, one_of
+from headwise.hf._model import named_points, num_heads, on_headwise
+from headwise.points import attention_point
 
 MODES = ("zero", "mean")
 
@@ -97,25 +96,17 @@ class _Ablation:
         return out.index_copy(1, index, mean[None, :, None, :].expand(B, -1, L, Dv).contiguous())
 
 
-def _check_heads(heads, modules: list[nn.Module]) -> dict[nn.Module, list[int]]:
+def _check_heads(heads, modules: list[nn.Module]) -> dict[int, list[int]]:
+    """``{layer: sorted distinct heads}``, every number checked against the model."""
     if not isinstance(heads, Mapping):
         raise TypeError(f"heads: expected a mapping {{layer: [head, ...]}}, got {type(heads).__name__}")
-    chosen: dict[nn.Module, list[int]] = {}
+    chosen: dict[int, list[int]] = {}
     for layer, numbers in heads.items():
-        check_layer("heads", layer, len(modules))
+        layer_number("heads", layer, len(modules))
         if isinstance(numbers, (int, str, bytes)) or not isinstance(numbers, Iterable):
             raise TypeError(f"heads: expected a list of head numbers for layer {layer}, got {numbers!r}")
         H = num_heads(modules[layer])
-        found = []
-        for head in numbers:
-            if isinstance(head, bool) or not isinstance(head, int):
-                raise TypeError(f"heads: expected head numbers as ints in layer {layer}, got {head!r}")
-            if not 0 <= head < H:
-                raise ValueError(
-                    f"heads: head {head} is out of range in layer {layer}, which has {H} heads (0..{H - 1})"
-                )
-            found.append(head)
-        chosen[modules[layer]] = sorted(set(found))
+        chosen[layer] = sorted({head_number("heads", head, layer, H) for head in numbers})
     return chosen
 
 
@@ -139,13 +130,13 @@ def ablate(model: nn.Module, heads: Mapping[int, Iterable[int]], *, mode: str = 
     when the block raises.
     """
     one_of("mode", mode, MODES)
-    modules = attention_layers(model)
-    chosen = _check_heads(heads, modules)
+    points = named_points(model)
+    chosen = _check_heads(heads, points.attention)
     padding = _PaddingMasks(model) if mode == "mean" else None
     ablation = _Ablation(mode, padding)
     try:
-        hooks = [(hook_points(m).hook_heads, partial(ablation, heads)) for m, heads in chosen.items()]
-        with hooked(hooks), on_headwise(model):
+        hooks = {attention_point(layer, "heads"): partial(ablation, heads) for layer, heads in chosen.items()}
+        with points.hooks(hooks), on_headwise(model):
             yield
     finally:
         if padding is not None:

@@ -19,9 +19,8 @@ from functools import partial
 
 from torch import Tensor, nn
 
-from headwise.core.hooks import hooked
-from headwise.hf._model import attention_layers, layer_selection, on_headwise
-from headwise.hf.backend import hook_points
+from headwise.hf._model import layer_selection, named_points, on_headwise
+from headwise.points import attention_point
 
 
 class Capture:
@@ -38,18 +37,17 @@ class Capture:
         self.steps: list[dict[int, Tensor]] = []
         self._seen: set[int] = set()
 
-    def hooks(self, modules: list[nn.Module]) -> list[tuple]:
-        """``(hook point, fn)`` pairs: each captured layer's ``hook_pattern`` records its weights; every other
-        layer's ``hook_heads`` only marks that it ran (a layer seen again starts a new step)."""
+    def hooks(self, num_layers: int) -> list[tuple[str, object]]:
+        """``(point name, fn)`` pairs: each captured layer's ``layers.{i}.attn.pattern`` records its weights;
+        every other layer's ``layers.{i}.attn.heads`` only marks that it ran (a layer seen again starts a new
+        step)."""
         keep = set(self.layers)
-        pairs = []
-        for layer, module in enumerate(modules):
-            points = hook_points(module)
-            if layer in keep:
-                pairs.append((points.hook_pattern, partial(self._record, layer)))
-            else:
-                pairs.append((points.hook_heads, partial(self._mark, layer)))
-        return pairs
+        return [
+            (attention_point(layer, "pattern"), partial(self._record, layer))
+            if layer in keep
+            else (attention_point(layer, "heads"), partial(self._mark, layer))
+            for layer in range(num_layers)
+        ]
 
     def _mark(self, layer: int, _out: Tensor | None = None) -> None:
         if not self.steps or layer in self._seen:  # a layer seen again: a new forward pass began
@@ -94,7 +92,8 @@ def capture(model: nn.Module, *, layers: Iterable[int] | None = None) -> Iterato
 
     The model's own attention implementation is restored when the block ends, also when it raises.
     """
-    modules = attention_layers(model)
-    recorder = Capture(layer_selection("layers", layers, len(modules)))
-    with hooked(recorder.hooks(modules)), on_headwise(model):
+    points = named_points(model)
+    count = len(points.attention)
+    recorder = Capture(layer_selection("layers", layers, count))
+    with points.hooks(recorder.hooks(count)), on_headwise(model):
         yield recorder

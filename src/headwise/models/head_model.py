@@ -1,17 +1,27 @@
-"""A loaded model whose heads can be read, gated and ablated: what :func:`headwise.models.open_model` returns.
+"""The one model view: what :func:`headwise.models.open_model` returns and every tool acts on.
 
-Shape legend: B batch, L padded length, NL layers, H heads per layer, Dh head width, D model width, V vocabulary.
+Shape legend: B batch, L padded length, S key length, NL layers, H heads per layer, Dh head width, D model width,
+V vocabulary.
 
-:class:`HeadModel` holds the module (headwise's own — BERT, a lab decoder — or a Hugging Face model running on
-headwise's attention backend) with what the analysis needs: its kind (encoder / decoder), head counts,
-tokenizer, the ids a probe must not draw. Its methods encode texts, run the model, return every layer's
-per-head weights and gate heads.
+:class:`HeadModel` holds the module (headwise's own — BERT, a lab decoder, any stack of headwise's attention
+modules — or a Hugging Face model running on headwise's attention backend) with what the analysis needs: its kind
+(encoder / decoder), head counts, tokenizer, the ids a probe must not draw. One constructor builds it for every
+kind, from the module alone (``HeadModel(module, name=…, tokenizer=…)``); it picks the module's *runner* once
+(headwise encoder, headwise decoder, Hugging Face), which knows how that backend runs and where its attention
+modules are. Its methods encode texts, run the model, return every layer's per-head weights and gate heads.
+
+**Named points.** Every hook point has a stable name (:mod:`headwise.points`: ``layers.{i}.attn.heads``,
+``layers.{i}.attn.qk``, ``layers.{i}.attn.pattern``, ``layers.{i}.resid_pre``, ``layers.{i}.attn.out``,
+``layers.{i}.mlp.in``, ``layers.{i}.mlp.out``, ``resid_final``): :meth:`HeadModel.point_names` lists them,
+:meth:`HeadModel.hooks` hooks functions on them by name, :meth:`HeadModel.run_with_cache` records them. Gates,
+streaming statistics and patching all act through these names.
 
 **Gates.** :meth:`HeadModel.gated` multiplies each head's output by a gate ξ where the heads enter the
 output projection (before the heads are mixed), as Michel et al. 2019 define head masking: ξ = 1 changes
-nothing, ξ = 0 removes the head. It acts at each attention layer's ``hook_heads``
-(:class:`headwise.core.hooks.HookPoint`): headwise's modules carry theirs, the Hugging Face backend keeps one
-per attention module (:func:`headwise.hf.backend.hook_points`) — where :func:`headwise.hf.ablate` acts too.
+nothing, ξ = 0 removes the head. It acts at each layer's ``layers.{i}.attn.heads``
+(:class:`headwise.core.hooks.HookPoint` ``hook_heads``): headwise's modules carry theirs, the Hugging Face backend
+keeps one per attention module (:func:`headwise.hf.backend.hook_points`) — where :func:`headwise.hf.ablate` acts
+too.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,46 +54,284 @@ class EncodedTexts:
     truncated: list[bool] = field(default_factory=list)
 
 
-@dataclass
+# -- runners: how each backend runs, chosen once ----------------------------------------------------------------
+
+
+class _Headwise:
+    """A module built from headwise's attention modules: a decoder ``module(ids) -> logits`` (or a tuple whose
+    first item they are)."""
+
+    backend = "headwise"
+    kind = "decoder"
+
+    def attention(self, model) -> list:
+        from headwise.core.hooks import HookPoint
+
+        modules = [m for m in model.modules() if isinstance(getattr(m, "hook_heads", None), HookPoint)]
+        if not modules:
+            raise ValueError(
+                f"model: no attention module with a hook_heads point in the {type(model).__name__}: expected "
+                "headwise's attention modules or a Hugging Face model on headwise's backend"
+            )
+        return modules
+
+    def points(self, model, attention: list):
+        from headwise.points import NamedPoints
+
+        return NamedPoints(model, attention, _itself)
+
+    def num_heads(self, module) -> int:
+        return int(module.num_heads)
+
+    def family(self, model) -> str:
+        return type(model).__name__
+
+    def max_length(self, model, kind: str) -> int:
+        return int(getattr(model, "context_length", None) or MAX_ANALYSIS_LENGTH)
+
+    def vocab_size(self, model) -> int | None:
+        value = getattr(model, "vocab_size", None)
+        return int(value) if value is not None else None
+
+    def bos_id(self, model) -> int | None:
+        return None
+
+    def run(self, model, ids, mask):
+        """The output (logits for a decoder, last hidden states for an encoder)."""
+        out = model(ids)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def logits(self, model, ids, last_only: bool):
+        return self.run(model, ids, None)
+
+    def read(self, model, ids, mask) -> None:
+        """One pass whose output nobody reads (hooked points do)."""
+        model(ids)
+
+    def attentions(self, model, ids, mask) -> list:
+        return list(model(ids, need_weights=True)[1])
+
+    def math_path(self, attention: list, on: bool):
+        return _on_math_path(attention if on else [])
+
+
+class _HeadwiseEncoder(_Headwise):
+    """headwise's BERT: ``module(ids, mask, output_attentions=…)`` -> :class:`~headwise.models.BertOutput`."""
+
+    kind = "encoder"
+
+    def family(self, model) -> str:
+        return "bert"
+
+    def max_length(self, model, kind: str) -> int:
+        return min(int(model.config.max_position_embeddings), MAX_ANALYSIS_LENGTH)
+
+    def vocab_size(self, model) -> int:
+        return int(model.config.vocab_size)
+
+    def run(self, model, ids, mask):
+        return model(ids, mask, output_attentions=False).last_hidden_state
+
+    def read(self, model, ids, mask) -> None:
+        model(ids, mask)
+
+    def attentions(self, model, ids, mask) -> list:
+        return list(model(ids, mask, output_attentions=True).attentions)
+
+
+class _HuggingFace:
+    """A transformers ``PreTrainedModel`` on headwise's attention backend."""
+
+    backend = "hf+headwise"
+
+    def __init__(self, model):
+        import headwise.hf
+
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation != headwise.hf.NAME:
+            raise ValueError(
+                f"model: runs on {implementation!r} attention; the named points act where heads meet the output "
+                f"projection on headwise's backend: load it with attn_implementation={headwise.hf.NAME!r} (after "
+                f"import headwise.hf) or call model.set_attn_implementation({headwise.hf.NAME!r})"
+            )
+        self.kind = "decoder" if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) else "encoder"
+
+    def attention(self, model) -> list:
+        import headwise.hf
+
+        return headwise.hf.attention_layers(model)
+
+    def points(self, model, attention: list):
+        from headwise.hf.backend import hook_points
+        from headwise.points import NamedPoints
+
+        return NamedPoints(model, attention, hook_points)
+
+    def num_heads(self, module) -> int:
+        import headwise.hf
+
+        return headwise.hf.num_heads(module)
+
+    def family(self, model) -> str:
+        import headwise.hf
+
+        return headwise.hf.family(model)
+
+    @staticmethod
+    def _text_config(model):
+        c = model.config
+        return c.get_text_config() if hasattr(c, "get_text_config") else c
+
+    def max_length(self, model, kind: str) -> int:
+        positions = getattr(self._text_config(model), "max_position_embeddings", None) or MAX_ANALYSIS_LENGTH
+        return int(positions if kind == "decoder" else min(positions, MAX_ANALYSIS_LENGTH))
+
+    def vocab_size(self, model) -> int:
+        return int(self._text_config(model).vocab_size)
+
+    def bos_id(self, model) -> int | None:
+        return getattr(self._text_config(model), "bos_token_id", None)
+
+    def run(self, model, ids, mask):
+        out = model(input_ids=ids, attention_mask=mask)  # a causal LM's logits, an encoder's hidden states
+        logits = getattr(out, "logits", None)
+        return logits if logits is not None else out.last_hidden_state
+
+    def logits(self, model, ids, last_only: bool):
+        keep = {"logits_to_keep": 1} if last_only else {}
+        return model(input_ids=ids, use_cache=False, **keep).logits
+
+    def read(self, model, ids, mask) -> None:
+        """The base model (no language-model head: an 8,192-token pass would otherwise form ``(L, V)`` logits
+        nobody reads)."""
+        base = getattr(model, "base_model", None) or model
+        base(input_ids=ids, attention_mask=mask)
+
+    def attentions(self, model, ids, mask) -> list:
+        import headwise.hf
+
+        with headwise.hf.capture(model) as attn:
+            model(input_ids=ids, attention_mask=mask)
+        return list(attn.weights)
+
+    def math_path(self, attention: list, on: bool):
+        return contextlib.nullcontext()
+
+
+def _itself(module):
+    return module
+
+
+def _runner(model):
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "model: expected an nn.Module (headwise's modules, or a Hugging Face model on headwise's attention), "
+            f"got {type(model).__name__}"
+        )
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - the hf extra is missing
+        PreTrainedModel = ()  # noqa: N806
+    if isinstance(model, PreTrainedModel):
+        return _HuggingFace(model)
+    from headwise.models.bert import BertEncoder
+
+    return _HeadwiseEncoder() if isinstance(model, BertEncoder) else _Headwise()
+
+
+# -- the view -----------------------------------------------------------------------------------------------------
+
+
 class HeadModel:
-    """A loaded model, ready for head analysis.
+    """A model, ready for head analysis and for the tools that act on its named points.
+
+    ``HeadModel(module, *, kind=None, family=None, name=None, max_length=None, vocab_size=None, tokenizer=None,
+    bos_id=None, special_ids=())`` — the one constructor, for every kind: headwise's own modules (BERT, the lab's
+    ``TransformerLM``, any ``nn.Module`` holding headwise's attention modules, run as ``module(ids)``) and
+    Hugging Face ``PreTrainedModel`` s on headwise's attention backend. What is not given is read from the
+    module (the config's ``model_type``, its positions and vocabulary); the loaders of
+    :func:`headwise.models.open_model` give the rest (name, tokenizer, special ids).
 
     Attributes:
-        model: the ``torch.nn.Module`` (eval mode, float32).
+        model: the ``torch.nn.Module``.
         kind: ``"decoder"`` (causal) or ``"encoder"``.
-        family: the config's ``model_type``.
+        family: the config's ``model_type`` (headwise's BERT: ``"bert"``; a bare module: its class name).
         name: the folder's name (or the bundled model's).
-        num_layers, num_heads: NL and H (query heads).
+        num_layers: NL, the attention layers.
+        num_heads: H (query heads; the most of any layer where layers differ).
+        heads_per_layer: H of each layer.
         max_length: the longest input analysed: a decoder's context; an encoder's positions, at most
             :data:`MAX_ANALYSIS_LENGTH`.
-        vocab_size: V.
+        vocab_size: V (None where the module does not say).
         tokenizer: a ``tokenizers.Tokenizer`` or None (the folder has none).
         bos_id: the id a probe starts with (the config's ``bos_token_id``), or None.
         special_ids: ids the probe never draws (the tokenizer's special tokens, BOS / EOS / PAD).
         backend: ``"headwise"`` (headwise's own modules) or ``"hf+headwise"`` (Hugging Face on headwise
             attention).
         attention_modules: the NL attention modules, in layer order.
-        head_points: each layer's ``hook_heads`` :class:`~headwise.core.hooks.HookPoint`, where gates act.
+        points: the named points (:class:`headwise.points.NamedPoints`, a mapping ``name -> Point``).
+    Raises:
+        TypeError: not an ``nn.Module``. ValueError: a Hugging Face model not on headwise's attention, a family
+        that writes its own attention (named), a module with no headwise attention inside.
     """
 
-    model: object
-    kind: str
-    family: str
-    name: str
-    num_layers: int
-    num_heads: int
-    max_length: int
-    vocab_size: int
-    tokenizer: object | None
-    bos_id: int | None
-    special_ids: tuple[int, ...]
-    backend: str
-    attention_modules: list = field(default_factory=list, repr=False)
-    head_points: list = field(default_factory=list, repr=False)
+    def __init__(
+        self,
+        model,
+        *,
+        kind: str | None = None,
+        family: str | None = None,
+        name: str | None = None,
+        max_length: int | None = None,
+        vocab_size: int | None = None,
+        tokenizer=None,
+        bos_id: int | None = None,
+        special_ids: tuple[int, ...] = (),
+    ):
+        runner = _runner(model)
+        self._runner = runner
+        self.model = model
+        self.backend = runner.backend
+        self.attention_modules = runner.attention(model)
+        self.points = runner.points(model, self.attention_modules)
+        self.heads_per_layer = [runner.num_heads(m) for m in self.attention_modules]
+        self.num_layers = len(self.attention_modules)
+        self.num_heads = max(self.heads_per_layer)
+        self.kind = kind or runner.kind
+        self.family = family or runner.family(model)
+        self.name = name or self.family
+        self.max_length = int(max_length or runner.max_length(model, self.kind))
+        self.vocab_size = vocab_size if vocab_size is not None else runner.vocab_size(model)
+        self.tokenizer = tokenizer
+        self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
+        self.special_ids = tuple(special_ids)
+
+    def __repr__(self) -> str:
+        return f"HeadModel({self.title}, backend={self.backend!r})"
 
     @property
     def title(self) -> str:
         return f"{self.name} ({self.family} {self.kind}, {self.num_layers} layers × {self.num_heads} heads)"
+
+    @property
+    def hf(self) -> bool:
+        """Whether the module is a Hugging Face model."""
+        return self.backend == "hf+headwise"
+
+    @property
+    def max_heads(self) -> int:
+        """The most query heads of any layer (H of the ``(…, NL, H)`` grids)."""
+        return self.num_heads
+
+    @property
+    def device(self):
+        """The device of the module's first parameter (CPU for a module without one)."""
+        import torch
+
+        param = next(self.model.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
 
     # -- text --------------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> EncodedTexts:
@@ -154,13 +402,16 @@ class HeadModel:
         projection an ``nn.Linear`` call, the softmax written out), which forward-mode differentiation goes
         through (the fast kernels do not carry tangents). No effect on Hugging Face models.
         """
-        if self.backend == "headwise":
-            with _on_math_path(self.attention_modules if math_path else []):
-                if self.kind == "encoder":
-                    return self.model(ids, mask, output_attentions=False).last_hidden_state
-                return self.model(ids)
-        out = self.model(input_ids=ids, attention_mask=mask)
-        return out.logits if self.kind == "decoder" else out.last_hidden_state
+        with self._runner.math_path(self.attention_modules, math_path):
+            return self._runner.run(self.model, ids, mask)
+
+    def logits(self, ids, *, last_only: bool = False):
+        """``ids (B, L)`` -> logits ``(B, L, V)`` (the model's final logits, soft-capping included), no cache.
+
+        ``last_only``: a Hugging Face model computes the last position's logits alone (``logits_to_keep=1``:
+        ``(B, 1, V)``, the unembedding of one position instead of L); headwise's modules return all L.
+        """
+        return self._runner.logits(self.model, ids, last_only)
 
     def attentions(self, ids, mask=None) -> list[np.ndarray]:
         """Per-head weights of every layer: NL float32 arrays ``(B, H, L, L)``.
@@ -170,66 +421,85 @@ class HeadModel:
         import torch
 
         with torch.no_grad():
-            if self.backend == "headwise":
-                maps = self._headwise_attentions(ids, mask)
-            else:
-                import headwise.hf
-
-                with headwise.hf.capture(self.model) as attn:
-                    self.model(input_ids=ids, attention_mask=mask)
-                maps = list(attn.weights)
+            maps = self._runner.attentions(self.model, ids, mask)
         if len(maps) != self.num_layers:
             raise RuntimeError(f"{self.name}: captured {len(maps)} attention layers, expected {self.num_layers}")
         return [m.float().cpu().numpy() for m in maps]
 
+    # -- named points --------------------------------------------------------------------------------
+    def point_names(self) -> list[str]:
+        """Every point's name, in forward order (see :mod:`headwise.points` for what each holds)."""
+        return list(self.points)
+
+    def hooks(self, fns: Mapping[str, Callable] | Sequence[tuple[str, Callable]]):
+        """A context manager: inside it, ``fns[name]`` is hooked at each named point — ``fn(tensor) ->
+        replacement or None``, as TransformerLens's ``run_with_hooks`` — and removed after, also on error.
+
+        Raises:
+            ValueError: a name the model does not have (the message lists the closest ones).
+        """
+        return self.points.hooks(fns)
+
+    def run_with_cache(self, ids, mask=None, *, names: Sequence[str] | str | None = None) -> dict:
+        """One forward pass (no gradient; a Hugging Face model's base model, without the language-model head)
+        recording the tensor at each named point: ``{name: tensor}`` (detached; ``layers.{i}.attn.qk`` gives its
+        :class:`~headwise.core.rows.AttentionRows`). ``names`` None: every point (the patterns form ``L × S``
+        weights per head).
+
+        Raises:
+            ValueError: an unknown name (the closest ones listed); RuntimeError: a point that did not run.
+        """
+        import torch
+
+        with torch.no_grad(), self.points.cached(names) as cache:
+            self._runner.read(self.model, ids, mask)
+        wanted = list(self.points) if names is None else [names] if isinstance(names, str) else list(names)
+        missing = [n for n in wanted if n not in cache]
+        if missing:
+            raise RuntimeError(f"{self.name}: the points {missing} did not run in the forward pass")
+        return {n: cache[n] for n in wanted}
+
+    @property
+    def head_points(self) -> list:
+        """Each layer's ``layers.{i}.attn.heads`` :class:`~headwise.core.hooks.HookPoint`, where gates act."""
+        from headwise.points import attention_point
+
+        return [self.points[attention_point(i, "heads")].module for i in range(self.num_layers)]
+
     @property
     def qk_points(self) -> list:
-        """Each layer's ``hook_qk`` :class:`~headwise.core.hooks.HookPoint` (post-rotary q and k with the masks,
-        :class:`~headwise.core.rows.AttentionRows`), where streaming statistics read every head's rows."""
-        if self.backend == "hf+headwise":
-            from headwise.hf.backend import hook_points
+        """Each layer's ``layers.{i}.attn.qk`` :class:`~headwise.core.hooks.HookPoint` (post-rotary q and k with
+        the masks, :class:`~headwise.core.rows.AttentionRows`), where streaming statistics read every head's rows."""
+        from headwise.points import attention_point
 
-            return [hook_points(m).hook_qk for m in self.attention_modules]
-        return [m.hook_qk for m in self.attention_modules]
+        return [self.points[attention_point(i, "qk")].module for i in range(self.num_layers)]
 
     def read_rows(self, ids, mask, readers) -> None:
-        """One forward pass (no gradient) with ``readers[layer]`` hooked on each layer's :attr:`qk_points`.
+        """One forward pass (no gradient) with ``readers[layer]`` hooked on each layer's ``layers.{i}.attn.qk``.
 
         Hugging Face models run their base model (no language-model head: an 8,192-token pass would otherwise
         form ``(L, V)`` logits nobody reads).
         """
         import torch
 
-        from headwise.core.hooks import hooked
+        from headwise.points import attention_point
 
         if len(readers) != self.num_layers:
             raise ValueError(f"readers: expected {self.num_layers}, one per layer, got {len(readers)}")
-        with torch.no_grad(), hooked(zip(self.qk_points, readers)):
-            if self.backend == "headwise":
-                if self.kind == "encoder":
-                    self.model(ids, mask)
-                else:
-                    self.model(ids)
-            else:
-                base = getattr(self.model, "base_model", None) or self.model
-                base(input_ids=ids, attention_mask=mask)
-
-    def _headwise_attentions(self, ids, mask):
-        if self.kind == "encoder":
-            return list(self.model(ids, mask, output_attentions=True).attentions)
-        out = self.model(ids, need_weights=True)
-        return list(out[1])
+        hooks = [(attention_point(layer, "qk"), reader) for layer, reader in enumerate(readers)]
+        with torch.no_grad(), self.points.hooks(hooks, arg="readers"):
+            self._runner.read(self.model, ids, mask)
 
     @contextlib.contextmanager
-    def gated(self, gates):
+    def gated(self, gates) -> Iterator[None]:
         """Within the block, multiply each head's output by ``gates`` where heads enter the output projection
-        (a hook on every attention layer's ``hook_heads``; nested blocks multiply their gates).
+        (a hook on every layer's ``layers.{i}.attn.heads``; nested blocks multiply their gates).
 
         Args:
             gates: ``(NL, H)`` or ``(B, NL, H)`` float tensor (per example: one gate per sequence of the
                 batch, so one backward pass gives every example's ∂L/∂ξ). May require grad.
         """
-        from headwise.core.hooks import hooked
+        from headwise.points import attention_point
 
         if tuple(gates.shape[-2:]) != (self.num_layers, self.num_heads):
             raise ValueError(
@@ -241,8 +511,17 @@ class HeadModel:
             shape = (g.shape[0] if g.dim() == 2 else 1, self.num_heads, 1, 1)
             return heads_out * g.reshape(shape).to(heads_out.dtype)
 
-        with hooked((point, functools.partial(gate, layer)) for layer, point in enumerate(self.head_points)):
+        hooks = [(attention_point(layer, "heads"), functools.partial(gate, layer)) for layer in range(self.num_layers)]
+        with self.points.hooks(hooks, arg="gates"):
             yield
+
+    def check_layer_head(self, layer, head) -> tuple[int, int]:
+        """``(layer, head)`` if both are ints in range; else ValueError / TypeError naming the value
+        (:func:`headwise.checks.layer_number`, :func:`headwise.checks.head_number`)."""
+        from headwise.checks import head_number, layer_number
+
+        layer = layer_number("layer", layer, self.num_layers, subject=str(layer))
+        return layer, head_number("head", head, layer, self.heads_per_layer[layer], subject=str(head))
 
 
 @contextlib.contextmanager
@@ -256,6 +535,3 @@ def _on_math_path(modules):
     finally:
         for m, backend in zip(modules, saved):
             m.backend = backend
-
-
-# -- loading ---------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from pathlib import Path
 from headwise.models import lab_checkpoint
 from headwise.models.checkpoint import load_bert
 from headwise.models.folder import FolderInfo, check_memory, inspect_folder
-from headwise.models.head_model import MAX_ANALYSIS_LENGTH, HeadModel
+from headwise.models.head_model import HeadModel
 
 __all__ = ["open_model", "inspect_source", "lab_head_model", "bundled_path", "BUNDLED"]
 
@@ -100,12 +100,6 @@ def inspect_source(source: str | os.PathLike) -> FolderInfo:
     return inspect_folder(path)
 
 
-def _headwise_modules(model) -> list:
-    from headwise.core.attention import MultiHeadAttention
-
-    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-
-
 def _hf_class(config: dict):
     from transformers import AutoModel, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import (
@@ -152,57 +146,22 @@ def _load_hf(info: FolderInfo) -> HeadModel:
 
 def _hf_head_model(model, kind: str, info: FolderInfo) -> HeadModel:
     """A loaded Hugging Face model (attention on headwise's backend) as a :class:`HeadModel`."""
-    import headwise.hf
-    from headwise.hf.backend import hook_points
-
     model.eval()
-    c = model.config
-    text_config = c.get_text_config() if hasattr(c, "get_text_config") else c
-    modules = headwise.hf.attention_layers(model)
-    positions = getattr(text_config, "max_position_embeddings", None) or MAX_ANALYSIS_LENGTH
-    hm = HeadModel(
-        model=model,
-        kind=kind,
-        family=info.model_type,
-        name=info.name or info.folder.name,
-        num_layers=len(modules),
-        num_heads=headwise.hf.num_heads(modules[0]),
-        max_length=int(positions if kind == "decoder" else min(positions, MAX_ANALYSIS_LENGTH)),
-        vocab_size=int(text_config.vocab_size),
-        tokenizer=None,
-        bos_id=getattr(text_config, "bos_token_id", None),
-        special_ids=(),
-        backend="hf+headwise",
-    )
-    hm.attention_modules = modules
-    hm.head_points = [hook_points(m).hook_heads for m in modules]
-    return hm
+    return HeadModel(model, kind=kind, family=info.model_type, name=info.name or info.folder.name)
 
 
 def _load_bert(folder: Path | None) -> HeadModel:
     model, tokenizer = load_bert(folder)
-    c = model.config
-    hm = HeadModel(
-        model=model,
-        kind="encoder",
-        family="bert",
+    return HeadModel(
+        model,
         name="all-MiniLM-L6-v2" if folder is None else folder.name,
-        num_layers=c.num_hidden_layers,
-        num_heads=c.num_attention_heads,
-        max_length=min(c.max_position_embeddings, MAX_ANALYSIS_LENGTH),
-        vocab_size=c.vocab_size,
         tokenizer=tokenizer,
-        bos_id=None,
         special_ids=tuple(
             tokenizer.token_to_id(t)
             for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")
             if tokenizer.token_to_id(t) is not None
         ),
-        backend="headwise",
     )
-    hm.attention_modules = _headwise_modules(model)
-    hm.head_points = [m.hook_heads for m in hm.attention_modules]
-    return hm
 
 
 def _load_lab(info: FolderInfo) -> HeadModel:
@@ -212,24 +171,7 @@ def _load_lab(info: FolderInfo) -> HeadModel:
 def lab_head_model(model, *, name: str = "TransformerLM") -> HeadModel:
     """A lab decoder already in memory (a :class:`~headwise.models.transformer_lm.TransformerLM`, trained or
     loaded) as a :class:`HeadModel`, as :func:`open_model` returns it for a lab checkpoint folder."""
-    modules = _headwise_modules(model)
-    hm = HeadModel(
-        model=model,
-        kind="decoder",
-        family=lab_checkpoint.MODEL_TYPE,
-        name=name,
-        num_layers=len(modules),
-        num_heads=int(modules[0].num_heads),
-        max_length=int(model.context_length),
-        vocab_size=int(model.vocab_size),
-        tokenizer=None,
-        bos_id=None,
-        special_ids=(),
-        backend="headwise",
-    )
-    hm.attention_modules = modules
-    hm.head_points = [m.hook_heads for m in modules]
-    return hm
+    return HeadModel(model, family=lab_checkpoint.MODEL_TYPE, name=name)
 
 
 def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ from headwise.patching.exact import (
 )
 from headwise.patching.logit_attribution import LogitAttribution, direct_logit_attribution
 from headwise.patching.metric import LogitDifference, logit_difference
-from headwise.patching.target import Target, as_target
+from headwise.patching.target import as_target
 
 __all__ = [
     "DIRECTIONS",
@@ -45,7 +45,6 @@ __all__ = [
     "LogitDifference",
     "Patch",
     "Patching",
-    "Target",
     "as_target",
     "attribution_patch",
     "direct_logit_attribution",

@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of
-from headwise.core.hooks import hooked
 from headwise.patching.exact import DIRECTIONS, Metric, Patching, check_pair, run_with_cache
 from headwise.patching.metric import reads_last_position
 from headwise.patching.target import as_target
+from headwise.points import attention_point
 
 __all__ = ["attribution_patch"]
 
@@ -68,10 +68,10 @@ def attribution_patch(model, clean, corrupted, metric: Metric, *, direction: str
         seen[layer] = out.detach()
 
     hooks = []
-    for layer, point in enumerate(target.points):
-        hooks.append((point, partial(keep, layer)))
-        hooks.append((point, partial(_add, deltas[layer])))
-    with torch.enable_grad(), hooked(hooks):
+    for layer in range(target.num_layers):
+        hooks.append((attention_point(layer, "heads"), partial(keep, layer)))
+        hooks.append((attention_point(layer, "heads"), partial(_add, deltas[layer])))
+    with torch.enable_grad(), target.hooks(hooks):
         t1 = time.perf_counter()
         value = metric(target.logits(base, last_only=reads_last_position(metric)))  # (P,)
         forward = time.perf_counter() - t1
@@ -81,7 +81,7 @@ def attribution_patch(model, clean, corrupted, metric: Metric, *, direction: str
     base_value = value.detach().float().cpu()
     m_clean, m_corrupted = (m_source, base_value) if direction == "denoise" else (base_value, m_source)
     for layer, grad in enumerate(grads):
-        H = target.num_heads[layer]
+        H = target.heads_per_layer[layer]
         step = (source.heads[layer] - seen[layer]).to(grad.dtype)  # (P, H, L, Dh)
         share = (step * grad).sum(-1).float().cpu()  # (P, H, L)
         per_position[:, layer, :H] = share

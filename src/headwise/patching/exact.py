@@ -33,9 +33,10 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
-from headwise.core.hooks import hooked
+from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
-from headwise.patching.target import Target, as_target
+from headwise.patching.target import as_target
+from headwise.points import attention_point
 
 __all__ = [
     "DIRECTIONS",
@@ -132,7 +133,7 @@ def _as_ids(name: str, ids, device: torch.device) -> Tensor:
     return ids.to(device=device, dtype=torch.long)
 
 
-def check_pair(target: Target, clean, corrupted) -> tuple[Tensor, Tensor]:
+def check_pair(target: HeadModel, clean, corrupted) -> tuple[Tensor, Tensor]:
     """``clean`` and ``corrupted`` as ``(P, L)`` long tensors on the model's device.
 
     Raises:
@@ -163,7 +164,8 @@ def run_with_cache(target, ids: Tensor) -> HeadCache:
     def keep(layer: int, out: Tensor) -> None:
         heads[layer] = out.detach().clone()
 
-    with torch.no_grad(), hooked((p, partial(keep, i)) for i, p in enumerate(target.points)):
+    hooks = {attention_point(i, "heads"): partial(keep, i) for i in range(target.num_layers)}
+    with torch.no_grad(), target.hooks(hooks):
         logits = target.logits(ids)  # (P, L, V)
     missing = [i for i, h in enumerate(heads) if h is None]
     if missing:
@@ -202,7 +204,7 @@ def run_patched(
             target.check_layer_head(patch.layer, patch.head)
             mask = masks.get(patch.layer)
             if mask is None:
-                mask = masks[patch.layer] = torch.zeros(J, target.num_heads[patch.layer], L, dtype=torch.bool)
+                mask = masks[patch.layer] = torch.zeros(J, target.heads_per_layer[patch.layer], L, dtype=torch.bool)
             if patch.positions is None:
                 mask[j, patch.head, :] = True
             else:
@@ -211,12 +213,12 @@ def run_patched(
                         raise ValueError(f"positions: {pos!r} is out of range for inputs of {L} tokens")
                     mask[j, patch.head, pos] = True
     masks = {layer: m.to(base.device) for layer, m in masks.items()}
-    hooks = [(target.points[layer], partial(_replace, layer, masks, source, J)) for layer in masks]
-    with torch.no_grad(), hooked(hooks):
+    hooks = {attention_point(layer, "heads"): partial(_replace, layer, masks, source, J) for layer in masks}
+    with torch.no_grad(), target.hooks(hooks):
         return target.logits(base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
 
 
-def _sweep(target: Target, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
+def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
     """The metric of every job, ``(len(jobs), P)``; returns it with the number of batches run."""
     P = base.shape[0]
     values = []
@@ -279,7 +281,7 @@ def patch_heads(
     batch_size = _check_batch_size(batch_size)
     t0 = time.perf_counter()
     target, base, source, _, (m_clean, m_corrupted), forward = prepare(model, clean, corrupted, metric, direction)
-    pairs = [(layer, head) for layer in range(target.num_layers) for head in range(target.num_heads[layer])]
+    pairs = [(layer, head) for layer in range(target.num_layers) for head in range(target.heads_per_layer[layer])]
     jobs = [[Patch(layer, head)] for layer, head in pairs]
     values, batches = _sweep(target, base, source, metric, jobs, batch_size, progress)  # (NL·H, P)
     P = base.shape[0]
@@ -299,7 +301,7 @@ def patch_heads(
     )
 
 
-def _head_list(target: Target, heads) -> list[tuple[int, int]]:
+def _head_list(target: HeadModel, heads) -> list[tuple[int, int]]:
     """``[(layer, head), …]`` from pairs or ``{layer: [head, …]}``, each checked."""
     if isinstance(heads, Mapping):
         items = [(layer, head) for layer, hs in heads.items() for head in _iterable("heads", hs)]

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from headwise.models.head_model import HeadModel
 from headwise.patching.metric import LogitDifference
-from headwise.patching.target import Target, as_target
+from headwise.patching.target import as_target
+from headwise.points import MLP_NAMES, OUT_PROJ_NAMES
 
 __all__ = ["LogitAttribution", "direct_logit_attribution"]
 
-_MLP_NAMES = ("mlp", "ff", "feed_forward", "ffn", "block_sparse_moe")
-_OUT_NAMES = ("o_proj", "c_proj", "out_proj", "dense", "Wo", "wo")
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 _UNEMBED_NAMES = ("unembed", "lm_head")
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
@@ -116,23 +116,24 @@ class _Structure:
     unembed: nn.Module
 
 
-def _structure(target: Target) -> _Structure:
-    model = target.module
+def _structure(target: HeadModel) -> _Structure:
+    model = target.model
     parents = {id(child): parent for parent in model.modules() for child in parent.children()}
     blocks, out_projs, mlps = [], [], []
-    for layer, attention in enumerate(target.attention):
+    for layer, attention in enumerate(target.attention_modules):
         block = parents.get(id(attention))
-        out_proj = _named_child(attention, _OUT_NAMES)
+        out_proj = _named_child(attention, OUT_PROJ_NAMES)
         if block is None or out_proj is None:
             raise ValueError(
                 f"model: cannot find the block and output projection of attention layer {layer} "
-                f"({type(attention).__name__}: expected a child named one of {_OUT_NAMES})"
+                f"({type(attention).__name__}: expected a child named one of {OUT_PROJ_NAMES})"
             )
         blocks.append(block)
         out_projs.append(out_proj)
-        mlps.append(_named_child(block, _MLP_NAMES))
+        mlps.append(_named_child(block, MLP_NAMES))
     block_ids = {id(b) for b in blocks}
-    unembed = model.get_output_embeddings() if target.hf else _named_child(model, _UNEMBED_NAMES)
+    output_embeddings = getattr(model, "get_output_embeddings", None)  # a Hugging Face model names its own
+    unembed = output_embeddings() if callable(output_embeddings) else _named_child(model, _UNEMBED_NAMES)
     if unembed is None or getattr(unembed, "weight", None) is None:
         raise ValueError(f"model: cannot find the unembedding of the {target.family} (expected {_UNEMBED_NAMES})")
     final_norm = None
@@ -299,7 +300,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
             rec.watch(("block", layer), block, inputs=False)
             rec.watch(("proj", layer), proj)
             for child in block.children():
-                if child is not target.attention[layer]:
+                if child is not target.attention_modules[layer]:
                     rec.watch((layer, id(child)), child)
         rec.watch("final", st.final_norm)
         rec.watch("unembed", st.unembed, inputs=False)
@@ -317,12 +318,12 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     residual = embed
     head_parts, bias_parts, mlp_parts = [], [], []
     for layer, (block, proj, mlp) in enumerate(zip(st.blocks, st.out_projs, st.mlps)):
-        H = target.num_heads[layer]
+        H = target.heads_per_layer[layer]
         each, bias = _head_writes(proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
         o_out = rec.outputs[("proj", layer)].double()  # (P, D)
         if not _close(each.sum(1) + bias, o_out):
             raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-        skip = {id(target.attention[layer])} | ({id(mlp)} if mlp is not None else set())
+        skip = {id(target.attention_modules[layer])} | ({id(mlp)} if mlp is not None else set())
         norm = _post_norm(block, skip, rec, rec.outputs[("proj", layer)], layer)
         if norm is not None:
             lin, nb = _frozen_norm(norm, o_out, rec.outputs[(layer, id(norm))], f"layer {layer}'s attention norm")

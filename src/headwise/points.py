@@ -1,0 +1,274 @@
+"""Named hook points: every place a tool acts on a model's forward pass, under one stable name.
+
+Shape legend: B batch, L query length, S key length, D model width, H query heads, Dh head width, NL layers.
+
+The names follow TransformerLens's (``blocks.{i}.hook_resid_pre`` …), in the layout of the model's own modules
+(``model.layers.{i}``); ``i`` counts attention layers (:func:`headwise.hf.attention_layers` order, or
+``modules()`` order for headwise's modules):
+
+- ``layers.{i}.resid_pre`` — the block's input ``(B, L, D)`` (TransformerLens ``blocks.{i}.hook_resid_pre``;
+  a forward pre-hook on the block);
+- ``layers.{i}.attn.qk`` — the post-rotary queries and keys with the masks, as one
+  :class:`~headwise.core.rows.AttentionRows` (``hook_q`` and ``hook_k``, with what forms the scores; read-only);
+- ``layers.{i}.attn.pattern`` — the weights ``(B, H, L, S)`` the maths used (``hook_pattern``; read-only);
+- ``layers.{i}.attn.heads`` — the per-head outputs ``(B, H, L, Dh)`` just before ``W_O`` (``hook_z``);
+- ``layers.{i}.attn.out`` — the attention's write ``(B, L, D)`` (``hook_attn_out``; the attention module's output);
+- ``layers.{i}.mlp.in`` / ``layers.{i}.mlp.out`` — the MLP's input and write ``(B, L, D)`` (``hook_mlp_in`` /
+  ``hook_mlp_out``; a pre-hook and a hook on the MLP);
+- ``resid_final`` — the last block's output ``(B, L, D)``, the final norm's input (``blocks.{NL-1}.hook_resid_post``).
+
+The three attention points are the :class:`~headwise.core.hooks.HookPoint` s every attention module has
+(headwise's own; :func:`headwise.hf.backend.hook_points` for Hugging Face modules). The others exist where the
+structure shows them, found at run time rather than from a list of families: the block is the attention
+module's ancestor that is an item of a layer list (``model.layers.3``, ``transformer.h.3``, ``encoder.layer.3``;
+one attention module per block), the MLP the block's child named ``mlp`` (``ff``, ``feed_forward`` …) or the
+pair ``ffn_in`` / ``ffn_out``, the attention's write the output of an attention module that holds its output
+projection (``o_proj``, ``c_proj``, ``Wo`` …). So a BERT of Hugging Face (its output projection and MLP
+projections sit with the residual's LayerNorm) has no ``attn.out`` or ``mlp`` points; a post-norm block's
+``attn.out`` is the write before the norm.
+
+A hook is ``fn(tensor) -> replacement or None`` (TransformerLens's ``run_with_hooks``). Nothing is registered
+until a name is asked for: a model without hooks runs as if this module did not exist.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from headwise.core.hooks import HookPoint
+
+__all__ = ["Point", "NamedPoints", "ATTENTION_POINTS", "attention_point", "MLP_NAMES", "OUT_PROJ_NAMES"]
+
+Hook = Callable[[Tensor], "Tensor | None"]
+
+#: The attention points of each layer, by the attribute of the HookPoint that makes them.
+ATTENTION_POINTS = {"qk": "hook_qk", "pattern": "hook_pattern", "heads": "hook_heads"}
+#: A block's child that is its MLP.
+MLP_NAMES = ("mlp", "ff", "feed_forward", "ffn", "block_sparse_moe")
+#: An attention module's child that is its output projection.
+OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense", "Wo", "wo")
+_MLP_PAIR = ("ffn_in", "ffn_out")
+_NAME = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def attention_point(layer: int, kind: str) -> str:
+    """The name of one attention point: ``attention_point(3, "heads") == "layers.3.attn.heads"``."""
+    return f"layers.{layer}.attn.{kind}"
+
+
+class Point:
+    """One named place in the forward pass.
+
+    Attributes:
+        name: its name.
+        module: the module it hooks: a :class:`HookPoint`, or the block / MLP / attention module whose input or
+            output it is.
+        where: ``"point"`` (a HookPoint), ``"input"`` (the module's first tensor argument, a forward pre-hook)
+            or ``"output"`` (the module's output, or its first item when it returns a tuple; a forward hook).
+    """
+
+    __slots__ = ("name", "module", "where")
+
+    def __init__(self, name: str, module: nn.Module, where: str):
+        self.name, self.module, self.where = name, module, where
+
+    def __repr__(self) -> str:
+        return f"Point({self.name!r}, {type(self.module).__name__}, {self.where})"
+
+    def add_hook(self, fn: Hook) -> RemovableHandle:
+        """Register ``fn(tensor) -> replacement or None`` here; ``handle.remove()`` takes it off."""
+        if not callable(fn):
+            raise TypeError(f"{self.name}: expected a callable fn(tensor) -> tensor or None, got {type(fn).__name__}")
+        if self.where == "point":
+            return self.module.add_hook(fn)
+        if self.where == "input":
+            return self.module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True)
+        return self.module.register_forward_hook(_output_hook(fn))
+
+
+def _input_hook(fn: Hook):
+    def hook(_module, args, kwargs):
+        if args and isinstance(args[0], Tensor):
+            new = fn(args[0])
+            return None if new is None else ((new, *args[1:]), kwargs)
+        x = kwargs.get("hidden_states")
+        if isinstance(x, Tensor):
+            new = fn(x)
+            return None if new is None else (args, {**kwargs, "hidden_states": new})
+        return None
+
+    return hook
+
+
+def _output_hook(fn: Hook):
+    def hook(_module, _args, output):
+        if isinstance(output, (tuple, list)):
+            new = fn(output[0])
+            return None if new is None else type(output)((new, *output[1:]))
+        return fn(output)
+
+    return hook
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
+
+
+def _blocks(root: nn.Module, attention: list[nn.Module]) -> list[nn.Module] | None:
+    """Each attention module's block (its deepest ancestor that is an item of a module list), or None when some
+    attention module has none or two share one (cross-attention: no single residual stream per layer)."""
+    paths = {id(m): name for name, m in root.named_modules()}
+    modules = dict(root.named_modules())
+    blocks = []
+    for m in attention:
+        parts = paths.get(id(m), "").split(".")
+        cut = [k for k in range(1, len(parts)) if parts[k - 1].isdigit()]
+        if not cut:
+            return None
+        blocks.append(modules[".".join(parts[: cut[-1]])])
+    return blocks if len({id(b) for b in blocks}) == len(blocks) else None
+
+
+class NamedPoints(Mapping):
+    """The points of one model by name (a read-only mapping ``name -> Point``, in forward order).
+
+    Args:
+        root: the model (the module whose structure holds the blocks).
+        attention: its NL attention modules in layer order.
+        attention_hooks: ``module -> object`` with the module's ``hook_heads`` / ``hook_qk`` / ``hook_pattern``
+            HookPoints (the module itself for headwise's modules; :func:`headwise.hf.backend.hook_points`).
+
+    The attention points are found at once; the block and MLP points on the first lookup of one of them or of
+    the list of names.
+    """
+
+    def __init__(self, root: nn.Module, attention: list[nn.Module], attention_hooks: Callable[[nn.Module], object]):
+        self.root = root
+        self.attention = list(attention)
+        self._attention: dict[str, Point] = {}
+        for layer, m in enumerate(self.attention):
+            hooks = attention_hooks(m)
+            for kind, attr in ATTENTION_POINTS.items():
+                point = getattr(hooks, attr, None)
+                if isinstance(point, HookPoint):
+                    name = attention_point(layer, kind)
+                    self._attention[name] = Point(name, point, "point")
+        self._all: dict[str, Point] | None = None
+
+    def _table(self) -> dict[str, Point]:
+        if self._all is None:
+            self._all = self._build()
+        return self._all
+
+    def _build(self) -> dict[str, Point]:
+        blocks = _blocks(self.root, self.attention)
+        table: dict[str, Point] = {}
+
+        def add(name: str, module: nn.Module | None, where: str) -> None:
+            if module is not None:
+                table[name] = Point(name, module, where)
+
+        for layer, m in enumerate(self.attention):
+            block = blocks[layer] if blocks else None
+            add(f"layers.{layer}.resid_pre", block, "input")
+            for kind in ATTENTION_POINTS:
+                name = attention_point(layer, kind)
+                if name in self._attention:
+                    table[name] = self._attention[name]
+            if block is None:
+                continue
+            add(f"layers.{layer}.attn.out", m if _child(m, OUT_PROJ_NAMES) is not None else None, "output")
+            mlp = _child(block, MLP_NAMES)
+            pair = [_child(block, (n,)) for n in _MLP_PAIR]
+            if mlp is None and None not in pair:
+                add(f"layers.{layer}.mlp.in", pair[0], "input")
+                add(f"layers.{layer}.mlp.out", pair[1], "output")
+            else:
+                add(f"layers.{layer}.mlp.in", mlp, "input")
+                add(f"layers.{layer}.mlp.out", mlp, "output")
+        if blocks:
+            add("resid_final", blocks[-1], "output")
+        return table
+
+    # -- the mapping -------------------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Point:
+        point = self._attention.get(name) if isinstance(name, str) else None
+        if point is None:
+            point = self._table().get(name) if isinstance(name, str) else None
+        if point is None:
+            raise KeyError(name)
+        return point
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def point(self, arg: str, name) -> Point:
+        """The point named ``name``; else ValueError naming ``arg``, the name and the closest names."""
+        if not isinstance(name, str):
+            raise TypeError(f"{arg}: expected point names as str, got {name!r}")
+        try:
+            return self[name]
+        except KeyError:
+            pass
+        names = list(self._table())
+        close = difflib.get_close_matches(name, names, n=4, cutoff=0.6)
+        m = _NAME.fullmatch(name)
+        if m and int(m.group(1)) >= len(self.attention):
+            hint = f"the model has {len(self.attention)} attention layers (0..{len(self.attention) - 1})"
+        else:
+            hint = f"close names: {', '.join(close)}" if close else f"names look like {', '.join(names[:4])}, …"
+        raise ValueError(f"{arg}: no point named {name!r} on this model; {hint} (all: point_names())")
+
+    # -- hooks -------------------------------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, fns: Mapping[str, Hook] | list[tuple[str, Hook]], *, arg: str = "hooks") -> Iterator[None]:
+        """Inside the block, ``fns[name]`` is hooked at each named point (``fn(tensor) -> replacement or None``);
+        every hook is removed after, also on error. A list of ``(name, fn)`` pairs may name a point twice (the
+        hooks run in the order given)."""
+        items = fns.items() if isinstance(fns, Mapping) else fns
+        handles: list[RemovableHandle] = []
+        try:
+            for name, fn in items:
+                handles.append(self.point(arg, name).add_hook(fn))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def cached(self, names, *, arg: str = "names", detach: bool = True) -> Iterator[dict]:
+        """Inside the block, each forward pass records the tensor at every named point into the yielded dict
+        (``{name: tensor}``, the last pass's; detached unless ``detach=False``). None: every point."""
+        names = list(self) if names is None else [names] if isinstance(names, str) else list(names)
+        store: dict = {}
+
+        def keep(name: str, x):
+            store[name] = x.detach() if detach and isinstance(x, Tensor) else x
+
+        with self.hooks([(name, _Keeper(keep, name)) for name in names], arg=arg):
+            yield store
+
+
+class _Keeper:
+    """``fn(x)`` that stores ``x`` under a name and changes nothing."""
+
+    __slots__ = ("keep", "name")
+
+    def __init__(self, keep, name: str):
+        self.keep, self.name = keep, name
+
+    def __call__(self, x) -> None:
+        self.keep(self.name, x)
