@@ -11,7 +11,7 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   :class:`ExampleView` drawn); :func:`query_rows` (the chosen queries alone); :func:`decoder_report`,
   :func:`example_view` — the streaming pass over batches.
 - :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
-  :func:`parse_queries` — what the model is fed.
+  :func:`parse_queries`, :func:`first_lines` — what the model is fed.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -44,6 +44,7 @@ from headwise.study.importance import (
 from headwise.study.inputs import (
     MAX_QUERIES,
     check_length,
+    first_lines,
     make_probe,
     parse_queries,
     probe_batches,
@@ -69,6 +70,7 @@ __all__ = [
     "probe_batches",
     "text_batches",
     "check_length",
+    "first_lines",
     "parse_queries",
     "run_importance",
     "importance_batches",

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 
 import numpy as np
 
-from headwise.study.inputs import check_length, make_probe, parse_queries, probe_batches, probe_ids, text_batches
+from headwise.study.inputs import (
+    check_length,
+    first_lines,
+    make_probe,
+    parse_queries,
+    probe_batches,
+    probe_ids,
+    text_batches,
+)
 from headwise.study.options import HeadsOptions
 
 __all__ = [
@@ -111,17 +118,11 @@ def plan_decoder(hm, options: HeadsOptions) -> DecoderPlan:
     if options.text is not None:
         n = check_length(hm, options.text)
     elif corpus is not None:
-        head = _first_lines(corpus, 1)
+        head = first_lines(corpus, 1)
         n = min(len(hm.tokenizer.encode(head[0]).ids), hm.max_length) if head else 0
     else:
         n = probe.total_length
     return DecoderPlan(probe, n, parse_queries(options.queries, n))
-
-
-def _first_lines(corpus, count: int) -> list[str]:
-    from headwise.analysis import CorpusFile
-
-    return [] if corpus is None else list(islice(CorpusFile(corpus), count))
 
 
 def decoder_texts(options: HeadsOptions) -> tuple[Iterator[str] | None, int]:
@@ -269,7 +270,7 @@ def query_rows(hm, options: HeadsOptions, plan: DecoderPlan, *, warn: Callable[[
     if plan.queries is None:
         raise ValueError("--queries-only: expected --queries A:B (the queries to draw)")
     if options.text is not None or options.corpus is not None:
-        text = options.text if options.text is not None else _first_lines(options.corpus_path, 1)[0]
+        text = options.text if options.text is not None else first_lines(options.corpus_path, 1)[0]
         [(ids, mask)] = list(text_batches(hm, [text], 1, lambda m: warn(f"TEXT / --corpus: {m}")))
     else:
         [(ids, mask)] = probe_batches(hm, plan.probe, 1)[:1]

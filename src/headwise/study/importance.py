@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from headwise.study.inputs import probe_batches, text_batches
+from headwise.study.inputs import first_lines, probe_batches, text_batches
 from headwise.study.options import HeadsOptions
 
 __all__ = ["importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance"]
@@ -17,12 +17,7 @@ __all__ = ["importance_batches", "importance_columns", "importance_summary", "im
 
 def importance_texts(options: HeadsOptions) -> list[str]:
     """The corpus's first ``options.importance_sentences`` sentences (none without a corpus)."""
-    from itertools import islice
-
-    from headwise.analysis import CorpusFile
-
-    corpus = options.corpus_path
-    return [] if corpus is None else list(islice(CorpusFile(corpus), options.importance_sentences))
+    return first_lines(options.corpus_path, options.importance_sentences)
 
 
 def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn: Callable[[str], None]) -> list[tuple]:

@@ -9,7 +9,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["MAX_QUERIES", "check_length", "make_probe", "parse_queries", "probe_batches", "probe_ids", "text_batches"]
+__all__ = [
+    "MAX_QUERIES",
+    "check_length",
+    "first_lines",
+    "make_probe",
+    "parse_queries",
+    "probe_batches",
+    "probe_ids",
+    "text_batches",
+]
 
 #: Most queries ``--queries`` may keep at full resolution (the kept block is NL · H · (B − A)² floats).
 MAX_QUERIES = 512
@@ -51,6 +60,16 @@ def probe_batches(hm, probe, batch_size: int) -> list[tuple]:
 
     ids = probe_ids(hm, probe)
     return [(ids[s : s + batch_size], torch.ones_like(ids[s : s + batch_size])) for s in range(0, len(ids), batch_size)]
+
+
+def first_lines(corpus, count: int) -> list[str]:
+    """The first ``count`` sentences of the corpus file ``corpus`` (:class:`~headwise.analysis.CorpusFile`: blank and
+    undecodable lines skipped); none when ``corpus`` is None."""
+    from itertools import islice
+
+    from headwise.analysis import CorpusFile
+
+    return [] if corpus is None else list(islice(CorpusFile(corpus), count))
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
