@@ -141,3 +141,32 @@ def test_importance_on_the_probe(hm):
     assert all(v.shape == (2, 4) for v in columns.values())
     summary = study.importance_summary(result)
     assert summary["objective"] == result.objective and summary["sequences"] == 8
+
+
+def test_the_encoder_checks_name_their_option():
+    for options, message in [
+        ({}, "expected a TEXT or --corpus FILE"),
+        ({"text": "x", "importance": True}, "--importance: expected --corpus FILE"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            study.check_encoder(HeadsOptions(**options))
+    study.check_encoder(HeadsOptions(corpus="sample", importance=True))
+    HeadsOptions(layer=5).check_layer(6)
+    with pytest.raises(ValueError, match="--layer: expected 0 … 5 for this model, got 6"):
+        HeadsOptions(layer=6).check_layer(6)
+
+
+def test_the_untrained_block_and_its_sentence():
+    """The untrained block's sentence: the same heads as :func:`headwise.analysis.analyze_sentence` on its attend,
+    the tokens shown as the text they add, the pieces kept beside them."""
+    from headwise.analysis import analyze_sentence
+
+    enc = study.encoder_attend("untrained")
+    assert (enc.num_layers, enc.num_heads, enc.max_length) == (1, 4, 512) and enc.title.startswith("untrained")
+    warned: list[str] = []
+    sentence, pieces, ids = study.sentence_heads(None, "The cat sat.", enc, warn=warned.append)
+    direct = analyze_sentence("The cat sat.", enc.attend, num_layers=1, num_heads=4, max_length=512)
+    assert pieces == direct.tokens and len(ids) == len(pieces) and not warned
+    assert pieces == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
+    assert sentence.tokens == ["[CLS]", "␣the", "␣cat", "␣sat", ".", "[SEP]"]  # a space shown as ␣
+    np.testing.assert_array_equal(sentence.attentions, direct.attentions)

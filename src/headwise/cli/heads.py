@@ -47,8 +47,6 @@ without ``--queries``, or with ``--importance``, exits 2.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -61,8 +59,6 @@ from headwise.cli._output import prepare_folder, write_failed, write_pruning
 from headwise.cli._progress import corpus_progress, stage_progress
 from headwise.study import HeadsOptions
 
-#: The untrained block of the first article: sizes and seed.
-UNTRAINED = {"d_model": 128, "num_heads": 4, "seed": 0}
 #: Columns of the printed table: (metric, header, format).
 COLUMNS = (
     ("cls", "[CLS]", "{:.2f}"),
@@ -109,80 +105,6 @@ def load(source: str | Path | None, *, cache: bool = True):
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
 
 
-def load_model(model: str | None, hm=None):
-    """``(attend, num_layers, num_heads, max_length, title)`` for ``--model``: ``untrained``, or an encoder
-    opened once through :func:`headwise.models.open_model` (``hm``).
-
-    Args:
-        model: the option's value.
-        hm: the opened encoder, a :class:`~headwise.models.HeadModel` (None only for ``untrained``): headwise's
-            BERT through :func:`headwise.models.model_attend`, a Hugging Face encoder through
-            :meth:`HeadModel.attentions`.
-    """
-    from headwise import models
-
-    if model == "untrained":
-        import torch
-
-        from headwise.core.block import AttentionBlock
-
-        try:
-            _, tokenizer = models.load_bert()
-        except (FileNotFoundError, ValueError) as e:
-            raise CLIError(f"--model: {e}") from None
-        torch.manual_seed(UNTRAINED["seed"])
-        block = AttentionBlock(tokenizer.get_vocab_size(), UNTRAINED["d_model"], UNTRAINED["num_heads"]).eval()
-
-        def run(ids, padding):
-            return block(ids, key_padding_mask=padding, need_weights=True, average_weights=False)[1]
-
-        title = f"untrained AttentionBlock (D={UNTRAINED['d_model']}, H={UNTRAINED['num_heads']}, seed 0)"
-        return models.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
-    if hm.family != "bert":
-        return _head_model_attend(hm), hm.num_layers, hm.num_heads, hm.max_length, hm.title
-    title = f"{hm.name} ({hm.num_layers} layers × {hm.num_heads} heads)"
-    attend = models.model_attend(hm.model, hm.tokenizer)
-    return attend, hm.num_layers, hm.num_heads, hm.model.config.max_position_embeddings, title
-
-
-def _head_model_attend(hm):
-    """``attend(texts) -> (maps, TokenInfo)`` for a Hugging Face encoder: its own classifier and separator."""
-    from headwise.analysis import token_info
-
-    def name(key: str) -> str | None:
-        i = getattr(hm.model.config, key, None)
-        return hm.tokenizer.id_to_token(i) if isinstance(i, int) and hm.tokenizer is not None else None
-
-    cls = name("cls_token_id") or name("bos_token_id") or "[CLS]"
-    sep = name("sep_token_id") or name("eos_token_id") or "[SEP]"
-
-    def attend(texts):
-        enc = hm.encode(texts)
-        info = token_info(enc.tokens, length=enc.ids.shape[1], cls_token=cls, sep_token=sep)
-        return hm.attentions(enc.ids, enc.mask), info
-
-    return attend
-
-
-def _sentence_texts(hm, text: str, pieces: list[str]) -> tuple[list[str], list[int] | None]:
-    """The example sentence's tokens as text (:meth:`HeadModel.token_texts`) and their ids; ``hm`` None: the
-    untrained block on the bundled WordPiece tokens. Falls back to the pieces if the text does not re-encode
-    to them (it always should: the same tokenizer read it)."""
-    from headwise import models
-    from headwise.models.token_text import token_pieces, token_texts
-
-    if hm is not None:
-        ids = hm.encode([text]).ids[0][: len(pieces)].tolist()
-        texts = hm.token_texts(ids)
-        same = hm.token_strings(ids) == list(pieces)
-    else:
-        tokenizer = models.load_tokenizer(models.default_model_path())
-        ids = models.encode(tokenizer, [text]).input_ids[0][: len(pieces)].tolist()
-        texts = token_texts(tokenizer, ids)
-        same = token_pieces(tokenizer, ids) == list(pieces)
-    return (texts, ids) if same else (list(pieces), None)
-
-
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
     """Print a layer × head table of ``report`` (a :class:`~headwise.analysis.HeadReport`) with rich.
 
@@ -218,41 +140,6 @@ def print_head_table(console, report, *, layer: int | None = None, title: str = 
         if layer is None and lay < report.num_layers - 1:
             table.add_section()
     console.print(table)
-
-
-def _analyze_corpus(corpus: Path, attend, num_layers, num_heads, max_length, batch_size):
-    from headwise import analysis
-    from headwise.models import TruncationWarning
-
-    reader = analysis.CorpusFile(corpus)
-    total = reader.count()
-    if total == 0:  # one line: the error says what was skipped
-        skipped = f" ({reader.num_undecodable} undecodable line(s) skipped)" if reader.num_undecodable else ""
-        raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus}'{skipped}")
-    if reader.num_undecodable:
-        where = ", ".join(map(str, reader.undecodable[:5]))
-        _warn(
-            f"--corpus: skipped {reader.num_undecodable} line(s) that are not valid UTF-8 "
-            f"(line {where}{' …' if reader.num_undecodable > 5 else ''})"
-        )
-    with warnings.catch_warnings(record=True) as caught, corpus_progress(total) as progress:
-        warnings.simplefilter("always", TruncationWarning)
-        report = analysis.analyze_texts(
-            reader,
-            attend,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            max_length=max_length,
-            batch_size=batch_size,
-            progress=progress,
-        )
-    cut = [w for w in caught if issubclass(w.category, TruncationWarning)]
-    if cut:
-        _warn(f"--corpus: {len(cut)} line(s) longer than {max_length} tokens were truncated to {max_length}")
-    for w in caught:
-        if not issubclass(w.category, TruncationWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return report, reader, total
 
 
 @app.command()
@@ -347,26 +234,23 @@ def heads(
 def _encoder(hm, opts: HeadsOptions) -> None:
     """The encoder flow (and the untrained block, ``hm`` None): statistics over TEXT or the corpus; pictures;
     importance."""
-    from headwise import analysis
-    from headwise.models import TruncationWarning
     from headwise.viz.report import write_heads_outputs
 
     text, corpus_path, layer, out = opts.text, opts.corpus_path, opts.layer, opts.out
-    if text is None and corpus_path is None:
-        raise CLIError("expected a TEXT or --corpus FILE (or --corpus sample for the bundled sentences)")
-    if opts.importance and corpus_path is None:
-        raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
+    study.check_encoder(opts)
     if opts.model is None:
         hm = load(None)
-    attend, num_layers, num_heads, max_length, title = load_model(opts.model, hm)
-    if layer is not None and not 0 <= layer < num_layers:
-        raise CLIError(f"--layer: expected 0 … {num_layers - 1} for this model, got {layer}")
+    enc = study.encoder_attend(opts.model, hm)
+    opts.check_layer(enc.num_layers)
     prepare_folder(out, "--out")
 
+    title = enc.title
     extra = {"model": title}
     report = None
     if corpus_path is not None:
-        report, reader, total = _analyze_corpus(corpus_path, attend, num_layers, num_heads, max_length, opts.batch_size)
+        reader, total = study.encoder_texts(opts, warn=_warn)
+        with corpus_progress(total) as progress:
+            report = study.encoder_report(reader, enc, opts.batch_size, warn=_warn, progress=progress)
         extra["corpus"] = {
             "path": str(corpus_path),
             "sentences": report.num_sentences,
@@ -375,18 +259,9 @@ def _encoder(hm, opts: HeadsOptions) -> None:
         }
         if text is None:
             text = next(iter(reader))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TruncationWarning)
-        sentence = analysis.analyze_sentence(
-            text, attend, num_layers=num_layers, num_heads=num_heads, max_length=max_length
-        )
-    for w in caught:
-        if issubclass(w.category, TruncationWarning):
-            _warn(f"TEXT: {str(w.message).split(': ', 1)[-1]}")
+    sentence, pieces, ids = study.sentence_heads(hm, text, enc, warn=_warn)
     report = report or sentence.report
-    shown, ids = _sentence_texts(hm, text, sentence.tokens)
-    extra["sentence"] = {"text": text, "tokens": shown, "pieces": sentence.tokens, "ids": ids}
-    sentence = dataclasses.replace(sentence, tokens=shown)
+    extra["sentence"] = {"text": text, "tokens": sentence.tokens, "pieces": pieces, "ids": ids}
 
     console = _console()
     scope = f"{report.num_sentences} sentences of {corpus_path.name}" if corpus_path is not None else "this sentence"

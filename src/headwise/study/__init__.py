@@ -10,6 +10,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   queries); :func:`decoder_texts`, :func:`decoder_heads` → :class:`DecoderHeads` (the report and the
   :class:`ExampleView` drawn); :func:`query_rows` (the chosen queries alone); :func:`decoder_report`,
   :func:`example_view` — the streaming pass over batches.
+- :func:`check_encoder`, :func:`encoder_attend` → :class:`EncoderAttend`, :func:`encoder_texts`,
+  :func:`encoder_report`, :func:`sentence_heads` — an encoder's (or the untrained block's) metrics over a corpus and
+  the example sentence.
 - :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
   :func:`parse_queries`, :func:`first_lines` — what the model is fed.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
@@ -33,6 +36,15 @@ from headwise.study.decoder import (
     example_view,
     plan_decoder,
     query_rows,
+)
+from headwise.study.encoder import (
+    UNTRAINED,
+    EncoderAttend,
+    check_encoder,
+    encoder_attend,
+    encoder_report,
+    encoder_texts,
+    sentence_heads,
 )
 from headwise.study.importance import (
     importance_batches,
@@ -65,6 +77,13 @@ __all__ = [
     "decoder_report",
     "example_view",
     "query_rows",
+    "check_encoder",
+    "EncoderAttend",
+    "encoder_attend",
+    "encoder_texts",
+    "encoder_report",
+    "sentence_heads",
+    "UNTRAINED",
     "make_probe",
     "probe_ids",
     "probe_batches",

@@ -105,8 +105,7 @@ def plan_decoder(hm, options: HeadsOptions) -> DecoderPlan:
             tokenizer; ``--importance`` without ``--corpus`` for one with; a probe that does not fit; a TEXT longer
             than the context; ``--queries`` outside the example.
     """
-    if options.layer is not None and not 0 <= options.layer < hm.num_layers:
-        raise ValueError(f"--layer: expected 0 … {hm.num_layers - 1} for this model, got {options.layer}")
+    options.check_layer(hm.num_layers)
     corpus = options.corpus_path
     if hm.tokenizer is None and options.text is not None:
         raise ValueError(f"TEXT: the checkpoint {hm.name} has no tokenizer.json; run without TEXT to analyse its probe")

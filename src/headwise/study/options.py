@@ -102,6 +102,11 @@ class HeadsOptions:
             raise ValueError(f"name: expected a field of HeadsOptions, got {name!r}")
         return _SPELLED.get(name, "--" + name.replace("_", "-"))
 
+    def check_layer(self, num_layers: int) -> None:
+        """ValueError naming ``--layer`` when it is not one of a model's ``num_layers`` layers (None: all, fine)."""
+        if self.layer is not None and not 0 <= self.layer < num_layers:
+            raise ValueError(f"--layer: expected 0 … {num_layers - 1} for this model, got {self.layer}")
+
     @property
     def corpus_path(self) -> Path | None:
         """The corpus file (``"sample"``: the bundled one), or None."""
