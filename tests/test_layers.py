@@ -99,6 +99,24 @@ def floor_breaches(sources: list[Source], subpackages: set[str]) -> list[str]:
     return breaches
 
 
+#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks and progress bars — never
+#: another command, nor a pipeline (pipelines live in the library, ``study/``).
+CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress"}
+
+
+def command_reaches(sources: list[Source]) -> list[str]:
+    """``"path:line: module"`` for every import, by a command file of ``cli/``, of a ``cli/`` module other than
+    :data:`CLI_SHARED` (``cli/__init__.py`` registers the commands; it is not one)."""
+    return [
+        f"{path}:{line}: {target}"
+        for path, text in sources
+        if _package(path) == "cli" and not path.endswith("__init__.py")
+        for line, module, names in _imports(path, text)
+        for target in ([f"{module}.{n}" for n in names] if module == "headwise.cli" else [module])
+        if target.startswith("headwise.cli.") and target not in CLI_SHARED and target != _module(path)
+    ]
+
+
 def _module(path: str) -> str:
     """The dotted name of a source: ``"models/folder.py"`` → ``"headwise.models.folder"``, a package's
     ``__init__.py`` the package."""
@@ -203,6 +221,10 @@ def test_only_the_command_line_imports_rich():
 
 def test_every_floor_imports_only_below_it():
     assert floor_breaches(_package_sources(), _subpackages()) == []
+
+
+def test_a_command_imports_only_the_shared_helpers_of_cli():
+    assert command_reaches(_package_sources()) == []
 
 
 def test_no_import_cycle():
@@ -310,3 +332,13 @@ def test_a_package_facade_makes_no_cycle():
     assert import_cycles(graph) == []
     three = [("a.py", "import headwise.b\n"), ("b.py", "from headwise import c\n"), ("c.py", "from . import a\n")]
     assert import_cycles(import_graph(three)) == [["headwise.a", "headwise.b", "headwise.c"]]
+
+
+def test_a_command_reaching_into_another_is_reported():
+    sources = [
+        ("cli/lab.py", "from headwise.cli._heads_model import run_importance\nfrom headwise.cli._app import app\n"),
+        ("cli/patch.py", "from headwise.cli import heads\nfrom headwise.cli._progress import stage_progress\n"),
+        ("cli/__init__.py", "from headwise.cli._app import CLIError, app\n"),
+        ("cli/heads.py", "from headwise.study import HeadsOptions\nfrom headwise.cli._output import write_pruning\n"),
+    ]
+    assert command_reaches(sources) == ["cli/lab.py:1: headwise.cli._heads_model", "cli/patch.py:1: headwise.cli.heads"]

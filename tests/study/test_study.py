@@ -61,6 +61,21 @@ def test_each_bad_option_is_named(options, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"text": 3}, "TEXT: expected a string or None, got int"),
+        ({"corpus": Path("c.txt")}, "--corpus: expected a string or None, got PosixPath"),
+        ({"layer": "1"}, "--layer: expected an integer or None, got '1'"),
+        ({"block_size": 2.0}, "--block-size: expected an integer or None, got 2.0"),
+    ],
+)
+def test_a_wrong_type_is_named(options, message):
+    with pytest.raises(TypeError) as e:
+        HeadsOptions(**options)
+    assert str(e.value) == message
+
+
 def test_the_options_are_spelled_as_on_the_command_line():
     assert [HeadsOptions.flag(n) for n in ("text", "cache", "probe_repeats", "queries_only")] == [
         "TEXT", "--no-cache", "--probe-repeats", "--queries-only",

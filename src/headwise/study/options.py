@@ -73,6 +73,14 @@ class HeadsOptions:
     queries_only: bool = False
 
     def __post_init__(self):
+        for name in ("text", "corpus", "model", "queries"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{self.flag(name)}: expected a string or None, got {type(value).__name__}")
+        for name in ("layer", "block_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{self.flag(name)}: expected an integer or None, got {value!r}")
         if self.text is not None and not self.text.strip():
             raise ValueError(f"{self.flag('text')}: expected a non-empty text, got an empty one")
         path = self.corpus_path
