@@ -185,3 +185,19 @@ def test_the_untrained_block_and_its_sentence():
     assert pieces == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
     assert sentence.tokens == ["[CLS]", "␣the", "␣cat", "␣sat", ".", "[SEP]"]  # a space shown as ␣
     np.testing.assert_array_equal(sentence.attentions, direct.attentions)
+
+
+def test_importing_the_package_loads_nothing_heavy():
+    """The command line imports headwise.study at start-up for every command: no torch, analysis or model code."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, headwise.study as s; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('headwise.analysis', 'headwise.models', "
+        "'headwise.study.'))), sorted(s.__all__) == sorted(dir(s)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        study.nope  # noqa: B018

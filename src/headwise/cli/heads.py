@@ -57,7 +57,6 @@ from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, write_failed, write_pruning
 from headwise.cli._progress import corpus_progress, stage_progress
-from headwise.study import HeadsOptions
 
 #: Columns of the printed table: (metric, header, format).
 COLUMNS = (
@@ -203,7 +202,7 @@ def heads(
     first-token, duplicate-token and induction detectors (see headwise.analysis).
     """
 
-    opts = HeadsOptions(
+    opts = study.HeadsOptions(
         text=text,
         corpus=corpus,
         model=model,
@@ -231,7 +230,7 @@ def heads(
     _encoder(hm, opts)
 
 
-def _encoder(hm, opts: HeadsOptions) -> None:
+def _encoder(hm, opts: study.HeadsOptions) -> None:
     """The encoder flow (and the untrained block, ``hm`` None): statistics over TEXT or the corpus; pictures;
     importance."""
     from headwise.viz.report import write_heads_outputs
@@ -304,7 +303,7 @@ def _print_roles(console, report) -> None:
     console.print("roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1])))
 
 
-def _run_importance(hm, batches, opts: HeadsOptions, title: str, extra: dict):
+def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: dict):
     """:func:`headwise.study.run_importance` under a progress bar, then ``pruning.png`` / ``pruning.csv``; the run's
     summary goes into ``extra``. Returns ``(result, columns for heads.json / heads.csv, paths)``."""
     with stage_progress() as progress:
@@ -331,7 +330,7 @@ def _importance_line(result) -> str:
 COMMAND_TEXT_UP_TO = 1000
 
 
-def _view_command(opts: HeadsOptions) -> tuple[str, str]:
+def _view_command(opts: study.HeadsOptions) -> tuple[str, str]:
     """The command line that draws the same example's chosen queries (``--queries-only``; a pooled head view appends
     ``--queries A:B``), and a line saying what a placeholder in it stands for. Only the options that choose the
     example appear."""
@@ -358,7 +357,7 @@ def _view_command(opts: HeadsOptions) -> tuple[str, str]:
     return " ".join(args), note
 
 
-def _decoder(hm, opts: HeadsOptions) -> None:
+def _decoder(hm, opts: study.HeadsOptions) -> None:
     """The decoder flow: statistics over TEXT, the corpus or the probe (:func:`headwise.study.decoder_heads`);
     detectors; pictures; importance. A pooled head view shows :func:`_view_command` with the queries the user
     chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
@@ -450,7 +449,7 @@ def _decoder(hm, opts: HeadsOptions) -> None:
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _queries_only(hm, opts: HeadsOptions, plan) -> None:
+def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:
     """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1 in ``headview_queries.html``, from one
     forward pass that forms those rows of every head and nothing else (no statistics, no other file written)."""
     from headwise.viz.headview import write_headview

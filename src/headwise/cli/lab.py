@@ -28,7 +28,6 @@ import typer
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import write_pruning
 from headwise.cli._progress import stage_progress
-from headwise.study import run_importance
 
 lab_app = typer.Typer(
     name="lab",
@@ -290,6 +289,7 @@ def prune(
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
     from headwise.models import open_model
     from headwise.models.lab_checkpoint import read_config
+    from headwise.study import run_importance
 
     read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
     hm = open_model(model)  # the one door: the folder's checks, then the weights, once

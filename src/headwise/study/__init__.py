@@ -18,86 +18,44 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
-Importing it loads neither torch nor the analysis: they load at the first call.
+Importing it loads nothing else (PEP 562): each name's module loads at its first use, torch and the analysis at the
+first call — the command line imports this package at start-up for every command.
 """
 
 from __future__ import annotations
 
-from headwise.study.decoder import (
-    PROBE_CHUNK,
-    VIEW_BINS,
-    VIEW_FULL_UP_TO,
-    DecoderHeads,
-    DecoderPlan,
-    ExampleView,
-    decoder_heads,
-    decoder_report,
-    decoder_texts,
-    example_view,
-    plan_decoder,
-    query_rows,
-)
-from headwise.study.encoder import (
-    UNTRAINED,
-    EncoderAttend,
-    check_encoder,
-    encoder_attend,
-    encoder_report,
-    encoder_texts,
-    sentence_heads,
-)
-from headwise.study.importance import (
-    importance_batches,
-    importance_columns,
-    importance_summary,
-    importance_texts,
-    run_importance,
-)
-from headwise.study.inputs import (
-    MAX_QUERIES,
-    check_length,
-    first_lines,
-    make_probe,
-    parse_queries,
-    probe_batches,
-    probe_ids,
-    text_batches,
-)
-from headwise.study.options import HeadsOptions, sample_corpus
+import importlib
 
-__all__ = [
-    "HeadsOptions",
-    "sample_corpus",
-    "DecoderPlan",
-    "DecoderHeads",
-    "ExampleView",
-    "plan_decoder",
-    "decoder_texts",
-    "decoder_heads",
-    "decoder_report",
-    "example_view",
-    "query_rows",
-    "check_encoder",
-    "EncoderAttend",
-    "encoder_attend",
-    "encoder_texts",
-    "encoder_report",
-    "sentence_heads",
-    "UNTRAINED",
-    "make_probe",
-    "probe_ids",
-    "probe_batches",
-    "text_batches",
-    "check_length",
-    "first_lines",
-    "parse_queries",
-    "run_importance",
-    "importance_batches",
-    "importance_texts",
-    "importance_columns",
-    "importance_summary",
-    "MAX_QUERIES",
-    "PROBE_CHUNK",
-    "VIEW_BINS",
-    "VIEW_FULL_UP_TO",
-]
+_MODULES = {
+    "headwise.study.decoder": [
+        "PROBE_CHUNK", "VIEW_BINS", "VIEW_FULL_UP_TO", "DecoderHeads", "DecoderPlan", "ExampleView", "decoder_heads",
+        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "query_rows",
+    ],
+    "headwise.study.encoder": [
+        "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
+        "sentence_heads",
+    ],
+    "headwise.study.importance": [
+        "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
+    ],
+    "headwise.study.inputs": [
+        "MAX_QUERIES", "check_length", "first_lines", "make_probe", "parse_queries", "probe_batches", "probe_ids",
+        "text_batches",
+    ],
+    "headwise.study.options": ["HeadsOptions", "sample_corpus"],
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'headwise.study' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
