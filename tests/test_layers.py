@@ -1,5 +1,6 @@
 """Source scans of the package's own rules on imports: no package reaches into another's private names,
-and only the command line draws terminal UI (``rich``).
+only the command line draws terminal UI (``rich``), every floor imports only the floors below it, and no
+module's imports lead back to it.
 
 The scans are functions of sources — ``(path relative to the package root, text)`` pairs — so that they
 run on the package's own files and on synthetic ones that break each rule."""
@@ -70,6 +71,130 @@ def rich_users(sources: list[Source]) -> list[str]:
     ]
 
 
+#: What each package never imports: the floors ``cli → viz → lab → study → analysis → models / hf → core`` run
+#: one way; the analysis is handed models and never opens one; hf imports only the core. Beyond this table,
+#: only ``cli/`` itself and ``__main__.py`` import ``cli/``.
+NEVER = {
+    "viz": {"cli", "lab", "study"},
+    "lab": {"cli", "viz"},
+    "study": {"cli", "viz", "lab"},
+    "analysis": {"cli", "viz", "lab", "study", "models", "hf"},
+    "models": {"cli", "viz", "lab", "study", "analysis"},
+    "hf": {"cli", "viz", "lab", "study", "analysis", "models"},
+    "core": {"cli", "viz", "lab", "study", "analysis", "models", "hf", "reference"},
+}
+
+
+def floor_breaches(sources: list[Source], subpackages: set[str]) -> list[str]:
+    """``"path:line: module"`` for every import (at the top or inside a function) of a package that
+    :data:`NEVER` keeps from the importing file's package."""
+    breaches = []
+    for path, text in sources:
+        own = _package(path)
+        never = NEVER.get(own, set()) | ({"cli"} if own != "cli" and path != "__main__.py" else set())
+        for line, module, _ in _imports(path, text):
+            parts = module.split(".")
+            if parts[0] == "headwise" and len(parts) > 1 and parts[1] in subpackages and parts[1] in never:
+                breaches.append(f"{path}:{line}: {module}")
+    return breaches
+
+
+#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks and progress bars — never
+#: another command, nor a pipeline (pipelines live in the library, ``study/``).
+CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress"}
+
+
+def command_reaches(sources: list[Source]) -> list[str]:
+    """``"path:line: module"`` for every import, by a command file of ``cli/``, of a ``cli/`` module other than
+    :data:`CLI_SHARED` (``cli/__init__.py`` registers the commands; it is not one)."""
+    return [
+        f"{path}:{line}: {target}"
+        for path, text in sources
+        if _package(path) == "cli" and not path.endswith("__init__.py")
+        for line, module, names in _imports(path, text)
+        for target in ([f"{module}.{n}" for n in names] if module == "headwise.cli" else [module])
+        if target.startswith("headwise.cli.") and target not in CLI_SHARED and target != _module(path)
+    ]
+
+
+def _module(path: str) -> str:
+    """The dotted name of a source: ``"models/folder.py"`` → ``"headwise.models.folder"``, a package's
+    ``__init__.py`` the package."""
+    parts = list(PurePosixPath(path).with_suffix("").parts)
+    return ".".join(["headwise", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def import_graph(sources: list[Source]) -> dict[str, set[str]]:
+    """``{module: the headwise modules it imports}``, imports inside functions included (a lazy import that
+    closes a loop is still a loop of dependencies). A name a package's ``__init__`` re-exports counts as an
+    import of the module that defines it (``from headwise.models import BertConfig`` depends on
+    ``headwise.models.config``), so a package's facade makes no loop of its own."""
+    texts = {_module(path): (path, text) for path, text in sources}
+    facade = {
+        module: {n: m for _, m, names in _imports(path, text) for n in names if m in texts}
+        for module, (path, text) in texts.items()
+        if path.endswith("__init__.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for module, (path, text) in texts.items():
+        targets = set()
+        for _, imported, names in _imports(path, text):
+            for name in names or [None]:
+                if name is not None and f"{imported}.{name}" in texts:  # a submodule: from headwise.x import mod
+                    targets.add(f"{imported}.{name}")
+                elif name is not None and name in facade.get(imported, {}):
+                    targets.add(facade[imported][name])
+                elif imported in texts:
+                    targets.add(imported)
+        graph[module] = targets - {module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's algorithm, iterative):
+    each is a set of modules whose imports lead back to themselves; empty when the imports form a DAG."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
 def _package_sources() -> list[Source]:
     files = sorted(p for p in SRC.rglob("*.py") if "data" not in p.relative_to(SRC).parts)
     return [(p.relative_to(SRC).as_posix(), p.read_text(encoding="utf-8")) for p in files]
@@ -92,6 +217,19 @@ def test_no_private_name_crosses_a_boundary():
 
 def test_only_the_command_line_imports_rich():
     assert rich_users(_package_sources()) == []
+
+
+def test_every_floor_imports_only_below_it():
+    assert floor_breaches(_package_sources(), _subpackages()) == []
+
+
+def test_a_command_imports_only_the_shared_helpers_of_cli():
+    assert command_reaches(_package_sources()) == []
+
+
+def test_no_import_cycle():
+    """No module's imports — at the top or inside a function — lead back to it."""
+    assert import_cycles(import_graph(_package_sources())) == []
 
 
 def test_the_scan_reads_the_package():
@@ -148,3 +286,59 @@ def test_clean_sources_pass_both_scans():
     ]
     assert private_leaks(sources, PACKAGES) == []
     assert rich_users(sources) == []
+
+
+def test_a_floor_importing_one_above_it_is_reported():
+    sources = [
+        ("study/decoder.py", "from headwise.viz.headview import write_headview\nfrom headwise.analysis import Probe\n"),
+        ("analysis/corpus.py", "def f():\n    from headwise.models import open_model\n"),
+        ("sizing/hf_config.py", "from headwise.cli._app import CLIError\n"),
+        ("lab/prune.py", "from headwise.study import run_importance\nfrom headwise.models import open_model\n"),
+        ("cli/lab.py", "from headwise.study import run_importance\nfrom headwise.cli._app import app\n"),
+        ("__main__.py", "from headwise.cli import main\n"),
+        ("viz/report.py", "from headwise.analysis import HeadReport\n"),
+    ]
+    assert floor_breaches(sources, {"study", "viz", "analysis", "models", "cli", "lab", "sizing"}) == [
+        "study/decoder.py:1: headwise.viz.headview",
+        "analysis/corpus.py:2: headwise.models",
+        "sizing/hf_config.py:1: headwise.cli._app",
+    ]
+
+
+def test_an_import_cycle_is_reported():
+    """The loop that ``models/folder.py`` and ``models/lab_checkpoint.py`` once made — one side importing inside a
+    function — is found; a third module outside it is not part of it."""
+    sources = [
+        ("models/__init__.py", "from headwise.models.folder import inspect_folder\n"),
+        ("models/folder.py", "from headwise.models.lab_checkpoint import is_lab_config\n"),
+        ("models/lab_checkpoint.py", "def load():\n    from headwise.models.folder import read_safetensors\n"),
+        ("models/sources.py", "from headwise.models import folder\nfrom headwise.models.lab_checkpoint import load\n"),
+    ]
+    graph = import_graph(sources)
+    assert graph["headwise.models.sources"] == {"headwise.models.folder", "headwise.models.lab_checkpoint"}
+    assert import_cycles(graph) == [["headwise.models.folder", "headwise.models.lab_checkpoint"]]
+
+
+def test_a_package_facade_makes_no_cycle():
+    """``from headwise.models import BertConfig`` inside ``models/folder.py`` depends on ``models/config.py``, where
+    the name is defined, not on the package whose ``__init__`` imports ``folder``; a relative import is resolved."""
+    sources = [
+        ("models/__init__.py", "from .config import BertConfig\nfrom headwise.models.folder import inspect_folder\n"),
+        ("models/config.py", "import json\n"),
+        ("models/folder.py", "def count():\n    from headwise.models import BertConfig\n"),
+    ]
+    graph = import_graph(sources)
+    assert graph["headwise.models.folder"] == {"headwise.models.config"}
+    assert import_cycles(graph) == []
+    three = [("a.py", "import headwise.b\n"), ("b.py", "from headwise import c\n"), ("c.py", "from . import a\n")]
+    assert import_cycles(import_graph(three)) == [["headwise.a", "headwise.b", "headwise.c"]]
+
+
+def test_a_command_reaching_into_another_is_reported():
+    sources = [
+        ("cli/lab.py", "from headwise.cli._heads_model import run_importance\nfrom headwise.cli._app import app\n"),
+        ("cli/patch.py", "from headwise.cli import heads\nfrom headwise.cli._progress import stage_progress\n"),
+        ("cli/__init__.py", "from headwise.cli._app import CLIError, app\n"),
+        ("cli/heads.py", "from headwise.study import HeadsOptions\nfrom headwise.cli._output import write_pruning\n"),
+    ]
+    assert command_reaches(sources) == ["cli/lab.py:1: headwise.cli._heads_model", "cli/patch.py:1: headwise.cli.heads"]

@@ -32,7 +32,7 @@ _LAZY = {
     "SinusoidalPositionalEncoding": "headwise.positional",
     "sinusoidal_table": "headwise.positional",
 }
-_SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "viz", "sizing", "lab"}
+_SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "study", "viz", "sizing", "lab"}
 # The core's maths modules, also reachable as ``headwise.functional`` and ``headwise.masks``.
 _CORE_MODULES = {"functional": "headwise.core.functional", "masks": "headwise.core.masks"}
 

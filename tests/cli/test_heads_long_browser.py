@@ -23,7 +23,7 @@ pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
 
 L = 8192  # tokens, BOS included
 LAYERS, HEADS = 2, 4  # _decoders.FAMILIES["llama"]
-BINS = 128  # the pooled overview's rows (cli._heads_model.VIEW_BINS)
+BINS = 128  # the pooled overview's rows (headwise.study.VIEW_BINS)
 ROW_H, PAD = 18, 6  # the head view's row height for ≤ 128 rows, and its top padding (headview.js)
 HIGHLIGHT = (209, 233, 255)  # a chosen bin's background in the query column (headview.js)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from headwise.cli._app import CLIError
 
-__all__ = ["prepare_output", "prepare_folder", "write_failed"]
+__all__ = ["prepare_output", "prepare_folder", "write_failed", "write_pruning"]
 
 
 def prepare_output(path: Path, option: str) -> Path:
@@ -47,3 +47,14 @@ def prepare_folder(path: Path, option: str) -> Path:
     except OSError as e:
         raise CLIError(f"{option}: cannot create the folder '{path}': {e.strerror or e}") from None
     return path
+
+
+def write_pruning(result, out: Path, title: str) -> dict[str, Path]:
+    """``pruning.png`` and ``pruning.csv`` of an importance run (:func:`headwise.study.run_importance`) in ``out``:
+    the one schema of ``headwise heads --importance`` and ``headwise lab prune``. Returns ``{name: path}``."""
+    from headwise.viz.pruning import plot_pruning, write_pruning_csv
+
+    return {
+        "pruning.png": plot_pruning(result, out / "pruning.png", title=f"{title} — {result.objective}").path,
+        "pruning.csv": write_pruning_csv(result, out / "pruning.csv"),
+    }

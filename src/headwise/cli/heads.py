@@ -47,21 +47,17 @@ without ``--queries``, or with ``--importance``, exits 2.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import warnings
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
 
-import headwise.cli._heads_model as heads_model
+from headwise import study
 from headwise.cli._app import CLIError, app
-from headwise.cli._output import prepare_folder, write_failed
-from headwise.cli._progress import corpus_progress
+from headwise.cli._output import prepare_folder, write_failed, write_pruning
+from headwise.cli._progress import corpus_progress, stage_progress
 
-#: The untrained block of the first article: sizes and seed.
-UNTRAINED = {"d_model": 128, "num_heads": 4, "seed": 0}
 #: Columns of the printed table: (metric, header, format).
 COLUMNS = (
     ("cls", "[CLS]", "{:.2f}"),
@@ -76,6 +72,19 @@ COLUMNS = (
     ("distance", "dist", "{:.1f}"),
     ("confidence", "conf", "{:.2f}"),
 )
+#: Decoder table columns: (metric, header, format).
+DECODER_COLUMNS = (
+    ("prev", "prev", "{:.2f}"),
+    ("first", "first", "{:.2f}"),
+    ("duplicate_probe", "dup·p", "{:.2f}"),
+    ("induction_probe", "ind·p", "{:.2f}"),
+    ("induction", "ind", "{:.2f}"),
+    ("self", "self", "{:.2f}"),
+    ("entropy", "H nats", "{:.2f}"),
+    ("entropy_ratio_causal", "H/ln m", "{:.2f}"),
+    ("distance", "dist", "{:.1f}"),
+    ("confidence", "conf", "{:.2f}"),
+)
 
 
 def _warn(message: str) -> None:
@@ -84,84 +93,15 @@ def _warn(message: str) -> None:
     print(f"headwise: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
-def _sample_corpus() -> Path:
-    from importlib import resources
+def load(source: str | Path | None, *, cache: bool = True):
+    """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
+    bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line."""
+    from headwise.models import open_model
 
-    return Path(str(resources.files("headwise") / "data" / "corpus" / "web_sentences.txt"))
-
-
-def load_model(model: str | None, hm=None):
-    """``(attend, num_layers, num_heads, max_length, title)`` for ``--model``: ``untrained``, or an encoder
-    opened once through :func:`headwise.models.open_model` (``hm``).
-
-    Args:
-        model: the option's value.
-        hm: the opened encoder, a :class:`~headwise.models.HeadModel` (None only for ``untrained``): headwise's
-            BERT through :func:`headwise.models.model_attend`, a Hugging Face encoder through
-            :meth:`HeadModel.attentions`.
-    """
-    from headwise import models
-
-    if model == "untrained":
-        import torch
-
-        from headwise.core.block import AttentionBlock
-
-        try:
-            _, tokenizer = models.load_bert()
-        except (FileNotFoundError, ValueError) as e:
-            raise CLIError(f"--model: {e}") from None
-        torch.manual_seed(UNTRAINED["seed"])
-        block = AttentionBlock(tokenizer.get_vocab_size(), UNTRAINED["d_model"], UNTRAINED["num_heads"]).eval()
-
-        def run(ids, padding):
-            return block(ids, key_padding_mask=padding, need_weights=True, average_weights=False)[1]
-
-        title = f"untrained AttentionBlock (D={UNTRAINED['d_model']}, H={UNTRAINED['num_heads']}, seed 0)"
-        return models.block_attend(run, tokenizer, max_length=512), 1, UNTRAINED["num_heads"], 512, title
-    if hm.family != "bert":
-        return _head_model_attend(hm), hm.num_layers, hm.num_heads, hm.max_length, hm.title
-    title = f"{hm.name} ({hm.num_layers} layers × {hm.num_heads} heads)"
-    attend = models.model_attend(hm.model, hm.tokenizer)
-    return attend, hm.num_layers, hm.num_heads, hm.model.config.max_position_embeddings, title
-
-
-def _head_model_attend(hm):
-    """``attend(texts) -> (maps, TokenInfo)`` for a Hugging Face encoder: its own classifier and separator."""
-    from headwise.analysis import token_info
-
-    def name(key: str) -> str | None:
-        i = getattr(hm.model.config, key, None)
-        return hm.tokenizer.id_to_token(i) if isinstance(i, int) and hm.tokenizer is not None else None
-
-    cls = name("cls_token_id") or name("bos_token_id") or "[CLS]"
-    sep = name("sep_token_id") or name("eos_token_id") or "[SEP]"
-
-    def attend(texts):
-        enc = hm.encode(texts)
-        info = token_info(enc.tokens, length=enc.ids.shape[1], cls_token=cls, sep_token=sep)
-        return hm.attentions(enc.ids, enc.mask), info
-
-    return attend
-
-
-def _sentence_texts(hm, text: str, pieces: list[str]) -> tuple[list[str], list[int] | None]:
-    """The example sentence's tokens as text (:meth:`HeadModel.token_texts`) and their ids; ``hm`` None: the
-    untrained block on the bundled WordPiece tokens. Falls back to the pieces if the text does not re-encode
-    to them (it always should: the same tokenizer read it)."""
-    from headwise import models
-    from headwise.models.token_text import token_pieces, token_texts
-
-    if hm is not None:
-        ids = hm.encode([text]).ids[0][: len(pieces)].tolist()
-        texts = hm.token_texts(ids)
-        same = hm.token_strings(ids) == list(pieces)
-    else:
-        tokenizer = models.load_tokenizer(models.default_model_path())
-        ids = models.encode(tokenizer, [text]).input_ids[0][: len(pieces)].tolist()
-        texts = token_texts(tokenizer, ids)
-        same = token_pieces(tokenizer, ids) == list(pieces)
-    return (texts, ids) if same else (list(pieces), None)
+    try:
+        return open_model(source, cache=cache)
+    except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
 
 
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
@@ -199,41 +139,6 @@ def print_head_table(console, report, *, layer: int | None = None, title: str = 
         if layer is None and lay < report.num_layers - 1:
             table.add_section()
     console.print(table)
-
-
-def _analyze_corpus(corpus: Path, attend, num_layers, num_heads, max_length, batch_size):
-    from headwise import analysis
-    from headwise.models import TruncationWarning
-
-    reader = analysis.CorpusFile(corpus)
-    total = reader.count()
-    if total == 0:  # one line: the error says what was skipped
-        skipped = f" ({reader.num_undecodable} undecodable line(s) skipped)" if reader.num_undecodable else ""
-        raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus}'{skipped}")
-    if reader.num_undecodable:
-        where = ", ".join(map(str, reader.undecodable[:5]))
-        _warn(
-            f"--corpus: skipped {reader.num_undecodable} line(s) that are not valid UTF-8 "
-            f"(line {where}{' …' if reader.num_undecodable > 5 else ''})"
-        )
-    with warnings.catch_warnings(record=True) as caught, corpus_progress(total) as progress:
-        warnings.simplefilter("always", TruncationWarning)
-        report = analysis.analyze_texts(
-            reader,
-            attend,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            max_length=max_length,
-            batch_size=batch_size,
-            progress=progress,
-        )
-    cut = [w for w in caught if issubclass(w.category, TruncationWarning)]
-    if cut:
-        _warn(f"--corpus: {len(cut)} line(s) longer than {max_length} tokens were truncated to {max_length}")
-    for w in caught:
-        if not issubclass(w.category, TruncationWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return report, reader, total
 
 
 @app.command()
@@ -297,65 +202,54 @@ def heads(
     first-token, duplicate-token and induction detectors (see headwise.analysis).
     """
 
-    if text is not None and not text.strip():
-        raise CLIError("TEXT: expected a non-empty text, got an empty one")
-    corpus_path = None
-    if corpus is not None:
-        corpus_path = _sample_corpus() if corpus == "sample" else Path(corpus)
-        if not corpus_path.exists():
-            raise CLIError(f"--corpus: no such file: '{corpus_path}'")
-        if corpus_path.is_dir():
-            raise CLIError(f"--corpus: '{corpus_path}' is a folder; expected a text file")
+    opts = study.HeadsOptions(
+        text=text,
+        corpus=corpus,
+        model=model,
+        cache=not no_cache,
+        layer=layer,
+        out=out,
+        batch_size=batch_size,
+        importance=importance,
+        importance_sentences=importance_sentences,
+        probe_length=probe_length,
+        probe_repeats=probe_repeats,
+        seed=seed,
+        block_size=block_size,
+        queries=queries,
+        queries_only=queries_only,
+    )  # every check that needs no model, before anything is loaded
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
-    if block_size is not None and block_size <= 0:  # before anything is loaded
-        raise CLIError(f"--block-size: expected a positive number of query rows, got {block_size}")
-    if queries_only and queries is None:
-        raise CLIError("--queries-only: expected --queries A:B (the queries to draw)")
-    if queries_only and importance:
-        raise CLIError("--queries-only: draws the chosen queries alone; run --importance without it")
     if model not in (None, "untrained"):
-        hm = heads_model.load(model, cache=not no_cache)
+        hm = load(model, cache=opts.cache)
     if queries_only and (hm is None or hm.kind != "decoder"):
         raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and hm.kind == "decoder":
-        _decoder(
-            hm,
-            text,
-            corpus_path,
-            layer,
-            out,
-            batch_size,
-            importance,
-            importance_sentences,
-            probe_length,
-            probe_repeats,
-            seed,
-            block_size,
-            queries,
-            command=_view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed),
-            queries_only=queries_only,
-        )
+        _decoder(hm, opts)
         return
-    if text is None and corpus is None:
-        raise CLIError("expected a TEXT or --corpus FILE (or --corpus sample for the bundled sentences)")
-    if importance and corpus_path is None:
-        raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
+    _encoder(hm, opts)
 
-    from headwise import analysis
-    from headwise.models import TruncationWarning
+
+def _encoder(hm, opts: study.HeadsOptions) -> None:
+    """The encoder flow (and the untrained block, ``hm`` None): statistics over TEXT or the corpus; pictures;
+    importance."""
     from headwise.viz.report import write_heads_outputs
 
-    if model is None:
-        hm = heads_model.load(None)
-    attend, num_layers, num_heads, max_length, title = load_model(model, hm)
-    if layer is not None and not 0 <= layer < num_layers:
-        raise CLIError(f"--layer: expected 0 … {num_layers - 1} for this model, got {layer}")
+    text, corpus_path, layer, out = opts.text, opts.corpus_path, opts.layer, opts.out
+    study.check_encoder(opts)
+    if opts.model is None:
+        hm = load(None)
+    enc = study.encoder_attend(opts.model, hm)
+    opts.check_layer(enc.num_layers)
     prepare_folder(out, "--out")
 
+    title = enc.title
     extra = {"model": title}
     report = None
     if corpus_path is not None:
-        report, reader, total = _analyze_corpus(corpus_path, attend, num_layers, num_heads, max_length, batch_size)
+        reader, total = study.encoder_texts(opts, warn=_warn)
+        with corpus_progress(total) as progress:
+            report = study.encoder_report(reader, enc, opts.batch_size, warn=_warn, progress=progress)
         extra["corpus"] = {
             "path": str(corpus_path),
             "sentences": report.num_sentences,
@@ -364,18 +258,9 @@ def heads(
         }
         if text is None:
             text = next(iter(reader))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TruncationWarning)
-        sentence = analysis.analyze_sentence(
-            text, attend, num_layers=num_layers, num_heads=num_heads, max_length=max_length
-        )
-    for w in caught:
-        if issubclass(w.category, TruncationWarning):
-            _warn(f"TEXT: {str(w.message).split(': ', 1)[-1]}")
+    sentence, pieces, ids = study.sentence_heads(hm, text, enc, warn=_warn)
     report = report or sentence.report
-    shown, ids = _sentence_texts(hm, text, sentence.tokens)
-    extra["sentence"] = {"text": text, "tokens": shown, "pieces": sentence.tokens, "ids": ids}
-    sentence = dataclasses.replace(sentence, tokens=shown)
+    extra["sentence"] = {"text": text, "tokens": sentence.tokens, "pieces": pieces, "ids": ids}
 
     console = _console()
     scope = f"{report.num_sentences} sentences of {corpus_path.name}" if corpus_path is not None else "this sentence"
@@ -386,12 +271,12 @@ def heads(
         f"ln n = {float(report.metrics['uniform_entropy'][0, 0]):.2f} nats on average"
     )
     columns, more = None, {}
-    if importance:
+    if opts.importance:
         if hm is None:
             raise CLIError("--importance: the untrained block has no objective to measure; pass --model")
-        texts = _first_lines(corpus_path, importance_sentences)
-        batches = heads_model.importance_batches(hm, texts, None, batch_size, lambda m: _warn(f"--importance: {m}"))
-        result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
+        texts = study.importance_texts(opts)
+        batches = study.importance_batches(hm, texts, None, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
+        result, columns, more = _run_importance(hm, batches, opts, title, extra)
         console.print(_importance_line(result))
     try:
         paths = write_heads_outputs(
@@ -418,21 +303,17 @@ def _print_roles(console, report) -> None:
     console.print("roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1])))
 
 
-def _first_lines(corpus_path: Path | None, count: int) -> list[str]:
-    from itertools import islice
-
-    from headwise import analysis
-
-    return [] if corpus_path is None else list(islice(analysis.CorpusFile(corpus_path), count))
-
-
-def _run_importance(hm, batches, seed, out, title, extra):
+def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: dict):
+    """:func:`headwise.study.run_importance` under a progress bar, then ``pruning.png`` / ``pruning.csv``; the run's
+    summary goes into ``extra``. Returns ``(result, columns for heads.json / heads.csv, paths)``."""
+    with stage_progress() as progress:
+        result = study.run_importance(hm, batches, seed=opts.seed, progress=progress)
     try:
-        result, columns, paths = heads_model.run_importance(hm, batches, seed=seed, out=out, title=title)
+        paths = write_pruning(result, opts.out, title)
     except OSError as e:
-        raise write_failed("--out", out, e) from None
-    extra["importance"] = heads_model.importance_summary(result)
-    return result, columns, paths
+        raise write_failed("--out", opts.out, e) from None
+    extra["importance"] = study.importance_summary(result)
+    return result, study.importance_columns(result), paths
 
 
 def _importance_line(result) -> str:
@@ -449,123 +330,69 @@ def _importance_line(result) -> str:
 COMMAND_TEXT_UP_TO = 1000
 
 
-def _view_command(model, text, corpus, out, no_cache, probe_length, probe_repeats, seed) -> tuple[str, str]:
+def _view_command(opts: study.HeadsOptions) -> tuple[str, str]:
     """The command line that draws the same example's chosen queries (``--queries-only``; a pooled head view appends
     ``--queries A:B``), and a line saying what a placeholder in it stands for. Only the options that choose the
     example appear."""
     import shlex
 
-    args = ["headwise", "heads", "--model", shlex.quote(str(model))]
+    text = opts.text
+    args = ["headwise", "heads", "--model", shlex.quote(str(opts.model))]
     note = ""
-    if no_cache:
+    if not opts.cache:
         args.append("--no-cache")
     if text is not None and len(text) <= COMMAND_TEXT_UP_TO:
         args.append(shlex.quote(text))
     elif text is not None:
         args.append("TEXT")
         note = f"TEXT: the text this page was drawn from ({len(text):,} characters, not repeated here)."
-    elif corpus is not None:  # the example is the corpus's first line
-        args += ["--corpus", shlex.quote(corpus)]
+    elif opts.corpus is not None:  # the example is the corpus's first line
+        args += ["--corpus", shlex.quote(opts.corpus)]
     else:  # the example is the probe
-        args += ["--probe-length", str(probe_length), "--probe-repeats", str(probe_repeats), "--seed", str(seed)]
-    args += ["--queries-only", "--out", shlex.quote(str(out))]  # the chosen rows alone: a bounded pass
+        args += [
+            "--probe-length", str(opts.probe_length), "--probe-repeats", str(opts.probe_repeats),
+            "--seed", str(opts.seed),
+        ]  # fmt: skip
+    args += ["--queries-only", "--out", shlex.quote(str(opts.out))]  # the chosen rows alone: a bounded pass
     return " ".join(args), note
 
 
-def _decoder(
-    hm,
-    text,
-    corpus_path,
-    layer,
-    out,
-    batch_size,
-    importance,
-    importance_sentences,
-    probe_length,
-    probe_repeats,
-    seed,
-    block_size=None,
-    queries=None,
-    *,
-    command: tuple[str, str] = ("headwise heads", ""),
-    queries_only: bool = False,
-) -> None:
-    """The decoder flow: statistics over TEXT, the corpus or the probe; detectors; pictures; importance.
-
-    ``command``: :func:`_view_command`, shown by a pooled head view with the queries the user chooses.
-    ``queries_only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
+def _decoder(hm, opts: study.HeadsOptions) -> None:
+    """The decoder flow: statistics over TEXT, the corpus or the probe (:func:`headwise.study.decoder_heads`);
+    detectors; pictures; importance. A pooled head view shows :func:`_view_command` with the queries the user
+    chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
     from headwise.viz.report import write_heads_outputs
 
-    if layer is not None and not 0 <= layer < hm.num_layers:
-        raise CLIError(f"--layer: expected 0 … {hm.num_layers - 1} for this model, got {layer}")
-    if hm.tokenizer is None and text is not None:
-        raise CLIError(f"TEXT: the checkpoint {hm.name} has no tokenizer.json; run without TEXT to analyse its probe")
-    if hm.tokenizer is None and corpus_path is not None:
-        raise CLIError(f"--corpus: the checkpoint {hm.name} has no tokenizer.json to read text with")
-    if importance and corpus_path is None and hm.tokenizer is not None:
-        raise CLIError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
-    probe = heads_model.make_probe(hm, length=probe_length, repeats=probe_repeats, seed=seed)
-    if text is not None:
-        n = heads_model.check_length(hm, text)
-    elif corpus_path is not None:
-        from itertools import islice
-
-        from headwise import analysis
-
-        head = list(islice(analysis.CorpusFile(corpus_path), 1))
-        n = min(len(hm.tokenizer.encode(head[0]).ids), hm.max_length) if head else 0
-    else:
-        n = probe.total_length
-    span = heads_model.parse_queries(queries, n)
+    plan = study.plan_decoder(hm, opts)
+    probe, out, layer, text, corpus_path = plan.probe, opts.out, opts.layer, opts.text, opts.corpus_path
     prepare_folder(out, "--out")
-    if queries_only:
-        _queries_only(hm, text, corpus_path, probe, span, out, block_size)
+    if opts.queries_only:
+        _queries_only(hm, opts, plan)
         return
-    warn = _warn
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
+    texts, total = study.decoder_texts(opts)
     if corpus_path is not None:
-        from headwise import analysis
-
-        reader = analysis.CorpusFile(corpus_path)
-        total = reader.count()
-        if total == 0:
-            raise CLIError(f"--corpus: no non-empty UTF-8 line in '{corpus_path}'")
-        texts = iter(reader)
         scope = f"{total} sentences of {corpus_path.name}"
     elif text is not None:
-        texts, total, scope = iter([text]), 1, "this text"
+        scope = "this text"
     else:
-        texts, total, scope = None, 0, f"its probe ({probe.batch} × {probe.total_length} random tokens)"
-    if texts is not None:
-        batches = heads_model.text_batches(hm, texts, batch_size, lambda m: warn(f"TEXT / --corpus: {m}"))
-        with _row_bars(hm, n) as rows, corpus_progress(total) as progress:
-            report, example = heads_model.decoder_report(
-                hm, batches, probe, progress=progress, block_size=block_size, queries=span, row_progress=rows
-            )
-        if text is not None and corpus_path is not None:  # the example drawn is TEXT
-            [(ids, mask)] = list(heads_model.text_batches(hm, [text], 1, lambda m: warn(f"TEXT: {m}")))
-            example = heads_model.example_view(hm, ids, mask, queries=span, block_size=block_size)
-        if corpus_path is not None:
-            extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
+        scope = f"its probe ({probe.batch} × {probe.total_length} random tokens)"
+    if texts is None:  # the probe alone: no bars
+        found = study.decoder_heads(hm, opts, plan, None, warn=_warn)
     else:
-        import torch
-
-        ids = heads_model.probe_ids(hm, probe)
-        batches = [(ids[s : s + 4], torch.ones_like(ids[s : s + 4])) for s in range(0, len(ids), 4)]
-        report, example = heads_model.decoder_report(hm, batches, probe, block_size=block_size, queries=span)
-    example_ids, view = example
-    tokens = hm.token_texts(example_ids)
-    extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(example_ids), "ids": example_ids}
+        with _row_bars(hm, plan.tokens) as rows, corpus_progress(total) as progress:
+            found = study.decoder_heads(hm, opts, plan, texts, warn=_warn, progress=progress, row_progress=rows)
+    report, view = found.report, found.example
+    if corpus_path is not None:
+        extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
+    tokens = hm.token_texts(view.ids)
+    extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
     console = _console()
     title = hm.title
     print_head_table(
-        console,
-        report,
-        layer=layer,
-        title=f"{title} — {scope}, {report.num_tokens} tokens",
-        columns=heads_model.DECODER_COLUMNS,
+        console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens", columns=DECODER_COLUMNS
     )
     _print_roles(console, report)
     console.print(
@@ -574,25 +401,22 @@ def _decoder(
         "to the first token; H/ln m: entropy over ln of the keys a query may see"
     )
     columns, more = None, {}
-    if importance:
-        lines = _first_lines(corpus_path, importance_sentences)
-        batches = heads_model.importance_batches(hm, lines, probe, batch_size, lambda m: warn(f"--importance: {m}"))
-        result, columns, more = _run_importance(hm, batches, seed, out, title, extra)
+    if opts.importance:
+        lines = study.importance_texts(opts)
+        batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
+        result, columns, more = _run_importance(hm, batches, opts, title, extra)
         console.print(_importance_line(result))
     sentence = SentenceHeads(report, *_drawn(view, tokens))
-    extra["view"] = _view_note(view, report)
+    extra["view"] = _view_note(view)
     console.print(extra["view"]["note"])
     overview, links = None, []
-    if "kept" in view:
-        a, b = view["queries"]
+    if view.kept is not None:
+        a, b = view.queries
         links.append(("headview_queries.html", f"queries {a}–{b - 1} at full resolution"))
-    if "pooled" in view:
+    if view.pooled is not None:
+        command, note = _view_command(opts)
         overview = query_overview(
-            view["bounds"],
-            command=command[0],
-            note=command[1],
-            max_queries=heads_model.MAX_QUERIES,
-            queries=view.get("queries"),
+            view.bounds, command=command, note=note, max_queries=study.MAX_QUERIES, queries=view.queries
         )
     try:
         paths = write_heads_outputs(
@@ -608,50 +432,37 @@ def _decoder(
             links=links,
             concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
         )
-        if "kept" in view:
-            a, b = view["queries"]
+        if view.kept is not None:
+            a, b = view.queries
             paths["headview_queries.html"] = write_headview(
-                view["kept"],
+                view.kept,
                 tokens[a:b],
                 out / "headview_queries.html",
                 roles=report.roles.tolist(),
                 title=f"{title} head view, queries {a}–{b - 1}",
                 subtitle=f"full resolution over keys {a}–{b - 1}; weight on earlier keys is not drawn",
                 causal=True,
-                links=[("headview.html", "the whole example" + (", pooled" if "pooled" in view else ""))],
+                links=[("headview.html", "the whole example" + (", pooled" if view.pooled is not None else ""))],
             )
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _queries_only(hm, text, corpus_path, probe, span, out, block_size) -> None:
+def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:
     """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1 in ``headview_queries.html``, from one
     forward pass that forms those rows of every head and nothing else (no statistics, no other file written)."""
-    from headwise.analysis.streaming import read_rows
     from headwise.viz.headview import write_headview
 
-    if text is not None or corpus_path is not None:
-        if text is None:
-            from itertools import islice
-
-            from headwise import analysis
-
-            text = next(islice(analysis.CorpusFile(corpus_path), 1))
-        [(ids, mask)] = list(heads_model.text_batches(hm, [text], 1, lambda m: _warn(f"TEXT / --corpus: {m}")))
-    else:
-        import torch
-
-        ids = heads_model.probe_ids(hm, probe)[:1]
-        mask = torch.ones_like(ids)
-    a, b = span
+    a, b = plan.queries
+    out = opts.out
     with _row_bars(hm, b - a) as rows:
-        reader = read_rows(hm, ids, mask, keep=span, rows_only=True, block_size=block_size, progress=rows)
-    tokens = hm.token_texts(ids[0, : int(mask[0].sum())].tolist())
+        view = study.query_rows(hm, opts, plan, warn=_warn, row_progress=rows)
+    tokens = hm.token_texts(view.ids)
     links = [("headview.html", "the whole example")] if (out / "headview.html").is_file() else []
     try:
         path = write_headview(
-            reader.kept.numpy(),
+            view.kept,
             tokens[a:b],
             out / "headview_queries.html",
             title=f"{hm.title} head view, queries {a}–{b - 1}",
@@ -664,33 +475,33 @@ def _queries_only(hm, text, corpus_path, probe, span, out, block_size) -> None:
     _console().print(f"queries {a}–{b - 1} of {len(tokens)} tokens (one pass over those rows alone); wrote {path}")
 
 
-def _drawn(view: dict, tokens: list[str]) -> tuple[list[str], np.ndarray]:
+def _drawn(view, tokens: list[str]) -> tuple[list[str], np.ndarray]:
     """The example's tokens and maps as drawn: every token, or one label per bin of the pooled overview."""
-    if "maps" in view:
-        return list(tokens), view["maps"]
-    bounds = view["bounds"]
+    if view.maps is not None:
+        return list(tokens), view.maps
+    bounds = view.bounds
     labels = [f"{a}–{b - 1}" for a, b in zip(bounds[:-1], bounds[1:])]
-    return labels, view["pooled"].astype(np.float32)
+    return labels, view.pooled.astype(np.float32)
 
 
-def _view_note(view: dict, report) -> dict:
+def _view_note(view) -> dict:
     """What the pictures and the head view show, and what the statistics sampled, for heads.json and the terminal."""
     from headwise.analysis.corpus import js_row_budget
 
-    n = view["n"]
+    n = view.n
     rows = js_row_budget(n, 32)
     note = (
         f"every metric uses every query row; the Jensen–Shannon map and MDS use {min(rows, n)} evenly spaced "
         f"query rows per sequence (of {n} in the example)"
     )
-    data: dict = {"tokens": n, "js_rows_per_sequence": min(rows, n), "pooled": "pooled" in view}
-    if "pooled" in view:
-        bins = len(view["bounds"]) - 1
+    data: dict = {"tokens": n, "js_rows_per_sequence": min(rows, n), "pooled": view.pooled is not None}
+    if view.pooled is not None:
+        bins = len(view.bounds) - 1
         data["bins"] = bins
         note += f"; heads.png and headview.html show the example pooled to {bins} × {bins} bins"
-    if "queries" in view:
-        data["queries"] = list(view["queries"])
-        note += f"; headview_queries.html: queries {view['queries'][0]}–{view['queries'][1] - 1} at full resolution"
+    if view.queries is not None:
+        data["queries"] = list(view.queries)
+        note += f"; headview_queries.html: queries {view.queries[0]}–{view.queries[1] - 1} at full resolution"
     data["note"] = note
     return data
 
@@ -701,8 +512,6 @@ def _row_bars(hm, n: int):
     if n < 2048:
         yield None
         return
-    from headwise.cli._progress import stage_progress
-
     with stage_progress() as stage:
         total = hm.num_layers * n
 

@@ -26,6 +26,8 @@ from typing import Annotated
 import typer
 
 from headwise.cli._app import CLIError, app
+from headwise.cli._output import write_pruning
+from headwise.cli._progress import stage_progress
 
 lab_app = typer.Typer(
     name="lab",
@@ -285,9 +287,9 @@ def prune(
     _positive("--threads", threads)
     if seed < 0:
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    from headwise.cli._heads_model import run_importance
     from headwise.models import open_model
     from headwise.models.lab_checkpoint import read_config
+    from headwise.study import run_importance
 
     read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
     hm = open_model(model)  # the one door: the folder's checks, then the weights, once
@@ -312,17 +314,18 @@ def prune(
     n_heads = hm.num_layers * hm.num_heads
     title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(lm.vocab_size):.2f})"
     with torch_threads(threads), atomic_folder(out) as tmp:
-        result, _, _ = run_importance(
-            hm,
-            batches(0),
-            seed=seed,
-            out=tmp,
-            title=title,
-            scored="answers",
-            eval_batches=batches(1),
-            random_orders=random_orders,
-            points=n_heads + 1,
-        )
+        with stage_progress() as progress:
+            result = run_importance(
+                hm,
+                batches(0),
+                seed=seed,
+                scored="answers",
+                eval_batches=batches(1),
+                random_orders=random_orders,
+                points=n_heads + 1,
+                progress=progress,
+            )
+        write_pruning(result, tmp, title)
         names = [f"L{i // hm.num_heads}H{i % hm.num_heads}" for i in range(n_heads)]
         importance = dict(zip(names, result.importance_norm.ravel().tolist()))
         order = [names[i] for i in result.order]

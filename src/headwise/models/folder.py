@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from headwise.models.lab_checkpoint import is_lab_config
-
 __all__ = [
     "FolderInfo",
+    "LAB_MODEL_TYPE",
     "PICKLE_SUFFIXES",
     "check_memory",
     "inspect_folder",
+    "is_lab_config",
     "machine_memory",
     "read_safetensors",
     "refuse_pickles",
@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: The ``model_type`` of a headwise lab checkpoint's ``config.json`` (:mod:`headwise.models.lab_checkpoint`): told
+#: apart here, with every other kind of folder, so that the lab's format reads folders and not the other way round.
+LAB_MODEL_TYPE = "headwise-lab"
 
 
 @dataclass
@@ -94,9 +97,14 @@ def safetensors_elements(path: str | os.PathLike) -> int:
     return count
 
 
+def is_lab_config(config) -> bool:
+    """True when a parsed ``config.json`` is a lab checkpoint's (``"model_type": "headwise-lab"``)."""
+    return isinstance(config, dict) and config.get("model_type") == LAB_MODEL_TYPE
+
+
 def source_kind(config: dict) -> str | None:
     """Which kind of model a folder's ``config.json`` describes: ``"lab"`` (a headwise lab checkpoint,
-    :func:`headwise.models.lab_checkpoint.is_lab_config`), ``"bert"`` (headwise's own BERT encoder), ``"hf"``
+    :func:`is_lab_config`), ``"bert"`` (headwise's own BERT encoder), ``"hf"``
     (a family Hugging Face transformers knows, run on headwise's attention backend), or None (unknown)."""
     if is_lab_config(config):
         return "lab"

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from headwise._io import atomic_folder, atomic_write
+from headwise.models.folder import LAB_MODEL_TYPE, is_lab_config, read_safetensors, refuse_pickles
 from headwise.models.transformer_lm import LMConfig, TransformerLM
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "is_lab_config",
 ]
 
-MODEL_TYPE = "headwise-lab"
+MODEL_TYPE = LAB_MODEL_TYPE  # told apart from other folders' kinds by headwise.models.folder.is_lab_config
 FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
@@ -88,11 +89,6 @@ def save(model: TransformerLM, path: str | os.PathLike, *, training: dict | None
     with atomic_folder(path) as tmp:
         write_checkpoint_files(model, tmp, training=training)
     return Path(path)
-
-
-def is_lab_config(config) -> bool:
-    """True when a parsed ``config.json`` is a lab checkpoint's (``"model_type": "headwise-lab"``)."""
-    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
 
 
 def is_lab_checkpoint(path: str | os.PathLike) -> bool:
@@ -145,8 +141,6 @@ def load(path: str | os.PathLike) -> TransformerLM:
         ValueError: a corrupt or foreign ``config.json``, or weights that are unreadable or do not fit
             the config (missing, unexpected or wrongly shaped tensors).
     """
-    from headwise.models.folder import read_safetensors, refuse_pickles
-
     data = read_config(path)
     path = Path(path)
     weights_file = path / WEIGHTS_FILE

@@ -1,0 +1,61 @@
+"""A model's heads studied end to end — the pipelines behind ``headwise heads`` and ``headwise lab prune``.
+
+The floor between the pictures and the metrics: it opens nothing itself but drives an opened model
+(:class:`headwise.models.HeadModel`) through :mod:`headwise.analysis`, and may import ``analysis/``, ``models/``,
+``hf/`` and ``core/`` — never ``viz/``, ``lab/`` or ``cli/``. It draws no terminal UI: progress goes to callbacks,
+warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:class:`HeadsOptions`).
+
+- :class:`HeadsOptions` — the options of a heads study, one frozen record checked in one place.
+- :func:`plan_decoder` → :class:`DecoderPlan` — the options checked against a decoder (layer, tokenizer, probe,
+  queries); :func:`decoder_texts`, :func:`decoder_heads` → :class:`DecoderHeads` (the report and the
+  :class:`ExampleView` drawn); :func:`query_rows` (the chosen queries alone); :func:`decoder_report`,
+  :func:`example_view` — the streaming pass over batches.
+- :func:`check_encoder`, :func:`encoder_attend` → :class:`EncoderAttend`, :func:`encoder_texts`,
+  :func:`encoder_report`, :func:`sentence_heads` — an encoder's (or the untrained block's) metrics over a corpus and
+  the example sentence.
+- :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
+  :func:`parse_queries`, :func:`first_lines` — what the model is fed.
+- :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
+  :func:`importance_summary` — head importance, ablation and pruning curves.
+
+Importing it loads nothing else (PEP 562): each name's module loads at its first use, torch and the analysis at the
+first call — the command line imports this package at start-up for every command.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_MODULES = {
+    "headwise.study.decoder": [
+        "PROBE_CHUNK", "VIEW_BINS", "VIEW_FULL_UP_TO", "DecoderHeads", "DecoderPlan", "ExampleView", "decoder_heads",
+        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "query_rows",
+    ],
+    "headwise.study.encoder": [
+        "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
+        "sentence_heads",
+    ],
+    "headwise.study.importance": [
+        "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
+    ],
+    "headwise.study.inputs": [
+        "MAX_QUERIES", "check_length", "first_lines", "make_probe", "parse_queries", "probe_batches", "probe_ids",
+        "text_batches",
+    ],
+    "headwise.study.options": ["HeadsOptions", "sample_corpus"],
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'headwise.study' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

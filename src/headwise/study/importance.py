@@ -1,0 +1,104 @@
+"""Head importance on an opened model: Michel et al. 2019's importance, each head's ablation and the pruning curves
+(:func:`headwise.analysis.head_importance`), with the ablation the model's backend needs — the one path of
+``headwise heads --importance`` and ``headwise lab prune``. No pictures: :mod:`headwise.viz.pruning` draws them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from headwise.study.inputs import first_lines, probe_batches, text_batches
+from headwise.study.options import HeadsOptions
+
+__all__ = ["importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance"]
+
+
+def importance_texts(options: HeadsOptions) -> list[str]:
+    """The corpus's first ``options.importance_sentences`` sentences (none without a corpus)."""
+    return first_lines(options.corpus_path, options.importance_sentences)
+
+
+def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn: Callable[[str], None]) -> list[tuple]:
+    """``(ids (b, T), mask (b, T))`` batches of ``texts``, or of the probe's sequences when there are none; texts cut
+    to the model's context are reported to ``warn`` once."""
+    if texts:
+        return list(text_batches(hm, texts, batch_size, warn))
+    return probe_batches(hm, probe, batch_size)
+
+
+def run_importance(
+    hm,
+    batches,
+    *,
+    seed: int,
+    scored: str | None = None,
+    eval_batches=None,
+    random_orders: int = 3,
+    points: int = 33,
+    progress: Callable[[str, int, int], None] | None = None,
+):
+    """Importance, ablation and pruning curves of ``hm``'s heads (:func:`headwise.analysis.head_importance`); a
+    Hugging Face model on headwise's backend ablates through :func:`headwise.hf.ablate` (zeroed heads).
+
+    Args:
+        hm: an opened :class:`~headwise.models.HeadModel`.
+        batches, scored, eval_batches, random_orders, seed, points: as :func:`headwise.analysis.head_importance`.
+        progress: ``(stage, done, total)`` as the work goes.
+    Returns:
+        the :class:`~headwise.analysis.importance.ImportanceResult`.
+    """
+    from headwise.analysis import head_importance
+
+    ablate = None
+    if hm.backend == "hf+headwise":
+        import headwise.hf
+
+        def ablate(spec):
+            return headwise.hf.ablate(hm.model, spec, mode="zero")
+
+    return head_importance(
+        hm,
+        batches,
+        scored=scored,
+        eval_batches=eval_batches,
+        random_orders=random_orders,
+        seed=seed,
+        points=points,
+        ablate=ablate,
+        progress=progress,
+    )
+
+
+def importance_columns(result) -> dict[str, np.ndarray]:
+    """The per-head ``(NL, H)`` columns an importance run adds to ``heads.json`` / ``heads.csv``."""
+    return {
+        "importance": result.importance,
+        "importance_norm": result.importance_norm,
+        "ablation_delta": result.ablation,
+    }
+
+
+def importance_summary(result) -> dict:
+    """The importance run's settings and headline numbers for ``heads.json``."""
+    n = result.importance.size
+    half = int(np.searchsorted(result.removed, n // 2))
+    return {
+        "objective": result.objective,
+        "base_loss": result.base_loss,
+        "sequences": result.num_sequences,
+        "tokens": result.num_tokens,
+        "random_seeds": list(result.random_seeds),
+        "importance_convention": (
+            "Michel et al. 2019: E_x |dL/dxi_h| at xi = 1, gate on the head's output where it enters the output "
+            "projection; importance_norm divides by the layer's l2 norm"
+            if result.kind == "decoder"
+            else "encoder without an LM head: E_x ||(I - e e^T/|e|^2) de/dxi_h|| / |e| for the mean-pooled "
+            "embedding e (the first-order turning rate; the cosine loss itself has zero gradient at xi = 1)"
+        ),
+        "half_removed": {
+            "removed": int(result.removed[half]),
+            **{k: float(v[half]) for k, v in result.curves.items()},
+        },
+    }

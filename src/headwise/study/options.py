@@ -1,0 +1,123 @@
+"""The options of a heads study — ``headwise heads``'s options as one frozen record, checked in one place.
+
+:class:`HeadsOptions` is built once (by the command line, or by a caller of the library) and handed to the
+pipelines of :mod:`headwise.study`. Its checks that need no model run when it is built; those that need the
+model (a layer it has, a probe that fits its positions, queries within the example) run in
+:func:`headwise.study.plan_decoder`. Every error is a ValueError naming the option as the command line spells
+it (``--probe-repeats``, ``TEXT``), so the message a user reads is the same from either door.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from headwise import checks
+
+__all__ = ["HeadsOptions", "sample_corpus"]
+
+#: The option names that are not ``--`` + the field's name with dashes.
+_SPELLED = {"text": "TEXT", "cache": "--no-cache"}
+
+
+def sample_corpus() -> Path:
+    """The bundled corpus (``--corpus sample``): 1,200 public-domain sentences, one per line."""
+    from importlib import resources
+
+    return Path(str(resources.files("headwise") / "data" / "corpus" / "web_sentences.txt"))
+
+
+@dataclass(frozen=True)
+class HeadsOptions:
+    """What a heads study reads and writes (the options of ``headwise heads``).
+
+    Attributes:
+        text: the example, and the statistics' only text without ``corpus`` (None: the corpus's first line, or the
+            probe's first sequence).
+        corpus: a UTF-8 text file, one sentence per line, or ``"sample"`` (:func:`sample_corpus`).
+        model: what :func:`headwise.models.open_model` opens (a folder, a GGUF file, a bundled name), ``"untrained"``
+            (the first article's untrained block), or None (the bundled encoder).
+        cache: a GGUF file's de-quantised copy may be cached on disk (``--no-cache``: False).
+        layer: only this layer's heads in the printed table (0-based; None: all).
+        out: the output folder.
+        batch_size: texts per model call.
+        importance: add Michel et al.'s head importance, the ablation and the pruning curves.
+        importance_sentences: corpus sentences the importance is measured on.
+        probe_length: decoders: random tokens in the probe's segment (shortened to fit the model).
+        probe_repeats: decoders: copies of the segment in the probe.
+        seed: seed of the probe and of the random pruning orders.
+        block_size: decoders: query rows per block of the streaming pass (None: automatic).
+        queries: decoders: ``"A:B"``, the example's queries kept at full resolution (parsed against the example by
+            :func:`headwise.study.plan_decoder`).
+        queries_only: decoders: those queries' page alone, from a pass over their rows (no statistics).
+    Raises:
+        ValueError: naming the option: an empty ``text``, a ``corpus`` that is missing or a folder, a non-positive
+            ``block_size``, ``queries_only`` without ``queries`` or with ``importance``, a count out of range.
+    """
+
+    text: str | None = None
+    corpus: str | None = None
+    model: str | None = None
+    cache: bool = True
+    layer: int | None = None
+    out: Path = Path("headwise-out/heads")
+    batch_size: int = 32
+    importance: bool = False
+    importance_sentences: int = 64
+    probe_length: int = 32
+    probe_repeats: int = 2
+    seed: int = 0
+    block_size: int | None = None
+    queries: str | None = None
+    queries_only: bool = False
+
+    def __post_init__(self):
+        for name in ("text", "corpus", "model", "queries"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{self.flag(name)}: expected a string or None, got {type(value).__name__}")
+        for name in ("layer", "block_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{self.flag(name)}: expected an integer or None, got {value!r}")
+        if self.text is not None and not self.text.strip():
+            raise ValueError(f"{self.flag('text')}: expected a non-empty text, got an empty one")
+        path = self.corpus_path
+        if path is not None and not path.exists():
+            raise ValueError(f"--corpus: no such file: '{path}'")
+        if path is not None and path.is_dir():
+            raise ValueError(f"--corpus: '{path}' is a folder; expected a text file")
+        if self.block_size is not None and self.block_size <= 0:
+            raise ValueError(f"--block-size: expected a positive number of query rows, got {self.block_size}")
+        if self.queries_only and self.queries is None:
+            raise ValueError("--queries-only: expected --queries A:B (the queries to draw)")
+        if self.queries_only and self.importance:
+            raise ValueError("--queries-only: draws the chosen queries alone; run --importance without it")
+        for name in ("batch_size", "importance_sentences"):
+            checks.positive_int(self.flag(name), getattr(self, name))
+        for name in ("probe_length", "probe_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise ValueError(f"{self.flag(name)}: expected an integer ≥ 2, got {value!r}")
+        checks.non_negative_int("--seed", self.seed)
+        object.__setattr__(self, "out", Path(self.out))
+
+    @staticmethod
+    def flag(name: str) -> str:
+        """The option ``name`` (a field) as the command line spells it: ``"probe_repeats"`` → ``"--probe-repeats"``."""
+        if name not in {f.name for f in dataclasses.fields(HeadsOptions)}:
+            raise ValueError(f"name: expected a field of HeadsOptions, got {name!r}")
+        return _SPELLED.get(name, "--" + name.replace("_", "-"))
+
+    def check_layer(self, num_layers: int) -> None:
+        """ValueError naming ``--layer`` when it is not one of a model's ``num_layers`` layers (None: all, fine)."""
+        if self.layer is not None and not 0 <= self.layer < num_layers:
+            raise ValueError(f"--layer: expected 0 … {num_layers - 1} for this model, got {self.layer}")
+
+    @property
+    def corpus_path(self) -> Path | None:
+        """The corpus file (``"sample"``: the bundled one), or None."""
+        if self.corpus is None:
+            return None
+        return sample_corpus() if self.corpus == "sample" else Path(self.corpus)
