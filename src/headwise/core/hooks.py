@@ -4,8 +4,8 @@ Shape legend: B batch, H query heads, L query length, S key length, Dh head widt
 
 TransformerLens's idea (``hook_points.py``): an identity ``nn.Module`` placed on a tensor's path. Gates,
 ablation, capture and patching register a hook on the point instead of each reaching into attention by its
-own route. Every attention module of headwise has two, and the Hugging Face backend gives each attention
-module of a model the same two (:func:`headwise.hf.backend.hook_points`):
+own route. Every attention module of headwise has three, and the Hugging Face backend gives each attention
+module of a model the same three (:func:`headwise.hf.backend.hook_points`):
 
 - ``hook_heads`` — the per-head outputs ``(B, H, L, Dh)`` just before the heads are merged for the output
   projection (``Wo``, ``o_proj``): where a head meets W_O. A hook may return a replacement (gates, ablation,
