@@ -18,7 +18,7 @@ from row import Row
 from timing import compare, threads
 
 import headwise
-from headwise.core import fastpath, kernels
+from headwise.core import kernels, one_query
 from targets.base import Mode, Target, contender_table, fmt
 from targets.limits import bandwidth_per_round, fraction_of_roofline, read
 
@@ -200,9 +200,9 @@ class Decode(Target):
                 HW16_T: without_kernels(ours(caches[HW16])),
                 **{name: other(name) for name in others},
                 KERNEL: lambda: torch.nn.functional.scaled_dot_product_attention(kq, kk, kv_),
-                ONE_Q: lambda: fastpath.attention_one_query(kq, kk, kv_),
-                ONE_Q16: lambda: fastpath.attention_one_query(kq, kk16, kv16),
-                ONE_Q_T: without_kernels(lambda: fastpath.attention_one_query(kq, kk, kv_)),
+                ONE_Q: lambda: one_query.attention_one_query(kq, kk, kv_),
+                ONE_Q16: lambda: one_query.attention_one_query(kq, kk16, kv16),
+                ONE_Q_T: without_kernels(lambda: one_query.attention_one_query(kq, kk, kv_)),
                 PROJ_NB: lambda: (kernels.linear_rows(xr, w_qkv), kernels.linear_rows(xr, w_o)),
                 PROJ_MKL: lambda: (torch.mv(w_qkv, xr[0, 0]), torch.mv(w_o, xr[0, 0])),
                 PROJ_DNN: lambda: (dnn(xr, w_qkv, None, "none", [], ""), dnn(xr, w_o, None, "none", [], "")),
@@ -319,7 +319,7 @@ class Decode(Target):
                 res.ratio(HW16, HW),
                 0.6,
                 f"its bytes ÷ the float32 cache's: {nbytes[HW16] / nbytes[HW]:.3f} (the weights stay float32); "
-                f"bf16 products: {'yes' if fastpath.bf16_products() else 'no (widened)'}",
+                f"bf16 products: {'yes' if one_query.bf16_products() else 'no (widened)'}",
             ),
             Row.at_most("bf16 KV cache: max|out − out(float32 cache)| ÷ max|out(float32 cache)|", bf16_err, 1e-2),
             Row(

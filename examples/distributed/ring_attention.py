@@ -114,7 +114,7 @@ def main() -> None:
 
 def _check(a, rank, world, q_full, k_full, v_full, do_full, out, q, k, v) -> dict:
     """Max |ring − single process| over this rank's shard, for the output and the three gradients."""
-    from headwise.core import functional as HF
+    from headwise import functional as HF
 
     qq, kk, vv = (t.clone().requires_grad_() for t in (q_full, k_full, v_full))
     ref, _ = HF.scaled_dot_product_attention(qq, kk, vv, is_causal=a.causal, backend="math")

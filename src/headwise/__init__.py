@@ -33,8 +33,9 @@ _LAZY = {
     "sinusoidal_table": "headwise.positional",
 }
 _SUBMODULES = {"core", "reference", "interop", "positional", "models", "analysis", "study", "viz", "sizing", "lab"}
-# The core's maths modules, also reachable as ``headwise.functional`` and ``headwise.masks``.
-_CORE_MODULES = {"functional": "headwise.core.functional", "masks": "headwise.core.masks"}
+# The core's entry point and masks, reachable as ``headwise.functional`` (``scaled_dot_product_attention``, the
+# dispatcher and the maths it picks from) and ``headwise.masks``.
+_CORE_MODULES = {"functional": "headwise.core.dispatch", "masks": "headwise.core.masks"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES | set(_CORE_MODULES))
 

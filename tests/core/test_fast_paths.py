@@ -2,7 +2,7 @@
 
 - fused Q/K/V projection (self-attention) and fused K/V (cross-attention with one context): float64, ≤ 1e-12,
   outputs and gradients;
-- the blocked need-weights path (``functional.attention_weights``) against ``attention_math``: float64, ≤ 1e-12,
+- the blocked need-weights path (``blocked.attention_weights``) against ``attention_math``: float64, ≤ 1e-12,
   with blocks small enough to split heads and query rows, every mask kind, GQA, causal, fully masked rows;
 - one decoded token after a cache (no mask passed to the kernel) against the full causal forward;
 - a bf16 KV cache against a float32 one: a bounded relative error;
@@ -21,8 +21,10 @@ from torch import nn
 import headwise
 import headwise.reference as ref
 from _helpers import np64, ref_params
-from headwise.core import fastpath, kernels
-from headwise.core import functional as HF
+from headwise import functional as HF
+from headwise.core import blocked as blocked_path
+from headwise.core import kernels, projections
+from headwise.core.call import AttentionCall
 
 TOL = 1e-12
 
@@ -30,7 +32,7 @@ TOL = 1e-12
 def _products(m, *args, **kwargs):
     """Run ``m(*args, **kwargs)``, listing the output width of every projection it runs (in order)."""
     widths = []
-    real_linear, real_forward = fastpath.linear, nn.Linear.forward
+    real_linear, real_forward = projections.linear, nn.Linear.forward
 
     def spy_linear(x, weight, bias=None):
         widths.append(weight.shape[0])
@@ -40,7 +42,7 @@ def _products(m, *args, **kwargs):
         widths.append(self.out_features)
         return real_forward(self, x)
 
-    with mock.patch.object(fastpath, "linear", spy_linear), mock.patch.object(nn.Linear, "forward", spy_forward):
+    with mock.patch.object(projections, "linear", spy_linear), mock.patch.object(nn.Linear, "forward", spy_forward):
         result = m(*args, **kwargs)
     return result, widths
 
@@ -50,7 +52,7 @@ def _products(m, *args, **kwargs):
 @pytest.mark.parametrize("bias", [True, False])
 def test_fused_qkv_equals_reference_outputs_and_gradients(hkv, bias):
     torch.manual_seed(0)
-    B, L, d, h = 2, fastpath.FUSE_MIN_TOKENS // 2, 16, 4  # B·L = FUSE_MIN_TOKENS: fused
+    B, L, d, h = 2, projections.FUSE_MIN_TOKENS // 2, 16, 4  # B·L = FUSE_MIN_TOKENS: fused
     m = headwise.MultiHeadAttention(d, h, num_kv_heads=hkv, bias=bias).double()
     x = torch.randn(B, L, d, dtype=torch.float64, requires_grad=True)
     (out, _), widths = _products(m, x, is_causal=True)
@@ -75,7 +77,7 @@ def test_fused_kv_for_one_context_equals_reference():
     torch.manual_seed(1)
     m = headwise.MultiHeadAttention(16, 4, num_kv_heads=1, kdim=6, vdim=6).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
-    ctx = torch.randn(2, fastpath.FUSE_MIN_TOKENS // 2, 6, dtype=torch.float64)
+    ctx = torch.randn(2, projections.FUSE_MIN_TOKENS // 2, 6, dtype=torch.float64)
     (out, w), widths = _products(m, x, ctx, need_weights=True, average_weights=False)
     assert widths == [4 + 4, 16, 16]  # Wk; Wv as one product over the shared context, then Wq, Wo
     r_out, r_w = ref.multi_head_attention(np64(x), ref_params(m), 4, num_kv_heads=1, context=np64(ctx))
@@ -114,21 +116,23 @@ def test_linear_equals_f_linear():
     w, b = torch.randn(96, 48), torch.randn(96)
     want = torch.nn.functional.linear(x.double(), w.double(), b.double())
     with torch.no_grad():
-        torch.testing.assert_close(fastpath.linear(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(projections.linear(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(
-            fastpath.linear(x.transpose(0, 1), w, b).transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5
+            projections.linear(x.transpose(0, 1), w, b).transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5
         )
-        torch.testing.assert_close(fastpath.linear(x, w).double(), want - b.double(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(projections.linear(x, w).double(), want - b.double(), rtol=1e-5, atol=1e-5)
         # one row (a decoded token) takes the matrix-vector product
         one = x[:1, 5:6]  # (1, 1, 48)
-        torch.testing.assert_close(fastpath.linear(one, w, b).double(), want[:1, 5:6], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fastpath.linear(one, w).double(), want[:1, 5:6] - b.double(), rtol=1e-5, atol=1e-5)
-        assert fastpath.linear(one, w, b).shape == (1, 1, 96)
+        torch.testing.assert_close(projections.linear(one, w, b).double(), want[:1, 5:6], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            projections.linear(one, w).double(), want[:1, 5:6] - b.double(), rtol=1e-5, atol=1e-5
+        )
+        assert projections.linear(one, w, b).shape == (1, 1, 96)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert fastpath.linear(x, w, b).dtype == torch.bfloat16  # autocast still applies
+            assert projections.linear(x, w, b).dtype == torch.bfloat16  # autocast still applies
     # with autograd it is F.linear itself, differentiable
     wg = w.clone().requires_grad_(True)
-    y = fastpath.linear(x, wg, b)
+    y = projections.linear(x, wg, b)
     assert torch.equal(y, torch.nn.functional.linear(x, wg, b))
     y.sum().backward()
     assert wg.grad is not None
@@ -183,17 +187,20 @@ def _masks(kind, B, H, L, S, g):
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("hkv", [6, 2], ids=["mha", "gqa"])
 def test_attention_weights_equals_math_path(chunk, kind, hkv, monkeypatch):
-    monkeypatch.setattr(fastpath, "_WEIGHTS_CHUNK", chunk)  # 7: one query row at a time; 80: two heads at a time
+    monkeypatch.setattr(blocked_path, "WEIGHTS_CHUNK", chunk)  # 7: one query row at a time; 80: two heads at a time
     B, H, L, S, Dh = 2, 6, 5, 7, 3
     q, k, v, g = _qkv(B, H, hkv, L, S, Dh, seed=hash(kind) % 1000)
     blocked, bias, causal = _masks(kind, B, H, L, S, g)
     want_out, want_w = HF.scaled_dot_product_attention(
         q, k, v, blocked=blocked, bias=bias, is_causal=causal, need_weights=True, backend="math"
     )
-    out, w = fastpath.attention_weights(q, k, v, blocked=blocked, bias=bias, is_causal=causal)
+    call = AttentionCall(blocked=blocked, bias=bias, is_causal=causal, need_weights=True)
+    out, w = blocked_path.attention_weights(q, k, v, call)
     torch.testing.assert_close(out, want_out, atol=TOL, rtol=0)
     torch.testing.assert_close(w, want_w, atol=TOL, rtol=0)
-    out_a, w_a = fastpath.attention_weights(q, k, v, blocked=blocked, bias=bias, is_causal=causal, average_heads=True)
+    out_a, w_a = blocked_path.attention_weights(
+        q, k, v, AttentionCall(blocked=blocked, bias=bias, is_causal=causal, need_weights=True, average_heads=True)
+    )
     torch.testing.assert_close(out_a, want_out, atol=TOL, rtol=0)
     torch.testing.assert_close(w_a, want_w.mean(dim=1), atol=TOL, rtol=0)
     # the public entry point routes need_weights with backend="auto" here
@@ -205,7 +212,7 @@ def test_attention_weights_equals_math_path(chunk, kind, hkv, monkeypatch):
 
 @pytest.mark.parametrize("chunk", [7, 10_000])
 def test_attention_weights_gradients_equal_math_path(chunk, monkeypatch):
-    monkeypatch.setattr(fastpath, "_WEIGHTS_CHUNK", chunk)
+    monkeypatch.setattr(blocked_path, "WEIGHTS_CHUNK", chunk)
     B, H, L, S, Dh = 2, 4, 5, 6, 3
     q, k, v, g = _qkv(B, H, 2, L, S, Dh, seed=3, requires_grad=True)
     blocked, bias, _ = _masks("both", B, H, L, S, g)
@@ -217,7 +224,9 @@ def test_attention_weights_gradients_equal_math_path(chunk, monkeypatch):
 
     o1, w1 = HF.attention_math(q, k, v, blocked=blocked, bias=bias)
     want = torch.autograd.grad(loss(o1, w1.mean(1)), (q, k, v))
-    o2, w2 = fastpath.attention_weights(q, k, v, blocked=blocked, bias=bias, average_heads=True)
+    o2, w2 = blocked_path.attention_weights(
+        q, k, v, AttentionCall(blocked=blocked, bias=bias, need_weights=True, average_heads=True)
+    )
     got = torch.autograd.grad(loss(o2, w2), (q, k, v))
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
@@ -225,7 +234,7 @@ def test_attention_weights_gradients_equal_math_path(chunk, monkeypatch):
 
 
 def test_module_weights_path_equals_math_backend(monkeypatch):
-    monkeypatch.setattr(fastpath, "_WEIGHTS_CHUNK", 16)
+    monkeypatch.setattr(blocked_path, "WEIGHTS_CHUNK", 16)
     torch.manual_seed(2)
     fast = headwise.MultiHeadAttention(24, 6, num_kv_heads=3, positional=headwise.ALiBi(6)).double()
     slow = headwise.MultiHeadAttention(24, 6, num_kv_heads=3, positional=headwise.ALiBi(6), backend="math").double()
@@ -412,5 +421,5 @@ def test_forward_mode_through_the_onednn_linear():
     torch.manual_seed(4)
     x, t, w, b = torch.randn(3, 5, 16), torch.randn(3, 5, 16), torch.randn(8, 16), torch.randn(8)
     with torch.no_grad():
-        _, tangent = torch.func.jvp(lambda x: fastpath.linear(x, w, b), (x,), (t,))
+        _, tangent = torch.func.jvp(lambda x: projections.linear(x, w, b), (x,), (t,))
     torch.testing.assert_close(tangent, t @ w.T, rtol=0, atol=1e-5)

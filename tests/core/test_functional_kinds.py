@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import headwise
-from headwise.core import fastpath, functional, masks
+from headwise import functional
+from headwise.core import blocked as blocked_path
+from headwise.core import masks
+from headwise.core.call import AttentionCall
 
 TOL = 1e-12
 
@@ -83,7 +86,7 @@ def _kw(kind, H):
 @pytest.mark.parametrize("hkv", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_every_path_equals_the_math_path(kind, hkv, padded, monkeypatch):
-    monkeypatch.setattr(fastpath, "_WEIGHTS_CHUNK", 20)  # blocks split heads and query rows
+    monkeypatch.setattr(blocked_path, "WEIGHTS_CHUNK", 20)  # blocks split heads and query rows
     q, k, v = _qkv(Hkv=hkv, L=9, S=9, Dv=5)
     kw = _kw(kind, 4)
     blocked = None
@@ -113,7 +116,7 @@ def test_every_path_equals_the_math_path(kind, hkv, padded, monkeypatch):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_gradients_of_every_path_equal_the_math_path(kind, monkeypatch):
-    monkeypatch.setattr(fastpath, "_WEIGHTS_CHUNK", 20)
+    monkeypatch.setattr(blocked_path, "WEIGHTS_CHUNK", 20)
     q, k, v = _qkv(Hkv=2, L=6, S=6)
     kw = _kw(kind, 4)
     blocked = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
@@ -135,12 +138,12 @@ def test_gradients_of_every_path_equal_the_math_path(kind, monkeypatch):
 
 def test_windowed_decoding_after_a_cache_equals_full_rows():
     q, k, v = _qkv(L=10, S=10)
-    full, _ = functional.attend(q, k, v, is_causal=True, window=3, backend="math")
+    full, _ = functional.attend(q, k, v, AttentionCall(is_causal=True, window=3, backend="math"))
     for backend in ("math", "auto"):
         for t in range(10):
             row, _ = functional.attend(
-                q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], is_causal=True, q_offset=t, window=3,
-                backend=backend,
+                q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1],
+                AttentionCall(is_causal=True, q_offset=t, window=3, backend=backend),
             )  # fmt: skip
             torch.testing.assert_close(row, full[:, :, t : t + 1], atol=TOL, rtol=0)
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwise
-from headwise.core import fastpath, kernels
+from headwise.core import decode, kernels, one_query
 from headwise.core.functional import attention_math
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="Numba is not available here")
@@ -70,7 +70,7 @@ def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        add = fastpath._grouped(fastpath._additive(blocked, bias, S), H, Hkv)
+        add = one_query.kernel_bias(blocked, bias, H, k)
         got = kernels.attention_one_query(q, k, v, add, scale)
     finally:
         torch.set_num_threads(before)
@@ -120,7 +120,7 @@ def _against_math(m, x, prefill, caches):
     and ``caches[1]``: ``(got, want, calls of the compiled step)``."""
     ref = copy.deepcopy(m)
     ref.backend = "math"
-    with mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
+    with mock.patch.object(decode, "step", wraps=decode.step) as spy:
         got = _decode(m, x, prefill, caches[0])
     return got, _decode(ref, x, prefill, caches[1]), spy.call_count
 
@@ -209,13 +209,13 @@ def test_calls_the_decode_step_leaves_to_the_usual_path():
             cache = headwise.SlidingWindowCache(2, 3, m.num_kv_heads, 8, dtype=how["ring"])
         else:
             cache = headwise.KVCache(2, 6, m.num_kv_heads, 8)
-        with torch.no_grad(), mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
+        with torch.no_grad(), mock.patch.object(decode, "step", wraps=decode.step) as spy:
             m(x[:, :5], is_causal=True, cache=cache)
             m(x[:, 5:], is_causal=True, cache=cache, **call)
         assert spy.call_count == 0, name
     m = _module()  # autograd records: the differentiable path
     cache = headwise.KVCache(2, 6, 4, 8)
-    with mock.patch.object(fastpath, "decode", wraps=fastpath.decode) as spy:
+    with mock.patch.object(decode, "step", wraps=decode.step) as spy:
         m(x[:, :5], is_causal=True, cache=cache)
         out = m(x[:, 5:], is_causal=True, cache=cache)[0]
     assert spy.call_count == 0 and out.requires_grad

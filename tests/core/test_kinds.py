@@ -177,7 +177,7 @@ def test_bad_input_names_the_argument():
         SlidingWindowCache(1, 0, 2, 4)
     with pytest.raises(ValueError, match=r"cache: a SlidingWindowCache\(window=1\) serves causal calls"):
         m(torch.zeros(1, 3, 8), is_causal=True, cache=SlidingWindowCache(1, 1, 2, 4))
-    from headwise.core import functional
+    from headwise import functional
 
     q = torch.zeros(1, 2, 3, 4)
     with pytest.raises(ValueError, match=r"sinks: expected a float tensor of shape \(H,\)=\(2,\)"):

@@ -1,6 +1,6 @@
-"""One decoded token's fast routes against the readable math path: ``fastpath.attention_one_query`` (the
+"""One decoded token's fast routes against the readable math path: ``one_query.attention_one_query`` (the
 compiled split-key kernel, or torch's products with ``kernels.enabled = False``) and the compiled decode step
-``fastpath.decode`` a module takes where it applies.
+``decode.step`` a module takes where it applies.
 
 float32, whole tensors, ≤ 1e-6: MHA, GQA, MQA, batch > 1, padding and float masks, ALiBi's bias, a sliding
 window over a ring cache, fully blocked rows; the routes they must not take (``backend="math"``, autograd,
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import headwise
-from headwise.core import fastpath, kernels
-from headwise.core import functional as HF
+from headwise import functional as HF
+from headwise.core import decode, kernels, one_query
 
 TOL = 1e-6
 
@@ -45,8 +45,8 @@ class _Spy:
 
     def __enter__(self):
         self._patches = [
-            mock.patch.object(fastpath, name, side_effect=self._counted(getattr(fastpath, name)))
-            for name in ("attention_one_query", "decode")
+            mock.patch.object(module, name, side_effect=self._counted(getattr(module, name)))
+            for module, name in ((one_query, "attention_one_query"), (decode, "step"))
         ]
         for p in self._patches:
             p.start()
@@ -176,13 +176,13 @@ def test_bf16_cache_is_read_as_bf16(route):
     fast, math = _pair(num_kv_heads=2, positional=headwise.RotaryEmbedding(8))
     x = torch.randn(2, 12, 64)
     seen = []
-    real = fastpath.attention_one_query
+    real = one_query.attention_one_query
 
     def spy(q, k, v, **kw):
         seen.append((q.dtype, k.dtype, v.dtype))
         return real(q, k, v, **kw)
 
-    with torch.no_grad(), mock.patch.object(fastpath, "attention_one_query", spy), _spy() as fused:
+    with torch.no_grad(), mock.patch.object(one_query, "attention_one_query", spy), _spy() as fused:
         got = _decode(fast, x, 6, {"dtype": torch.bfloat16})
     with torch.no_grad():
         want = _decode(math, x, 6)
@@ -202,6 +202,6 @@ def test_bf16_view_of_a_larger_buffer_reads_only_its_keys(batch):
     buf_k[:, :, 7:] = 1e4  # slots past the keys: large, and they must get no weight
     q = torch.randn(batch, 4, 1, 16)
     k, v = buf_k[:, :, :7], buf_v[:, :, :7]  # (B, Hkv, 7, Dh) strided by the buffer's 12 slots
-    got = fastpath.attention_one_query(q, k, v)
-    want = fastpath.attention_one_query(q, k.contiguous(), v.contiguous())
+    got = one_query.attention_one_query(q, k, v)
+    want = one_query.attention_one_query(q, k.contiguous(), v.contiguous())
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from headwise import MultiHeadAttention, RotaryEmbedding
-from headwise.core import functional as HF
+from headwise import functional as HF
+from headwise.core.primitives import repeat_kv
 from headwise.distributed import ring_attention, shard_positions, shard_sequence, unshard_sequence
 
 pytestmark = pytest.mark.distributed
@@ -284,7 +285,7 @@ def test_kernels_equal_single_process_attention(kernel):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         ref, _ = HF.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=0.5, backend="math")
         ref.backward(do)
-        scores = 0.5 * q @ HF.repeat_kv(k, 4).transpose(-1, -2)
+        scores = 0.5 * q @ repeat_kv(k, 4).transpose(-1, -2)
         if causal:
             scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), -math.inf)
         assert (out - ref).abs().max() <= 1e-12

@@ -29,7 +29,7 @@ from _adversarial import (
     warns,
 )
 from headwise import MultiHeadAttention as MHA
-from headwise.core import functional
+from headwise import functional
 
 m16 = MHA(16, 4).eval()
 x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ import torch
 
 import headwise.hf
 from _hf_models import CASES, DECODERS, batch, build
-from headwise.core import functional
+from headwise import functional
 from headwise.hf import backend
 
 TOL_LOGITS = 1e-4  # float32, absolute, as asked of the backend

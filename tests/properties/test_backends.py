@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise.reference as ref
-from headwise.core import functional
+from headwise import functional
 from headwise.distributed.kernels import CpuFlashKernel, MathKernel
 
 ATOL = 1e-12  # float64, every path against every other

@@ -13,7 +13,7 @@ import headwise
 import headwise.reference as ref
 from _helpers import np64, ref_params
 from _strategies import attention_configs, make_input, make_module, random_bool
-from headwise.core import functional
+from headwise import functional
 
 
 def ref_kwargs(c):

@@ -1,4 +1,4 @@
-"""``MultiHeadAttention``: a thin holder of the four projections around :mod:`headwise.core.functional`.
+"""``MultiHeadAttention``: a thin holder of the four projections around one attention call.
 
 Shape legend: B batch, L query length, S key length (cached ones included), D model width,
 H query heads, Hkv key/value heads, Dh head width.
@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from headwise import checks
-from headwise.core import fastpath, functional, masks
-from headwise.core.cache import Cache
-from headwise.core.hooks import HookPoint
-from headwise.core.rows import AttentionRows
+from headwise.core import decode, masks, projections
+from headwise.core.cache import Cache, KVCache, SlidingWindowCache
+from headwise.core.call import BACKENDS, AttentionCall
+from headwise.core.hooks import HookPoint, attend_hooked
 from headwise.positional.base import PositionalPart
 
 QK_NORMS = (None, "head", "full")
@@ -45,7 +45,7 @@ class MultiHeadAttention(nn.Module):
             (the readable path end to end: the four ``nn.Linear``s called as modules and
             :func:`headwise.core.functional.attention_math`) or ``"sdpa"``.
         fast_projections: with a backend other than ``"math"``, run the projections through
-            :mod:`headwise.core.fastpath` (oneDNN's fused-bias linear; ``Wq; Wk; Wv`` as one product for
+            :mod:`headwise.core.projections` (oneDNN's fused-bias linear; ``Wq; Wk; Wv`` as one product for
             self-attention over ≥ 1024 tokens) — their weights are used directly, so their ``forward`` and
             any hooks on them are not called. Set False (also as an attribute) to call each ``nn.Linear``.
         sliding_window: W: a causal call's query ``i`` sees only keys ``i − W + 1 … i`` (Mistral 7B v0.1,
@@ -53,7 +53,7 @@ class MultiHeadAttention(nn.Module):
             by the SDPA kernel with a banded ``(L, S)`` boolean mask, or by the blocked path; a
             :class:`~headwise.core.cache.SlidingWindowCache` keeps only the last W keys.
         softcap: c: scores ``c · tanh(s / c)`` before masks and biases (Gemma 2's ``attn_logit_softcapping``).
-            The kernel cannot cap, so the call runs :func:`headwise.core.fastpath.attention_weights` (scores a
+            The kernel cannot cap, so the call runs :func:`headwise.core.blocked.attention_weights` (scores a
             block at a time, never ``(B, H, L, S)`` at once) or the math path.
         sinks: learn one sink logit per query head, ``self.sinks (H,)`` (zeros at first), joining each row's
             softmax denominator without a value (GPT-OSS ``s_aux``); same paths as ``softcap``.
@@ -109,7 +109,7 @@ class MultiHeadAttention(nn.Module):
         checks.positive_int("kdim", kdim)
         checks.positive_int("vdim", vdim)
         checks.probability("dropout", dropout)
-        checks.one_of("backend", backend, functional.BACKENDS)
+        checks.one_of("backend", backend, BACKENDS)
         if positional is not None:
             if not isinstance(positional, PositionalPart):
                 raise TypeError(
@@ -208,6 +208,79 @@ class MultiHeadAttention(nn.Module):
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key, value: sequence lengths differ: {key.shape[1]} and {value.shape[1]}")
 
+    # -- projections -------------------------------------------------------------------------------
+    def _heads(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(q (B, H, L, Dh), k (B, Hkv, S, Dh), v (B, Hkv, S, Dh))``: the projections (as modules on the readable
+        path, through :func:`headwise.core.projections.project` otherwise: the same numbers), QK-norm, heads."""
+        if self.backend == "math" or not self.fast_projections:
+            q, k, v = self.Wq(query), self.Wk(key), self.Wv(value)
+        else:
+            q, k, v = projections.project(self, query, key, value)
+        if self.qk_norm == "full":  # OLMo 2: over the whole projections
+            q, k = self.q_norm(q), self.k_norm(k)
+        B, L, S, dh = query.shape[0], query.shape[1], key.shape[1], self.head_dim
+        q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
+        k = k.view(B, S, -1, dh).transpose(1, 2)  # (B, Hkv, S, Dh)
+        v = v.view(B, S, -1, dh).transpose(1, 2)  # (B, Hkv, S, Dh)
+        if self.qk_norm == "head":  # Qwen3: each head's q and k, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def _output(self, x: Tensor) -> Tensor:
+        """``Wo(x)``: ``(B, L, H·Dh) -> (B, L, D)``."""
+        if self.backend == "math" or not self.fast_projections:
+            return self.Wo(x)
+        return projections.call_linear(self.Wo, x)
+
+    def _local_sinks(self) -> Tensor | None:
+        """``sinks (H,)`` of the heads this module computes (a DTensor shard under tensor parallelism)."""
+        sinks = self.sinks
+        return sinks.to_local() if sinks is not None and hasattr(sinks, "to_local") else sinks
+
+    # -- caches and the compiled decode step ---------------------------------------------------------
+    def new_cache(self, batch_size: int, capacity: int, *, sink_tokens: int = 0, dtype=None, device=None) -> KVCache:
+        """A cache for this module, in its dtype and device unless given: a :class:`~headwise.core.cache.KVCache`
+        of ``capacity`` tokens, ``(batch_size, Hkv, capacity, Dh)`` — or, with a ``sliding_window`` W, a
+        :class:`~headwise.core.cache.SlidingWindowCache` holding at most ``W + sink_tokens`` of them whatever
+        ``capacity`` asks (it decodes past it). Hkv counts this rank's heads under tensor parallelism.
+        Raises:
+            ValueError: sizes that are not positive integers, ``sink_tokens`` without a window.
+        """
+        w = self.Wk.weight
+        local = w.to_local() if hasattr(w, "to_local") else w  # a DTensor under tensor parallelism
+        sizes = (local.shape[0] // self.head_dim, self.head_dim)
+        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
+        if self.sliding_window is not None:
+            checks.positive_int("capacity", capacity)
+            return SlidingWindowCache(batch_size, self.sliding_window, *sizes, sink_tokens=sink_tokens, **kw)
+        if sink_tokens:
+            raise ValueError(
+                f"sink_tokens: StreamingLLM's sinks need a window; got {sink_tokens} for a module without "
+                "sliding_window (build a SlidingWindowCache with the window you want)"
+            )
+        return KVCache(batch_size, capacity, *sizes, **kw)
+
+    def decodes_compiled(self, query: Tensor, cache: Cache, is_causal: bool) -> bool:
+        """Whether one token ``query (B, 1, D)`` of self-attention into ``cache``, with no mask, weights or
+        positions asked, runs through the compiled decode step (:func:`headwise.core.decode.step`): this module's
+        kinds allow it — a fast backend with fast projections, no dropout while training, no qk-norm,
+        soft-capping or sinks, keys of width D, plain RoPE or no positional part, no hooked point — and the call
+        does (:func:`headwise.core.decode.applies`). The step gives the forward's numbers."""
+        if self.backend == "math" or not self.fast_projections or (self.training and self.dropout > 0.0):
+            return False
+        if self.qk_norm is not None or self.softcap is not None or self.sinks is not None or self.kdim != self.d_model:
+            return False
+        if (self.sliding_window is not None or type(cache) is SlidingWindowCache) and not is_causal:
+            return False
+        if self.hook_heads.active or self.hook_pattern.active or self.hook_qk.active:
+            return False
+        if self.positional is not None and self.positional.rotation() is None:
+            return False
+        linears = (self.Wq, self.Wk, self.Wv, self.Wo)
+        return decode.applies(query, cache, linears, self.num_kv_heads, self.head_dim, self.sliding_window) and (
+            query.shape[2] == self.d_model
+        )
+
     @staticmethod
     def _positions(position_ids: Tensor | None, B: int, L: int, offset: int, device) -> Tensor:
         if position_ids is None:
@@ -219,25 +292,6 @@ class MultiHeadAttention(nn.Module):
                 f"position_ids: expected shape (L,)=({L},) or (B, L)=({B}, {L}), got {tuple(position_ids.shape)}"
             )
         return position_ids.to(device)
-
-    # -- projections -------------------------------------------------------------------------------
-    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(q (B, L, H·Dh), k (B, S, Hkv·Dh), v (B, S, Hkv·Dh))``: the projections, as modules on the
-        readable path, through :func:`headwise.core.fastpath.project` otherwise (the same numbers)."""
-        if self.backend == "math" or not self.fast_projections:
-            return self.Wq(query), self.Wk(key), self.Wv(value)
-        return fastpath.project(self, query, key, value)
-
-    def _output(self, x: Tensor) -> Tensor:
-        """``Wo(x)``: ``(B, L, H·Dh) -> (B, L, D)``."""
-        if self.backend == "math" or not self.fast_projections:
-            return self.Wo(x)
-        return fastpath.call_linear(self.Wo, x)
-
-    def _local_sinks(self) -> Tensor | None:
-        """``sinks (H,)`` of the heads this module computes (a DTensor shard under tensor parallelism)."""
-        sinks = self.sinks
-        return sinks.to_local() if sinks is not None and hasattr(sinks, "to_local") else sinks
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(
@@ -278,81 +332,44 @@ class MultiHeadAttention(nn.Module):
             ValueError / TypeError: wrong rank, width or dtype of an input, differing batch sizes, masks or
             positions whose shape or dtype does not fit, a full cache.
         """
-        if cache is not None and fastpath.decode_applies(
-            self, query, cache, key=key, value=value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-            need_weights=need_weights, position_ids=position_ids, is_causal=is_causal,
-        ):  # fmt: skip
-            return fastpath.decode(self, query, cache), None  # one token, one compiled call (the same numbers)
+        plain = key is None and value is None and attn_mask is None and key_padding_mask is None
+        plain = plain and cache is not None and not need_weights and position_ids is None
+        if plain and self.decodes_compiled(query, cache, is_causal):  # one token, one compiled call (same numbers)
+            return decode.step(self, query, cache), None
         self_attention = key is None and value is None
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
         masks.require_causal(is_causal, self.sliding_window)
         B, L, _ = query.shape
-        S_new, dh = key.shape[1], self.head_dim
+        S_new = key.shape[1]
         offset = 0 if cache is None else cache.length  # the new tokens' first index in the stream
         # S: every key attended; the cache checks the call before anything changes
         S = S_new if cache is None else cache.keys_after(S_new, is_causal=is_causal, window=self.sliding_window)
         q_pos = self._positions(position_ids, B, L, offset, query.device)  # (L,) or (B, L)
 
-        q, k, v = self._project(query, key, value)
-        if self.qk_norm == "full":  # OLMo 2: over the whole projections
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, L, -1, dh).transpose(1, 2)  # (B, H, L, Dh)
-        k = k.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
-        v = v.view(B, S_new, -1, dh).transpose(1, 2)  # (B, Hkv, S_new, Dh)
-        if self.qk_norm == "head":  # Qwen3: each head's q and k, before RoPE
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._heads(query, key, value)  # (B, H, L, Dh), (B, Hkv, S_new, Dh) twice
         # The masks are checked before the cache changes (H: this rank's heads under tensor parallelism).
         blocked, bias = masks.build(
             attn_mask=attn_mask, key_padding_mask=key_padding_mask, batch=B, heads=q.shape[1], L=L, S=S,
             dtype=q.dtype,
         )  # fmt: skip
-
         k_pos = q_pos if self_attention else torch.arange(offset, offset + S_new, device=query.device)
         if self.positional is not None:
             q, k = self.positional.rotate_qk(q, k, q_pos, k_pos)
-        key_slots, sink_tokens, window = None, 0, self.sliding_window
         if cache is not None:
             read = cache.update(k, v, k_pos)  # the keys in stream order and where they sit
             (k, v), k_pos = read.tensors, read.positions  # (B, Hkv, S, Dh) each, (B, S)
             if position_ids is None:
                 k_pos = k_pos[0]  # (S,): default positions are the same for every item
-            key_slots, sink_tokens, window = read.key_slots, read.sink_tokens, masks.narrowest(window, read.window)
         if self.positional is not None:
             bias = masks.added(bias, self.positional.score_bias(q_pos, k_pos))  # ALiBi: (B|1, H, L, S)
-
-        if self.hook_qk.active:  # a reader of every head's rows, a block at a time (streaming statistics)
-            self.hook_qk(
-                AttentionRows(
-                    q, k, blocked=blocked, bias=bias, is_causal=is_causal, q_offset=offset, window=window,
-                    key_slots=key_slots, sink_tokens=sink_tokens, scale=self.scale, softcap=self.softcap,
-                    sinks=self._local_sinks(),
-                )
-            )  # fmt: skip
-        watched = self.hook_pattern.active
-        out, weights = functional.attend(
-            q,
-            k,
-            v,
-            blocked=blocked,
-            bias=bias,
-            is_causal=is_causal,
-            q_offset=offset,
-            window=window,
-            key_slots=key_slots,
-            sink_tokens=sink_tokens,
-            scale=self.scale,
-            softcap=self.softcap,
-            sinks=self._local_sinks(),
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights or watched,
-            average_heads=average_weights and not watched,
-            backend=self.backend,
-        )  # (B, H, L, Dh), weights (B, L, S) / (B, H, L, S) or None
-        if watched:  # a hook reads the pattern: it sees every head's weights, the caller what it asked for
-            self.hook_pattern(weights)  # (B, H, L, S)
-            weights = (weights.mean(dim=1) if average_weights else weights) if need_weights else None
-        out = self.hook_heads(out)  # (B, H, L, Dh): each head's output where the heads meet Wo
-        out = self._output(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dh) -> (B, L, D)
+        call = AttentionCall(
+            blocked=blocked, bias=bias, is_causal=is_causal, q_offset=offset, window=self.sliding_window,
+            scale=self.scale, softcap=self.softcap, sinks=self._local_sinks(),
+            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+            average_heads=average_weights, backend=self.backend,
+        )  # fmt: skip
+        out, weights = attend_hooked(self, q, k, v, call if cache is None else read.place(call))
+        out = self._output(out.transpose(1, 2).reshape(B, L, -1))  # (B, H, L, Dh) -> (B, L, H·Dh) -> (B, L, D)
         return out, weights

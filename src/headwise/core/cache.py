@@ -14,12 +14,13 @@ Every cache follows one protocol, :class:`Cache`, so the attention modules never
 - :meth:`~Cache.keys_after` ``(n, is_causal=, window=)``: checks a call before anything changes and returns
   S, the keys the update of its n tokens will return.
 - :meth:`~Cache.update`: appends, and returns a :class:`CacheRead` — the keys in stream order with their token
-  positions and what causality needs to place them (``key_slots``, ``window``, ``sink_tokens``), given to
-  :func:`headwise.core.functional.attend` as they are.
+  positions and what causality needs to place them (``key_slots``, ``window``, ``sink_tokens``), placed on
+  the module's :class:`~headwise.core.call.AttentionCall` by :meth:`CacheRead.place`.
 - :meth:`~Cache.crop` ``(n)`` rewinds the stream to n tokens (Hugging Face ``DynamicCache.crop``);
   :meth:`~Cache.reset` forgets it. Only the cache changes its books.
 
-``Cache.for_module(module, ...)`` (also reachable as ``KVCache.for_module``) picks the right one for a module.
+A module makes its own cache (``module.new_cache(batch_size, capacity, ...)``, torchtune's ``setup_caches``
+idea); ``Cache.for_module(module, ...)`` (also reachable as ``KVCache.for_module``) asks it.
 Shape legend: B batch, Hkv key/value heads, C capacity (slots), Dh head width, W window, R latent rank, Dr
 rotary width, n new tokens, S keys returned.
 """
@@ -32,6 +33,8 @@ import torch
 from torch import Tensor
 
 from headwise import checks
+from headwise.core import masks
+from headwise.core.call import AttentionCall
 
 
 class CacheRead(NamedTuple):
@@ -54,6 +57,14 @@ class CacheRead(NamedTuple):
     window: int | None = None
     sink_tokens: int = 0
 
+    def place(self, call: AttentionCall) -> AttentionCall:
+        """``call`` for queries after the cached keys: the keys' slots and sink tokens, the narrower window."""
+        if self.key_slots is None and self.sink_tokens == 0 and self.window is None:
+            return call
+        return call.replace(
+            key_slots=self.key_slots, sink_tokens=self.sink_tokens, window=masks.narrowest(call.window, self.window)
+        )
+
 
 class Cache:
     """The protocol every cache follows (see the module docstring); subclasses hold the buffers.
@@ -68,33 +79,17 @@ class Cache:
     def for_module(
         cls, module, batch_size: int, capacity: int, *, sink_tokens: int = 0, dtype=None, device=None
     ) -> Cache:
-        """A cache sized for ``module``, in its dtype and device (whichever class it is called on).
-
-        A :class:`headwise.MultiHeadAttention` gets a :class:`KVCache` of ``capacity`` tokens — or, with a
-        ``sliding_window`` W, a :class:`SlidingWindowCache` holding at most ``W + sink_tokens`` of them
-        whatever ``capacity`` asks (it decodes past it). A :class:`~headwise.core.latent.LatentAttention`
-        gets a :class:`LatentCache`.
+        """``module.new_cache(batch_size, capacity, sink_tokens=, dtype=, device=)``: the cache the module makes
+        for itself (whichever class this is called on) — a :class:`KVCache` or, with a ``sliding_window``, a
+        :class:`SlidingWindowCache` for a :class:`headwise.MultiHeadAttention`; a :class:`LatentCache` for a
+        :class:`~headwise.core.latent.LatentAttention`.
         Raises:
-            ValueError: sizes that are not positive integers, ``sink_tokens`` for a module without a window.
+            TypeError: a module that makes no cache. ValueError: as the module's ``new_cache``.
         """
-        if hasattr(module, "kv_lora_rank"):
-            w = module.Wkv_a.weight
-            kw = {"dtype": dtype or w.dtype, "device": device or w.device}
-            return LatentCache(batch_size, capacity, module.kv_lora_rank, module.qk_rope_head_dim, **kw)
-        w = module.Wk.weight
-        local = w.to_local() if hasattr(w, "to_local") else w  # a DTensor under tensor parallelism
-        sizes = (local.shape[0] // module.head_dim, module.head_dim)
-        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
-        window = getattr(module, "sliding_window", None)
-        if window is not None:
-            checks.positive_int("capacity", capacity)
-            return SlidingWindowCache(batch_size, window, *sizes, sink_tokens=sink_tokens, **kw)
-        if sink_tokens:
-            raise ValueError(
-                f"sink_tokens: StreamingLLM's sinks need a window; got {sink_tokens} for a module without "
-                "sliding_window (build a SlidingWindowCache with the window you want)"
-            )
-        return KVCache(batch_size, capacity, *sizes, **kw)
+        new_cache = getattr(module, "new_cache", None)
+        if not callable(new_cache):
+            raise TypeError(f"module: expected an attention module with new_cache(), got {type(module).__name__}")
+        return new_cache(batch_size, capacity, sink_tokens=sink_tokens, dtype=dtype, device=device)
 
     @property
     def held(self) -> int:

@@ -110,9 +110,14 @@ def _threads(nbytes: int | None = None) -> None:
         _set_threads[0] = n
 
 
-def _slots(t: Tensor) -> Tensor | None:
-    """``t (B, Hkv, S, D)`` as a C-contiguous view ``(B, Hkv, C, D)`` of the same storage with C ≥ S (a cache's
-    view of its first S slots, widened to its capacity), or None when its strides allow no such view."""
+def slot_view(t: Tensor, max_slots: int | None = None) -> Tensor | None:
+    """``t (B, Hkv, S, D)``, a cache's view of its first S slots, as a C-contiguous view ``(B, Hkv, C, D)`` of
+    the same storage with C ≥ S: every slot its heads' stride spans (one head of one item: its S slots alone).
+    None when its strides allow no such view, or it would span more than ``max_slots`` slots.
+
+    The compiled kernel reads such a view in place; torch's bf16 matmul, which hands oneDNN only
+    batch-contiguous operands and copies any other (``mkldnn_matmul``), reads it for less than that copy costs
+    while C ≤ 2·S (the one-query route; the slots past the keys get no weight)."""
     B, Hkv, S, D = t.shape
     sb, sh, ss, sd = t.stride()
     if sd != 1 or ss != D:
@@ -122,6 +127,8 @@ def _slots(t: Tensor) -> Tensor | None:
     if sh % D or sh < S * D or (B > 1 and sb != Hkv * sh):
         return None
     C = sh // D
+    if max_slots is not None and max_slots < C:
+        return None
     if (t.storage_offset() + B * Hkv * sh) * t.element_size() > t.untyped_storage().nbytes():
         return None
     return t.as_strided((B, Hkv, C, D), (Hkv * C * D, C * D, D, 1))
@@ -132,7 +139,7 @@ def _entries(t: Tensor):
     bf16 as their 16-bit patterns (int16), C-contiguous over the cache's slots (copied only when the view's
     strides allow no such array)."""
     t = t.detach()
-    full = _slots(t)
+    full = slot_view(t)
     if full is None:
         full = t.contiguous()
     return _buffer(full)

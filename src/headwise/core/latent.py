@@ -15,7 +15,7 @@ Queries and keys/values go through low-rank latents; a rotary key of width Dr is
 Two paths compute it (tested equal, ``tests/core/test_latent.py``):
 
 - **plain** (``absorbed=False``): keys and values are expanded from the latent for every key, then
-  :func:`headwise.core.functional.attend` runs over ``(B, H, S, Dn+Dr)`` keys and
+  :func:`headwise.core.dispatch.attend` runs over ``(B, H, S, Dn+Dr)`` keys and
   ``(B, H, S, Dv)`` values — Hugging Face ``DeepseekV3Attention``'s way.
 - **absorbed** (``absorbed=True``, the default with a cache): ``W_UK`` (the key rows of ``Wkv_b``) is multiplied
   into the query and ``W_UV`` (its value rows) into the output, so attention runs over the latent itself: one
@@ -37,9 +37,11 @@ import torch
 from torch import Tensor, nn
 
 from headwise import checks
-from headwise.core import functional, masks
+from headwise.core import masks
 from headwise.core.attention import MultiHeadAttention
-from headwise.core.hooks import HookPoint
+from headwise.core.cache import LatentCache
+from headwise.core.call import BACKENDS, AttentionCall
+from headwise.core.hooks import HookPoint, attend_hooked
 from headwise.positional.base import PositionalPart
 
 
@@ -103,7 +105,7 @@ class LatentAttention(nn.Module):
             raise ValueError(f"qk_rope_head_dim: expected an even width (RoPE rotates pairs), got {qk_rope_head_dim}")
         if sliding_window is not None:
             checks.positive_int("sliding_window", sliding_window)
-        checks.one_of("backend", backend, functional.BACKENDS)
+        checks.one_of("backend", backend, BACKENDS)
         checks.probability("dropout", dropout)
         if scale is not None:
             checks.positive_number("scale", scale)
@@ -130,6 +132,7 @@ class LatentAttention(nn.Module):
         self.Wo = nn.Linear(num_heads * v_head_dim, d_model, bias=bias, **kw)
         self.positional = positional
         self.hook_heads, self.hook_pattern = HookPoint(), HookPoint()  # where gates, ablation, capture act
+        self.hook_qk = HookPoint()  # the queries and keys attended (latent ones on the absorbed path), while hooked
 
     def extra_repr(self) -> str:
         return (
@@ -142,6 +145,21 @@ class LatentAttention(nn.Module):
         """``(B, L, D) -> (B, H, L, Dn+Dr)``."""
         q = self.Wq(x) if self.q_lora_rank is None else self.Wq_b(self.q_norm(self.Wq_a(x)))  # (B, L, H·(Dn+Dr))
         return q.view(x.shape[0], x.shape[1], self.num_heads, -1).transpose(1, 2)  # (B, H, L, Dn+Dr)
+
+    def new_cache(
+        self, batch_size: int, capacity: int, *, sink_tokens: int = 0, dtype=None, device=None
+    ) -> LatentCache:
+        """A :class:`~headwise.core.cache.LatentCache` of ``capacity`` tokens for this module (the latent
+        ``(batch_size, capacity, R)`` and rope key ``(batch_size, capacity, Dr)``), in its dtype and device
+        unless given.
+        Raises:
+            ValueError: sizes that are not positive integers; ``sink_tokens`` (a latent cache keeps every token).
+        """
+        if sink_tokens:
+            raise ValueError(f"sink_tokens: a LatentCache keeps every token and has no sinks, got {sink_tokens}")
+        w = self.Wkv_a.weight
+        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
+        return LatentCache(batch_size, capacity, self.kv_lora_rank, self.qk_rope_head_dim, **kw)
 
     def up_weights(self) -> tuple[Tensor, Tensor]:
         """``(W_UK (H, Dn, R), W_UV (H, Dv, R))``: the key and value rows of ``Wkv_b``, per head."""
@@ -205,42 +223,28 @@ class LatentAttention(nn.Module):
         )  # fmt: skip  — checked before the cache changes
         if self.positional is not None:
             q_pe, k_pe = self.positional.rotate_qk(q_pe, k_pe, q_pos, q_pos)
-        key_slots, sink_tokens, window = None, 0, self.sliding_window
+        call = AttentionCall(
+            blocked=blocked, bias=bias, is_causal=is_causal, q_offset=offset, window=self.sliding_window,
+            scale=self.scale, dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+            average_heads=average_weights, backend=self.backend,
+        )  # fmt: skip
         if cache is not None:
             read = cache.update(c, k_pe[:, 0], q_pos)  # the entries in stream order and where they sit
             c, k_pe = read.tensors  # (B, S, R), (B, S, Dr)
             c, k_pe = c.to(q.dtype), k_pe.to(q.dtype).unsqueeze(1)  # k_pe (B, 1, S, Dr)
-            key_slots, sink_tokens, window = read.key_slots, read.sink_tokens, masks.narrowest(window, read.window)
-        watched = self.hook_pattern.active
-        run = dict(
-            blocked=blocked,
-            bias=bias,
-            is_causal=is_causal,
-            q_offset=offset,
-            window=window,
-            key_slots=key_slots,
-            sink_tokens=sink_tokens,
-            scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights or watched,
-            backend=self.backend,
-        )
+            call = read.place(call)
         if absorbed:
             w_uk, w_uv = self.up_weights()  # (H, Dn, R), (H, Dv, R)
             q_lat = torch.einsum("bhld,hdr->bhlr", q_nope, w_uk)  # (B, H, L, R)
             k_all = torch.cat([c.unsqueeze(1), k_pe], dim=-1)  # (B, 1, S, R+Dr): one key head for all
-            o_lat, weights = functional.attend(torch.cat([q_lat, q_pe], dim=-1), k_all, c.unsqueeze(1), **run)
-            out = torch.einsum("bhlr,hvr->bhlv", o_lat, w_uv)  # (B, H, L, R) -> (B, H, L, Dv)
+            out, weights = attend_hooked(
+                self, torch.cat([q_lat, q_pe], dim=-1), k_all, c.unsqueeze(1), call,
+                lambda o_lat: torch.einsum("bhlr,hvr->bhlv", o_lat, w_uv),  # (B, H, L, R) -> (B, H, L, Dv)
+            )  # fmt: skip
         else:
             up = self.Wkv_b(c).view(B, S, self.num_heads, -1).transpose(1, 2)  # (B, H, S, Dn+Dv)
             k_nope, v = up[..., :Dn], up[..., Dn:]
             k = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1, -1)], dim=-1)  # (B, H, S, Dn+Dr)
-            out, weights = functional.attend(torch.cat([q_nope, q_pe], dim=-1), k, v, **run)  # (B, H, L, Dv)
-        if watched:  # a hook reads the pattern: every head's weights; the caller gets what it asked for
-            self.hook_pattern(weights)  # (B, H, L, S)
-            weights = weights if need_weights else None
-        if weights is not None and average_weights:
-            weights = weights.mean(dim=1)  # (B, L, S)
-        out = self.hook_heads(out)  # (B, H, L, Dv): each head's output where the heads meet Wo
+            out, weights = attend_hooked(self, torch.cat([q_nope, q_pe], dim=-1), k, v, call)  # (B, H, L, Dv)
         out = self.Wo(out.transpose(1, 2).reshape(B, L, -1))  # (B, L, H·Dv) -> (B, L, D)
         return out, weights

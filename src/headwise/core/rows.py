@@ -4,14 +4,15 @@ a time, formed exactly as the model forms it, never ``(B, H, L, S)`` at once.
 Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), L query length, S key length,
 Dh head width, R rows of one block.
 
-A module calls ``hook_qk(AttentionRows(...))`` right after positions are applied (post-rotary q and k) and
-the masks are known, only while a hook is registered there; the hook asks for the rows it wants
+A module's hooked step (:func:`headwise.core.hooks.attend_hooked`) calls ``hook_qk(AttentionRows(q, k, call))`` with
+the post-rotary q and k and the :class:`~headwise.core.call.AttentionCall` it is about to attend with, only while a
+hook is registered there; the hook asks for the rows it wants
 (:meth:`AttentionRows.weights`) and reduces them (streaming head statistics, :mod:`headwise.analysis.streaming`).
 The rows are the readable path's maths (:func:`headwise.core.functional.attention_math`): scores
 ``q kᵀ · scale``, soft-capping, the bias, the user's ``blocked`` mask, causality with the window, the cache's key
-slots and StreamingLLM's sink tokens (:func:`headwise.core.masks.causality`, the one rule), and the safe softmax
-with learned sinks (:func:`headwise.core.primitives.softmax`). Grouped-query heads are formed per query head
-(key/value head g serves query heads ``g·G … (g+1)·G − 1``) without repeating the keys.
+slots and StreamingLLM's sink tokens (:func:`headwise.core.masks.causality`, the one rule), and the softmax
+with learned sinks (:mod:`headwise.core.primitives`, shared with every path). Grouped-query heads are formed per
+query head (key/value head g serves query heads ``g·G … (g+1)·G − 1``) without repeating the keys.
 
 Memory of one call of :meth:`weights` for R rows: the scores and the weights, ``2 · B · H' · R · S'`` elements
 of q's dtype (H' the heads asked for, S' the keys a causal block can see: at most ``q_offset + stop``).
@@ -26,7 +27,8 @@ import torch
 from torch import Tensor
 
 from headwise.core import masks
-from headwise.core.primitives import softmax
+from headwise.core.call import AttentionCall
+from headwise.core.primitives import soft_cap, softmax, softmax_
 
 __all__ = ["AttentionRows"]
 
@@ -42,10 +44,12 @@ def _rows_of(m: Tensor | None, start: int, stop: int, keys: int) -> Tensor | Non
 
 @dataclass(frozen=True)
 class AttentionRows:
-    """A forward pass's post-rotary queries and keys with everything the softmax needs.
+    """A forward pass's post-rotary queries and keys with the call they are attended with.
 
     Attributes:
         q: ``(B, H, L, Dh)``; k: ``(B, Hkv, S, Dh)`` (cached keys included, in stream order).
+        call: the :class:`~headwise.core.call.AttentionCall` — its masks, causality, scale, soft-cap and sinks,
+            also read as attributes of the rows:
         blocked: bool, True = may not attend, broadcastable to ``(B, H, L, S)``, or None.
         bias: float added to the scores (a float mask, ALiBi), broadcastable to ``(B, H, L, S)``, or None.
         is_causal, q_offset, window, key_slots, sink_tokens: causality as :func:`headwise.core.masks.causality`
@@ -55,16 +59,18 @@ class AttentionRows:
 
     q: Tensor
     k: Tensor
-    blocked: Tensor | None = None
-    bias: Tensor | None = None
-    is_causal: bool = False
-    q_offset: int = 0
-    window: int | None = None
-    key_slots: Tensor | None = None
-    sink_tokens: int = 0
-    scale: float | None = None
-    softcap: float | None = None
-    sinks: Tensor | None = None
+    call: AttentionCall = AttentionCall()
+
+    blocked = property(lambda self: self.call.blocked)
+    bias = property(lambda self: self.call.bias)
+    is_causal = property(lambda self: self.call.is_causal)
+    q_offset = property(lambda self: self.call.q_offset)
+    window = property(lambda self: self.call.window)
+    key_slots = property(lambda self: self.call.key_slots)
+    sink_tokens = property(lambda self: self.call.sink_tokens)
+    scale = property(lambda self: self.call.scale)
+    softcap = property(lambda self: self.call.softcap)
+    sinks = property(lambda self: self.call.sinks)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -112,20 +118,10 @@ class AttentionRows:
             bias = None if bias is None or bias.dim() < 3 or bias.shape[-3] == 1 else bias[..., heads, :, :]
             if blocked is not None and blocked.dim() >= 3 and blocked.shape[-3] != 1:
                 blocked = blocked[..., heads, :, :]
-        if self.softcap is not None:
-            scores = self.softcap * torch.tanh(scores / self.softcap)
+        scores = soft_cap(scores, self.softcap)
         if bias is not None:
             scores = scores + bias
-        _, causal = masks.causality(
-            self.is_causal,
-            R,
-            S,
-            q_offset=self.q_offset + start,
-            window=self.window,
-            key_slots=self.key_slots,
-            sink_tokens=self.sink_tokens,
-            device=q.device,
-        )  # (R, S) or None
+        _, causal = self.call.replace(q_offset=self.q_offset + start).causality(R, S, device=q.device)  # (R, S)
         if causal is not None:
             causal = causal[:, :Sv]
         if sinks is not None or torch.is_grad_enabled() and scores.requires_grad:
@@ -134,17 +130,6 @@ class AttentionRows:
             # plain causality blocks only keys after the block's first row: fill those columns alone
             c0 = min(Sv, self.q_offset + start + 1)
             scores[..., c0:].masked_fill_(causal[:, c0:], float("-inf"))
-            return _rows_softmax(scores, None)
-        return _rows_softmax(scores, masks.either(blocked, causal))
-
-
-def _rows_softmax(scores: Tensor, blocked: Tensor | None) -> Tensor:
-    """:func:`headwise.core.primitives.softmax` without sinks or gradients, in place through torch's fused softmax
-    (one pass instead of five); a row with every entry blocked gives zeros, as there."""
-    if blocked is not None:
-        scores = scores.masked_fill_(blocked, float("-inf"))
-    w = torch.softmax(scores, dim=-1)
-    empty = w[..., :1].isnan()  # (…, R, 1): a fully blocked row is NaN throughout
-    if bool(empty.any()):
-        w = w.masked_fill_(empty, 0.0)
-    return w
+            return softmax_(scores, dead=None if bias is None else masks.dead_rows(causal, bias))
+        blocked = masks.either(blocked, causal)
+        return softmax_(scores, blocked, dead=masks.dead_rows(blocked, bias))

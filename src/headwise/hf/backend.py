@@ -8,7 +8,9 @@ module projects, rotates and caches the keys, then calls::
                       attention_mask, **kwargs) -> (out (B, L, H, Dv), weights (B, H, L, S) or None)
 
 and reshapes ``out`` to ``(B, L, H·Dv)`` for its output projection (``o_proj``, GPT-2's ``c_proj``, BERT's
-``attention.output.dense``). Here the maths is :func:`headwise.core.functional.scaled_dot_product_attention`.
+``attention.output.dense``). Here the keywords become one :class:`~headwise.core.call.AttentionCall`, checked
+once, and the call runs through the module's hook points (:func:`headwise.core.hooks.attend_hooked`, the same
+step as headwise's own modules).
 
 The mask. The mask function :func:`build_mask` is transformers' own ``sdpa_mask`` (registered under the same name, so a
 model never builds a mask for an implementation that does not exist — which would silently drop causality):
@@ -51,9 +53,9 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
-from headwise.core import functional, masks
-from headwise.core.hooks import HookPoint
-from headwise.core.rows import AttentionRows
+from headwise.core import masks
+from headwise.core.call import AttentionCall
+from headwise.core.hooks import HookPoint, attend_hooked
 
 NAME = "headwise"
 
@@ -228,8 +230,8 @@ def attention_forward(
         dropout, scaling, is_causal, sliding_window, softcap, s_aux, position_bias, output_attentions, kwargs:
             see the module docstring — each honoured or refused by name.
     Returns:
-        ``(out (B, L, H, Dv), weights (B, H, L, S) or None)``; weights when ``output_attentions`` or when a
-        hook is registered on the module's ``hook_pattern`` (:func:`hook_points`).
+        ``(out (B, L, H, Dv), weights (B, H, L, S) or None)``; weights when ``output_attentions`` (a hook on the
+        module's ``hook_pattern``, :func:`hook_points`, sees them whenever it is registered).
     Raises:
         ValueError / TypeError: a keyword headwise cannot honour, or a mask it cannot read.
     """
@@ -254,33 +256,12 @@ def attention_forward(
             _, blocked = masks.causality(True, 1, S, q_offset=S - 1, window=sliding_window, device=query.device)
     # with a mask, the registered mask function built the window into it
     points = _HOOKS.get(module)
-    if points is not None and points.hook_qk.active:  # every head's rows, a block at a time, as computed below
-        points.hook_qk(
-            AttentionRows(
-                query, key, blocked=blocked, bias=bias, is_causal=causal, window=window, scale=scaling,
-                softcap=softcap, sinks=s_aux,
-            )
-        )  # fmt: skip
-    watched = points is not None and points.hook_pattern.active
-    need_weights = bool(output_attentions) or watched
-    out, weights = functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        blocked=blocked,
-        bias=bias,
-        is_causal=causal,
-        scale=scaling,
-        dropout_p=dropout,
-        window=window,
-        softcap=softcap,
-        sinks=s_aux,
-        need_weights=need_weights,
-    )  # (B, H, L, Dv), (B, H, L, S) or None
-    if watched:
-        points.hook_pattern(weights)  # (B, H, L, S)
-    if points is not None:
-        out = points.hook_heads(out)  # (B, H, L, Dv): each head's output where the heads meet the output projection
+    call = AttentionCall(
+        blocked=blocked, bias=bias, is_causal=causal, window=window, scale=scaling, softcap=softcap, sinks=s_aux,
+        dropout_p=dropout, need_weights=bool(output_attentions),
+    )  # fmt: skip
+    call.check(query, key, value)
+    out, weights = attend_hooked(points, query, key, value, call)  # (B, H, L, Dv), (B, H, L, S) or None
     return out.transpose(1, 2).contiguous(), weights  # (B, L, H, Dv)
 
 
