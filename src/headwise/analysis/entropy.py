@@ -40,6 +40,8 @@ __all__ = [
     "cls_entropy",
     "uniform_entropy",
     "entropy_ratio",
+    "at_cls",
+    "over_uniform",
 ]
 
 #: ε of Clark et al.'s smoothing before the entropy: ``0.9999 · α + 0.0001 / n``.
@@ -134,11 +136,15 @@ def cls_entropy(attn, info: TokenInfo, *, smoothing: float = CLARK_ENTROPY_SMOOT
         ``(B, H)`` or ``(H,)``; NaN for a sentence without [CLS].
     """
     a, info, unbatched = as_attention(attn, info)
-    h = _row_entropy(a, info, _smoothing(smoothing))  # (B, H, L)
-    has = info.cls.any(axis=1)  # (B,)
+    return squeeze(at_cls(_row_entropy(a, info, _smoothing(smoothing)), info), unbatched)
+
+
+def at_cls(h: np.ndarray, info: TokenInfo) -> np.ndarray:
+    """Row values ``h`` ``(B, H, L)`` at each sentence's first [CLS]: ``(B, H)``, NaN for a sentence without one."""
+    has = np.asarray(info.cls).any(axis=1)  # (B,)
     first = np.argmax(info.cls, axis=1)  # (B,)
     out = np.take_along_axis(h, first[:, None, None], axis=-1)[..., 0]  # (B, H)
-    return squeeze(np.where(has[:, None], out, np.nan), unbatched)
+    return np.where(has[:, None], out, np.nan)
 
 
 def uniform_entropy(info: TokenInfo) -> np.ndarray:
@@ -156,7 +162,11 @@ def entropy_ratio(attn, info: TokenInfo | None = None, *, smoothing: float = CLA
     """
     a, info, unbatched = as_attention(attn, info)
     h = mean_over_rows(_row_entropy(a, info, _smoothing(smoothing)), info.valid)  # (B, H)
+    return squeeze(over_uniform(h, info), unbatched)
+
+
+def over_uniform(h: np.ndarray, info: TokenInfo) -> np.ndarray:
+    """Head entropies ``h`` ``(B, H)`` divided by each sentence's ``ln n`` (NaN for n ≤ 1): ``(B, H)``."""
     ln_n = uniform_entropy(info)[:, None]  # (B, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(ln_n > 0, h / np.where(ln_n > 0, ln_n, 1.0), np.nan)
-    return squeeze(ratio, unbatched)
+        return np.where(ln_n > 0, h / np.where(ln_n > 0, ln_n, 1.0), np.nan)

@@ -527,8 +527,6 @@ class RowReader(BlockPass):
         heads: bool = True,
         detectors: bool = True,
     ):
-        if block_size is not None:
-            checks.positive_int("block_size", block_size)
         if rows_only and (keep is None or pool is not None):
             raise ValueError("rows_only: expected keep=(A, B) and no pool= (the pass reads the kept rows alone)")
         layout = Layout(ids, info)

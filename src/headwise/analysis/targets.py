@@ -35,6 +35,7 @@ from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows, sq
 __all__ = [
     "mass_on",
     "mass_at",
+    "offset_keys",
     "attention_to_mask",
     "attention_to_offset",
     "attention_to_cls",
@@ -82,16 +83,29 @@ def _to_mask(a: np.ndarray, info: TokenInfo, targets: np.ndarray) -> np.ndarray:
     return mean_over_rows(per_row, info.valid)
 
 
+def offset_keys(valid, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """The key ``i + offset`` of each query i (the pattern :func:`attention_to_offset` scores, for :func:`mass_at`).
+
+    Args:
+        valid: ``(B, L)`` bool, real tokens.
+    Returns:
+        ``(key (B, L) int64, −1 where i + offset is not a real token; has_target (B, L) bool)``.
+    """
+    valid = np.asarray(valid, dtype=bool)
+    batch, length = valid.shape
+    key = np.full((batch, length), -1, dtype=np.int64)
+    has_target = np.zeros_like(valid)  # (B, L): query i has a real token at i + offset
+    if abs(offset) < length:
+        rows = np.arange(max(0, -offset), min(length, length - offset))
+        has_target[:, rows] = valid[:, rows + offset]
+        key[:, rows] = np.where(has_target[:, rows], rows + offset, -1)
+    return key, has_target
+
+
 def _to_offset(a: np.ndarray, info: TokenInfo, offset: int) -> np.ndarray:
     import torch
 
-    batch, length = info.valid.shape
-    key = np.full((batch, length), -1)  # (B, L): the key i + offset of query i, −1 where it is not a real token
-    has_target = np.zeros_like(info.valid)  # (B, L): query i has a real token at i + offset
-    if abs(offset) < length:
-        rows = np.arange(max(0, -offset), min(length, length - offset))
-        has_target[:, rows] = info.valid[:, rows + offset]
-        key[:, rows] = np.where(has_target[:, rows], rows + offset, -1)
+    key, has_target = offset_keys(info.valid, offset)
     per_row = mass_at(RowBlock.full(a, info), torch.as_tensor(key)).numpy()  # (B, H, L)
     return mean_over_rows(per_row, info.valid & has_target)
 
