@@ -131,3 +131,14 @@ def test_the_patterns_of_one_key_and_of_token_ids_equal_their_definitions():
     t, v = torch.as_tensor(ids), torch.as_tensor(valid)
     np.testing.assert_array_equal(duplicate_rows(t, v, 2, 6, 6).numpy(), dup[:, 2:6, :6])
     np.testing.assert_array_equal(induction_rows(t, v, 2, 6, 6).numpy(), ind[:, 2:6, :6])
+
+
+def test_the_keys_of_an_offset_are_real_tokens_only():
+    from headwise.analysis.targets import offset_keys
+
+    valid = np.array([[True, True, False, True, True]])
+    key, has = offset_keys(valid, -1)
+    np.testing.assert_array_equal(key, [[-1, 0, 1, -1, 3]])  # query 2 (padding) is left out by its row mask
+    np.testing.assert_array_equal(has, [[False, True, True, False, True]])
+    key, has = offset_keys(valid, 7)
+    assert np.all(key == -1) and not has.any()
