@@ -240,3 +240,34 @@ def test_a_pass_of_the_kept_rows_alone_equals_the_full_map(hkv, window, padding)
         read_rows(layers, torch.as_tensor(ids), None, info, rows_only=True)  # nothing to keep
     with pytest.raises(ValueError, match="rows_only"):
         read_rows(layers, torch.as_tensor(ids), None, info, keep=slots, rows_only=True, pool=4)
+
+
+def test_each_reader_alone_gives_what_it_gives_in_a_combined_pass():
+    """The pass keeps only the sums of the accumulators it is handed: the detectors alone (the probe's pass) are
+    the detectors of a pass with both; a reader asked for sums it was made without says so."""
+    from headwise.analysis.streaming import BlockPass, DetectorSums, KeptRows, Layout
+
+    c = dict(B=2, L=17, hkv=2, h=4, layers=2, causal=True, window=None, softcap=None, sinks=False, rope=True)
+    c.update(padding="right", mask=False, block=5, vocab=5, specials=False, seed=7)
+    layers, ids, info = _build(c)
+    NL, H = layers.num_layers, layers.num_heads
+    both, alone = DetectorStats(NL, H), DetectorStats(NL, H)
+    read_rows(layers, torch.as_tensor(ids), None, info, head_stats=HeadStats(NL, H, max_length=17), detector_stats=both)
+    reader = read_rows(layers, torch.as_tensor(ids), None, info, detector_stats=alone, block_size=3)
+    assert reader.head_sums is None and reader.detector_sums is not None
+    for name, v in both.result().items():
+        np.testing.assert_allclose(alone.result()[name], v, atol=1e-12, rtol=0, err_msg=name, equal_nan=True)
+    with pytest.raises(ValueError, match="head_stats"):
+        reader.add_to(head_stats=HeadStats(NL, H, max_length=17))
+    # the same readers on a BlockPass of one's own: detectors and kept rows, one pass
+    layout = Layout(ids, info)
+    detectors, kept = DetectorSums(layout, NL, H), KeptRows(NL, H, (2, 9))
+    own = BlockPass(layout, NL, H, [detectors, kept], block_size=4)
+    layers.read_rows(None, None, own.readers())
+    mine = DetectorStats(NL, H)
+    detectors.add_to(mine)
+    for name, v in both.result().items():
+        np.testing.assert_allclose(mine.result()[name], v, atol=1e-12, rtol=0, err_msg=name, equal_nan=True)
+    np.testing.assert_allclose(kept.kept.numpy(), read_rows(layers, torch.as_tensor(ids), None, info, keep=(2, 9)).kept)
+    with pytest.raises(RuntimeError, match="never read"):
+        BlockPass(layout, NL, H, [DetectorSums(layout, NL, H)]).check_read()

@@ -9,6 +9,9 @@ Every metric takes attention weights ``(B, H, L, L)`` (or one sentence's ``(H, L
 positions are excluded from every metric. One concept per module:
 
 - :mod:`~headwise.analysis.tokens` — :class:`TokenInfo`, :func:`token_info`.
+- :mod:`~headwise.analysis.block` — :class:`RowBlock`: a block of attention rows and their positions, the one
+  input of every metric's reducer (each metric's per-row maths, written once in its module and called by the
+  full maps and by the streaming pass, :mod:`~headwise.analysis.streaming`).
 - :mod:`~headwise.analysis.targets` — attention to [CLS], [SEP], punctuation, self, previous, next.
 - :mod:`~headwise.analysis.entropy` — row entropy with Clark et al.'s smoothing, [CLS]-row entropy, ln n.
 - :mod:`~headwise.analysis.distance` — mean attention distance |i − j|.
@@ -30,6 +33,7 @@ The package draws nothing on the terminal: :func:`analyze_texts` reports progres
 The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).
 """
 
+from headwise.analysis.block import RowBlock
 from headwise.analysis.confidence import (
     VOITA_POSITIONAL_THRESHOLD,
     argmax_offsets,
@@ -84,6 +88,7 @@ __all__ = [
     "token_info",
     "as_token_info",
     "CLARK_PUNCTUATION",
+    "RowBlock",
     "attention_to_mask",
     "attention_to_offset",
     "attention_to_cls",

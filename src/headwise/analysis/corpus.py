@@ -21,14 +21,20 @@ from typing import ClassVar
 import numpy as np
 
 from headwise import checks
-from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD, offset_histogram, positional_from_histogram
-from headwise.analysis.distance import mean_attention_distance
+from headwise.analysis.block import RowBlock
+from headwise.analysis.confidence import (
+    VOITA_POSITIONAL_THRESHOLD,
+    count_offsets,
+    positional_from_histogram,
+    row_max_offsets,
+)
+from headwise.analysis.distance import distance_rows
 from headwise.analysis.divergence import CLARK_JS_SMOOTHING, sentence_js_sums
-from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, cls_entropy, entropy_ratio, row_entropy
+from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, at_cls, entropy_rows, over_uniform
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import RoleThresholds, head_roles
-from headwise.analysis.targets import attention_to_mask, attention_to_offset
-from headwise.analysis.tokens import TokenInfo, as_token_info, mean_over_rows
+from headwise.analysis.targets import mass_at, mass_on, offset_keys
+from headwise.analysis.tokens import TokenInfo, as_attention, as_token_info, mean_over_rows
 
 __all__ = ["METRICS", "HeadReport", "HeadStats", "analyze_texts", "CorpusFile"]
 
@@ -250,20 +256,24 @@ class HeadStats:
             self._add_sentence(p[None].astype(np.float64), sent)
 
     def _add_sentence(self, p: np.ndarray, info: TokenInfo) -> None:
-        # p: (1, N, n, n), every position real. The public metric functions validate and renormalise.
-        eps = self.entropy_smoothing
-        values = {
-            "cls": attention_to_mask(p, info.cls, info),
-            "sep": attention_to_mask(p, info.sep, info),
-            "punct": attention_to_mask(p, info.punct, info),
-            "self": attention_to_offset(p, 0, info),
-            "prev": attention_to_offset(p, -1, info),
-            "next": attention_to_offset(p, 1, info),
-            "entropy": mean_over_rows(row_entropy(p, info, smoothing=eps), info.valid),
-            "entropy_cls": cls_entropy(p, info, smoothing=eps),
-            "entropy_ratio": entropy_ratio(p, info, smoothing=eps),
-            "distance": mean_attention_distance(p, info),
-        }
+        # p: (1, N, n, n), every position real: one block of the whole map, every metric's reducer on it (the
+        # public metric functions' maths, checked and renormalised once)
+        import torch
+
+        a, info, _ = as_attention(p, info)
+        block = RowBlock.full(a, info)
+        valid = info.valid  # (1, n)
+        marks = torch.as_tensor(np.stack([info.cls, info.sep, info.punct], -1).astype(np.float64))  # (1, n, 3)
+        on = mass_on(block, marks).numpy()  # (1, N, n, 3)
+        values = {name: mean_over_rows(on[..., k], valid) for k, name in enumerate(("cls", "sep", "punct"))}
+        for name, offset in (("self", 0), ("prev", -1), ("next", 1)):
+            key, has_target = offset_keys(valid, offset)
+            values[name] = mean_over_rows(mass_at(block, torch.as_tensor(key)).numpy(), valid & has_target)
+        h = entropy_rows(block, checks.number_in("smoothing", self.entropy_smoothing, 0, 1)).numpy()  # (1, N, n)
+        values["entropy"] = mean_over_rows(h, valid)
+        values["entropy_cls"] = at_cls(h, info)
+        values["entropy_ratio"] = over_uniform(values["entropy"], info)
+        values["distance"] = mean_over_rows(distance_rows(block).numpy(), valid)
         n = p.shape[-1]
         rows = info.valid[0] & ~info.special[0]  # (n,) Voita's query tokens
         js = None
@@ -274,9 +284,17 @@ class HeadStats:
             {name: v[0] for name, v in values.items()},
             length=n,
             confidence=(p[0].max(axis=-1)[:, rows].sum(axis=-1), int(rows.sum())),
-            histogram=offset_histogram(p, info, self.max_length),
+            histogram=self._histogram(block, rows),
             js=js,
         )
+
+    def _histogram(self, block: RowBlock, rows: np.ndarray) -> np.ndarray:
+        """``(N, 2·max_length − 1)`` argmax-offset counts of one sentence's block over its query rows ``(n,)``."""
+        import torch
+
+        hist = torch.zeros(block.w.shape[1], 2 * self.max_length - 1, dtype=torch.int64)
+        count_offsets(hist, row_max_offsets(block)[1], torch.as_tensor(rows[None]), self.max_length)
+        return hist.numpy()
 
     def add_sentence_sums(
         self,

@@ -20,12 +20,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from headwise.analysis.block import RowBlock
 from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD
 from headwise.analysis.corpus import METRICS, HeadReport, HeadStats
 from headwise.analysis.detectors import DETECTORS, Probe, detector_scores
-from headwise.analysis.entropy import row_entropy
+from headwise.analysis.entropy import causal_entropy_ratio_rows
 from headwise.analysis.roles import RoleThresholds, decoder_roles
-from headwise.analysis.tokens import TokenInfo, mean_over_rows
+from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows
 
 __all__ = ["DECODER_METRICS", "DecoderReport", "DecoderStats", "DetectorStats", "causal_entropy_ratio"]
 
@@ -58,14 +59,12 @@ def causal_entropy_ratio(attn, info: TokenInfo | None = None) -> np.ndarray:
     Returns:
         ``(B, H)``; NaN for a sentence of one token.
     """
-    a = np.asarray(attn)
-    info = info or TokenInfo.plain(a.shape[0], a.shape[-1])
-    h = row_entropy(a, info, smoothing=0.0)  # (B, H, L)
-    seen = np.cumsum(np.asarray(info.valid, dtype=np.int64), axis=-1)  # (B, L) real keys j ≤ i
-    rows = np.asarray(info.valid, dtype=bool) & (seen >= 2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(rows[:, None, :], h / np.log(np.maximum(seen, 2))[:, None, :], 0.0)
-    return mean_over_rows(ratio, rows)
+    import torch
+
+    a, info, _ = as_attention(attn, info)
+    seen = torch.as_tensor(np.cumsum(np.asarray(info.valid, dtype=np.int64), axis=-1))  # (B, L) real keys j ≤ i
+    ratio, rows = causal_entropy_ratio_rows(RowBlock.full(a, info), seen)  # (B, H, L), (B, L)
+    return mean_over_rows(ratio.numpy(), rows.numpy())
 
 
 class DetectorStats:

@@ -29,8 +29,14 @@ same name in encoder and decoder reports). Duplicate and induction patterns are 
 so they are also measured on a **probe** (:func:`repeated_random_tokens`): a segment of random tokens
 repeated, where every query of a later copy has exactly one duplicate and one induction target.
 
-Everything is NumPy; padded positions (``valid`` False) are excluded as queries and as keys, and each
-real row is renormalised over the real keys (:func:`headwise.analysis.tokens.as_attention`).
+Padded positions (``valid`` False) are excluded as queries and as keys, and each real row is renormalised
+over the real keys (:func:`headwise.analysis.tokens.as_attention`).
+
+Each pattern and the share on it are written once, for a block of query rows, and called by the full maps
+here and by the streaming pass (:mod:`headwise.analysis.streaming`) alike: the patterns of one key per query
+(:func:`previous_keys`, :func:`first_keys`, scored by :func:`headwise.analysis.targets.mass_at`), the patterns
+of token ids (:func:`duplicate_rows`, :func:`induction_rows`), and the reducer :func:`pattern_mass` of a
+:class:`~headwise.analysis.block.RowBlock`.
 """
 
 from __future__ import annotations
@@ -40,11 +46,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from headwise.analysis.tokens import TokenInfo, as_attention, squeeze
+from headwise.analysis.block import RowBlock
+from headwise.analysis.targets import mass_at
+from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows, squeeze
 from headwise.checks import non_negative_int, positive_int
 
 __all__ = [
     "DETECTORS",
+    "previous_keys",
+    "first_keys",
+    "duplicate_rows",
+    "induction_rows",
+    "pattern_mass",
     "previous_token_pattern",
     "first_token_pattern",
     "duplicate_token_pattern",
@@ -81,55 +94,116 @@ def _ids_valid(ids, valid) -> tuple[np.ndarray, np.ndarray, bool]:
     return t, v, unbatched
 
 
+def previous_keys(valid) -> np.ndarray:
+    """``(B, L)`` int64: the previous-token pattern's key of each query, i − 1 (both real), or −1 (none)."""
+    v = np.asarray(valid, dtype=bool)
+    key = np.full(v.shape, -1, dtype=np.int64)
+    key[..., 1:] = np.where(v[..., 1:] & v[..., :-1], np.arange(v.shape[-1] - 1), -1)
+    return key
+
+
+def first_keys(valid) -> np.ndarray:
+    """``(B, L)`` int64: the first-token pattern's key of each query, the first real token f for the real queries
+    after it, or −1 (none)."""
+    v = np.asarray(valid, dtype=bool)
+    first = np.argmax(v, axis=-1)[..., None]  # (B, 1) first real position (0 for an all-padding row)
+    rows = v & (np.arange(v.shape[-1]) > first) & v.any(axis=-1, keepdims=True)  # (B, L) queries after f
+    return np.where(rows, first, -1)
+
+
+def _key_pattern(key: np.ndarray) -> np.ndarray:
+    """``(…, L, L)`` bool of a pattern of one key per query (``key`` ``(…, L)``, −1: none)."""
+    return key[..., :, None] == np.arange(key.shape[-1])
+
+
 def previous_token_pattern(valid) -> np.ndarray:
     """``(B, L, L)`` bool: query i → key i − 1 (both real). ``valid`` ``(B, L)`` bool."""
-    v = np.asarray(valid, dtype=bool)
-    length = v.shape[-1]
-    p = np.zeros(v.shape[:-1] + (length, length), dtype=bool)
-    i = np.arange(1, length)
-    p[..., i, i - 1] = v[..., i] & v[..., i - 1]
-    return p
+    return _key_pattern(previous_keys(valid))
 
 
 def first_token_pattern(valid) -> np.ndarray:
     """``(B, L, L)`` bool: every real query after the first real token f → key f."""
-    v = np.asarray(valid, dtype=bool)
-    length = v.shape[-1]
-    first = np.argmax(v, axis=-1)  # (B,) first real position (0 for an all-padding row)
-    has = v.any(axis=-1)
-    pos = np.arange(length)
-    rows = v & (pos[None, :] > first[:, None]) & has[:, None]  # (B, L) queries after f
-    cols = (pos[None, :] == first[:, None]) & has[:, None]  # (B, L) key f
-    return rows[:, :, None] & cols[:, None, :]
+    return _key_pattern(first_keys(valid))
+
+
+def duplicate_rows(ids, valid, start: int, stop: int, keys: int):
+    """The duplicate-token pattern of queries ``start … stop − 1`` over keys ``0 … keys − 1``: ``(B, R, S')`` bool,
+    query i → every earlier real key j < i with the same token id.
+
+    Args:
+        ids: ``(B, L)`` int64 tensor; valid: ``(B, L)`` bool tensor (real tokens).
+    """
+    import torch
+
+    i = torch.arange(start, stop)[:, None]  # (R, 1)
+    j = torch.arange(keys)[None, :]  # (1, S')
+    same = ids[:, start:stop, None] == ids[:, None, :keys]  # (B, R, S')
+    return same & (j < i) & valid[:, start:stop, None] & valid[:, None, :keys]
+
+
+def induction_rows(ids, valid, start: int, stop: int, keys: int):
+    """The induction pattern of queries ``start … stop − 1`` over keys ``0 … keys − 1``: ``(B, R, S')`` bool, query
+    i → key j ≤ i when token j − 1 is an earlier copy of token i (both real; TransformerLens's
+    ``get_induction_head_detection_pattern``: the duplicate-token pattern shifted one key to the right).
+
+    Args:
+        ids: ``(B, L)`` int64 tensor; valid: ``(B, L)`` bool tensor (real tokens).
+    """
+    import torch
+
+    ids_prev = torch.full_like(ids, -1)  # (B, L): the id before each key (−1: none, or padding)
+    ids_prev[:, 1:] = torch.where(valid[:, 1:] & valid[:, :-1], ids[:, :-1], -1)
+    i = torch.arange(start, stop)[:, None]  # (R, 1)
+    j = torch.arange(keys)[None, :]  # (1, S')
+    same = ids[:, start:stop, None] == ids_prev[:, None, :keys]  # (B, R, S')
+    return same & (j <= i) & valid[:, start:stop, None] & valid[:, None, :keys]
+
+
+def _full_pattern(rows_of, ids, valid) -> np.ndarray:
+    import torch
+
+    t, v, unbatched = _ids_valid(ids, valid)
+    length = t.shape[-1]
+    p = rows_of(torch.as_tensor(t, dtype=torch.int64), torch.as_tensor(v), 0, length, length).numpy()  # (B, L, L)
+    return p[0] if unbatched else p
 
 
 def duplicate_token_pattern(ids, valid=None) -> np.ndarray:
-    """``(B, L, L)`` bool: query i → every earlier real key j < i with the same token id.
+    """``(B, L, L)`` bool: query i → every earlier real key j < i with the same token id (:func:`duplicate_rows`).
 
     Args:
         ids: ``(B, L)`` (or ``(L,)``) integer token ids.
         valid: ``(B, L)`` bool, real tokens (default: all).
     """
-    t, v, unbatched = _ids_valid(ids, valid)
-    length = t.shape[-1]
-    earlier = np.tri(length, k=-1, dtype=bool)  # (L, L): j < i
-    same = t[:, :, None] == t[:, None, :]  # (B, L, L)
-    p = same & earlier & v[:, :, None] & v[:, None, :]
-    return p[0] if unbatched else p
+    return _full_pattern(duplicate_rows, ids, valid)
 
 
 def induction_pattern(ids, valid=None) -> np.ndarray:
-    """``(B, L, L)`` bool: query i → key j when token j − 1 is an earlier copy of token i (j − 1 < i).
+    """``(B, L, L)`` bool: query i → key j when token j − 1 is an earlier copy of token i (j − 1 < i)
+    (:func:`induction_rows`).
 
     The duplicate-token pattern shifted one key to the right (TransformerLens's
     ``get_induction_head_detection_pattern``); keys j ≤ i, all real.
     """
-    t, v, unbatched = _ids_valid(ids, valid)
-    dup = duplicate_token_pattern(t, v)  # (B, L, L): key j − 1 is an earlier copy of query i
-    p = np.zeros_like(dup)
-    p[:, :, 1:] = dup[:, :, :-1]  # key j = (j − 1) + 1
-    p &= v[:, None, :]
-    return p[0] if unbatched else p
+    return _full_pattern(induction_rows, ids, valid)
+
+
+def pattern_mass(block: RowBlock, entries):
+    """Each renormalised row's weight on its pattern, ``Σ_{j ∈ P_i} a_ij``: the reducer of :func:`pattern_score`.
+
+    Args:
+        block: the rows.
+        entries: ``(K, 3)`` int64, the pattern's entries ``(b, r, j)`` (``nonzero()`` of a ``(B, R, S')`` pattern).
+    Returns:
+        ``(B, H, R)``; 0 at padded rows and rows without an entry.
+    """
+    import torch
+
+    w = block.w
+    B, H, R, _ = w.shape
+    mass = torch.zeros(B, R, H, dtype=w.dtype)  # (B, R, H): the entries' weights, every head at once
+    mass.index_put_((entries[:, 0], entries[:, 1]), w[entries[:, 0], :, entries[:, 1], entries[:, 2]], accumulate=True)
+    return mass.transpose(1, 2) * block.scale
 
 
 def pattern_score(attn, pattern, info: TokenInfo | None = None) -> np.ndarray:
@@ -151,14 +225,11 @@ def pattern_score(attn, pattern, info: TokenInfo | None = None) -> np.ndarray:
         p = p[None]  # (1, L, L)
     if p.shape != (a.shape[0],) + a.shape[2:]:
         raise ValueError(f"pattern: expected shape {(a.shape[0],) + a.shape[2:]} to fit attn, got {p.shape}")
+    import torch
+
     p = p & info.valid[:, :, None] & info.valid[:, None, :]
-    rows = p.any(axis=-1)  # (B, L) queries with a target
-    mass = (a * p[:, None]).sum(axis=-1)  # (B, H, L)
-    count = rows.sum(axis=-1)[:, None]  # (B, 1)
-    total = np.where(rows[:, None, :], mass, 0.0).sum(axis=-1)  # (B, H)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-    return squeeze(out, unbatched)
+    mass = pattern_mass(RowBlock.full(a, info), torch.as_tensor(p).nonzero()).numpy()  # (B, H, L)
+    return squeeze(mean_over_rows(mass, p.any(axis=-1)), unbatched)  # over the queries with a target
 
 
 def detector_scores(attn, ids, info: TokenInfo | None = None) -> dict[str, np.ndarray]:
@@ -169,15 +240,18 @@ def detector_scores(attn, ids, info: TokenInfo | None = None) -> dict[str, np.nd
         ids: ``(B, L)`` (or ``(L,)``) token ids of the same positions.
         info: token info (None: every position real).
     """
+    import torch
+
     a, info, unbatched = as_attention(attn, info)
     t, _, _ = _ids_valid(ids, info.valid)
-    patterns = {
-        "prev": previous_token_pattern(info.valid),
-        "first": first_token_pattern(info.valid),
-        "duplicate": duplicate_token_pattern(t, info.valid),
-        "induction": induction_pattern(t, info.valid),
-    }
-    return {name: squeeze(pattern_score(a, p, info), unbatched) for name, p in patterns.items()}
+    block = RowBlock.full(a, info)
+    scores = {}
+    for name, key in (("prev", previous_keys(info.valid)), ("first", first_keys(info.valid))):
+        scores[name] = mean_over_rows(mass_at(block, torch.as_tensor(key)).numpy(), key >= 0)
+    for name, pattern in (("duplicate", duplicate_token_pattern), ("induction", induction_pattern)):
+        p = pattern(t, info.valid)  # (B, L, L)
+        scores[name] = mean_over_rows(pattern_mass(block, torch.as_tensor(p).nonzero()).numpy(), p.any(axis=-1))
+    return {name: squeeze(v, unbatched) for name, v in scores.items()}
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,16 @@ so the *divergence* between two heads is the mean per-token JS (it does not grow
 The *Jensen–Shannon distance* is its square root: a true metric (Endres & Schindelin 2003; it is
 ``scipy.spatial.distance.jensenshannon`` for one pair of rows), which :func:`classical_mds` maps to
 the plane. Identical heads have divergence and distance exactly 0.
+
+:func:`sentence_js_sums` (NumPy, float64) serves the full maps; :func:`js_sums_torch` is the same sums in torch for
+the streaming pass's sampled rows (float32 rows, each pair once, only the keys some head weighs; written as
+``H(m) = −½ Σ 2m ln 2m + ln 2 · Σ m``, which identical heads meet only to round-off, where the NumPy form gives
+exactly 0).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -25,6 +32,7 @@ from headwise.analysis.tokens import TokenInfo, as_attention
 __all__ = [
     "CLARK_JS_SMOOTHING",
     "sentence_js_sums",
+    "js_sums_torch",
     "js_divergence_sums",
     "js_divergence_between_heads",
     "js_distance_between_heads",
@@ -101,3 +109,42 @@ def js_distance_between_heads(
 ) -> np.ndarray:
     """Jensen–Shannon distance ``sqrt(mean per-token JS divergence)`` between every pair of heads: ``(N, N)``."""
     return np.sqrt(js_divergence_between_heads(attn, info, smoothing=smoothing))
+
+
+def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING, *, budget: int = 1 << 22):
+    """:func:`headwise.analysis.divergence.sentence_js_sums` in torch: ``p`` ``(N, J, n)`` rows (a float32
+    tensor), returns ``(N, N)`` float64 NumPy sums (symmetric, zero diagonal).
+
+    Each pair once, and per row only the keys some head weighs (a causal row's first ``i + 1``): beyond them
+    both smoothed rows hold ε/n and their divergence term is exactly 0. Per-key terms are summed in float32 (torch's
+    cascade sum), the sums over rows in float64. ``budget``: elements of one chunk of pairs (at least N · n are
+    used).
+    """
+    import torch
+
+    heads, rows, n = p.shape
+    sums = torch.zeros(heads, heads, dtype=torch.float64)
+    # two reused buffers of one chunk of pairs: `budget` elements (16 MB), or one head's pairs when that is more
+    size = max(budget, heads * n)
+    buf_s, buf_l = torch.empty(size), torch.empty(size)
+    half_ln2 = 0.5 * math.log(2.0)
+    for r in range(rows):
+        row = p[:, r]  # (N, n)
+        used = torch.nonzero(row.gt(0).any(0))
+        k = int(used.max()) + 1 if used.numel() else 1
+        q = (1.0 - smoothing) * row[:, :k].float() + smoothing / n  # (N, k), > 0
+        qlq = (q * q.log()).sum(-1)  # (N,): −H(q)
+        tot = q.sum(-1)  # (N,)
+        chunk = max(1, budget // max(1, heads * k))
+        for s0 in range(0, heads, chunk):
+            s1 = min(heads, s0 + chunk)
+            shape = (s1 - s0, heads - s0, k)
+            size = shape[0] * shape[1] * shape[2]
+            a_b = torch.add(q[s0:s1, None], q[None, s0:], out=buf_s[:size].view(shape))  # 2m, (c, N − s0, k)
+            x = torch.log(a_b, out=buf_l[:size].view(shape)).mul_(a_b).sum(-1)  # Σ 2m ln 2m, (c, N − s0)
+            # JS = H(m) − (H(a) + H(b)) / 2, H(m) = −Σ m ln m = −x / 2 + ln 2 · Σ (a + b) / 2
+            js = (tot[s0:s1, None] + tot[None, s0:]) * half_ln2 - 0.5 * x
+            js += 0.5 * (qlq[s0:s1, None] + qlq[None, s0:])
+            sums[s0:s1, s0:] += js.double().clamp_min(0.0)
+    sums = torch.triu(sums, diagonal=1)
+    return (sums + sums.T).numpy()

@@ -6,14 +6,24 @@ N = NL · H, R rows of one block, S' keys a block can see (``stop`` for a causal
 sentence, J sampled rows of the Jensen–Shannon sums.
 
 Every statistic of :class:`~headwise.analysis.HeadStats` and :class:`~headwise.analysis.DetectorStats` is a sum
-over query rows of something computed from one row of one head's attention. A :class:`RowReader` registers one
-reader per layer on the ``hook_qk`` points (:class:`headwise.core.rows.AttentionRows`: post-rotary q and k with
-the model's scale, masks, causality, window, sinks and soft-cap); each reader forms the rows a block at a time
-exactly as the model does (grouped-query heads per query head), renormalises them over the real keys as
-:func:`~headwise.analysis.tokens.as_attention` does, and adds per-sentence, per-head sums. After the pass,
-:meth:`RowReader.add_to` hands each sentence's values to the accumulators, which finish them as they finish
-full maps: the same numbers (tested to 1e-5 against the full-map computation over random layouts, masks,
-windows, sinks, padding and GQA).
+over query rows of something computed from one row of one head's attention, and that per-row maths is written
+once, as the reducers of a :class:`~headwise.analysis.block.RowBlock` in the module of each metric's full-map
+function (:func:`~headwise.analysis.targets.mass_on`, :func:`~headwise.analysis.targets.mass_at`,
+:func:`~headwise.analysis.entropy.entropy_rows`, :func:`~headwise.analysis.distance.distance_rows`,
+:func:`~headwise.analysis.confidence.row_max_offsets`, :func:`~headwise.analysis.detectors.pattern_mass`, …),
+which the full maps call too.
+
+A :class:`BlockPass` registers one hook per layer on the ``hook_qk`` points
+(:class:`headwise.core.rows.AttentionRows`: post-rotary q and k with the model's scale, masks, causality, window,
+sinks and soft-cap); each hook forms the rows a block at a time exactly as the model does (grouped-query heads per
+query head), makes them a :class:`~headwise.analysis.block.RowBlock` (taken over the real keys, renormalised as
+:func:`~headwise.analysis.tokens.as_attention` does) and hands it to the pass's readers, each one concern:
+:class:`HeadSums` (per-sentence sums of the HeadStats metrics), :class:`DetectorSums` (the detectors and the
+causal entropy ratio), :class:`PooledMaps` (the first sequence pooled for the overview) and :class:`KeptRows`
+(full rows of a query range; alone, over that range only, it is the bounded pass of those rows). After the pass,
+the sums go to the accumulators, which finish them as they finish full maps: the same numbers (tested to 1e-5
+against the full-map computation over random layouts, masks, windows, sinks, padding and GQA).
+:class:`RowReader` and :func:`read_rows` put the readers a call asks for into one pass.
 
 What is exact, what is sampled. Every per-head metric (targets, self / previous / next, entropies, distance,
 confidence, the argmax-offset histogram, the detectors, the causal entropy ratio) uses every real query row.
@@ -33,17 +43,36 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from headwise import checks
+from headwise.analysis.block import RowBlock
+from headwise.analysis.confidence import count_offsets, row_max_offsets
 from headwise.analysis.corpus import js_row_budget, js_sample_rows
-from headwise.analysis.divergence import CLARK_JS_SMOOTHING
-from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING
+from headwise.analysis.detectors import duplicate_rows, first_keys, induction_rows, pattern_mass, previous_keys
+from headwise.analysis.distance import distance_rows
+from headwise.analysis.divergence import js_sums_torch
+from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, causal_entropy_ratio_rows, entropy_rows
+from headwise.analysis.targets import mass_at, mass_on
 from headwise.analysis.tokens import TokenInfo
 
-__all__ = ["RowReader", "read_rows", "default_block_size", "js_sums_torch", "BLOCK_ELEMENTS"]
+__all__ = [
+    "Layout",
+    "BlockReader",
+    "BlockPass",
+    "HeadSums",
+    "DetectorSums",
+    "PooledMaps",
+    "KeptRows",
+    "RowReader",
+    "read_rows",
+    "default_block_size",
+    "js_sums_torch",
+    "BLOCK_ELEMENTS",
+]
 
 #: Elements of one block of rows, ``B · H · R · L``, when no block size is given (8 MB of float32: measured on
 #: SmolLM2 at 1,024 tokens, blocks of 128–256 rows read 1.7 × faster than one block of 1,024, whose temporaries
@@ -75,75 +104,408 @@ def default_block_size(batch: int, heads: int, length: int) -> int:
     return max(1, min(length, rows))
 
 
-def js_sums_torch(p, smoothing: float = CLARK_JS_SMOOTHING, *, budget: int = 1 << 22):
-    """:func:`headwise.analysis.divergence.sentence_js_sums` in torch: ``p`` ``(N, J, n)`` rows (a float32
-    tensor), returns ``(N, N)`` float64 NumPy sums (symmetric, zero diagonal).
+class Layout:
+    """What each position of a batch is, as the tensors every reader of a pass shares (made once per batch).
 
-    Each pair once, and per row only the keys some head weighs (a causal row's first ``i + 1``): beyond them
-    both smoothed rows hold ε/n and their divergence term is exactly 0. Per-key terms are summed in float32 (torch's
-    cascade sum), the sums over rows in float64. ``budget``: elements of one chunk of pairs (at least N · n are
-    used).
+    Attributes:
+        B, L: batch and padded length; info: the batch's :class:`TokenInfo`.
+        valid: ``(B, L)`` bool, real tokens; ids: ``(B, L)`` int64 token ids; n: ``(B,)`` real tokens.
+        cpos: ``(B, L)`` int64 position of each slot among the real tokens (what distances and offsets count).
     """
+
+    def __init__(self, ids, info: TokenInfo):
+        import torch
+
+        valid = np.asarray(info.valid, dtype=bool)
+        self.info = info
+        self.B, self.L = valid.shape
+        self.valid = torch.as_tensor(valid)  # (B, L)
+        self.ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))  # (B, L)
+        self.n = self.valid.sum(1)  # (B,)
+        self.cpos = self.valid.long().cumsum(1) - 1  # (B, L) position among the real tokens
+
+    def block(self, w, start: int, *, causal: bool = False) -> RowBlock:
+        """Rows ``start …`` of one layer, ``w`` ``(B, H, R, S')`` as the model formed them, as a :class:`RowBlock`."""
+        stop, keys = start + w.shape[-2], w.shape[-1]
+        v, c = self.valid, self.cpos
+        rows, qpos = v[:, start:stop], c[:, start:stop]
+        return RowBlock.of(w, start, rows, v[:, :keys], self.n, qpos, c[:, :keys], causal=causal)
+
+
+class BlockReader(Protocol):
+    """A reader of a :class:`BlockPass`: adds one block of one layer's rows to what it keeps."""
+
+    def block(self, layer: int, block: RowBlock) -> None: ...
+
+
+class BlockPass:
+    """Every layer's rows, a block at a time, read at ``hook_qk`` and handed to each of ``parts``.
+
+    Args:
+        layout: the batch's :class:`Layout`; num_layers, num_heads: NL and H (query heads).
+        parts: the :class:`BlockReader` s fed, in order.
+        block_size: query rows per block (default :func:`default_block_size`).
+        span: ``(A, B)``: form rows ``A … B − 1`` alone (None: every row).
+        progress: called after every block with ``(layer, rows done in the layer, L)``.
+    Raises:
+        ValueError: a block size ≤ 0.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        num_layers: int,
+        num_heads: int,
+        parts: Sequence[BlockReader],
+        *,
+        block_size: int | None = None,
+        span: tuple[int, int] | None = None,
+        progress: Callable[[int, int, int], None] | None = None,
+    ):
+        if block_size is not None:
+            checks.positive_int("block_size", block_size)
+        self.layout, self.num_layers, self.num_heads, self.parts = layout, num_layers, num_heads, list(parts)
+        self.B, self.L = layout.B, layout.L
+        self.block_size = block_size or default_block_size(layout.B, num_heads, layout.L)
+        self.span, self.progress = span, progress
+        self.layers_read = [False] * num_layers
+
+    def readers(self) -> list[Callable]:
+        """One hook per layer, for that layer's ``hook_qk`` point (what ``HeadModel.read_rows`` takes)."""
+        return [functools.partial(self.read, layer) for layer in range(self.num_layers)]
+
+    def read(self, layer: int, rows) -> None:
+        """Hand one layer's :class:`~headwise.core.rows.AttentionRows` to the readers, block by block."""
+        import torch
+
+        B, H, L, S = rows.shape
+        if (B, L, S) != (self.B, self.L, self.L) or self.num_heads != H:
+            raise ValueError(
+                f"rows: expected self-attention over (B, H, L) = ({self.B}, {self.num_heads}, {self.L}), "
+                f"got (B, H, L, S) = {(B, H, L, S)}"
+            )
+        first, last = self.span or (0, L)
+        causal = rows.is_causal and rows.key_slots is None
+        with torch.no_grad():
+            for start in range(first, last, self.block_size):
+                stop = min(last, start + self.block_size)
+                w = rows.weights(start, stop)  # (B, H, R, S')
+                if w.dtype not in (torch.float32, torch.float64):
+                    w = w.float()  # bf16 / fp16 rows: the sums in float32
+                block = self.layout.block(w, start, causal=causal)
+                for part in self.parts:
+                    part.block(layer, block)
+                if self.progress is not None:
+                    self.progress(layer, stop, L)
+        self.layers_read[layer] = True
+
+    def check_read(self) -> None:
+        """Raises RuntimeError when a layer was never read (its ``hook_qk`` point is off the forward path)."""
+        if not all(self.layers_read):
+            missing = [k for k, done in enumerate(self.layers_read) if not done]
+            raise RuntimeError(f"rows: layers {missing} were never read; is every hook_qk point on the forward path?")
+
+
+def _sums(num_layers: int, B: int, *rest: int):
     import torch
 
-    heads, rows, n = p.shape
-    sums = torch.zeros(heads, heads, dtype=torch.float64)
-    # two reused buffers of one chunk of pairs: `budget` elements (16 MB), or one head's pairs when that is more
-    size = max(budget, heads * n)
-    buf_s, buf_l = torch.empty(size), torch.empty(size)
-    half_ln2 = 0.5 * math.log(2.0)
-    for r in range(rows):
-        row = p[:, r]  # (N, n)
-        used = torch.nonzero(row.gt(0).any(0))
-        k = int(used.max()) + 1 if used.numel() else 1
-        q = (1.0 - smoothing) * row[:, :k].float() + smoothing / n  # (N, k), > 0
-        qlq = (q * q.log()).sum(-1)  # (N,): −H(q)
-        tot = q.sum(-1)  # (N,)
-        chunk = max(1, budget // max(1, heads * k))
-        for s0 in range(0, heads, chunk):
-            s1 = min(heads, s0 + chunk)
-            shape = (s1 - s0, heads - s0, k)
-            size = shape[0] * shape[1] * shape[2]
-            a_b = torch.add(q[s0:s1, None], q[None, s0:], out=buf_s[:size].view(shape))  # 2m, (c, N − s0, k)
-            x = torch.log(a_b, out=buf_l[:size].view(shape)).mul_(a_b).sum(-1)  # Σ 2m ln 2m, (c, N − s0)
-            # JS = H(m) − (H(a) + H(b)) / 2, H(m) = −Σ m ln m = −x / 2 + ln 2 · Σ (a + b) / 2
-            js = (tot[s0:s1, None] + tot[None, s0:]) * half_ln2 - 0.5 * x
-            js += 0.5 * (qlq[s0:s1, None] + qlq[None, s0:])
-            sums[s0:s1, s0:] += js.double().clamp_min(0.0)
-    sums = torch.triu(sums, diagonal=1)
-    return (sums + sums.T).numpy()
+    return torch.zeros(num_layers, B, *rest, dtype=torch.float64)
 
 
-def _inverse(total):
-    """``1 / total`` where a row has weight, 0 where it has none (a fully blocked or padded row): ``(B, H, R)``."""
-    import torch
+class HeadSums:
+    """Per-sentence, per-head sums of the :class:`~headwise.analysis.HeadStats` metrics, and the sampled rows of its
+    Jensen–Shannon sums.
 
-    return torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+    Args:
+        layout: the batch; num_layers, num_heads: NL and H.
+        js: keep the sampled rows for the Jensen–Shannon sums; js_max_rows: at most that many rows per sentence
+            (:func:`js_row_budget`).
+        entropy_smoothing: Clark et al.'s ε.
+        max_length: bounds of the argmax-offset histogram (the accumulator's ``max_length``).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        num_layers: int,
+        num_heads: int,
+        *,
+        js: bool = True,
+        js_max_rows: int = 128,
+        entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
+        max_length: int | None = None,
+    ):
+        import torch
+
+        info, B, L = layout.info, layout.B, layout.L
+        valid = np.asarray(info.valid, dtype=bool)
+        self.layout, self.num_layers, self.num_heads = layout, num_layers, num_heads
+        self.max_length = max(L, max_length or L)
+        self.eps = float(entropy_smoothing)
+        t = torch.as_tensor
+        special = np.asarray(info.cls, dtype=bool) | np.asarray(info.sep, dtype=bool)
+        self.voita = t(valid & ~special)  # (B, L) Voita's query tokens
+        marks = np.stack([np.asarray(m, dtype=bool) & valid for m in (info.cls, info.sep, info.punct)], -1)
+        self.marks = t(marks.astype(np.float32)) if marks.any() else None  # (B, L, 3)
+        cls = np.asarray(info.cls, dtype=bool) & valid
+        self.cls_pos = np.where(cls.any(1), np.argmax(cls, axis=1), -1)  # (B,) first [CLS] or −1
+        # neighbours among the real tokens (HeadStats: offsets on the real tokens)
+        prev_c, next_c = np.full((B, L), -1), np.full((B, L), -1)
+        for b in range(B):
+            idx = np.flatnonzero(valid[b])
+            prev_c[b, idx[1:]] = idx[:-1]
+            next_c[b, idx[:-1]] = idx[1:]
+        self.key_self = t(np.where(valid, np.arange(L)[None], -1))
+        self.key_prev, self.key_next = t(prev_c), t(next_c)
+        self.sums = {k: _sums(num_layers, B, num_heads) for k in _HEAD_SUMS}  # name → (NL, B, H)
+        self.conf_sum = _sums(num_layers, B, num_heads)
+        self.hist = torch.zeros(num_layers * num_heads, 2 * self.max_length - 1, dtype=torch.int64)
+        self.js_rows = [
+            np.flatnonzero(valid[b])[js_sample_rows(int(n), js_row_budget(int(n), js_max_rows))]
+            for b, n in enumerate(valid.sum(1))
+        ]
+        self.js_buf = (
+            [torch.zeros(num_layers * num_heads, len(r), int(valid[b].sum())) for b, r in enumerate(self.js_rows)]
+            if js
+            else None
+        )
+
+    def block(self, layer: int, block: RowBlock) -> None:
+        import torch
+
+        w, start, stop = block.w, block.start, block.stop
+        B, H, R, Sv = w.shape
+        hs = self.sums
+        if self.marks is not None:
+            t = mass_on(block, self.marks[:, :Sv].to(w.dtype)).sum(2)  # (B, H, 3)
+            for k, name in enumerate(("cls", "sep", "punct")):
+                hs[name][layer] += t[..., k]
+        for name, key in (("self", self.key_self), ("prev", self.key_prev), ("next", self.key_next)):
+            hs[name][layer] += mass_at(block, key[:, start:stop]).sum(-1)
+        h = entropy_rows(block, self.eps)  # (B, H, R)
+        hs["entropy"][layer] += h.sum(-1)
+        for b, pos in enumerate(self.cls_pos):
+            if start <= pos < stop:
+                hs["entropy_cls"][layer, b] += h[b, :, pos - start]
+        hs["distance"][layer] += distance_rows(block).sum(-1)
+        mx, off = row_max_offsets(block)  # Voita: row maxima and argmax offsets over the real tokens
+        vo = self.voita[:, start:stop]  # (B, R)
+        self.conf_sum[layer] += (mx * vo[:, None, :]).sum(-1)  # the row's own maximum, as HeadStats reads it
+        count_offsets(self.hist[layer * H : (layer + 1) * H], off, vo, self.max_length)
+        if self.js_buf is not None:
+            valid = self.layout.valid
+            for b, sampled in enumerate(self.js_rows):
+                inside = np.flatnonzero((sampled >= start) & (sampled < stop))
+                if inside.size:
+                    real = torch.as_tensor(np.flatnonzero(valid[b, :Sv].numpy()))
+                    rows = w[b][:, torch.as_tensor(sampled[inside] - start)][:, :, real]  # (H, J', keys), as read
+                    self.js_buf[b][layer * H : (layer + 1) * H, inside, : real.numel()] = rows.float()
+
+    def sentence_values(self) -> list[dict]:
+        """Per sentence: the HeadStats values, name → ``(N,)`` (NaN where a sentence has no row for a metric)."""
+        n = self.layout.n.numpy().astype(np.int64)
+        counts = dict.fromkeys(("cls", "sep", "punct", "entropy", "self", "distance"), n)
+        counts |= {"prev": (self.key_prev >= 0).sum(1).numpy(), "next": (self.key_next >= 0).sum(1).numpy()}
+        heads = []
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for b in range(self.layout.B):
+                values = {}
+                for name, s in self.sums.items():
+                    v = s[:, b].reshape(-1).numpy()  # (N,)
+                    if name == "entropy_cls":
+                        values[name] = v if self.cls_pos[b] >= 0 else np.full(v.shape, np.nan)
+                    else:
+                        c = counts[name][b]
+                        values[name] = v / c if c > 0 else np.full(v.shape, np.nan)
+                ln_n = math.log(n[b]) if n[b] > 0 else 0.0
+                values["entropy_ratio"] = values["entropy"] / ln_n if ln_n > 0 else np.full(v.shape, np.nan)
+                heads.append(values)
+        return heads
+
+    def add_to(self, head_stats) -> None:
+        """Add every sentence of the batch to a :class:`~headwise.analysis.HeadStats` (sentences without a real token
+        are skipped)."""
+        L, M = self.layout.L, self.max_length
+        if head_stats.max_length < L:
+            raise ValueError(f"max_length: the accumulator's {head_stats.max_length} is shorter than the batch's {L}")
+        heads, n = self.sentence_values(), self.layout.n.numpy()
+        m = head_stats.max_length
+        hist = self.hist.numpy()[:, M - m : M + m - 1]  # (N, 2m − 1): offsets −(m − 1) … m − 1
+        for b in range(self.layout.B):
+            if n[b] == 0:
+                continue
+            js = None
+            if self.js_buf is not None and head_stats.js:
+                js = (js_sums_torch(self.js_buf[b], head_stats.js_smoothing), len(self.js_rows[b]))
+            head_stats.add_sentence_sums(
+                heads[b],
+                length=int(n[b]),
+                confidence=(self.conf_sum[:, b].reshape(-1).numpy(), int(self.voita[b].sum())),
+                histogram=hist,
+                js=js,
+            )
+            hist = np.zeros_like(hist)  # the batch's histogram is added once
 
 
-def _entropy_sum(p, *, positive: bool = False):
-    """``Σ_j −p_j ln p_j`` over the last axis (``0 ln 0 = 0``), as ``torch.special.entr(p).sum(-1)`` but through the
-    vectorised ``log`` (entr is a scalar loop on CPU, ~4 × slower). ``positive``: every p > 0 (no clamp needed)."""
-    import torch
+class DetectorSums:
+    """Per-sentence, per-head sums of the detector scores (:data:`~headwise.analysis.detectors.DETECTORS`, on padded
+    slots as :class:`~headwise.analysis.DetectorStats`) and of the causal entropy ratio.
 
-    t = torch.log(p) if positive else torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))  # p = 0: 0 · ln(tiny) = 0
-    return t.mul_(p).sum(-1).neg_()
+    Args:
+        layout: the batch; num_layers, num_heads: NL and H.
+    """
+
+    def __init__(self, layout: Layout, num_layers: int, num_heads: int):
+        import torch
+
+        valid, B = np.asarray(layout.info.valid, dtype=bool), layout.B
+        self.layout, self.num_layers, self.num_heads = layout, num_layers, num_heads
+        self.keys = {"prev": torch.as_tensor(previous_keys(valid)), "first": torch.as_tensor(first_keys(valid))}
+        self.seen = layout.valid.long().cumsum(1)  # (B, L) real keys at or before each slot
+        self.sums = {k: _sums(num_layers, B, num_heads) for k in _DETECTOR_SUMS}  # name → (NL, B, H)
+        self.counts = {k: _sums(num_layers, B) for k in _DETECTOR_SUMS}  # name → (NL, B)
+        self._patterns: dict[tuple[int, int], tuple] = {}
+        self._pattern_room = PATTERN_ROOM  # int64 elements the kept block patterns may still take
+
+    def block(self, layer: int, block: RowBlock) -> None:
+        start, stop, Sv = block.start, block.stop, block.w.shape[-1]
+        ds, dc = self.sums, self.counts
+        for name, key in self.keys.items():
+            k = key[:, start:stop]  # (B, R)
+            ds[name][layer] += mass_at(block, k).sum(-1)
+            dc[name][layer] += (block.rows & (k >= 0)).sum(1)
+        for name, (entries, has) in zip(("duplicate", "induction"), self._pattern(start, stop, Sv)):
+            ds[name][layer] += (pattern_mass(block, entries) * has[:, None, :]).sum(-1)
+            dc[name][layer] += has.sum(1)
+        ratio, rows = causal_entropy_ratio_rows(block, self.seen[:, start:stop])
+        ds["entropy_ratio_causal"][layer] += ratio.sum(-1)
+        dc["entropy_ratio_causal"][layer] += rows.sum(1)
+
+    def _pattern(self, start: int, stop: int, Sv: int):
+        """The duplicate and induction patterns of rows ``start:stop`` as entries ``(b, r, j)`` and rows that have
+        one ``(B, R)`` — the same for every layer, so kept per block."""
+        got = self._patterns.get((start, stop))
+        if got is not None:
+            return got
+        ids, valid = self.layout.ids, self.layout.valid
+        got = tuple((m.nonzero(), m.any(-1)) for m in (f(ids, valid, start, stop, Sv) for f in _TOKEN_PATTERNS))
+        size = sum(nz.numel() for nz, _ in got)
+        if size <= self._pattern_room:  # every layer walks the same blocks: keep them while they are small
+            self._patterns[(start, stop)] = got
+            self._pattern_room -= size
+        return got
+
+    def sentence_values(self) -> list[dict]:
+        """Per sentence: the detector scores, name → ``(N,)`` (NaN where a sentence has no row with a target)."""
+        dets = []
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for b in range(self.layout.B):
+                scores = {}
+                for name, s in self.sums.items():
+                    c = self.counts[name][:, b].numpy()[:, None]  # (NL, 1)
+                    scores[name] = np.where(c > 0, s[:, b].numpy() / np.maximum(c, 1), np.nan).reshape(-1)
+                dets.append(scores)
+        return dets
+
+    def add_to(self, detector_stats) -> None:
+        """Add every sentence of the batch to a :class:`~headwise.analysis.DetectorStats` (sentences without a real
+        token are skipped)."""
+        dets, n = self.sentence_values(), self.layout.n.numpy()
+        kept = [b for b in range(self.layout.B) if n[b] > 0]
+        if kept:
+            detector_stats.add_scores({k: np.stack([dets[b][k] for b in kept]) for k in dets[0]})
 
 
-class RowReader:
-    """Per-sentence sums of every head's row statistics, read from ``hook_qk`` during one forward pass.
+_TOKEN_PATTERNS = (duplicate_rows, induction_rows)
+
+
+class PooledMaps:
+    """The first sequence's every head pooled to at most ``pool`` × ``pool`` bins (as
+    :func:`headwise.viz.headview.thumbnails` pools a full map): cell (p, q) is the mean over query bin p of the
+    renormalised weight summed over key bin q.
+
+    Args:
+        layout: the batch; num_layers, num_heads: NL and H; pool: bins per side.
+    """
+
+    def __init__(self, layout: Layout, num_layers: int, num_heads: int, pool: int):
+        import torch
+
+        checks.positive_int("pool", pool)
+        valid, L = np.asarray(layout.info.valid, dtype=bool), layout.L
+        n0 = int(valid[0].sum())
+        P = min(n0, pool)
+        self.bounds = np.linspace(0, n0, P + 1).round().astype(np.int64)  # (P + 1,) over the real tokens
+        of = np.searchsorted(self.bounds, np.arange(n0), side="right") - 1  # (n,) bin of each real token
+        bins = np.full(L, -1)
+        bins[np.flatnonzero(valid[0])] = of
+        self.bin_of = torch.as_tensor(bins)  # (L,) −1 for padding
+        onehot = np.zeros((L, P), dtype=np.float32)
+        onehot[np.flatnonzero(valid[0]), of] = 1.0
+        self.onehot = torch.as_tensor(onehot)  # (L, P)
+        self.pooled = torch.zeros(num_layers, num_heads, P, P, dtype=torch.float64)
+
+    def block(self, layer: int, block: RowBlock) -> None:
+        import torch
+
+        w, Sv = block.w, block.w.shape[-1]
+        qb = self.bin_of[block.start : block.stop]  # (R,) −1 for padding
+        ok = qb >= 0
+        if bool(ok.any()):
+            lo, hi = int(qb[ok].min()), int(qb[ok].max())
+            qbins = (qb[None, :] == torch.arange(lo, hi + 1)[:, None]).to(w.dtype)  # (P', R) the block's bins
+            sums = (qbins[None] * block.inv[0][:, None, :]) @ w[0]  # (H, P', S'): each bin's renormalised rows summed
+            self.pooled[layer, :, lo : hi + 1] += (sums @ self.onehot[:Sv].to(w.dtype)).double()  # (H, P', P)
+
+    def maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(NL, H, P, P)`` pooled maps and the bins' token bounds ``(P + 1,)``."""
+        counts = np.diff(self.bounds).astype(np.float64)  # (P,) tokens per query bin
+        return self.pooled.numpy() / counts[None, None, :, None], self.bounds
+
+
+class KeptRows:
+    """The first sequence's rows ``A … B − 1`` over keys ``A … B − 1`` in full (each renormalised over the real keys):
+    ``kept`` ``(NL, H, B − A, B − A)``. Alone in a :class:`BlockPass` over ``span=keep``, the bounded pass of those
+    rows.
+
+    Args:
+        num_layers, num_heads: NL and H; keep: ``(A, B)``.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, keep: tuple[int, int]):
+        import torch
+
+        self.keep = a0, b0 = keep
+        self.kept = torch.zeros(num_layers, num_heads, b0 - a0, b0 - a0)
+
+    def block(self, layer: int, block: RowBlock) -> None:
+        start, Sv = block.start, block.w.shape[-1]
+        a0, b0 = self.keep
+        lo, hi = max(a0, start), min(b0, block.stop)
+        cols = min(b0, Sv) - a0
+        if lo < hi and cols > 0:
+            r0, r1 = lo - start, hi - start
+            rows = block.w[0, :, r0:r1, a0 : a0 + cols] * block.inv[0, :, r0:r1, None]  # (H, R', cols)
+            self.kept[layer, :, lo - a0 : hi - a0, :cols] = rows.float()
+
+
+class RowReader(BlockPass):
+    """One pass with the readers a call asks for: per-sentence sums of every head's statistics
+    (:class:`HeadSums`, :class:`DetectorSums`), the first sequence's pooled maps (:class:`PooledMaps`) and kept rows
+    (:class:`KeptRows`), or the kept rows alone over their span (``rows_only``).
 
     Args:
         num_layers, num_heads: NL and H (query heads).
         ids: ``(B, L)`` token ids; info: the batch's :class:`TokenInfo` (padding, [CLS], [SEP], punctuation).
         block_size: query rows per block (default :func:`default_block_size`).
-        js: keep the sampled rows for the Jensen–Shannon sums; js_max_rows: at most that many rows per sentence
-            (:func:`js_row_budget`).
-        entropy_smoothing: Clark et al.'s ε.
-        max_length: bounds of the argmax-offset histogram (the accumulator's ``max_length``).
+        js, js_max_rows, entropy_smoothing, max_length: see :class:`HeadSums`.
         progress: called after every block with ``(layer, rows done in the layer, L)``.
+        pool: also pool the first sequence (:class:`PooledMaps`); keep: ``(A, B)``, also keep its rows A … B − 1.
+        rows_only: the kept rows alone (no statistics, no pool).
+        heads, detectors: keep the head statistics' sums / the detectors' (both by default; no effect with
+            ``rows_only``).
     Raises:
-        ValueError: a block size ≤ 0.
+        ValueError: a block size ≤ 0; ``rows_only`` without ``keep`` or with ``pool``.
     """
 
     def __init__(
@@ -162,343 +524,70 @@ class RowReader:
         pool: int | None = None,
         keep: tuple[int, int] | None = None,
         rows_only: bool = False,
+        heads: bool = True,
+        detectors: bool = True,
     ):
-        import torch
-
-        valid = np.asarray(info.valid, dtype=bool)
-        B, L = valid.shape
-        if block_size is not None:
-            checks.positive_int("block_size", block_size)
-        self.num_layers, self.num_heads, self.B, self.L = num_layers, num_heads, B, L
-        self.block_size = block_size or default_block_size(B, num_heads, L)
-        self.max_length = max(L, max_length or L)
-        self.eps = float(entropy_smoothing)
-        self.progress = progress
-        t = torch.as_tensor
-        self.valid = t(valid)  # (B, L)
-        self.ids = t(np.asarray(ids, dtype=np.int64))  # (B, L)
-        self.n = self.valid.sum(1)  # (B,)
-        self.cpos = self.valid.long().cumsum(1) - 1  # (B, L) position among the real tokens
-        special = np.asarray(info.cls, dtype=bool) | np.asarray(info.sep, dtype=bool)
-        self.voita = t(valid & ~special)  # (B, L) Voita's query tokens
-        marks = np.stack([np.asarray(m, dtype=bool) & valid for m in (info.cls, info.sep, info.punct)], -1)
-        self.marks = t(marks.astype(np.float32)) if marks.any() else None  # (B, L, 3)
-        cls = np.asarray(info.cls, dtype=bool) & valid
-        cls_pos = np.where(cls.any(1), np.argmax(cls, axis=1), -1)
-        self.cls_pos = cls_pos  # (B,) first [CLS] or −1
-        # neighbours among the real tokens (HeadStats: offsets on the real tokens), and in padded slots (detectors)
-        real = [np.flatnonzero(valid[b]) for b in range(B)]
-        prev_c, next_c = np.full((B, L), -1), np.full((B, L), -1)
-        for b, idx in enumerate(real):
-            prev_c[b, idx[1:]] = idx[:-1]
-            next_c[b, idx[:-1]] = idx[1:]
-        self.key_self = t(np.where(valid, np.arange(L)[None], -1))
-        self.key_prev, self.key_next = t(prev_c), t(next_c)
-        slot_prev = np.full((B, L), -1)
-        slot_prev[:, 1:] = np.where(valid[:, 1:] & valid[:, :-1], np.arange(L - 1)[None], -1)
-        self.slot_prev = t(slot_prev)
-        first = np.where(valid.any(1), np.argmax(valid, axis=1), L)
-        self.first = t(first)  # (B,)
-        self.seen = self.valid.long().cumsum(1)  # (B, L) real keys at or before each slot
-        ids_prev = np.full((B, L), -1, dtype=np.int64)
-        ids_prev[:, 1:] = np.where(valid[:, 1:] & valid[:, :-1], np.asarray(ids)[:, :-1], -1)
-        self.ids_prev = t(ids_prev)  # (B, L): the id before each key (−1: none, or padding)
-        # sums: name → (NL, B, H) float64; counts: name → (B,)
-        z = functools.partial(torch.zeros, dtype=torch.float64)
-        self.head_sums = {k: z(num_layers, B, num_heads) for k in _HEAD_SUMS}
-        self.det_sums = {k: z(num_layers, B, num_heads) for k in _DETECTOR_SUMS}
-        self.det_counts = {k: z(num_layers, B) for k in _DETECTOR_SUMS}
-        self.conf_sum = z(num_layers, B, num_heads)
-        self.hist = torch.zeros(num_layers * num_heads * (2 * self.max_length - 1), dtype=torch.int64)
-        self.js = js
-        self.js_rows = [
-            np.flatnonzero(valid[b])[js_sample_rows(int(n), js_row_budget(int(n), js_max_rows))]
-            for b, n in enumerate(valid.sum(1))
-        ]
-        self.js_buf = (
-            [torch.zeros(num_layers * num_heads, len(r), int(valid[b].sum())) for b, r in enumerate(self.js_rows)]
-            if js
-            else None
-        )
-        self._patterns: dict[tuple[int, int], tuple] = {}
-        self._pattern_room = PATTERN_ROOM  # int64 elements the kept block patterns may still take
-        # the first sequence's picture: every head pooled to P × P bins, and full rows of the kept queries
-        self.pooled = self.bounds = self.kept = None
-        if pool is not None:
-            checks.positive_int("pool", pool)
-            n0 = int(valid[0].sum())
-            P = min(n0, pool)
-            self.bounds = np.linspace(0, n0, P + 1).round().astype(np.int64)  # (P + 1,) over the real tokens
-            of = np.searchsorted(self.bounds, np.arange(n0), side="right") - 1  # (n,) bin of each real token
-            bins = np.full(L, -1)
-            bins[np.flatnonzero(valid[0])] = of
-            self.bin_of = t(bins)  # (L,) −1 for padding
-            onehot = np.zeros((L, P), dtype=np.float32)
-            onehot[np.flatnonzero(valid[0]), of] = 1.0
-            self.onehot = t(onehot)  # (L, P)
-            self.pooled = torch.zeros(num_layers, num_heads, P, P, dtype=torch.float64)
-        if keep is not None:
-            a0, b0 = keep
-            self.keep = (a0, b0)
-            self.kept = torch.zeros(num_layers, num_heads, b0 - a0, b0 - a0)
         if rows_only and (keep is None or pool is not None):
             raise ValueError("rows_only: expected keep=(A, B) and no pool= (the pass reads the kept rows alone)")
-        self.rows_only = rows_only
-        self.layers_read = [False] * num_layers
+        layout = Layout(ids, info)
+        self.head_sums = self.detector_sums = self.picture = None
+        parts: list[BlockReader] = []
+        if heads and not rows_only:
+            self.head_sums = HeadSums(
+                layout, num_layers, num_heads, js=js, js_max_rows=js_max_rows, entropy_smoothing=entropy_smoothing,
+                max_length=max_length,
+            )  # fmt: skip
+            parts.append(self.head_sums)
+        if detectors and not rows_only:
+            self.detector_sums = DetectorSums(layout, num_layers, num_heads)
+            parts.append(self.detector_sums)
+        if pool is not None:
+            self.picture = PooledMaps(layout, num_layers, num_heads, pool)
+            parts.append(self.picture)
+        self.keep, self.kept = keep, None
+        if keep is not None:
+            rows = KeptRows(num_layers, num_heads, keep)
+            self.kept = rows.kept
+            parts.append(rows)
+        super().__init__(
+            layout, num_layers, num_heads, parts, block_size=block_size, span=keep if rows_only else None,
+            progress=progress,
+        )  # fmt: skip
 
-    # -- the readers ---------------------------------------------------------------------------------
-    def readers(self) -> list[Callable]:
-        """One hook per layer, for that layer's ``hook_qk`` point."""
-        return [functools.partial(self.read, layer) for layer in range(self.num_layers)]
-
-    def read(self, layer: int, rows) -> None:
-        """Reduce one layer's :class:`~headwise.core.rows.AttentionRows`, block by block."""
-        import torch
-
-        B, H, L, S = rows.shape
-        if (B, L, S) != (self.B, self.L, self.L) or self.num_heads != H:
-            raise ValueError(
-                f"rows: expected self-attention over (B, H, L) = ({self.B}, {self.num_heads}, {self.L}), "
-                f"got (B, H, L, S) = {(B, H, L, S)}"
-            )
-        first, last = self.keep if self.rows_only else (0, L)
-        with torch.no_grad():
-            for start in range(first, last, self.block_size):
-                stop = min(last, start + self.block_size)
-                w = rows.weights(start, stop)  # (B, H, R, S')
-                if w.dtype not in (torch.float32, torch.float64):
-                    w = w.float()  # bf16 / fp16 rows: the sums in float32
-                if self.rows_only:
-                    self._keep_rows(layer, w, start, stop)
-                else:
-                    self._block(layer, w, start, stop, causal=rows.is_causal and rows.key_slots is None)
-                if self.progress is not None:
-                    self.progress(layer, stop, L)
-        self.layers_read[layer] = True
-
-    def _block(self, layer: int, w, start: int, stop: int, *, causal: bool = False) -> None:
-        """Add rows ``start:stop`` of one layer: ``w`` ``(B, H, R, S')`` as the model formed them. Each row is
-        taken over the real keys and renormalised (:func:`~headwise.analysis.tokens.as_attention`) through its
-        total ``T``, applied to the per-row results rather than to every weight."""
-        import torch
-
-        B, H, R, Sv = w.shape
-        vq, vk = self.valid[:, start:stop], self.valid[:, :Sv]  # (B, R), (B, S')
-        if not bool(vk.all()):
-            w = w * vk[:, None, None, :]  # padded keys out
-        qpos = self.cpos[:, start:stop]  # (B, R)
-        kpos = self.cpos[:, :Sv].to(w.dtype)  # (B, S')
-        # one pass over the rows for their totals and Σ_j a_ij c_j
-        tk = w @ torch.stack([torch.ones_like(kpos), kpos], -1)[:, None]  # (B, H, R, 2)
-        total, wk = tk[..., 0], tk[..., 1]  # (B, H, R)
-        inv = _inverse(total)  # (B, H, R)
-        rowmask = vq[:, None, :].to(w.dtype)  # (B, 1, R)
-        scale = inv * rowmask  # (B, H, R): renormalisation, padded rows out
-        hs = self.head_sums
-        if self.marks is not None:
-            t = (w @ self.marks[:, None, :Sv].to(w.dtype)) * scale[..., None]  # (B, H, R, 3)
-            t = t.sum(2)  # (B, H, 3)
-            for k, name in enumerate(("cls", "sep", "punct")):
-                hs[name][layer] += t[..., k]
-        for name, key in (("self", self.key_self), ("prev", self.key_prev), ("next", self.key_next)):
-            hs[name][layer] += self._at(w, key[:, start:stop], vq, inv)
-        # entropy with Clark et al.'s smoothing over the n real keys: padded keys inside the block and real keys
-        # beyond it (a causal block's future) hold exactly ε/n, added in closed form
-        c = (self.eps / self.n.clamp_min(1)).to(w.dtype)  # (B,)
-        p = torch.addcmul(c[:, None, None, None], w, ((1.0 - self.eps) * inv)[..., None])  # (B, H, R, S')
-        h = _entropy_sum(p, positive=self.eps > 0)  # (B, H, R); p ≥ ε/n
-        del p
-        const = torch.special.entr(c)  # (B,)
-        correction = (self.n - vk.sum(1)) - (~vk).sum(1)  # real keys beyond S' minus padded keys within
-        h = (h + (correction * const)[:, None, None]) * rowmask
-        hs["entropy"][layer] += h.sum(-1)
-        for b, pos in enumerate(self.cls_pos):
-            if start <= pos < stop:
-                hs["entropy_cls"][layer, b] += h[b, :, pos - start]
-        # Σ_j a_ij |c_i − c_j| = Σ_j a_ij (c_i − c_j) + 2 Σ_{j > i} a_ij (c_j − c_i); the second sum is 0 when causal
-        dist = qpos[:, None, :].to(w.dtype) * total - wk  # (B, H, R)
-        if not causal:
-            ahead = (kpos[:, None, :] - qpos[:, :, None].to(w.dtype)).clamp_min(0)  # (B, R, S')
-            dist = dist + 2.0 * (w * ahead[:, None]).sum(-1)
-        hs["distance"][layer] += (dist * scale).sum(-1)
-        # Voita: row maxima and argmax offsets over the real tokens
-        mx, am = w.max(-1)  # (B, H, R)
-        q3 = qpos[:, None, :]  # (B, 1, R)
-        off = torch.where(mx > 0, self.cpos.gather(1, am.reshape(B, -1)).reshape(B, H, R) - q3, -q3)
-        vo = self.voita[:, start:stop][:, None, :].expand(B, H, R)  # (B, H, R)
-        self.conf_sum[layer] += (mx * vo).sum(-1)  # the row's own maximum, as HeadStats reads it
-        width = 2 * self.max_length - 1
-        head = torch.arange(H)[None, :, None].expand(B, H, R) + layer * H
-        where = (head * width + off + self.max_length - 1)[vo]  # (rows kept,) flat histogram cells
-        self.hist.index_put_((where,), torch.ones_like(where), accumulate=True)  # no histogram-sized temporary
-        # detectors (padded slots, as DetectorStats)
-        ds, dc = self.det_sums, self.det_counts
-        for name, key in (("prev", self.slot_prev[:, start:stop]), ("first", self._first_keys(start, stop))):
-            ok = vq & (key >= 0)
-            ds[name][layer] += self._at(w, key, vq, inv)
-            dc[name][layer] += ok.sum(1)
-        for name, (nz, has) in zip(("duplicate", "induction"), self._pattern(start, stop, Sv)):
-            mass = torch.zeros(B, R, H, dtype=w.dtype)
-            mass.index_put_((nz[:, 0], nz[:, 1]), w[nz[:, 0], :, nz[:, 1], nz[:, 2]], accumulate=True)
-            ds[name][layer] += (mass * inv.transpose(1, 2) * has[..., None]).sum(1)
-            dc[name][layer] += has.sum(1)
-        if self.pooled is not None:  # cell (p, q): mean over query bin p of the weight summed over key bin q
-            qb = self.bin_of[start:stop]  # (R,) −1 for padding
-            ok = qb >= 0
-            if bool(ok.any()):
-                lo, hi = int(qb[ok].min()), int(qb[ok].max())
-                qbins = (qb[None, :] == torch.arange(lo, hi + 1)[:, None]).to(w.dtype)  # (P', R) the block's bins
-                sums = (qbins[None] * inv[0][:, None, :]) @ w[0]  # (H, P', S'): each bin's renormalised rows summed
-                self.pooled[layer, :, lo : hi + 1] += (sums @ self.onehot[:Sv].to(w.dtype)).double()  # (H, P', P)
-        if self.kept is not None:
-            self._keep(layer, w, inv, start, stop)
-        seen = self.seen[:, start:stop]  # (B, R)
-        rows = vq & (seen >= 2)
-        # entropy of a = w / T: Σ entr(w) / T + ln T
-        plain = _entropy_sum(w) * inv + torch.where(total > 0, total, torch.ones_like(total)).log()
-        ratio = plain / torch.log(seen.clamp_min(2)).to(w.dtype)[:, None, :]
-        ds["entropy_ratio_causal"][layer] += (ratio * rows[:, None, :]).sum(-1)
-        dc["entropy_ratio_causal"][layer] += rows.sum(1)
-        if self.js_buf is not None:
-            for b, sampled in enumerate(self.js_rows):
-                inside = np.flatnonzero((sampled >= start) & (sampled < stop))
-                if inside.size:
-                    real = torch.as_tensor(np.flatnonzero(self.valid[b, :Sv].numpy()))
-                    block = w[b][:, torch.as_tensor(sampled[inside] - start)][:, :, real]  # (H, J', keys), as read
-                    self.js_buf[b][layer * H : (layer + 1) * H, inside, : real.numel()] = block.float()
-
-    def _keep(self, layer: int, w, inv, start: int, stop: int) -> None:
-        """Rows ``start:stop`` of the kept queries A … B − 1 over keys A … B − 1, renormalised by ``inv``."""
-        Sv = w.shape[-1]
-        a0, b0 = self.keep
-        lo, hi = max(a0, start), min(b0, stop)
-        if lo < hi:
-            cols = min(b0, Sv) - a0
-            if cols > 0:
-                sub = w[0, :, lo - start : hi - start, a0 : a0 + cols] * inv[0, :, lo - start : hi - start, None]
-                self.kept[layer, :, lo - a0 : hi - a0, :cols] = sub.float()
-
-    def _keep_rows(self, layer: int, w, start: int, stop: int) -> None:
-        """``rows_only``: the kept rows of one block and nothing else (each row renormalised over the real keys)."""
-
-        w = w * self.valid[:, None, None, : w.shape[-1]]  # padded keys out
-        self._keep(layer, w, _inverse(w.sum(-1)), start, stop)
-
-    @staticmethod
-    def _at(w, key, vq, inv):
-        """``Σ_rows a[b, h, r, key[b, r]]`` (a = w / T) over the real rows that have a key (≥ 0): ``(B, H)``."""
-        B, H, R, Sv = w.shape
-        ok = vq & (key >= 0) & (key < Sv)
-        g = w.gather(-1, key.clamp(0, Sv - 1)[:, None, :, None].expand(B, H, R, 1))[..., 0]  # (B, H, R)
-        return (g * inv * ok[:, None, :]).sum(-1)
-
-    def _first_keys(self, start: int, stop: int):
-        import torch
-
-        i = torch.arange(start, stop)[None, :]  # (1, R)
-        return torch.where(i > self.first[:, None], self.first[:, None].expand(-1, stop - start), -1)
-
-    def _pattern(self, start: int, stop: int, Sv: int):
-        """The duplicate and induction patterns of rows ``start:stop`` as nonzero ``(b, r, j)`` and rows that have
-        one ``(B, R)`` — the same for every layer, so kept per block."""
-        got = self._patterns.get((start, stop))
-        if got is not None:
-            return got
-        import torch
-
-        i = torch.arange(start, stop)[:, None]  # (R, 1)
-        j = torch.arange(Sv)[None, :]  # (1, S')
-        vq, vk = self.valid[:, start:stop, None], self.valid[:, None, :Sv]
-        idq = self.ids[:, start:stop, None]  # (B, R, 1)
-        dup = (idq == self.ids[:, None, :Sv]) & (j < i) & vq & vk  # (B, R, S')
-        ind = (idq == self.ids_prev[:, None, :Sv]) & (j <= i) & vq & vk  # key j − 1 an earlier copy of query i
-        got = tuple((m.nonzero(), m.any(-1)) for m in (dup, ind))
-        size = sum(nz.numel() for nz, _ in got)
-        if size <= self._pattern_room:  # every layer walks the same blocks: keep them while they are small
-            self._patterns[(start, stop)] = got
-            self._pattern_room -= size
-        return got
+    @property
+    def pooled(self):
+        """The pooled sums ``(NL, H, P, P)`` (None without ``pool``)."""
+        return None if self.picture is None else self.picture.pooled
 
     def pooled_maps(self) -> tuple[np.ndarray, np.ndarray]:
-        """The first sequence's ``(NL, H, P, P)`` pooled maps (as :func:`headwise.viz.headview.thumbnails` pools
-        a full map) and the bins' token bounds ``(P + 1,)``."""
-        if self.pooled is None:
+        """The first sequence's ``(NL, H, P, P)`` pooled maps and the bins' token bounds ``(P + 1,)``
+        (:meth:`PooledMaps.maps`)."""
+        if self.picture is None:
             raise ValueError("pool: the reader was made without pool=")
-        counts = np.diff(self.bounds).astype(np.float64)  # (P,) tokens per query bin
-        return self.pooled.numpy() / counts[None, None, :, None], self.bounds
+        return self.picture.maps()
 
-    # -- after the pass ------------------------------------------------------------------------------
     def sentence_values(self) -> tuple[list[dict], list[dict]]:
-        """Per sentence: the HeadStats values (name → ``(N,)``, plus the length, confidence, histogram-free parts)
-        and the detector scores (name → ``(N,)``). NaN where a sentence has no row for a metric."""
-        if not all(self.layers_read):
-            missing = [k for k, done in enumerate(self.layers_read) if not done]
-            raise RuntimeError(f"rows: layers {missing} were never read; is every hook_qk point on the forward path?")
-        n = self.n.numpy().astype(np.int64)
-        counts = {
-            "cls": n,
-            "sep": n,
-            "punct": n,
-            "entropy": n,
-            "self": n,
-            "distance": n,
-            "prev": (self.key_prev >= 0).sum(1).numpy(),
-            "next": (self.key_next >= 0).sum(1).numpy(),
-        }
-        heads, dets = [], []
-        with np.errstate(invalid="ignore", divide="ignore"):
-            for b in range(self.B):
-                values = {}
-                for name, s in self.head_sums.items():
-                    v = s[:, b].reshape(-1).numpy()  # (N,)
-                    if name == "entropy_cls":
-                        values[name] = v if self.cls_pos[b] >= 0 else np.full(v.shape, np.nan)
-                    else:
-                        c = counts[name][b]
-                        values[name] = v / c if c > 0 else np.full(v.shape, np.nan)
-                ln_n = math.log(n[b]) if n[b] > 0 else 0.0
-                values["entropy_ratio"] = values["entropy"] / ln_n if ln_n > 0 else np.full(v.shape, np.nan)
-                heads.append(values)
-                scores = {}
-                for name, s in self.det_sums.items():
-                    c = self.det_counts[name][:, b].numpy()[:, None]  # (NL, 1)
-                    v = np.where(c > 0, s[:, b].numpy() / np.maximum(c, 1), np.nan)  # (NL, H)
-                    scores[name] = v.reshape(-1)
-                dets.append(scores)
+        """Per sentence: the HeadStats values and the detector scores (name → ``(N,)``; NaN where a sentence has
+        no row for a metric); an empty list for the sums the reader was made without."""
+        self.check_read()
+        heads = [] if self.head_sums is None else self.head_sums.sentence_values()
+        dets = [] if self.detector_sums is None else self.detector_sums.sentence_values()
         return heads, dets
 
     def add_to(self, head_stats=None, detector_stats=None) -> None:
         """Add every sentence of the batch to a :class:`~headwise.analysis.HeadStats` and / or a
-        :class:`~headwise.analysis.DetectorStats` (sentences without a real token are skipped)."""
-        heads, dets = self.sentence_values()
-        n = self.n.numpy()
-        N = self.num_layers * self.num_heads
-        if head_stats is not None:
-            if head_stats.max_length < self.L:
-                raise ValueError(
-                    f"max_length: the accumulator's {head_stats.max_length} is shorter than the batch's {self.L}"
-                )
-            hist = self.hist.reshape(N, 2 * self.max_length - 1).numpy()
-            m, M = head_stats.max_length, self.max_length
-            hist = hist[:, M - m : M + m - 1]  # offsets −(m − 1) … m − 1
-            for b in range(self.B):
-                if n[b] == 0:
-                    continue
-                js = None
-                if self.js_buf is not None and head_stats.js:
-                    js = (js_sums_torch(self.js_buf[b], head_stats.js_smoothing), len(self.js_rows[b]))
-                head_stats.add_sentence_sums(
-                    heads[b],
-                    length=int(n[b]),
-                    confidence=(self.conf_sum[:, b].reshape(-1).numpy(), int(self.voita[b].sum())),
-                    histogram=hist,
-                    js=js,
-                )
-                hist = np.zeros_like(hist)  # the batch's histogram is added once
-        if detector_stats is not None:
-            kept = [b for b in range(self.B) if n[b] > 0]
-            if kept:
-                detector_stats.add_scores({k: np.stack([dets[b][k] for b in kept]) for k in dets[0]})
+        :class:`~headwise.analysis.DetectorStats` (sentences without a real token are skipped).
+
+        Raises:
+            ValueError: an accumulator for sums the reader was made without.
+        """
+        self.check_read()
+        pairs = (("head_stats", head_stats, self.head_sums), ("detector_stats", detector_stats, self.detector_sums))
+        for name, stats, sums in pairs:
+            if stats is not None:
+                if sums is None:
+                    raise ValueError(f"{name}: the reader was made without its sums")
+                sums.add_to(stats)
 
 
 def read_rows(
@@ -523,8 +612,8 @@ def read_rows(
         hm: the model (its :meth:`~headwise.models.HeadModel.read_rows` runs the pass with the readers hooked).
         ids: ``(B, L)`` token ids (torch); mask: ``(B, L)``, 1 = real token (None: all real).
         info: token info (default: :meth:`TokenInfo.plain` from the mask).
-        head_stats, detector_stats: the accumulators fed.
-        block_size, progress: see :class:`RowReader`.
+        head_stats, detector_stats: the accumulators fed (the pass keeps only the sums of those given).
+        block_size, progress: see :class:`BlockPass`.
         pool: also pool the first sequence's maps to at most ``pool`` × ``pool`` bins (:meth:`RowReader.pooled_maps`).
         keep: ``(A, B)``: also keep the first sequence's rows ``A … B − 1`` over keys ``A … B − 1`` in full
             (``reader.kept``, ``(NL, H, B − A, B − A)``; memory ``NL · H · (B − A)² · 4`` bytes).
@@ -550,6 +639,8 @@ def read_rows(
         pool=pool,
         keep=keep,
         rows_only=rows_only,
+        heads=head_stats is not None,
+        detectors=detector_stats is not None,
     )
     if rows_only and (head_stats is not None or detector_stats is not None):
         raise ValueError("rows_only: a pass of the kept rows alone feeds no head_stats or detector_stats")

@@ -19,15 +19,23 @@ Over a corpus the per-sentence values are averaged, each sentence counting once
 
 Every function takes ``attn`` ``(B, H, L, L)`` or ``(H, L, L)`` and a :class:`TokenInfo` (None: all
 positions real, none special) and returns ``(B, H)`` (or ``(H,)``); padded rows and keys are excluded.
+
+The per-row maths is written once, as two reducers of a :class:`~headwise.analysis.block.RowBlock` that the
+full maps here and the streaming pass (:mod:`headwise.analysis.streaming`) both call: :func:`mass_on` (the
+weight on marked keys) and :func:`mass_at` (the weight on one key per row).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from headwise.analysis.block import RowBlock
 from headwise.analysis.tokens import TokenInfo, as_attention, mean_over_rows, squeeze
 
 __all__ = [
+    "mass_on",
+    "mass_at",
+    "offset_keys",
     "attention_to_mask",
     "attention_to_offset",
     "attention_to_cls",
@@ -39,19 +47,66 @@ __all__ = [
 ]
 
 
+def mass_on(block: RowBlock, marks):
+    """Each row's renormalised weight on marked keys, ``Σ_j a_ij m_jk``: the reducer of :func:`attention_to_mask`.
+
+    Args:
+        block: the rows.
+        marks: ``(B, S', K)`` float (of the weights' dtype), K sets of keys (1 = in the set).
+    Returns:
+        ``(B, H, R, K)``; 0 at padded rows.
+    """
+    return (block.w @ marks[:, None]) * block.scale[..., None]
+
+
+def mass_at(block: RowBlock, key):
+    """Each row's renormalised weight on one key, ``a_{i, key_i}``: the reducer of :func:`attention_to_offset`
+    (and of the previous- and first-token detectors).
+
+    Args:
+        block: the rows.
+        key: ``(B, R)`` int64, the key of each row (−1, or a key beyond the block's S': none).
+    Returns:
+        ``(B, H, R)``; 0 at padded rows and rows without a key.
+    """
+    B, H, R, Sv = block.w.shape
+    ok = (key >= 0) & (key < Sv)  # (B, R)
+    g = block.w.gather(-1, key.clamp(0, Sv - 1)[:, None, :, None].expand(B, H, R, 1))[..., 0]  # (B, H, R)
+    return g * block.scale * ok[:, None, :]
+
+
 def _to_mask(a: np.ndarray, info: TokenInfo, targets: np.ndarray) -> np.ndarray:
-    per_row = (a * targets[:, None, None, :]).sum(axis=-1)  # (B, H, L)
+    import torch
+
+    marks = torch.as_tensor(np.asarray(targets, dtype=np.float64))[..., None]  # (B, L, 1)
+    per_row = mass_on(RowBlock.full(a, info), marks)[..., 0].numpy()  # (B, H, L)
     return mean_over_rows(per_row, info.valid)
 
 
-def _to_offset(a: np.ndarray, info: TokenInfo, offset: int) -> np.ndarray:
-    length = a.shape[-1]
-    per_row = np.zeros(a.shape[:-1])  # (B, H, L)
-    has_target = np.zeros_like(info.valid)  # (B, L): query i has a real token at i + offset
+def offset_keys(valid, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """The key ``i + offset`` of each query i (the pattern :func:`attention_to_offset` scores, for :func:`mass_at`).
+
+    Args:
+        valid: ``(B, L)`` bool, real tokens.
+    Returns:
+        ``(key (B, L) int64, −1 where i + offset is not a real token; has_target (B, L) bool)``.
+    """
+    valid = np.asarray(valid, dtype=bool)
+    batch, length = valid.shape
+    key = np.full((batch, length), -1, dtype=np.int64)
+    has_target = np.zeros_like(valid)  # (B, L): query i has a real token at i + offset
     if abs(offset) < length:
         rows = np.arange(max(0, -offset), min(length, length - offset))
-        per_row[..., rows] = a[..., rows, rows + offset]
-        has_target[:, rows] = info.valid[:, rows + offset]
+        has_target[:, rows] = valid[:, rows + offset]
+        key[:, rows] = np.where(has_target[:, rows], rows + offset, -1)
+    return key, has_target
+
+
+def _to_offset(a: np.ndarray, info: TokenInfo, offset: int) -> np.ndarray:
+    import torch
+
+    key, has_target = offset_keys(info.valid, offset)
+    per_row = mass_at(RowBlock.full(a, info), torch.as_tensor(key)).numpy()  # (B, H, L)
     return mean_over_rows(per_row, info.valid & has_target)
 
 
