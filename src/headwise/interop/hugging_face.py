@@ -10,7 +10,7 @@ layout (examples)                          read from the module and its config  
 =========================================  ===============================================  ============================
 ``q_proj, k_proj, v_proj, o_proj``         head counts, ``head_dim``, biases, ``scaling``,  ``mine(x, is_causal=True)``
 (Llama, Mistral, Qwen2/3, Gemma 2/3,       the layer's sliding window (``layer_types``),
-OLMo 2, Starcoder2, GPT-OSS, Cohere 2, …)  RoPE base/scaling, its layout and whether the
+OLMo 2/3, Starcoder2, GPT-OSS, EXAONE 4 …)  RoPE base/scaling, its layout and whether the
                                            layer rotates at all (probed), QK-norm,
                                            soft-capping, sinks
 ``kv_a_proj_with_mqa, kv_b_proj``          latent attention -> :class:`LatentAttention`     ``mine(x, is_causal=True)``
@@ -39,6 +39,13 @@ What "the same output" means, per layout:
   at the output projection, so ``from_hf(bert_attention)(x)`` equals ``bert_attention.output.dense`` applied
   to ``bert_attention.self(x)``; the residual and LayerNorm stay in the block around it
   (``bert_attention.output.LayerNorm(mine(x)[0] + x)`` is the whole ``BertAttention`` output in eval mode).
+
+Every conversion is checked before it is returned (:func:`_verify`): float64 copies of the source and of the
+converted module run on :data:`CHECK_TOKENS` random hidden states with the mask the layer gets in its model and
+the family's own rotary tables, and must agree within :data:`PROBE_TOL`; the ``sliding_window`` the module hands
+its attention function must be the converted module's. What differs is refused, naming the layer, the family and
+the difference — a converter may refuse, it may never be wrong. The layer's type (its window, its RoPE settings
+in per-layer-type ``rope_parameters``: Gemma 3, OLMo 3) is read from ``config.layer_types`` as the model reads it.
 
 What headwise cannot compute is refused with the module's class and the missing kind in the message:
 partial rotary embeddings, RoPE types other than ``default``/``linear``/``llama3``/``yarn``, attention both
