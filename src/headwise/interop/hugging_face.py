@@ -10,7 +10,7 @@ layout (examples)                          read from the module and its config  
 =========================================  ===============================================  ============================
 ``q_proj, k_proj, v_proj, o_proj``         head counts, ``head_dim``, biases, ``scaling``,  ``mine(x, is_causal=True)``
 (Llama, Mistral, Qwen2/3, Gemma 2/3,       the layer's sliding window (``layer_types``),
-OLMo 2/3, Starcoder2, GPT-OSS, EXAONE 4) RoPE base/scaling, its layout and whether the
+OLMo 2/3, Starcoder2, GPT-OSS, EXAONE 4)   RoPE base/scaling, its layout and whether the
                                            layer rotates at all (probed), QK-norm,
                                            soft-capping, sinks
 ``kv_a_proj_with_mqa, kv_b_proj``          latent attention -> :class:`LatentAttention`     ``mine(x, is_causal=True)``
