@@ -376,3 +376,25 @@ def test_a_child_that_ignores_sigterm_is_killed_and_its_temporary_removed(tmp_pa
     monkeypatch.setattr(report, "STOP_GRACE_S", 0.2)
     assert _interrupted_mid_write(tmp_path, monkeypatch, child_ignores_sigterm=True) < 10
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_killed_mid_write_leaves_no_temporary_and_the_parent_draws(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import headwise.viz.heads as heads_module
+    from headwise._io import atomic_write
+    from headwise.viz.report import write_head_views
+
+    s = _sentence(np.random.default_rng(8))
+    parent, draw = os.getpid(), heads_module.plot_head_grid
+
+    def killed_in_a_child(attentions, tokens, path, **k):
+        if os.getpid() != parent:
+            with atomic_write(path, "wb"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return draw(attentions, tokens, path, **k)
+
+    monkeypatch.setattr(heads_module, "plot_head_grid", killed_in_a_child)
+    paths = write_head_views(s, tmp_path, title="t", concurrent=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(paths)  # drawn here, no temporary left

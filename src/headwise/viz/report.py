@@ -127,7 +127,9 @@ def write_head_views(
         )
         if child is not None:
             drawn, child = _joined(child), None  # reaped
-            paths["heads.png"] = out / "heads.png" if drawn else grid()  # a failed child: drawn here
+            if not drawn:  # a failed child (killed mid-write, it may have left its temporary): drawn here
+                _remove_temporaries(out / "heads.png")
+            paths["heads.png"] = out / "heads.png" if drawn else grid()
     except BaseException:  # Ctrl-C or an error here: the child stops too, and no temporary of its is left
         if child is not None:
             _stop(child, out / "heads.png")
@@ -197,6 +199,11 @@ def _stop(pid: int, path: Path) -> None:
             time.sleep(0.01)
     except ChildProcessError:  # reaped already
         pass
+    _remove_temporaries(path)
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Remove what :func:`~headwise._io.atomic_write` left of ``path`` in a reaped child that was killed mid-write."""
     for tmp in path.parent.glob(f"{TEMP_PREFIX}{glob.escape(path.name)}.{'[0-9a-f]' * 12}{TEMP_SUFFIX}"):
         tmp.unlink(missing_ok=True)
 
