@@ -506,11 +506,13 @@ def _verify(m, mine) -> None:
     :data:`CHECK_TOKENS` random hidden states — causal with the layer's window where the source is a decoder;
     the rotary tables those of the family's own rotary embedding at positions ``0 … L−1`` (else headwise's, laid
     out as the family's layers take them); random encoder states for cross-attention — and must agree within
-    :data:`PROBE_TOL` relative. Costs two float64 copies of the layer's weights for the time of the call and
-    two forwards of a few tokens, no gradient.
+    :data:`PROBE_TOL` relative; and the ``sliding_window`` a RoPE decoder hands its attention function
+    (:func:`_asked_window`) must be the converted module's — a window longer than the probe is seen there only.
+    Costs two float64 copies of the layer's weights for the time of the call and three forwards of at most
+    :data:`CHECK_TOKENS` tokens, no gradient.
 
     Raises:
-        ValueError: the outputs differ; the message names the layer, the family and the difference.
+        ValueError: the outputs or the windows differ; the message names the layer, the family and the difference.
     """
     probe = _probe_copy(m)
     ours = copy.deepcopy(mine).to(device="cpu", dtype=torch.float64).eval()
