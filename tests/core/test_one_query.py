@@ -77,7 +77,11 @@ def _decode(m, x, prefill, cache_kw=None, **call):
     return torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("hkv", [8, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize(
+    "hkv",
+    [8, pytest.param(2, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow)],
+    ids=["mha", "gqa", "mqa"],
+)
 @pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "kind",
