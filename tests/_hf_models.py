@@ -102,6 +102,24 @@ CONVERTIBLE = {
     "starcoder2": dict(num_key_value_heads=2, sliding_window=4),
     "smollm3": dict(num_key_value_heads=2, num_hidden_layers=4, pad_token_id=0),
     "gpt_oss": dict(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **_MOE),
+    # three local layers with RoPE and a window, one global layer with neither (the module's own sliding_window is
+    # the config's on every layer)
+    "exaone4": dict(num_key_value_heads=2, num_hidden_layers=4, sliding_window=4, sliding_window_pattern=4),
+    # RoPE settings per layer type: the global layer rotates by YaRN on another base
+    "olmo3": dict(
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        sliding_window=4,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "yarn",
+                "rope_theta": 500000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 512,
+            },
+        },
+    ),
     "gpt2": dict(n_embd=32, n_head=4, n_layer=2),
     "bert": dict(),
 }

@@ -27,6 +27,7 @@ def test_induction_tiny_writes_a_loadable_checkpoint(run_cli, tmp_path):
     assert_not_blank(read_png(out / "training.png"))
 
 
+@pytest.mark.slow
 def test_heads_vs_one_and_prune_tiny(run_cli, tmp_path):
     out = tmp_path / "hv1"
     outcome = run_cli(

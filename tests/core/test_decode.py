@@ -13,9 +13,13 @@ POSITIONS = {
 }
 
 
-@pytest.mark.parametrize("hkv", [8, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize(
+    "hkv",
+    [8, pytest.param(2, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow)],
+    ids=["mha", "gqa", "mqa"],
+)
 @pytest.mark.parametrize("pos", list(POSITIONS))
-@pytest.mark.parametrize("prefill", [0, 5])
+@pytest.mark.parametrize("prefill", [0, pytest.param(5, marks=pytest.mark.slow)])
 def test_decode_equals_full_causal_forward(hkv, pos, prefill):
     torch.manual_seed(0)
     d, h, L = 64, 8, 12

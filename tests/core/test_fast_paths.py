@@ -271,6 +271,7 @@ BF16_CACHE_REL_FRO = 3e-3
 BF16_CACHE_REL_MAX = 4e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bf16_kv_cache_error_against_float32_cache_is_bounded(seed):
     torch.manual_seed(seed)

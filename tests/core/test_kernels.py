@@ -51,6 +51,7 @@ def _reference(q, k, v, blocked, bias, scale):
     threads=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.slow
 def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16, masked, threads, seed):
     torch.manual_seed(seed)
     H, Dv = Hkv * G, Dv or Dh
@@ -81,6 +82,7 @@ def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16,
         assert torch.equal(got[0, 0], torch.zeros(1, Dv))
 
 
+@pytest.mark.slow
 def test_long_prefix_and_blocks_cover_every_key():
     torch.manual_seed(0)
     for S, Hkv, G in ((5000, 1, 12), (4096, 12, 1), (257, 4, 3)):
@@ -153,6 +155,7 @@ def _module(positional=None, **kw):
     return headwise.MultiHeadAttention(32, 4, positional=rope, **kw).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))

@@ -77,8 +77,12 @@ def _decode(m, x, prefill, cache_kw=None, **call):
     return torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("hkv", [8, 2, 1], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "hkv",
+    [8, pytest.param(2, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow)],
+    ids=["mha", "gqa", "mqa"],
+)
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "kind",
     ["plain", "rope", "alibi", "window", "window-sinks"],
@@ -127,6 +131,7 @@ def test_padding_masks_equal_math_path():
         torch.testing.assert_close(got, want.float(), rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hkv", [4, 1])
 def test_functional_one_query_with_blocked_rows_and_bias(hkv):
     torch.manual_seed(1)
@@ -195,6 +200,7 @@ def test_bf16_cache_is_read_as_bf16(route):
     assert float((got - want).abs().max() / want.abs().max()) < 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 def test_bf16_view_of_a_larger_buffer_reads_only_its_keys(batch):
     torch.manual_seed(3)

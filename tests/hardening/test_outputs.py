@@ -159,7 +159,9 @@ def test_ctrl_c_prints_one_line(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see when the corpus is open")
-@pytest.mark.parametrize("earlier", [False, True], ids=["empty-out", "over-earlier-output"])
+@pytest.mark.parametrize(
+    "earlier", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["empty-out", "over-earlier-output"]
+)
 def test_sigint_mid_corpus_leaves_the_folder_as_it_was(tmp_path, earlier):
     big = corpus(tmp_path / "big.txt", 20_000)  # minutes of work: the signal lands mid-corpus
     out = tmp_path / "out"
@@ -172,6 +174,7 @@ def test_sigint_mid_corpus_leaves_the_folder_as_it_was(tmp_path, earlier):
     assert snapshot(out) == before  # nothing new, nothing half-written, the earlier files untouched
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see when the corpus is open")
 def test_an_inherited_sigint_ignore_is_honoured(tmp_path):
     """Started with SIGINT ignored (``nohup``), the command ignores it as asked and finishes its work."""
@@ -221,7 +224,7 @@ def _argv(command: str, out: Path) -> list[str]:
     return [*argv, "--out", str(out / file_name if file_name else out)]
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("command", [c if c == "pe" else pytest.param(c, marks=pytest.mark.slow) for c in COMMANDS])
 def test_ctrl_c_at_every_file_write_leaves_earlier_or_whole_files(command, tmp_path, monkeypatch, capsys):
     """KeyboardInterrupt just before the k-th rename, for every k: exit 130, no temporary file, every
     file present is either the earlier version (byte for byte) or a whole new one. Pictures are drawn in this

@@ -44,7 +44,9 @@ def _reference(model, inputs, heads, mode):
 
 
 @pytest.mark.parametrize("mode", ["zero", "mean"])
-@pytest.mark.parametrize("family", sorted(CASES))
+@pytest.mark.parametrize(
+    "family", [c if c == "llama" else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)]
+)
 def test_ablation_equals_editing_the_output_projection_input(tiny, family, mode):
     model = tiny(family, "eager")
     inputs = batch()

@@ -35,7 +35,9 @@ def test_logits_equal_eager(tiny, case, padded):
     torch.testing.assert_close(got[real], expected[real], rtol=0, atol=TOL_LOGITS)
 
 
-@pytest.mark.parametrize("case", sorted(DECODERS))
+@pytest.mark.parametrize(
+    "case", [c if c == "llama" else pytest.param(c, marks=pytest.mark.slow) for c in sorted(DECODERS)]
+)
 def test_generation_with_cache_gives_the_same_tokens(tiny, case):
     eager, mine = tiny(case, "eager"), tiny(case, "headwise")
     inputs = batch(L=7)

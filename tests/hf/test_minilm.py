@@ -47,6 +47,7 @@ def test_hidden_states_equal_hugging_face(minilm):
         torch.testing.assert_close(mine, sdpa, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_captured_weights_equal_output_attentions(minilm):
     models, inputs = minilm
     eager = models["eager"]

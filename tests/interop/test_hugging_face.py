@@ -306,6 +306,7 @@ def test_gpt2_padding_equals_hf(padding):
         _assert_close(out, theirs, rows=real)
 
 
+@pytest.mark.slow
 def test_gpt2_cached_decode_equals_hf_dynamic_cache():
     model = _gpt2()
     prefill, total = 4, 8

@@ -87,6 +87,86 @@ def test_norms_windows_caps_and_sinks_reach_the_module():
     assert oss.sinks.shape == (4,) and oss.sliding_window == 4
 
 
+def test_exaone4_global_layers_have_neither_rope_nor_window():
+    mine = [from_hf(layer.self_attn) for layer in from_config("exaone4", CONVERTIBLE["exaone4"]).layers]
+    assert [(m.sliding_window, m.positional is None) for m in mine] == [(4, False)] * 3 + [(None, True)]
+
+
+def test_olmo3_rotates_each_layer_type_by_its_own_rope_settings():
+    mine = [from_hf(layer.self_attn) for layer in from_config("olmo3", CONVERTIBLE["olmo3"]).layers]
+    assert [m.sliding_window for m in mine] == [4, 4, 4, None]
+    assert [(m.positional.base, m.positional.scaling and m.positional.scaling["rope_type"]) for m in mine] == [
+        (1e4, None)
+    ] * 3 + [(5e5, "yarn")]
+
+
+def _deepseek_layer():
+    from _hf_models import build
+
+    return build("deepseek_v3").model.layers[0].self_attn
+
+
+@pytest.mark.parametrize(
+    "reader, layer",
+    [
+        ("_from_separate_projections", lambda: from_config("llama", CONVERTIBLE["llama"]).layers[1].self_attn),
+        ("_from_latent", _deepseek_layer),
+        ("_from_gpt2", lambda: from_config("gpt2", CONVERTIBLE["gpt2"]).h[1].attn),
+        ("_from_bert", lambda: from_config("bert", CONVERTIBLE["bert"]).encoder.layer[1].attention),
+    ],
+)
+def test_every_layout_is_checked_against_its_source_and_a_wrong_conversion_refused(monkeypatch, reader, layer):
+    """Each reader's result is checked: an output projection off by 1 % is refused, naming layer and family."""
+    import headwise.interop.hugging_face as hf
+
+    right = getattr(hf, reader)
+
+    def off_by_one_percent(m):
+        mine = right(m)
+        with torch.no_grad():
+            mine.Wo.weight.mul_(1.01)
+        return mine
+
+    module = layer()
+    from_hf(module)  # converts as it is
+    monkeypatch.setattr(hf, reader, off_by_one_percent)
+    with pytest.raises(
+        ValueError,
+        match=r"module: layer \d of \w+ \(\w+\) converted to a \w+ that differs from it — its output differs by",
+    ):
+        from_hf(module)
+
+
+def test_the_check_refuses_the_window_exaone4_used_to_get(monkeypatch):
+    """The global layer converted with the module's own sliding_window (the config's, on every layer) is refused."""
+    import headwise.interop.hugging_face as hf
+
+    monkeypatch.setattr(hf, "_window", lambda m, config: m.sliding_window)
+    layers = from_config("exaone4", CONVERTIBLE["exaone4"]).layers
+    from_hf(layers[0].self_attn)  # a local layer: right either way
+    with pytest.raises(
+        ValueError,
+        match=r"layer 3 of exaone4 \(Exaone4Attention\) converted to a MultiHeadAttention that differs from it — "
+        r"the module asks its attention for sliding_window=None, the converted module has sliding_window=4",
+    ):
+        from_hf(layers[3].self_attn)
+
+
+def test_the_check_refuses_rope_frequencies_that_differ_from_the_models(monkeypatch):
+    """The rotation probe finds the layout on its own tables; the check runs the model's: YaRN dropped is refused."""
+    import headwise.interop.hugging_face as hf
+
+    def without_scaling(head_dim, *, scaling=None, **kwargs):
+        return hf.RotaryEmbedding.__wrapped__(head_dim, **kwargs)
+
+    without_scaling.__wrapped__ = hf.RotaryEmbedding
+    monkeypatch.setattr(hf, "RotaryEmbedding", without_scaling)
+    layers = from_config("olmo3", CONVERTIBLE["olmo3"]).layers
+    from_hf(layers[0].self_attn)  # no scaling there
+    with pytest.raises(ValueError, match=r"layer 3 of olmo3 \(Olmo3Attention\)"):
+        from_hf(layers[3].self_attn)
+
+
 @pytest.mark.parametrize(
     "family, overrides, match",
     [

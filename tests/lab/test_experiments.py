@@ -40,6 +40,7 @@ def _gated_loss(model, batch, gates):
     return masked_loss(model(inputs, head_mask=gates), targets, scored)
 
 
+@pytest.mark.slow
 def test_importance_is_the_mean_absolute_gate_gradient():
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=32, context_length=64, d_model=16, num_heads=4)).double().eval()

@@ -138,6 +138,7 @@ def test_sweep_picks_each_head_counts_rate_on_its_own():
     assert chosen["pair"][1]["lr"] == 1e-3 and chosen["pair"][2]["lr"] == 1e-2
 
 
+@pytest.mark.slow
 def test_tiny_run_tunes_on_other_seeds_and_is_void_and_parallel_equals_serial():
     setup = HeadsSetup(tasks=("pair",), heads=(1, 2), seeds=2, steps=3, lrs=(1e-3, 3e-2), eval_size=32, probe_size=16)
     one = run_heads_vs_one(setup)

@@ -36,6 +36,7 @@ def _model(seed=0):
     return TransformerLM(LMConfig(vocab_size=8, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32))
 
 
+@pytest.mark.slow
 def test_learns_to_copy_the_previous_token_and_reports_every_step():
     model = _model()
     data = functools.partial(relation_task, batch=32, task="previous", length=16, vocab_size=8)

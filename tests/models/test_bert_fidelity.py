@@ -38,6 +38,7 @@ def _compare(ours, theirs, mask):
     return diffs
 
 
+@pytest.mark.slow
 def test_minilm_matches_hugging_face_on_padded_batch():
     model, tok = M.load_bert()
     assert (model.config.num_hidden_layers, model.config.num_attention_heads, model.config.hidden_size) == (6, 12, 384)

@@ -39,7 +39,7 @@ FD = {"gpt2": (1e-4, 1e-6), "llama": (3e-3, 3e-4), "gemma2": (3e-3, 3e-4)}
 
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
-@pytest.mark.parametrize("case", list(FD))
+@pytest.mark.parametrize("case", [c if c == "gpt2" else pytest.param(c, marks=pytest.mark.slow) for c in FD])
 def test_the_estimate_is_the_derivative_along_the_patch(case, direction):
     """``patched − base`` of head h equals d/dα metric(base with head h moved α of the way to the source), by
     central finite differences on the model in float64."""

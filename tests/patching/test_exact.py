@@ -39,7 +39,7 @@ def test_a_head_patched_with_its_own_output_changes_nothing(case):
 
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
-@pytest.mark.parametrize("case", FAMILIES)
+@pytest.mark.parametrize("case", [c if c == "llama" else pytest.param(c, marks=pytest.mark.slow) for c in FAMILIES])
 def test_every_head_equals_editing_the_output_projections_input(case, direction):
     """Each patched value equals the brute force on transformers' eager attention (same weights)."""
     model, eager = hf_model(case), hf_model(case, "eager")
@@ -79,7 +79,7 @@ def test_gqa_heads_are_patched_per_query_head():
     assert (sweep.patched[:, :, 0] - sweep.patched[:, :, 1]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("case", ["llama", "gpt2"])
+@pytest.mark.parametrize("case", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_one_position_at_a_time_equals_the_brute_force(case):
     model, eager = hf_model(case), hf_model(case, "eager")
     clean, corrupted = pair()

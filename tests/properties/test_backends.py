@@ -71,6 +71,7 @@ def repeat_heads(x, h):
     return np.repeat(x.numpy(), h // x.shape[1], axis=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
 
 
+@pytest.mark.slow
 @given(sdpa_inputs(), st.integers(1, 10))
 def test_every_functional_backend_equals_the_plain_and_the_blocked_reference(inputs, block_size):
     q, k, v, blocked, bias, scale, causal = inputs
@@ -114,6 +115,7 @@ def _reference_lse(q, k, scale, causal):
     return (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]  # (B, H, L)
 
 
+@pytest.mark.slow
 @given(sdpa_inputs(masks=False), st.sampled_from(["math", "flash"]))
 def test_ring_block_kernels_equal_functional_forward_and_backward(inputs, which):
     q, k, v, _, _, scale, causal = inputs
@@ -136,6 +138,7 @@ def test_ring_block_kernels_equal_functional_forward_and_backward(inputs, which)
 # non-finite inputs: the documented behaviour (docs/reliability.md, "NaN and inf")
 
 
+@pytest.mark.slow
 @given(sdpa_inputs(masks=False), st.data(), st.sampled_from(["math", "sdpa", "auto+weights"]))
 def test_nan_in_a_query_row_reaches_that_row_only(inputs, data, backend):
     """math and the weights path: the row is NaN. sdpa (PyTorch's CPU kernels): NaN, or — for small

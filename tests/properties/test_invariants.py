@@ -5,6 +5,7 @@ Profiles (tests/conftest.py): ``ci`` — a few hundred examples per property, in
 """
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ def ref_kwargs(c):
     return {"alibi": True} if c["pos"] == "alibi" else {}
 
 
+@pytest.mark.slow
 @given(attention_configs(), st.booleans(), st.sampled_from(["none", "padding", "bool", "float"]))
 def test_reference_equals_torch_math_equals_sdpa(c, causal, mask_kind):
     m = make_module(c)
@@ -48,6 +50,7 @@ def test_reference_equals_torch_math_equals_sdpa(c, causal, mask_kind):
     np.testing.assert_allclose(np64(out_sdpa), r_out, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @given(attention_configs(positional=["none"]), st.randoms(use_true_random=False))
 def test_permuting_queries_permutes_outputs_and_kv_permutation_is_invisible(c, rnd):
     m = make_module(c)
@@ -62,6 +65,7 @@ def test_permuting_queries_permutes_outputs_and_kv_permutation_is_invisible(c, r
     torch.testing.assert_close(m(x, kv[:, kperm])[0], m(x, kv)[0], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @given(attention_configs(positional=["none"]), st.data())
 def test_masking_a_key_equals_deleting_it(c, data):
     m = make_module(c)
@@ -78,6 +82,7 @@ def test_masking_a_key_equals_deleting_it(c, data):
     torch.testing.assert_close(masked, deleted, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @given(attention_configs())
 def test_float_minus_inf_mask_equals_bool_mask(c):
     m = make_module(c)
@@ -92,6 +97,7 @@ def test_float_minus_inf_mask_equals_bool_mask(c):
             torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @given(attention_configs())
 def test_gqa_equals_mha_with_repeated_kv_heads(c):
     gqa = make_module(c)
@@ -111,6 +117,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads(c):
         torch.testing.assert_close(gqa(x, is_causal=causal)[0], mha(x, is_causal=causal)[0], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @given(attention_configs(), st.data())
 def test_cached_decoding_equals_full_causal_forward(c, data):
     m = make_module(c, dtype=torch.float32)
@@ -157,6 +164,7 @@ def test_weight_rows_sum_to_one_or_zero(c, causal):
     assert (w >= 0).all()
 
 
+@pytest.mark.slow
 @given(attention_configs(), st.booleans())
 def test_batch_independence(c, causal):
     m = make_module(c)
@@ -168,6 +176,7 @@ def test_batch_independence(c, causal):
         torch.testing.assert_close(alone, out[b : b + 1], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # one-token examples compile a decode kernel per head width drawn: ~55 s on a fresh clone
 @given(attention_configs(max_len=6), st.sampled_from([1e2, 1e3, 1e4]))
 def test_huge_scores_stay_finite(c, magnitude):
     m = make_module(c, dtype=torch.float32)
@@ -199,6 +208,7 @@ def test_low_precision_stays_within_documented_bounds_of_float32(c, dtype, causa
     assert err <= LOW_PRECISION_BOUND[dtype], f"{dtype}: relative error {err:.2e}"
 
 
+@pytest.mark.slow
 @settings(max_examples=50 if settings().max_examples < 1000 else settings().max_examples)  # ci: 50, deep: all
 @given(attention_configs(max_len=4), st.booleans(), st.sampled_from(["math", "sdpa"]))
 def test_gradcheck_float64_every_variant(c, causal, backend):

@@ -325,3 +325,76 @@ def test_an_interrupt_while_the_child_draws_stops_it_and_leaves_nothing(tmp_path
         write_head_views(s, tmp_path, title="t", concurrent=True)
     assert time.perf_counter() - start < 10  # the child was interrupted and reaped, not waited out
     assert list(tmp_path.iterdir()) == []
+
+
+def _interrupted_mid_write(tmp_path, monkeypatch, *, child_ignores_sigterm: bool) -> float:
+    """Draw concurrently with SIGINT ignored (as a ``nohup … &`` job starts): the child opens heads.png's temporary
+    and sleeps inside the write; once that temporary exists the parent is interrupted. Returns the seconds taken."""
+    import signal
+    import time
+
+    import headwise.viz.heads as heads_module
+    import headwise.viz.roles as roles_module
+    from headwise._io import atomic_write
+    from headwise.viz.report import write_head_views
+
+    s = _sentence(np.random.default_rng(7))
+
+    def sleeps_mid_write(attentions, tokens, path, **k):
+        if child_ignores_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with atomic_write(path, "wb"):
+            time.sleep(30)  # stopped long before
+
+    def interrupt(*a, **k):
+        deadline = time.monotonic() + 10
+        while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.name.startswith(".heads.png.") for p in tmp_path.iterdir()] == [True]  # the child's temporary
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heads_module, "plot_head_grid", sleeps_mid_write)
+    monkeypatch.setattr(roles_module, "plot_role_maps", interrupt)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child inherits it
+    start = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_head_views(s, tmp_path, title="t", concurrent=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return time.perf_counter() - start
+
+
+def test_a_child_started_with_sigint_ignored_is_stopped_mid_write_and_leaves_no_temporary(tmp_path, monkeypatch):
+    assert _interrupted_mid_write(tmp_path, monkeypatch, child_ignores_sigterm=False) < 10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed_and_its_temporary_removed(tmp_path, monkeypatch):
+    import headwise.viz.report as report
+
+    monkeypatch.setattr(report, "STOP_GRACE_S", 0.2)
+    assert _interrupted_mid_write(tmp_path, monkeypatch, child_ignores_sigterm=True) < 10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_killed_mid_write_leaves_no_temporary_and_the_parent_draws(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import headwise.viz.heads as heads_module
+    from headwise._io import atomic_write
+    from headwise.viz.report import write_head_views
+
+    s = _sentence(np.random.default_rng(8))
+    parent, draw = os.getpid(), heads_module.plot_head_grid
+
+    def killed_in_a_child(attentions, tokens, path, **k):
+        if os.getpid() != parent:
+            with atomic_write(path, "wb"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return draw(attentions, tokens, path, **k)
+
+    monkeypatch.setattr(heads_module, "plot_head_grid", killed_in_a_child)
+    paths = write_head_views(s, tmp_path, title="t", concurrent=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(paths)  # drawn here, no temporary left

@@ -92,6 +92,7 @@ def _timed(page, action) -> float:
     return time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_stays_responsive_at_512_tokens(browser, tmp_path):
     rng = np.random.default_rng(0)
     n, layers, heads = 512, 6, 12

@@ -117,6 +117,7 @@ def test_model_view_renders_and_a_click_opens_the_head(browser, tmp_path, causal
 FRAME = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(0))))"
 
 
+@pytest.mark.slow
 @browser_only
 def test_a_512_token_decoder_stays_responsive(browser, tmp_path):
     rng = np.random.default_rng(0)

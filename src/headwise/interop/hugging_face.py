@@ -10,7 +10,7 @@ layout (examples)                          read from the module and its config  
 =========================================  ===============================================  ============================
 ``q_proj, k_proj, v_proj, o_proj``         head counts, ``head_dim``, biases, ``scaling``,  ``mine(x, is_causal=True)``
 (Llama, Mistral, Qwen2/3, Gemma 2/3,       the layer's sliding window (``layer_types``),
-OLMo 2, Starcoder2, GPT-OSS, Cohere 2, …)  RoPE base/scaling, its layout and whether the
+OLMo 2/3, Starcoder2, GPT-OSS, EXAONE 4)   RoPE base/scaling, its layout and whether the
                                            layer rotates at all (probed), QK-norm,
                                            soft-capping, sinks
 ``kv_a_proj_with_mqa, kv_b_proj``          latent attention -> :class:`LatentAttention`     ``mine(x, is_causal=True)``
@@ -40,6 +40,13 @@ What "the same output" means, per layout:
   to ``bert_attention.self(x)``; the residual and LayerNorm stay in the block around it
   (``bert_attention.output.LayerNorm(mine(x)[0] + x)`` is the whole ``BertAttention`` output in eval mode).
 
+Every conversion is checked before it is returned (:func:`_verify`): float64 copies of the source and of the
+converted module run on :data:`CHECK_TOKENS` random hidden states with the mask the layer gets in its model and
+the family's own rotary tables, and must agree within :data:`PROBE_TOL`; the ``sliding_window`` the module hands
+its attention function must be the converted module's. What differs is refused, naming the layer, the family and
+the difference — a converter may refuse, it may never be wrong. The layer's type (its window, its RoPE settings
+in per-layer-type ``rope_parameters``: Gemma 3, OLMo 3) is read from ``config.layer_types`` as the model reads it.
+
 What headwise cannot compute is refused with the module's class and the missing kind in the message:
 partial rotary embeddings, RoPE types other than ``default``/``linear``/``llama3``/``yarn``, attention both
 ways in a decoder, clipped Q/K/V (``clip_qkv``), chunked attention, attention-temperature tuning, a QK-norm
@@ -53,6 +60,7 @@ Importing this file does not import ``transformers``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -106,6 +114,7 @@ def from_hf(module: nn.Module) -> MultiHeadAttention | LatentAttention:
             f"got {cls.__module__}.{cls.__qualname__}{hint}"
         )
     out = reader(module)
+    _verify(module, out)
     out.train(module.training)
     return out
 
@@ -254,14 +263,26 @@ def _rope_from_config(
 # -- q_proj, k_proj, v_proj, o_proj: Llama and the families built like it ----------------------------------
 
 
+def _layer_type(m, config) -> str | None:
+    """The layer's type as the model reads it to pick the layer's mask and rotary tables: ``config.layer_types``
+    at the module's ``layer_idx`` (Gemma 2/3, Qwen2/3, GPT-OSS, Cohere 2, EXAONE 4, OLMo 3), else the module's own
+    ``layer_type``, else None (every layer alike)."""
+    types, idx = getattr(config, "layer_types", None), getattr(m, "layer_idx", None)
+    if types is not None and idx is not None and 0 <= idx < len(types):
+        return types[idx]
+    return getattr(m, "layer_type", None)
+
+
 def _window(m, config) -> int | None:
-    """The layer's sliding window: the module's own (Gemma 2/3, Qwen2/3, GPT-OSS, Cohere 2), else the layer's
-    type in ``config.layer_types``, else the config's window on every layer (Mistral, Starcoder2)."""
+    """The layer's sliding window, as the model builds its mask: by the layer's type in ``config.layer_types``
+    where the config has them (a module's own ``sliding_window`` may be the config's on every layer, as EXAONE
+    4's is, though its full-attention layers get the full causal mask), else the module's own (the config's
+    window when the module has none and the config uses one: Mistral, Starcoder2)."""
+    layer_type = _layer_type(m, config)
+    if getattr(config, "layer_types", None) is not None and layer_type is not None:
+        return getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
     if hasattr(m, "sliding_window"):
         return m.sliding_window
-    types, idx = getattr(config, "layer_types", None), getattr(m, "layer_idx", None)
-    if types is not None and idx is not None and idx < len(types):
-        return getattr(config, "sliding_window", None) if types[idx] == "sliding_attention" else None
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return getattr(config, "sliding_window", None)
@@ -312,10 +333,7 @@ def _from_separate_projections(m) -> MultiHeadAttention:
     config = m.config
     _check_kinds(m, config)
     head_dim = int(getattr(m, "head_dim", None) or m.q_proj.out_features // config.num_attention_heads)
-    probe = copy.deepcopy(m).to(device="cpu", dtype=torch.float64).eval()
-    for sub in probe.modules():  # the caller's hooks (a capture, a probe) must not see the probe's call
-        sub._forward_hooks.clear()
-        sub._forward_pre_hooks.clear()
+    probe = _probe_copy(m)
     qn, kn = (
         None if isinstance(n, nn.Identity) else n for n in (getattr(m, "q_norm", None), getattr(m, "k_norm", None))
     )
@@ -362,7 +380,7 @@ def _from_separate_projections(m) -> MultiHeadAttention:
                 mha.k_norm.weight.copy_(norms[1])
         return mha
 
-    layer_type = getattr(m, "layer_type", None)
+    layer_type = _layer_type(m, config)
     _rope_from_config(m, config, head_dim, layer_type=layer_type)  # refuses what headwise cannot rotate by name
     convention = _probe_rotation(m, probe, build(probe, None), head_dim)
     rope = None
@@ -381,17 +399,15 @@ def _probe_rotation(m, probe: nn.Module, mine: MultiHeadAttention, head_dim: int
     Raises:
         ValueError: no candidate agrees — the module computes something more (the message names it).
     """
-    probe.config._attn_implementation = "eager"  # the copy's own config, not the caller's
     L = 6
     x = torch.randn(1, L, probe.q_proj.in_features, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     positions = torch.arange(L)
     rope_probe = {c: RotaryEmbedding(head_dim, base=100.0, convention=c) for c in ("half", "interleaved")}
-    c, s = rope_angles(positions, rope_probe["half"].inv_freq)  # (L, Dh/2), the same for every layout
-    full, halved = (torch.cat([c, c], -1)[None], torch.cat([s, s], -1)[None]), (c[None], s[None])
+    full, halved, interleaved = _tables(*rope_angles(positions, rope_probe["half"].inv_freq))
     candidates = [  # (convention of mine, cos and sin as the family's rotary embedding would hand them over)
-        ("half", full),  # (1, L, Dh): Llama's cat
-        ("half", halved),  # (1, L, Dh/2): GPT-OSS's
-        ("interleaved", (c.repeat_interleave(2, -1)[None], s.repeat_interleave(2, -1)[None])),  # Cohere's
+        ("half", full),
+        ("half", halved),
+        ("interleaved", interleaved),
         (None, full),  # real angles handed over, none applied by mine
         (None, halved),
     ]
@@ -406,7 +422,7 @@ def _probe_rotation(m, probe: nn.Module, mine: MultiHeadAttention, head_dim: int
                 continue
             theirs = theirs[0] if isinstance(theirs, tuple) else theirs
             got = mine(x)[0]
-        err = ((got - theirs).abs().max() / theirs.abs().max().clamp(min=1e-30)).item()
+        err = _relative(got, theirs)
         errors[convention] = min(err, errors.get(convention, math.inf))
     if not errors:
         raise _refuse(
@@ -421,6 +437,171 @@ def _probe_rotation(m, probe: nn.Module, mine: MultiHeadAttention, head_dim: int
             f"{errors[best]:.1e} relative",
         )
     return best
+
+
+def _tables(c: Tensor, s: Tensor) -> tuple[tuple[Tensor, Tensor], ...]:
+    """``cos, sin (L, Dh/2)`` as the families' rotary embeddings hand them to their layers: Llama's ``cat``
+    ``(1, L, Dh)``, GPT-OSS's half width ``(1, L, Dh/2)``, Cohere's ``repeat_interleave`` ``(1, L, Dh)``."""
+    return (
+        (torch.cat([c, c], -1)[None], torch.cat([s, s], -1)[None]),
+        (c[None], s[None]),
+        (c.repeat_interleave(2, -1)[None], s.repeat_interleave(2, -1)[None]),
+    )
+
+
+# -- every converted layer checked against its source ------------------------------------------------------
+
+#: Tokens of the check every converted layer passes (longer than a tiny test model's window of 4).
+CHECK_TOKENS = 8
+_RECORDING = "headwise_interop_recording"  # the attention function that records what a module asks of it
+
+
+def _relative(got: Tensor, want: Tensor) -> float:
+    """The largest absolute difference relative to the largest absolute value of ``want``."""
+    return ((got - want).abs().max() / want.abs().max().clamp(min=1e-30)).item()
+
+
+def _probe_copy(m: nn.Module) -> nn.Module:
+    """A float64 CPU copy of ``m`` in eval mode, on eager attention, without the caller's hooks (a capture, a
+    probe must not see the probe's call). Costs one copy of the layer's weights in float64."""
+    probe = copy.deepcopy(m).to(device="cpu", dtype=torch.float64).eval()
+    for sub in probe.modules():
+        sub._forward_hooks.clear()
+        sub._forward_pre_hooks.clear()
+        if getattr(sub, "config", None) is not None:
+            sub.config._attn_implementation = "eager"  # the copy's own config, not the caller's
+    return probe
+
+
+def _family_rotary(m, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+    """``(cos, sin)`` as the model hands them to layer ``m``: from the one rotary embedding class defined in the
+    module's own modeling file, built from its config (per layer type where it takes one); None where the file
+    has none, or not exactly one, or it does not build from the config alone."""
+    import inspect
+    import sys
+
+    source = sys.modules.get(type(m).__module__)
+    classes = [
+        v
+        for k, v in vars(source or object()).items()
+        if k.endswith("RotaryEmbedding") and isinstance(v, type) and v.__module__ == type(m).__module__
+    ]
+    if len(classes) != 1:
+        return None
+    try:
+        rotary = classes[0](m.config)
+    except Exception:
+        return None
+    kwargs = {}
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        kwargs["layer_type"] = _layer_type(m, m.config)
+    with torch.no_grad():
+        return rotary(x, positions[None], **kwargs)
+
+
+def _verify(m, mine) -> None:
+    """Refuse a conversion whose module does not compute what ``m`` computes, on one probe.
+
+    A float64 copy of ``m`` (eager attention, no dropout) and a float64 copy of ``mine`` run on the same
+    :data:`CHECK_TOKENS` random hidden states — causal with the layer's window where the source is a decoder;
+    the rotary tables those of the family's own rotary embedding at positions ``0 … L−1`` (else headwise's, laid
+    out as the family's layers take them); random encoder states for cross-attention — and must agree within
+    :data:`PROBE_TOL` relative; and the ``sliding_window`` a RoPE decoder hands its attention function
+    (:func:`_asked_window`) must be the converted module's — a window longer than the probe is seen there only.
+    Costs two float64 copies of the layer's weights for the time of the call and three forwards of at most
+    :data:`CHECK_TOKENS` tokens, no gradient.
+
+    Raises:
+        ValueError: the outputs or the windows differ; the message names the layer, the family and the difference.
+    """
+    probe = _probe_copy(m)
+    ours = copy.deepcopy(mine).to(device="cpu", dtype=torch.float64).eval()
+    L, reader = CHECK_TOKENS, _reader(m)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, L, ours.Wo.out_features, generator=g, dtype=torch.float64)
+    cross = getattr(m, "is_cross_attention", False) or getattr(getattr(m, "self", None), "is_cross_attention", False)
+    causal = reader is not _from_bert or bool(getattr(m.self, "is_causal", False))  # BERT: as a decoder
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    blocked = (j > i) if causal else torch.zeros(L, L, dtype=torch.bool)
+    window = getattr(ours, "sliding_window", None)
+    if window is not None:
+        blocked |= i - j >= window  # Hugging Face's sliding window: keys with q - k < window stay visible
+    mask = torch.zeros(1, 1, L, L, dtype=torch.float64).masked_fill(blocked, torch.finfo(torch.float64).min)
+    with torch.no_grad():
+        if cross:
+            enc = torch.randn(1, 5, ours.Wk.in_features, generator=g, dtype=torch.float64)
+            got = ours(x, enc, enc)[0]
+            if reader is _from_bert:
+                theirs = probe.output.dense(probe.self(x, encoder_hidden_states=enc)[0])
+            else:
+                theirs = probe(x, encoder_hidden_states=enc)[0]
+        elif reader is _from_bert:
+            theirs = probe.output.dense(probe.self(x, attention_mask=mask if causal else None)[0])
+            got = ours(x, is_causal=causal)[0]
+        elif reader is _from_gpt2:
+            theirs, got = probe(x, attention_mask=mask)[0], ours(x, is_causal=True)[0]
+        else:  # the RoPE decoders: the model's own tables, else headwise's in each layout a family takes
+            positions = torch.arange(L)
+            layouts = [_family_rotary(m, x, positions)]
+            if layouts[0] is None:
+                rope = ours.positional or RotaryEmbedding(ours.head_dim)  # a layer without RoPE ignores them
+                cos, sin = rope_angles(positions, rope.inv_freq)  # (L, Dh/2) each
+                layouts = _tables(cos * rope.attention_factor, sin * rope.attention_factor)
+            found = []
+            for tables in layouts:
+                with contextlib.suppress(Exception):  # tables this family does not take
+                    out = probe(hidden_states=x, position_embeddings=tables, attention_mask=mask)
+                    found.append((out[0] if isinstance(out, tuple) else out, ours(x, is_causal=True)[0], tables))
+            if not found:
+                raise _refuse(m, "a forward headwise cannot probe", f"module: {type(m).__name__}")
+            theirs, got, tables = min(found, key=lambda f: (f[0] - f[1]).abs().max().item())
+            if reader is _from_separate_projections:
+                asked = _asked_window(probe, x, tables)
+                if asked is not None and asked != (window,):
+                    raise _differs(
+                        m,
+                        mine,
+                        f"the module asks its attention for sliding_window={asked[0]!r}, the "
+                        f"converted module has sliding_window={window!r}",
+                    )
+    err = _relative(got, theirs)
+    if not err <= PROBE_TOL:
+        raise _differs(m, mine, f"its output differs by {err:.1e} relative (tolerance {PROBE_TOL:.0e}) on {L} tokens")
+
+
+def _differs(m, mine, what: str) -> ValueError:
+    """The refusal of a conversion that the check found different from its source: layer, family, difference."""
+    inner = getattr(m, "self", None)  # BERT's layer index and config sit on its self-attention
+    config = getattr(m, "config", None) or getattr(inner, "config", None)
+    family = getattr(config, "model_type", None) or type(m).__module__
+    index = getattr(m, "layer_idx", getattr(inner, "layer_idx", None))
+    return ValueError(
+        f"module: layer {index} of {family} ({type(m).__name__}) converted to a {type(mine).__name__} that "
+        f"differs from it — {what}; refused, headwise does not reproduce this layer"
+    )
+
+
+def _asked_window(probe: nn.Module, x: Tensor, tables: tuple[Tensor, Tensor]) -> tuple[int | None] | None:
+    """``(window,)``: the ``sliding_window`` the module hands its attention function — the window transformers'
+    flash and SDPA paths apply, read beside the masks its model builds — or None where it hands none over.
+    One call of the probe copy on two tokens through a recording attention function (registered in
+    transformers' ``AttentionInterface`` under a private name; the copy's config switches to it and back)."""
+    from transformers import AttentionInterface
+
+    seen = {}
+
+    def record(module, query, key, value, attention_mask, **kwargs):  # (B, H, L, Dh) -> (B, L, H, Dh) zeros
+        seen.update(kwargs)
+        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
+
+    AttentionInterface.register(_RECORDING, record)
+    config = probe.config
+    config._attn_implementation = _RECORDING
+    try:
+        probe(hidden_states=x[:, :2], position_embeddings=tuple(t[:, :2] for t in tables), attention_mask=None)
+    finally:
+        config._attn_implementation = "eager"
+    return (seen["sliding_window"],) if "sliding_window" in seen else None
 
 
 # -- kv_a_proj_with_mqa, kv_b_proj: DeepSeek-V3 latent attention -------------------------------------------

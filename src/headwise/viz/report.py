@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import io
 import json
 import os
 import sys
 from pathlib import Path
 
-from headwise._io import write_text_atomic
+from headwise._io import TEMP_PREFIX, TEMP_SUFFIX, write_text_atomic
 
 __all__ = ["OUTPUTS", "report_json", "report_csv", "write_head_views", "write_heads_outputs"]
 
@@ -126,19 +127,27 @@ def write_head_views(
         )
         if child is not None:
             drawn, child = _joined(child), None  # reaped
-            paths["heads.png"] = out / "heads.png" if drawn else grid()  # a failed child: drawn here
-    except BaseException:  # Ctrl-C or an error here: the child stops too (its atomic write removes its temporary)
+            if not drawn:  # a failed child (killed mid-write, it may have left its temporary): drawn here
+                _remove_temporaries(out / "heads.png")
+            paths["heads.png"] = out / "heads.png" if drawn else grid()
+    except BaseException:  # Ctrl-C or an error here: the child stops too, and no temporary of its is left
         if child is not None:
-            _stop(child)
+            _stop(child, out / "heads.png")
         raise
     return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
 
 
 def _fork(draw) -> int | None:
     """Run ``draw()`` in a forked child process (Linux only): its pid, or None when nothing was forked. The child
-    exits at once with status 0 when ``draw`` returned, 1 otherwise (it writes through ``atomic_write`` alone)."""
+    exits at once with status 0 when ``draw`` returned, 1 otherwise (it writes through ``atomic_write`` alone).
+
+    SIGTERM stops the child whatever the parent's signal dispositions were (a process started with SIGINT ignored,
+    as a ``nohup … &`` job is, hands that on to its children): the child's handler raises, so its atomic write
+    removes its temporary file on the way out."""
     if not sys.platform.startswith("linux"):
         return None
+    import signal
+
     import matplotlib.figure  # noqa: F401  (imported once, before the fork, for both processes)
 
     try:
@@ -148,6 +157,7 @@ def _fork(draw) -> int | None:
     if pid == 0:  # the child: draw, and leave without running anything of the parent's (no flush, no atexit)
         status = 1
         try:
+            signal.signal(signal.SIGTERM, _stopped)
             draw()
             status = 0
         finally:
@@ -155,14 +165,47 @@ def _fork(draw) -> int | None:
     return pid
 
 
-def _stop(pid: int) -> None:
-    """Interrupt a child of :func:`_fork` (KeyboardInterrupt there) and wait for it."""
+class _Stopped(BaseException):
+    """Raised in a drawing child by SIGTERM: unwinds its writes (their temporaries removed), then it exits."""
+
+
+def _stopped(signum, frame):
+    raise _Stopped
+
+
+#: Seconds a stopped child has to unwind after SIGTERM before it is killed.
+STOP_GRACE_S = 2.0
+
+
+def _stop(pid: int, path: Path) -> None:
+    """Stop a child of :func:`_fork` that was drawing ``path``, wait for it, and leave no temporary of its behind.
+
+    SIGTERM first (the child unwinds: its atomic write removes its temporary), then SIGKILL after
+    :data:`STOP_GRACE_S` seconds; a child killed mid-write leaves its temporary, which is removed here.
+    """
     import signal
+    import time
 
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGINT)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)
+    except ChildProcessError:  # reaped already
+        pass
+    _remove_temporaries(path)
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Remove what :func:`~headwise._io.atomic_write` left of ``path`` in a reaped child that was killed mid-write."""
+    for tmp in path.parent.glob(f"{TEMP_PREFIX}{glob.escape(path.name)}.{'[0-9a-f]' * 12}{TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
 
 
 def _joined(pid: int) -> bool:
