@@ -24,13 +24,13 @@ FAST_PATHS = [
         "fused projections",
         "self-attention (one input tensor); K/V when they share a context — at any length without autograd, "
         "from 1024 tokens with it",
-        "`fastpath.project`: one product with Wq; Wk; Wv stacked, the stacked weight kept until a weight changes "
+        "`projections.project`: one product with Wq; Wk; Wv stacked, the stacked weight kept until a weight changes "
         "(its version counter) and formed per call only under autograd; split into views",
     ),
     (
         "oneDNN linear",
         "float32 or bfloat16, CPU, no autograd, no autocast, not compiling",
-        "`fastpath.linear`: `torch.ops.mkldnn._linear_pointwise`, the bias added in the kernel's epilogue, "
+        "`projections.linear`: `torch.ops.mkldnn._linear_pointwise`, the bias added in the kernel's epilogue, "
         "not copied in first by `addmm`",
     ),
     (
@@ -49,7 +49,7 @@ FAST_PATHS = [
         "compiled decode step",
         "a `MultiHeadAttention` call of one token of self-attention with a `KVCache` or a ring, float32, no mask, "
         "hook, gradient, qk-norm, soft-capping, sinks or positional part but plain RoPE",
-        "`fastpath.decode` → `kernels.decode_step`: the stacked Q/K/V product, RoPE, the cache write, the "
+        "`decode.step` → `kernels.decode_step`: the stacked Q/K/V product, RoPE, the cache write, the "
         "attention below and `Wo` in one compiled call (a ring read as it lies)",
     ),
     (
@@ -61,7 +61,7 @@ FAST_PATHS = [
     (
         "blocked weights",
         "`need_weights=True`, soft-capping or sinks (backend auto / sdpa)",
-        "`fastpath.attention_weights`: ≤ 2M scores at a time, head average accumulated so (B, H, L, S) never exists",
+        "`blocked.attention_weights`: ≤ 2M scores at a time, head average accumulated so (B, H, L, S) never exists",
     ),
     (
         "NumPy blocked",
