@@ -78,10 +78,12 @@ NEVER = {
     "viz": {"cli", "lab", "study"},
     "lab": {"cli", "viz"},
     "study": {"cli", "viz", "lab"},
-    "analysis": {"cli", "viz", "lab", "study", "models", "hf"},
-    "models": {"cli", "viz", "lab", "study", "analysis"},
-    "hf": {"cli", "viz", "lab", "study", "analysis", "models"},
-    "core": {"cli", "viz", "lab", "study", "analysis", "models", "hf", "reference"},
+    "circuits": {"cli", "viz", "lab", "study"},
+    "patching": {"cli", "viz", "lab", "study", "circuits"},
+    "analysis": {"cli", "viz", "lab", "study", "models", "hf", "circuits"},
+    "models": {"cli", "viz", "lab", "study", "analysis", "circuits"},
+    "hf": {"cli", "viz", "lab", "study", "analysis", "models", "circuits"},
+    "core": {"cli", "viz", "lab", "study", "analysis", "models", "hf", "reference", "circuits"},
 }
 
 

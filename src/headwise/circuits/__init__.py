@@ -1,0 +1,12 @@
+"""How heads work together: paths and edges between heads, why a head attends where it does.
+
+Shape legend: P prompt pairs, L length, V vocabulary, NL attention layers, H query heads, Hkv key/value heads,
+Dh head width, D model width.
+
+Built on the one model view (:class:`headwise.models.HeadModel`) and its named points (:mod:`headwise.points`);
+above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study/``, ``viz/`` and ``cli/``.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
