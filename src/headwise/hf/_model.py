@@ -5,30 +5,14 @@ Shape legend: H query heads.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from torch import nn
 
 from headwise.checks import layer_number
-from headwise.hf.backend import NAME, hook_points
+from headwise.hf.backend import NAME, calls_interface, hook_points
 from headwise.points import NamedPoints
-
-_CALLS_INTERFACE: dict[type, bool] = {}
-
-
-def calls_interface(kind: type) -> bool:
-    """Whether ``kind.forward`` dispatches through transformers' ``AttentionInterface`` (its source names
-    ``ALL_ATTENTION_FUNCTIONS``): the one probe of whether a module — and so a family — can run on headwise.
-    Read once per class."""
-    if kind not in _CALLS_INTERFACE:
-        try:
-            source = inspect.getsource(kind.forward)
-        except (OSError, TypeError):
-            source = ""
-        _CALLS_INTERFACE[kind] = "ALL_ATTENTION_FUNCTIONS" in source
-    return _CALLS_INTERFACE[kind]
 
 
 def family(model: nn.Module) -> str:

@@ -142,29 +142,33 @@ def _split_mask(attention_mask, q: Tensor, k: Tensor) -> tuple[Tensor | None, Te
     raise TypeError(f"attention_mask: expected a bool or floating-point tensor, got dtype {attention_mask.dtype}")
 
 
-def _modeling_source_calls_interface(config) -> bool:
-    """Whether the modeling file next to ``config``'s class dispatches through ``AttentionInterface``."""
-    name = type(config).__module__.replace(".configuration_", ".modeling_")
-    module = sys.modules.get(name)
-    if module is None or name == type(config).__module__:
-        return True  # not a transformers family we can read: let the model's own checks decide
-    try:
-        source = inspect.getsource(module)
-    except (OSError, TypeError):
-        return True
-    return "ALL_ATTENTION_FUNCTIONS" in source
+_CALLS_INTERFACE: dict[object, bool] = {}
 
 
-_FAMILY_ON_INTERFACE: dict[type, bool] = {}
+def calls_interface(code) -> bool:
+    """Whether ``code`` — a class (its ``forward`` is read) or a modeling module — dispatches through
+    transformers' ``AttentionInterface`` (its source names ``ALL_ATTENTION_FUNCTIONS``): the one probe of whether
+    a module, or a family, can run on headwise. Read once per class or module; code whose source cannot be read
+    counts as calling it (the model's own checks decide)."""
+    if code not in _CALLS_INTERFACE:
+        try:
+            source = inspect.getsource(code.forward if isinstance(code, type) else code)
+        except (OSError, TypeError):
+            _CALLS_INTERFACE[code] = not isinstance(code, type)
+        else:
+            _CALLS_INTERFACE[code] = "ALL_ATTENTION_FUNCTIONS" in source
+    return _CALLS_INTERFACE[code]
 
 
 def refuse_off_interface(config) -> None:
-    """ValueError naming the family when ``config``'s model writes its own attention (Falcon, BLOOM, MPT …)."""
-    kind = type(config)
-    if kind not in _FAMILY_ON_INTERFACE:
-        _FAMILY_ON_INTERFACE[kind] = _modeling_source_calls_interface(config)
-    if not _FAMILY_ON_INTERFACE[kind]:
-        family = getattr(config, "model_type", kind.__name__)
+    """ValueError naming the family when ``config``'s model writes its own attention (Falcon, BLOOM, MPT …): the
+    modeling file beside the config's class does not call the interface (:func:`calls_interface`)."""
+    name = type(config).__module__.replace(".configuration_", ".modeling_")
+    modeling = sys.modules.get(name)
+    if modeling is None or name == type(config).__module__:
+        return  # not a transformers family we can read: let the model's own checks decide
+    if not calls_interface(modeling):
+        family = getattr(config, "model_type", type(config).__name__)
         raise ValueError(
             f"model: the {family!r} family writes its own attention instead of calling transformers' "
             f"AttentionInterface, so it cannot run on {NAME!r} attention"
