@@ -28,8 +28,8 @@ ONE_Q_T = "kernel: attention_one_query, torch's products"
 PROJ_NB = "projections alone: compiled rows"
 STACK, STACK_SUMS = "12-layer stack, one token", "12-layer stack's bytes summed by torch"
 KERNEL = "kernel: SDPA alone (1 query, cached K and V)"
-ONE_Q = "kernel: fastpath.attention_one_query alone"
-ONE_Q16 = "kernel: fastpath.attention_one_query alone, bf16 K and V"
+ONE_Q = "kernel: one_query.attention_one_query alone"
+ONE_Q16 = "kernel: one_query.attention_one_query alone, bf16 K and V"
 GQA, MQA, WIN = "headwise, GQA (4 KV heads)", "headwise, MQA (1 KV head)", "headwise, sliding window 1024"
 PROJ_MKL, PROJ_DNN = "projections alone: addmv (MKL)", "projections alone: oneDNN linear"
 WINDOW = 1024
@@ -109,7 +109,7 @@ ROUTES = [
     "`addmv` 133 µs in cache, 697 µs from memory |",
     "| everything else (Python, small ops) | ≈ 0.4–0.5 ms a step (RoPE, cache write, masks, views, three "
     "kernels' calls) | one compiled call per token for a `MultiHeadAttention` with a `KVCache` or a ring "
-    "(`fastpath.decode`): at a prefix of 16, 87 µs in the compiled call, ≈ 20 µs deciding it applies, ≈ 40 µs "
+    "(`decode.step`): at a prefix of 16, 87 µs in the compiled call, ≈ 20 µs deciding it applies, ≈ 40 µs "
     "around it | keeping torch's route with the compiled kernels inside: 1.67 × the compiled step's time |",
     "| a sliding window of 1,024 over a ring | the ring copied into stream order every step (3.1–3.9 ms) | the "
     "ring read as it lies (one query's softmax needs no order), its empty and out-of-window slots masked: "
@@ -291,7 +291,7 @@ class Decode(Target):
                 note=f"{us[HW]:.0f} µs vs {us[HW_T]:.0f} µs; bf16 cache {us[HW16]:.0f} µs vs {us[HW16_T]:.0f} µs",
             ),
             Row(
-                "the attention alone: fastpath.attention_one_query (compiled) ÷ SDPA (1 query, cached K and V)",
+                "the attention alone: one_query.attention_one_query (compiled) ÷ SDPA (1 query, cached K and V)",
                 res.ratio(ONE_Q, KERNEL),
                 note=f"{us[ONE_Q]:.0f} µs vs {us[KERNEL]:.0f} µs (torch's products {us[ONE_Q_T]:.0f} µs); fractions "
                 f"of their roofline {roof[ONE_Q]:.2f} and {roof[KERNEL]:.2f}; bf16 K and V {us[ONE_Q16]:.0f} µs "
