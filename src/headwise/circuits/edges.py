@@ -17,8 +17,10 @@ value group's keys or values, an MLP's input, the logits' input.
 EAP-IG replaces the clean run's gradient by its mean over ``steps`` runs whose input embeddings (the first
 block's input) lie on the line from the corrupted to the clean ones, ``e_corrupted + (k/steps)·(e_clean −
 e_corrupted)`` for k = 1 … steps (Hanna et al.'s integrated gradients on the input embeddings, right Riemann
-sum). The sign convention is the one of their code: a score estimates ``metric(edge corrupted) −
-metric(clean)`` — an edge the answer needs scores negative with the logit difference, positive with KL.
+sum). Under an RMS norm on the attention's write (Gemma 2) a head's difference is its exact change with the layer's
+other heads at the clean run, ``norm(o + o_h(corrupted) − o_h(clean)) − norm(o)``. The sign convention is the one of
+their code: a score estimates ``metric(edge corrupted) − metric(clean)`` — an edge the answer needs scores negative
+with the logit difference, positive with KL.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph, build_graph
-from headwise.circuits.paths import sender_writes
+from headwise.circuits.paths import sender_changes, sender_writes
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
@@ -128,8 +130,8 @@ def edge_attribution(
     graph = build_graph(w)
     c, x = check_pair(w.target, clean, corrupted)
     last_only = reads_last_position(metric)
-    clean_logits, a_clean = sender_writes(w, graph, c, last_only=last_only)  # (P, S, L, D)
-    corr_logits, a_corr = sender_writes(w, graph, x, last_only=last_only)
+    clean_logits, a_clean, clean_raw = sender_writes(w, graph, c, last_only=last_only, raw=True)  # (P, S, L, D)
+    corr_logits, a_corr, corr_raw = sender_writes(w, graph, x, last_only=last_only, raw=True)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
     if method == "eap":
@@ -147,7 +149,7 @@ def edge_attribution(
             if progress is not None:
                 progress(k, steps)
         G = G / steps
-    diff = (a_corr - a_clean).to(G.dtype)  # (P, S, L, D)
+    diff = sender_changes(w, graph, clean_raw, corr_raw).to(G.dtype)  # (P, S, L, D): a_u(corr) − a_u(clean)
     s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(G.device)
     r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(G.device)
     full = torch.einsum("psld,prld->psr", diff, G)  # (P, S, R)
