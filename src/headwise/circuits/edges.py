@@ -34,7 +34,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph, build_graph
-from headwise.circuits.paths import sender_changes, sender_writes
+from headwise.circuits.paths import sender_changes
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
@@ -73,9 +73,10 @@ class EdgeScores:
         return order[:n].tolist()
 
 
-def receiver_gradients(w: Wiring, graph: Graph, ids: Tensor, metric, *, embed=None) -> tuple[Tensor, Tensor]:
-    """``(metric (P,), ∂metric/∂in_r (P, R, L, D))`` of one run of ``ids (P, L)`` (``embed``: a replacement
-    of the first block's input, as :meth:`Wiring.run`)."""
+def receiver_gradients(w: Wiring, graph: Graph, ids: Tensor, metric, *, embed=None) -> tuple[Tensor, dict]:
+    """``(metric (P,), {group: ∂metric/∂in (P, n, L, D)})`` of one run of ``ids (P, L)``, one gradient per
+    receiver group of ``graph.groups`` (``embed``: a replacement of the first block's input, as
+    :meth:`Wiring.run`)."""
     P, L = ids.shape
     D = w.layers[0].heads_out.shape[-1]
     dtype = w.layers[0].heads_out.dtype
@@ -91,8 +92,8 @@ def receiver_gradients(w: Wiring, graph: Graph, ids: Tensor, metric, *, embed=No
         logits, _ = w.run(ids, deltas=deltas, embed=embed, last_only=reads_last_position(metric))
         value = metric(logits)  # (P,)
         grads = torch.autograd.grad(value.sum(), list(zeros.values()), allow_unused=True)
-    G = torch.cat([torch.zeros_like(z) if g is None else g for z, g in zip(zeros.values(), grads)], 1)
-    return value.detach().float().cpu(), G.detach()
+    out = {group: torch.zeros_like(z) if g is None else g for (group, z), g in zip(zeros.items(), grads)}
+    return value.detach().float().cpu(), out
 
 
 def edge_attribution(
@@ -130,8 +131,9 @@ def edge_attribution(
     graph = build_graph(w)
     c, x = check_pair(w.target, clean, corrupted)
     last_only = reads_last_position(metric)
-    clean_logits, a_clean, clean_raw = sender_writes(w, graph, c, last_only=last_only, raw=True)  # (P, S, L, D)
-    corr_logits, a_corr, corr_raw = sender_writes(w, graph, x, last_only=last_only, raw=True)
+    with torch.no_grad():
+        clean_logits, clean_raw = w.run(c, record=True, last_only=last_only)
+        corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
     if method == "eap":
@@ -139,20 +141,24 @@ def edge_attribution(
         if progress is not None:
             progress(1, 1)
     else:
-        e_clean, e_corr = a_clean[:, 0], a_corr[:, 0]  # (P, L, D): the first block's inputs
+        e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
         G = None
         for k in range(1, steps + 1):
             alpha = k / steps
             point = e_corr + alpha * (e_clean - e_corr)
             _, g = receiver_gradients(w, graph, c, metric, embed=lambda _x, point=point: point.to(_x.dtype))
-            G = g if G is None else G + g
+            G = g if G is None else {group: G[group] + g[group] for group in G}
             if progress is not None:
                 progress(k, steps)
-        G = G / steps
-    diff = sender_changes(w, graph, clean_raw, corr_raw).to(G.dtype)  # (P, S, L, D): a_u(corr) − a_u(clean)
-    s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(G.device)
-    r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(G.device)
-    full = torch.einsum("psld,prld->psr", diff, G)  # (P, S, R)
+        G = {group: v / steps for group, v in G.items()}
+    diff = sender_changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
+    del clean_raw, corr_raw
+    P = diff.shape[0]
+    full = diff.new_zeros(P, len(graph.senders), len(graph.receivers))  # (P, S, R)
+    for group, sl in graph.groups.items():  # one receiver group at a time: no (P, R, L, D) tensor
+        full[:, :, sl] = torch.einsum("psld,pnld->psn", diff, G.pop(group).to(diff.dtype))
+    s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(full.device)
+    r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(full.device)
     per_pair = full[:, s_idx, r_idx].float().cpu()  # (P, E)
     return EdgeScores(
         method=method,
