@@ -227,8 +227,7 @@ class Wiring:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
                 reaches it (None: that group's inputs are left as they are).
             record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
-                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)``. Also recorded whenever ``deltas`` is given
-                (it may read them).
+                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it).
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
         Returns:
@@ -236,7 +235,6 @@ class Wiring:
         """
         tgt = self.target
         writes: dict = {}
-        record = record or deltas is not None
         hooks: list = []
         handles: list = []
         if embed is not None:
