@@ -19,6 +19,7 @@ Times are wall seconds of the call after the model is loaded; peaks are the proc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,7 +96,9 @@ def run_case(case: str, length: int = 2048) -> dict:
 
 
 def measure_case(case: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, case], capture_output=True, text=True, check=False)
+    src = str(HERE.parents[1] / "src")  # this checkout's headwise, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, __file__, case], capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         return {"case": case, "error": (out.stderr or out.stdout)[-2000:]}
