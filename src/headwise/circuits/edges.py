@@ -1,0 +1,173 @@
+"""Edge attribution: EAP (Syed, Rager & Conmy 2023) and EAP-IG (Hanna, Pezzelle & Belinkov 2024) over every
+edge of the :class:`~headwise.circuits.graph.Graph`.
+
+Shape legend: P prompt pairs, L length, D model width, S senders, R receivers, E edges.
+
+An edge u → v carries the sender's write ``a_u (P, L, D)`` into the receiver's input. Patching that edge alone
+from the clean to the corrupted run changes the receiver's input by ``a_u(corrupted) − a_u(clean)``; EAP
+estimates the metric's change to first order::
+
+    score(u → v) = Σ_{t, d} (a_u(corrupted) − a_u(clean))[t, d] · ∂metric/∂in_v[t, d]      (mean over pairs)
+
+with the gradient taken on the clean run, through everything downstream of v (one forward pass of each input
+and one backward pass, whatever E is). The gradient with respect to a receiver's input comes from a zero
+tensor added to that input on its side alone (:mod:`headwise.circuits.wiring`): a query head's query, a key /
+value group's keys or values, an MLP's input, the logits' input.
+
+EAP-IG replaces the clean run's gradient by its mean over ``steps`` runs whose input embeddings (the first
+block's input) lie on the line from the corrupted to the clean ones, ``e_corrupted + (k/steps)·(e_clean −
+e_corrupted)`` for k = 1 … steps (Hanna et al.'s integrated gradients on the input embeddings, right Riemann
+sum). Under an RMS norm on the attention's write (Gemma 2) a head's difference is its exact change with the layer's
+other heads at the clean run, ``norm(o + o_h(corrupted) − o_h(clean)) − norm(o)``. The sign convention is the one of
+their code: a score estimates ``metric(edge corrupted) − metric(clean)`` — an edge the answer needs scores negative
+with the logit difference, positive with KL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from headwise.checks import one_of, positive_int
+from headwise.circuits.graph import Graph, build_graph
+from headwise.circuits.paths import sender_changes
+from headwise.circuits.wiring import Wiring, wiring
+from headwise.patching.exact import check_pair
+from headwise.patching.metric import reads_last_position
+
+__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores"]
+
+EDGE_METHODS = ("eap", "eap-ig")
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class EdgeScores:
+    """Edge attribution scores.
+
+    Attributes:
+        method: ``"eap"`` or ``"eap-ig"``. steps: integrated-gradient steps (1 for EAP).
+        graph: the :class:`Graph` (``graph.edges[e]`` is the edge of ``scores[e]``).
+        scores: ``(E,)`` the estimate of metric(edge patched to corrupted) − metric(clean), mean over pairs.
+        per_pair: ``(P, E)`` the same per pair.
+        metric_clean, metric_corrupted: ``(P,)``.
+        seconds: wall time.
+    """
+
+    method: str
+    steps: int
+    graph: Graph
+    scores: Tensor
+    per_pair: Tensor
+    metric_clean: Tensor
+    metric_corrupted: Tensor
+    seconds: float = 0.0
+
+    def top(self, n: int) -> list[int]:
+        """The indices of the ``n`` edges of largest ``|score|`` (ties in edge order)."""
+        order = torch.argsort(self.scores.abs(), descending=True, stable=True)
+        return order[:n].tolist()
+
+
+def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, *, embed=None) -> Tensor:
+    """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
+    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`).
+
+    Each receiver group's input gets a zero added as a broadcast view of one scalar, and a hook on it turns the
+    group's gradient ``(P, n, L, D)`` into its scores as the backward pass reaches it: no gradient of all
+    receivers is ever held."""
+    P, L = ids.shape
+    S, D = diff.shape[1], diff.shape[-1]
+    full = diff.new_zeros(P, S, len(graph.receivers))
+    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+
+    def deltas(group, _writes):
+        sl = graph.groups[group]
+        d = zero.expand(P, sl.stop - sl.start, L, D)
+
+        def score(grad: Tensor) -> None:
+            full[:, :, sl] += torch.einsum("psld,pnld->psn", diff, grad.to(diff.dtype))
+
+        d.register_hook(score)
+        return d
+
+    with torch.enable_grad():
+        logits, _ = w.run(ids, deltas=deltas, embed=embed, last_only=reads_last_position(metric))
+        value = metric(logits)  # (P,)
+        torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+    return full
+
+
+def edge_attribution(
+    model,
+    clean,
+    corrupted,
+    metric,
+    *,
+    method: str = "eap",
+    steps: int = 5,
+    progress: Progress | None = None,
+) -> EdgeScores:
+    """Score every edge of the model's graph by EAP or EAP-IG.
+
+    Args:
+        model: a :class:`~headwise.models.HeadModel`, anything :func:`headwise.patching.as_target` accepts, or a
+            :class:`~headwise.circuits.wiring.Wiring`.
+        clean, corrupted: token ids ``(L,)`` or ``(P, L)`` of the same shape.
+        metric: ``fn(logits (N, L, V)) -> (N,)``, differentiable (:mod:`headwise.circuits.metrics`). KL to the
+            clean run has no gradient on the clean run: use ``"eap-ig"`` with it.
+        method: ``"eap"`` or ``"eap-ig"``.
+        steps: EAP-IG's interpolation steps (ignored by EAP).
+        progress: ``fn(done, total)`` after each gradient pass.
+    Returns:
+        :class:`EdgeScores`.
+    Raises:
+        ValueError / TypeError: a bad method or steps, inputs of different shapes, a structure not traced.
+    """
+    one_of("method", method, EDGE_METHODS)
+    steps = positive_int("steps", steps) if method == "eap-ig" else 1
+    if not callable(metric):
+        raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
+    t0 = time.perf_counter()
+    w = model if isinstance(model, Wiring) else wiring(model)
+    graph = build_graph(w)
+    c, x = check_pair(w.target, clean, corrupted)
+    last_only = reads_last_position(metric)
+    with torch.no_grad():
+        clean_logits, clean_raw = w.run(c, record=True, last_only=last_only)
+        corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
+    m_clean = metric(clean_logits).detach().float().cpu()
+    m_corr = metric(corr_logits).detach().float().cpu()
+    diff = sender_changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
+    e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    del clean_raw, corr_raw
+    if method == "eap":
+        full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)
+        if progress is not None:
+            progress(1, 1)
+    else:  # the scores are linear in the gradient: the mean of the steps' scores is the mean gradient's
+        full = None
+        for k in range(1, steps + 1):
+            point = e_corr + (k / steps) * (e_clean - e_corr)
+            f = receiver_scores(w, graph, c, metric, diff, embed=lambda _x, point=point: point.to(_x.dtype))
+            full = f if full is None else full + f
+            if progress is not None:
+                progress(k, steps)
+        full = full / steps
+    s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(full.device)
+    r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(full.device)
+    per_pair = full[:, s_idx, r_idx].float().cpu()  # (P, E)
+    return EdgeScores(
+        method=method,
+        steps=steps,
+        graph=graph,
+        scores=per_pair.mean(0),
+        per_pair=per_pair,
+        metric_clean=m_clean,
+        metric_corrupted=m_corr,
+        seconds=time.perf_counter() - t0,
+    )
