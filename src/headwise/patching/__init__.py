@@ -34,12 +34,23 @@ from headwise.patching.exact import (
     run_with_cache,
     sweep_cost,
 )
-from headwise.patching.logit_attribution import LogitAttribution, direct_logit_attribution
+from headwise.patching.logit_attribution import (
+    FrozenNorm,
+    LogitAttribution,
+    ResidualParts,
+    direct_logit_attribution,
+    freeze_norm,
+    residual_parts,
+)
 from headwise.patching.metric import LogitDifference, logit_difference
 from headwise.patching.target import as_target
 
 __all__ = [
     "DIRECTIONS",
+    "FrozenNorm",
+    "ResidualParts",
+    "freeze_norm",
+    "residual_parts",
     "HeadCache",
     "LogitAttribution",
     "LogitDifference",
