@@ -9,4 +9,8 @@ above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study
 
 from __future__ import annotations
 
+# QK attribution and the weights' circuits
+from headwise.circuits.qk import QKAttribution, qk_attribution  # noqa: E402
+
 __all__: list[str] = []
+__all__ += ["QKAttribution", "qk_attribution"]
