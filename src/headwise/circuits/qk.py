@@ -54,6 +54,7 @@ TOLERANCE = 1e-4  # relative: the parts against the model's q, k and scores
 
 _Q_NAMES = ("q_proj", "Wq", "query")
 _K_NAMES = ("k_proj", "Wk", "key")
+_V_NAMES = ("v_proj", "Wv", "value")
 _FUSED_NAMES = ("c_attn", "qkv_proj")
 
 
@@ -194,26 +195,33 @@ def _weight(proj: nn.Module) -> tuple[Tensor, Tensor]:
     return W, b.to(W.device)
 
 
-def _columns(attn: nn.Module, side: str, index: int, Dh: int, H: int, Hkv: int, D: int):
-    """``(W (D, Dh), b (Dh,), norm, norm_offset)`` of query head / key group ``index``: the projection's columns,
-    and the QK-norm module with the head's first column in the norm's width."""
-    found = _child(attn, _Q_NAMES if side == "q" else _K_NAMES)
+def projection(attn: nn.Module, side: str, H: int, Hkv: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
+    """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``, n =
+    Hkv) projection of an attention module, heads side by side — separate projections (``q_proj``, ``Wq``,
+    ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's ``qkv_proj``)."""
+    names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
+    found = _child(attn, names)
     if found is not None:
-        W, b = _weight(found[1])
-        start = index * Dh
-    else:
-        fused = _child(attn, _FUSED_NAMES)
-        if fused is None:
-            raise ValueError(
-                f"model: {type(attn).__name__} has no query/key projection this attribution reads "
-                f"(expected one of {_Q_NAMES + _K_NAMES + _FUSED_NAMES})"
-            )
-        W, b = _weight(fused[1])
-        q_width = D if fused[0] == "c_attn" else H * Dh  # GPT-2: q | k | v of width D each; Phi-3: H·Dh, Hkv·Dh
-        start = index * Dh + (0 if side == "q" else q_width)
-    cols = slice(start, start + Dh)
+        return _weight(found[1])
+    fused = _child(attn, _FUSED_NAMES)
+    if fused is None:
+        raise ValueError(
+            f"model: {type(attn).__name__} has no {side} projection this reads (expected one of {names + _FUSED_NAMES})"
+        )
+    W, b = _weight(fused[1])
+    q_width = D if fused[0] == "c_attn" else H * Dh
+    kv_width = D if fused[0] == "c_attn" else Hkv * Dh
+    start = {"q": 0, "k": q_width, "v": q_width + kv_width}[side]
+    width = q_width if side == "q" else kv_width
+    return W[:, start : start + width], b[start : start + width]
+
+
+def _columns(attn: nn.Module, side: str, index: int, Dh: int, H: int, Hkv: int, D: int):
+    """``(W (D, Dh), b (Dh,), norm)`` of query head / key group ``index``, and its QK-norm module (or None)."""
+    W, b = projection(attn, side, H, Hkv, Dh, D)
+    cols = slice(index * Dh, (index + 1) * Dh)
     norm = getattr(attn, f"{side}_norm", None)
-    return W[:, cols], b[cols], norm if isinstance(norm, nn.Module) else None, index * Dh
+    return W[:, cols], b[cols], norm if isinstance(norm, nn.Module) else None
 
 
 class _Side:
@@ -336,9 +344,10 @@ def _close(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and _relative(a, b) <= 1e-4
 
 
-def _input_norm(captured: dict, residual: Tensor, x_in: Tensor, layer: int):
-    """``(FrozenNorm or None, its bias or None)``: the norm between the residual stream (L, D) and the attention's
-    input (L, D), frozen per position; None where the attention reads the residual stream itself."""
+def input_norm(captured: dict, residual: Tensor, x_in: Tensor, layer: int):
+    """``(FrozenNorm or None, its bias or None)``: the norm between the residual stream ``(L, D)`` and the
+    attention's input ``(L, D)``, frozen per position, found among ``captured["norms"]`` (``(module, x (1, L, D),
+    y (1, L, D))`` of the norms beside the attention); None where the attention reads the residual stream."""
     if _close(x_in, residual):
         return None, None
     for norm, x, y in captured["norms"]:
@@ -434,7 +443,7 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     rows = captured["rows"]
     residual = parts.residual[0]  # (L, D)
     x_in = captured["input"][0].double()  # (L, D): the attention's input
-    input_norm, input_bias = _input_norm(captured, residual, x_in, layer)
+    in_norm, input_bias = input_norm(captured, residual, x_in, layer)
 
     q_all, k_all = rows.q[0].double(), rows.k[0].double()  # (H, L, Dh), (Hkv, S, Dh)
     H, Hkv, Dh, D = q_all.shape[0], k_all.shape[0], q_all.shape[-1], residual.shape[-1]
@@ -443,11 +452,11 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     rotate = _rotation(attn, captured)
     sides = {}
     for side, index in (("q", head), ("k", group)):
-        W, b, norm, _ = _columns(attn, side, index, Dh, H, Hkv, D)
+        W, b, norm = _columns(attn, side, index, Dh, H, Hkv, D)
         sides[side] = _Side(
             W.to(residual.device),
             b.to(residual.device),
-            input_norm,
+            in_norm,
             input_bias,
             _qk_norm(norm, qk_in, qk_out, side, index, Dh, x_in @ W.to(x_in.device) + b.to(x_in.device)),
             rotate,

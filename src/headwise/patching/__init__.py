@@ -40,6 +40,7 @@ from headwise.patching.logit_attribution import (
     ResidualParts,
     direct_logit_attribution,
     freeze_norm,
+    read_structure,
     residual_parts,
 )
 from headwise.patching.metric import LogitDifference, logit_difference
@@ -50,6 +51,7 @@ __all__ = [
     "FrozenNorm",
     "ResidualParts",
     "freeze_norm",
+    "read_structure",
     "residual_parts",
     "HeadCache",
     "LogitAttribution",

@@ -48,6 +48,7 @@ __all__ = [
     "ResidualParts",
     "direct_logit_attribution",
     "freeze_norm",
+    "read_structure",
     "residual_parts",
 ]
 
@@ -152,6 +153,16 @@ def _structure(target: HeadModel) -> _Structure:
     if final_norm is None:
         raise ValueError(f"model: cannot find the final norm of the {target.family} (expected {_FINAL_NORM_NAMES})")
     return _Structure(blocks, out_projs, mlps, final_norm, unembed)
+
+
+def read_structure(model) -> _Structure:
+    """The modules this decomposition reads, found by structure: ``blocks``, ``out_projs``, ``mlps`` (None for
+    attention-only blocks), per attention layer, then ``final_norm`` and ``unembed``.
+
+    Raises:
+        ValueError: a module it cannot find (named).
+    """
+    return _structure(as_target(model))
 
 
 # -- capture ---------------------------------------------------------------------------------------------------
