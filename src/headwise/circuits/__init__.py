@@ -10,7 +10,28 @@ above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study
 from __future__ import annotations
 
 # QK attribution and the weights' circuits
+from headwise.circuits.composition import (  # noqa: E402
+    CompositionScores,
+    CopyingScores,
+    HeadWeights,
+    composition_scores,
+    copying_scores,
+    head_weights,
+    ov_top_tokens,
+    qk_top_pairs,
+)
 from headwise.circuits.qk import QKAttribution, qk_attribution  # noqa: E402
 
 __all__: list[str] = []
-__all__ += ["QKAttribution", "qk_attribution"]
+__all__ += [
+    "CompositionScores",
+    "CopyingScores",
+    "HeadWeights",
+    "QKAttribution",
+    "composition_scores",
+    "copying_scores",
+    "head_weights",
+    "ov_top_tokens",
+    "qk_attribution",
+    "qk_top_pairs",
+]

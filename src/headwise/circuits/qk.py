@@ -195,10 +195,10 @@ def _weight(proj: nn.Module) -> tuple[Tensor, Tensor]:
     return W, b.to(W.device)
 
 
-def projection(attn: nn.Module, side: str, H: int, Hkv: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
-    """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``, n =
-    Hkv) projection of an attention module, heads side by side — separate projections (``q_proj``, ``Wq``,
-    ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's ``qkv_proj``)."""
+def projection(attn: nn.Module, side: str, H: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
+    """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``,
+    n = Hkv, read from the width) projection of an attention module, heads side by side — separate projections
+    (``q_proj``, ``Wq``, ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's ``qkv_proj``)."""
     names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
     found = _child(attn, names)
     if found is not None:
@@ -210,7 +210,7 @@ def projection(attn: nn.Module, side: str, H: int, Hkv: int, Dh: int, D: int) ->
         )
     W, b = _weight(fused[1])
     q_width = D if fused[0] == "c_attn" else H * Dh
-    kv_width = D if fused[0] == "c_attn" else Hkv * Dh
+    kv_width = D if fused[0] == "c_attn" else (W.shape[1] - q_width) // 2
     start = {"q": 0, "k": q_width, "v": q_width + kv_width}[side]
     width = q_width if side == "q" else kv_width
     return W[:, start : start + width], b[start : start + width]
@@ -218,7 +218,7 @@ def projection(attn: nn.Module, side: str, H: int, Hkv: int, Dh: int, D: int) ->
 
 def _columns(attn: nn.Module, side: str, index: int, Dh: int, H: int, Hkv: int, D: int):
     """``(W (D, Dh), b (Dh,), norm)`` of query head / key group ``index``, and its QK-norm module (or None)."""
-    W, b = projection(attn, side, H, Hkv, Dh, D)
+    W, b = projection(attn, side, H, Dh, D)
     cols = slice(index * Dh, (index + 1) * Dh)
     norm = getattr(attn, f"{side}_norm", None)
     return W[:, cols], b[cols], norm if isinstance(norm, nn.Module) else None
