@@ -198,7 +198,8 @@ def _weight(proj: nn.Module) -> tuple[Tensor, Tensor]:
 def projection(attn: nn.Module, side: str, H: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
     """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``,
     n = Hkv, read from the width) projection of an attention module, heads side by side — separate projections
-    (``q_proj``, ``Wq``, ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's ``qkv_proj``)."""
+    (``q_proj``, ``Wq``, ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's
+    ``qkv_proj``)."""
     names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
     found = _child(attn, names)
     if found is not None:
