@@ -249,12 +249,14 @@ class CompositionScores:
     v_group: Tensor
 
     def top(self, kind: str = "k", n: int = 10) -> list[tuple[int, int, int, int, float]]:
-        """The ``n`` largest scores of ``kind`` (``q``, ``k``, ``v``): ``(ls, hs, lr, hr, score)``."""
+        """The ``n`` largest scores of ``kind`` (``q``, ``k``, ``v``): ``(ls, hs, lr, hr, score)``, largest first
+        (only pairs that compose: fewer than ``n`` when there are fewer)."""
         if kind not in ("q", "k", "v"):
             raise ValueError(f"kind: expected 'q', 'k' or 'v', got {kind!r}")
         s = getattr(self, kind)
-        flat = torch.nan_to_num(s, nan=-1.0).flatten()
-        order = flat.argsort(descending=True)[: max(0, n)]
+        flat = s.flatten()
+        finite = torch.isfinite(flat).nonzero()[:, 0]
+        order = finite[flat[finite].argsort(descending=True)][: max(0, n)]
         idx = [torch.unravel_index(o, s.shape) for o in order]
         return [(*(int(i) for i in ix), float(s[ix])) for ix in idx]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from headwise.viz._files import HeatmapFile, save_figure
 
-__all__ = ["plot_qk", "shown_parts"]
+__all__ = ["plot_composition", "plot_qk", "shown_parts"]
 
 
 def shown_parts(terms, top: int) -> tuple[np.ndarray, list[int], list[int]]:
@@ -88,3 +88,46 @@ def plot_qk(result, path: str | os.PathLike, *, top: int = 12, title: str | None
         fig.suptitle(title, fontsize=10)
     out = save_figure(fig, path, dpi=dpi)
     return HeatmapFile(out, round(width * dpi), round(height * dpi))
+
+
+def plot_composition(
+    columns: dict, path: str | os.PathLike, *, title: str | None = None, dpi: int = 100
+) -> HeatmapFile:
+    """``composition.png``: four layer × head maps — each head's copying score (−1 … 1, centred on zero) and the
+    strongest Q-, K- and V-composition score into it from any earlier head (0 … 1).
+
+    Args:
+        columns: ``{"copying", "q_composition_max", "k_composition_max", "v_composition_max"}`` → ``(NL, H)``
+            (:func:`headwise.study.composition_columns`; NaN: no value).
+        path: the picture (.png, .svg, .pdf); its folder must exist.
+    Returns:
+        :class:`~headwise.viz._files.HeatmapFile`.
+    """
+    from matplotlib.figure import Figure
+
+    panels = (
+        ("copying", "copying score Σ Re λ / Σ |λ|", "RdBu_r", -1.0, 1.0),
+        ("q_composition_max", "strongest Q-composition into the head", "viridis", 0.0, None),
+        ("k_composition_max", "strongest K-composition into the head", "viridis", 0.0, None),
+        ("v_composition_max", "strongest V-composition into the head", "viridis", 0.0, None),
+    )
+    first = np.asarray(columns["copying"], dtype=np.float64)
+    nl, h = first.shape
+    cell_w = max(3.2, 0.35 * h + 1.6)
+    height = max(3.2, 0.2 * nl + 1.6) + (0.4 if title else 0.0)
+    fig = Figure(figsize=(4 * cell_w, height), layout="constrained")
+    for ax, (name, label, cmap, vmin, vmax) in zip(fig.subplots(1, 4), panels):
+        v = np.asarray(columns[name], dtype=np.float64)
+        top = vmax if vmax is not None else (float(np.nanmax(v)) if np.isfinite(v).any() else 1.0)
+        image = ax.imshow(v, cmap=cmap, vmin=vmin, vmax=top or 1.0, aspect="auto", interpolation="nearest")
+        ax.set_title(label, fontsize=8)
+        ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
+        step = max(1, nl // 30)
+        ax.set_yticks(range(0, nl, step), [str(x) for x in range(0, nl, step)], fontsize=6)
+        ax.set_xlabel("head", fontsize=7)
+        ax.set_ylabel("layer", fontsize=7)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    out = save_figure(fig, path, dpi=dpi)
+    return HeatmapFile(out, round(4 * cell_w * dpi), round(height * dpi))
