@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headwise.circuits.qk import input_norm, projection
+from headwise.circuits.qk import input_norm, projection, weights_of
 from headwise.patching import as_target, freeze_norm, read_structure
 from headwise.patching.logit_attribution import FrozenNorm
 
@@ -114,15 +114,6 @@ def _heads(W: Tensor, n: int) -> Tensor:
     return W.reshape(D, n, -1).permute(1, 0, 2)
 
 
-def _out_weight(proj: nn.Module) -> Tensor:
-    """``(H·Dh, D)``: the output projection as ``z ↦ z W``."""
-    if isinstance(proj, nn.Linear):
-        return proj.weight.detach().double().T
-    if type(proj).__name__ == "Conv1D":
-        return proj.weight.detach().double()
-    raise ValueError(f"model: the output projection {type(proj).__name__} is neither nn.Linear nor Conv1D")
-
-
 def _embedding(model: nn.Module) -> Tensor:
     get = getattr(model, "get_input_embeddings", None)
     emb = get() if callable(get) else getattr(model, "embed", None)
@@ -184,7 +175,7 @@ def head_weights(model, ids=None) -> HeadWeights:
         block_in = seen[("block", layer)][0][0]  # (L, D)
         attn_in = seen[("attn", layer)][0][0]
         D = block_in.shape[-1]
-        Wo = _out_weight(st.out_projs[layer])  # (H·Dh, D)
+        Wo = weights_of(st.out_projs[layer])[0]  # (H·Dh, D)
         Dh = Wo.shape[0] // H
         captured = {"norms": [(n, *seen[("norm", id(n))]) for n in norms_of[layer] if ("norm", id(n)) in seen]}
         frozen, _ = input_norm(captured, block_in, attn_in, layer)
@@ -266,6 +257,11 @@ def _r_factor(X: Tensor) -> Tensor:
     return torch.linalg.qr(X, mode="r")[1]
 
 
+def _through(A: Tensor, W: Tensor, Ns: int, Dh: int) -> Tensor:
+    """``A (Ns·Dh, D)`` times each head's ``W (n, D, Dh)`` -> ``(Ns, n, Dh, Dh)``."""
+    return (A @ W.permute(1, 0, 2).reshape(W.shape[1], -1)).reshape(Ns, Dh, W.shape[0], -1).transpose(1, 2)
+
+
 def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float32) -> CompositionScores:
     """Q-, K-, V-composition scores between every pair of heads (Elhage et al. 2021), GQA per query head and per
     key/value group, RoPE at offset 0, norms folded (see the module's notes).
@@ -289,28 +285,39 @@ def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float
         left.append(Ls)
         left_norm.append(Ls.flatten(1).norm(dim=1))  # (H,)
     for lr in range(1, NL):
-        Q, K, V = weights.W_Q[lr].to(dtype), weights.w_k(lr).to(dtype), weights.w_v(lr).to(dtype)  # (H, D, Dh)
-        O = weights.W_O[lr].to(dtype)
-        right = {
-            "q": Q @ _r_factor(K).transpose(1, 2),  # ‖Y W_QK‖ = ‖Y Q R_Kᵀ‖
-            "k": K @ _r_factor(Q).transpose(1, 2),  # ‖Y W_QKᵀ‖ = ‖Y K R_Qᵀ‖
-            "v": V @ _r_factor(O.transpose(1, 2)).transpose(1, 2),  # ‖Y W_OV‖ = ‖Y V R_Oᵀ‖ (W_Oᵀ = U R_O)
+        Q, O = weights.W_Q[lr].to(dtype), weights.W_O[lr].to(dtype)  # (H, D, Dh), (H, Dh, D)
+        Kg, Vg = weights.W_K[lr].to(dtype), weights.W_V[lr].to(dtype)  # (Hkv, D, Dh): shared by a group's heads
+        H, Hkv = Q.shape[0], Kg.shape[0]
+        g = torch.arange(H) // (H // Hkv)  # each query head's group
+        RK, RQ, RO = _r_factor(Kg)[g], _r_factor(Q), _r_factor(O.transpose(1, 2))  # (H, Dh, Dh) each
+        # ‖Y W_QK‖ = ‖Y Q R_Kᵀ‖, ‖Y W_QKᵀ‖ = ‖Y K R_Qᵀ‖, ‖Y W_OV‖ = ‖Y V R_Oᵀ‖ (W_Oᵀ = U R_O)
+        r_norm = {
+            "q": (Q @ RK.transpose(1, 2)).flatten(1).norm(dim=1),
+            "v": (Vg[g] @ RO.transpose(1, 2)).flatten(1).norm(dim=1),
         }
-        g_right = {"k": weights.W_K[lr].to(dtype), "v": weights.W_V[lr].to(dtype)}  # (Hkv, D, Dh)
+        r_norm["k"] = r_norm["q"]
         Ls = torch.cat(left[:lr])  # (Ns, Dh, D)
         ns = torch.cat(left_norm[:lr])  # (Ns,)
+        Ns, Dh = Ls.shape[0], Ls.shape[1]
         senders = [(ls, hs) for ls in range(lr) for hs in range(weights.heads_per_layer[ls])]
         idx_l = torch.tensor([s[0] for s in senders])
         idx_h = torch.tensor([s[1] for s in senders])
         A = Ls.reshape(-1, Ls.shape[-1])  # (Ns·Dh, D)
-        Dh = Ls.shape[1]
-        for kind, R in list(right.items()) + [("k_group", g_right["k"]), ("v_group", g_right["v"])]:
-            n = R.shape[0]
-            prod = A @ R.permute(1, 0, 2).reshape(R.shape[1], -1)  # (Ns·Dh, n·Dh)
-            fro = prod.reshape(len(senders), Dh, n, -1).pow(2).sum((1, 3)).sqrt()  # (Ns, n)
-            scores = fro / (ns[:, None] * R.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
-            target = out[kind] if kind in out else groups[kind[0]]
-            target[idx_l, idx_h, lr, :n] = scores.float().cpu()
+
+        # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
+        # then each head's (Dh, Dh) factor
+        PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (Ns, H|Hkv, Dh, Dh)
+        fro = {
+            "q": (PQ @ RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (Ns, H)
+            "k": (PK[:, g] @ RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+            "v": (PV[:, g] @ RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+        }
+        for kind in "qkv":
+            scores = fro[kind] / (ns[:, None] * r_norm[kind][None]).clamp_min(1e-30)
+            out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
+        for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
+            scores = P.pow(2).sum((2, 3)).sqrt() / (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
+            groups[kind][idx_l, idx_h, lr, :Hkv] = scores.float().cpu()
     return CompositionScores(out["q"], out["k"], out["v"], groups["k"], groups["v"])
 
 

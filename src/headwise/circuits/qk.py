@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.head_model import HeadModel
-from headwise.patching import as_target, freeze_norm, residual_parts
+from headwise.patching import affine_weight, as_target, freeze_norm, residual_parts
 from headwise.patching.logit_attribution import FrozenNorm
 
 __all__ = ["QKAttribution", "qk_attribution"]
@@ -182,14 +182,11 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] |
     return None
 
 
-def _weight(proj: nn.Module) -> tuple[Tensor, Tensor]:
+def weights_of(proj: nn.Module) -> tuple[Tensor, Tensor]:
     """``(W (D, out), b (out,))`` float64 of an affine projection ``x ↦ x W + b`` (``nn.Linear``, GPT-2's
     ``Conv1D``)."""
-    if isinstance(proj, nn.Linear):
-        W = proj.weight.detach().double().T
-    elif type(proj).__name__ == "Conv1D":
-        W = proj.weight.detach().double()
-    else:
+    W = affine_weight(proj)
+    if W is None:
         raise ValueError(f"model: the projection {type(proj).__name__} is neither nn.Linear nor Conv1D")
     b = proj.bias.detach().double() if getattr(proj, "bias", None) is not None else torch.zeros(W.shape[1])
     return W, b.to(W.device)
@@ -203,13 +200,13 @@ def projection(attn: nn.Module, side: str, H: int, Dh: int, D: int) -> tuple[Ten
     names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
     found = _child(attn, names)
     if found is not None:
-        return _weight(found[1])
+        return weights_of(found[1])
     fused = _child(attn, _FUSED_NAMES)
     if fused is None:
         raise ValueError(
             f"model: {type(attn).__name__} has no {side} projection this reads (expected one of {names + _FUSED_NAMES})"
         )
-    W, b = _weight(fused[1])
+    W, b = weights_of(fused[1])
     q_width = D if fused[0] == "c_attn" else H * Dh
     kv_width = D if fused[0] == "c_attn" else (W.shape[1] - q_width) // 2
     start = {"q": 0, "k": q_width, "v": q_width + kv_width}[side]
@@ -237,32 +234,32 @@ class _Side:
         self.norm_bias = None if input_bias is None else input_bias @ W  # (Dh,)
         self.b = b
 
-    def _after_projection(self, t: Tensor, pos: Tensor) -> Tensor:
-        """``t (n, L', Dh)`` at positions ``pos (L',)``: the frozen QK-norm, then the rotation."""
+    def _after_projection(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
+        """``t (n, L', Dh)`` at positions ``pos (L',)``: the frozen QK-norm, then the rotation (unless not)."""
         if self.qk_norm is not None:
             frozen, cols = self.qk_norm
             t = t * frozen.gain[cols] * frozen.inv[pos][None, :, None]
-        return self.rotate(t, pos)
+        return self.rotate(t, pos) if rotate else t
 
-    def parts(self, writes: Tensor, pos: Tensor) -> Tensor:
-        """``writes (n, L', D)`` residual parts at ``pos`` -> ``(n, L', Dh)``."""
-        t = writes @ self.G
+    def projected(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
+        """``t (n, L', Dh)``: residual parts at ``pos (L',)`` already multiplied by :attr:`G` -> ``(n, L', Dh)``
+        (``rotate=False``: before the rotation)."""
         if self.input_norm is not None:
             t = t * self.input_norm.inv[pos][None, :, None]
-        return self._after_projection(t, pos)
+        return self._after_projection(t, pos, rotate)
 
-    def constants(self, pos: Tensor) -> Tensor:
+    def constants(self, pos: Tensor, rotate: bool = True) -> Tensor:
         """``(2, L', Dh)``: the input norm's bias and the projection's bias (with a QK-norm's), each through the
-        rest of the map."""
+        rest of the map (``rotate=False``: before the rotation)."""
         n = pos.shape[0]
         nb = torch.zeros_like(self.b) if self.norm_bias is None else self.norm_bias
         t = torch.stack([nb, self.b])[:, None, :].expand(2, n, -1)
-        t = self._after_projection(t, pos)
+        t = self._after_projection(t, pos, rotate=False)
         if self.qk_norm is not None:
             frozen, cols = self.qk_norm
             t = t.clone()
-            t[1] = t[1] + self.rotate(frozen.bias[cols].expand(1, n, -1), pos)[0]
-        return t
+            t[1] = t[1] + frozen.bias[cols]
+        return self.rotate(t, pos) if rotate else t
 
 
 def _rotation(attn: nn.Module, captured: dict):
@@ -488,25 +485,31 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         raise ValueError(f"key: position {key} is masked for query {query} at layer {layer}")
     key = int(keys[weights_all[keys].argmax()]) if key is None else key
 
-    # project every part: query side at i, key side at the visible keys
+    # project every part: query side at i, key side at the visible keys. The key side is kept before the
+    # rotation: q · R_j k = k · w_j with w_j[e] = q · R_j e_e (the rotated unit vectors, one call for all keys)
     qpos = torch.tensor([query], device=q_i.device)
+    ci = int((keys == key).nonzero()[0, 0])
+    basis = torch.eye(Dh, dtype=torch.float64, device=q_i.device)[:, None, :].expand(Dh, keys.numel(), Dh)
+    w = torch.einsum("ejd,d->je", sides["k"].rotate(basis, keys), q_i) * scale  # (J, Dh)
     q_parts, k_at_key, key_terms = [], [], []
-    k_sum = torch.zeros(keys.numel(), Dh, dtype=torch.float64, device=q_i.device)
-    for _labels, writes in parts.parts():
-        w = writes[:, 0]  # (n, L, D)
-        q_parts.append(sides["q"].parts(w[:, query : query + 1], qpos)[:, 0])  # (n, Dh)
-        kp = sides["k"].parts(w[:, keys], keys)  # (n, J, Dh)
+    k_sum = torch.zeros(keys.numel(), Dh, dtype=torch.float64, device=q_i.device)  # before the rotation
+    both = torch.cat([sides["q"].G, sides["k"].G], 1)  # (D, 2·Dh): each part projected once to both sides
+    for _labels, t in parts.parts(project=both):
+        t = t[:, 0]  # (n, L, 2·Dh)
+        q_parts.append(sides["q"].projected(t[:, query : query + 1, :Dh], qpos)[:, 0])  # (n, Dh)
+        kp = sides["k"].projected(t[:, keys, Dh:], keys, rotate=False)  # (n, J, Dh)
         k_sum += kp.sum(0)
-        k_at_key.append(kp[:, int((keys == key).nonzero()[0, 0])])
-        key_terms.append((kp @ q_i) * scale)  # (n, J)
+        k_at_key.append(sides["k"].rotate(kp[:, ci : ci + 1], keys[ci : ci + 1])[:, 0])  # (n, Dh)
+        key_terms.append(torch.einsum("nje,je->nj", kp, w))  # (n, J)
     q_parts.append(sides["q"].constants(qpos)[:, 0])
-    kc = sides["k"].constants(keys)  # (2, J, Dh)
+    kc = sides["k"].constants(keys, rotate=False)  # (2, J, Dh)
     k_sum += kc.sum(0)
-    k_at_key.append(kc[:, int((keys == key).nonzero()[0, 0])])
-    key_terms.append((kc @ q_i) * scale)
+    k_at_key.append(sides["k"].rotate(kc[:, ci : ci + 1], keys[ci : ci + 1])[:, 0])
+    key_terms.append(torch.einsum("nje,je->nj", kc, w))
     q_parts = torch.cat(q_parts)  # (A, Dh)
     k_at_key = torch.cat(k_at_key)  # (B, Dh)
     key_terms = torch.cat(key_terms)  # (B, J)
+    k_sum = sides["k"].rotate(k_sum[None], keys)[0]
 
     errors = {
         "query": _relative(q_parts.sum(0), q_i),
@@ -515,7 +518,6 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     query_terms = (q_parts @ k_g[keys].T) * scale  # (A, J)
     terms = (q_parts @ k_at_key.T) * scale  # (A, B)
     scores = scores_all[keys]
-    ci = int((keys == key).nonzero()[0, 0])
     errors["terms"] = float((terms.sum() - scores[ci]).abs() / scores.abs().max().clamp_min(1e-30))
     errors["query_terms"] = _relative(query_terms.sum(0), scores)
     errors["key_terms"] = _relative(key_terms.sum(0), scores)

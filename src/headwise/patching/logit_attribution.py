@@ -46,6 +46,7 @@ __all__ = [
     "FrozenNorm",
     "LogitAttribution",
     "ResidualParts",
+    "affine_weight",
     "direct_logit_attribution",
     "freeze_norm",
     "read_structure",
@@ -294,7 +295,7 @@ def _post_norm(block: nn.Module, skip: set[int], rec: _Recorder, write: Tensor, 
         if id(child) in skip or not _is_norm(child):
             continue
         x = rec.inputs.get((layer, id(child)))
-        if x is not None and x.shape == write.shape and _close(x.double(), write.double()):
+        if x is not None and x.shape == write.shape and _close(x, write):
             return child
     return None
 
@@ -457,42 +458,80 @@ class ResidualParts:
     _structure: _Structure
     _recorder: _Recorder
 
-    def parts(self):
+    def parts(self, project: Tensor | None = None):
         """Yield ``(labels, writes)`` one layer at a time — ``writes (n, P, L, D)`` float64 for the ``n`` labels
         (the embeddings alone first, then each earlier layer's heads, bias and MLP) — so that a caller can
         reduce each layer's writes before the next is formed (memory: one layer's parts). Each layer's writes
-        are checked to add up to its change of the residual stream, the last to the block's input."""
+        are checked to add up to its change of the residual stream, the last to the block's input.
+
+        ``project`` ``(D, E)`` float64: yield ``writes @ project`` ``(n, P, L, E)`` instead. Where the output
+        projection is an ``nn.Linear`` or ``Conv1D``, each head's write is then formed as ``z_h (W_O,h project)``
+        (never in D: ``L·H·Dh·E`` multiply-adds instead of ``L·H·(H·Dh)·D``), the heads' sum checked against
+        the projection's output on the first rows, the block's sum in D as before."""
         rec, st, target = self._recorder, self._structure, self._target
         embed = rec.inputs["embed"].double()  # (P, L, D)
         P, L, D = embed.shape
+
+        def out(v: Tensor) -> Tensor:  # (…, D) -> (…, E)
+            return v if project is None else v @ project.to(v.device)
+
         residual = embed
-        yield ["embed"], embed[None]
+        yield ["embed"], out(embed)[None]
         for layer in range(self.layer):
             block, proj, mlp = st.blocks[layer], st.out_projs[layer], st.mlps[layer]
             H = target.heads_per_layer[layer]
-            z = rec.inputs[("proj", layer)]
-            each, bias = _head_writes(proj, z.reshape(P * L, -1), H)  # (P·L, H, D), (D,)
+            z = rec.inputs[("proj", layer)].reshape(P * L, -1)
             o_out = rec.outputs[("proj", layer)].reshape(P * L, D).double()
-            if not _close(each.sum(1) + bias, o_out):
-                raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
             skip = {id(target.attention_modules[layer])} | ({id(mlp)} if mlp is not None else set())
             flat = _FlatRecorder(rec, P * L)
             norm = _post_norm(block, skip, flat, flat.outputs[("proj", layer)], layer)
-            if norm is not None:
-                lin, nb = _frozen_norm(norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm")
-                each, bias = lin(each), lin(bias.expand(P * L, -1)) + nb
-                skip.add(id(norm))
+            W = affine_weight(proj) if project is not None else None
+            if W is not None:  # heads formed in the projected space
+                bias = _head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
+                rows = slice(0, min(P * L, 64))
+                if not _close(z[rows].double() @ W + bias, o_out[rows]):
+                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+                Wh = W.reshape(H, -1, D)  # (H, Dv, D)
+                zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
+                M = project.to(W.device)
+                attn_write = o_out
+                if norm is not None:
+                    frozen = freeze_norm(
+                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
+                    )
+                    M = frozen.gain[:, None] * M
+                    M = M - M.mean(0, keepdim=True) if frozen.centred else M
+                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
+                    bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
+                    attn_write = frozen(o_out) + frozen.bias
+                    skip.add(id(norm))
+                else:
+                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M)  # (H, P·L, E)
+                    bias = bias.expand(P * L, -1)
+                E = heads.shape[-1]
+                writes = [heads.reshape(H, P, L, E), out(bias).reshape(1, P, L, E)]
             else:
-                bias = bias.expand(P * L, -1)
+                each, bias = _head_writes(proj, z, H)  # (P·L, H, D), (D,)
+                if not _close(each.sum(1) + bias, o_out):
+                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+                if norm is not None:
+                    lin, nb = _frozen_norm(
+                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
+                    )
+                    each, bias = lin(each), lin(bias.expand(P * L, -1)) + nb
+                    skip.add(id(norm))
+                else:
+                    bias = bias.expand(P * L, -1)
+                attn_write = each.sum(1) + bias
+                writes = [out(each.reshape(P, L, H, D).permute(2, 0, 1, 3)), out(bias.reshape(1, P, L, D))]
             labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
-            writes = [each.reshape(P, L, H, D).permute(2, 0, 1, 3), bias.reshape(1, P, L, D)]
-            total = each.sum(1).reshape(P, L, D) + bias.reshape(P, L, D)
+            total = attn_write.reshape(P, L, D)
             if mlp is not None:
                 mlp_write = flat.outputs[(layer, id(mlp))]
                 post = _post_norm(block, skip, flat, mlp_write, layer)
                 mlp_write = (flat.outputs[(layer, id(post))] if post is not None else mlp_write).double()
                 labels.append(f"L{layer}.mlp")
-                writes.append(mlp_write.reshape(1, P, L, D))
+                writes.append(out(mlp_write.reshape(1, P, L, D)))
                 total = total + mlp_write.reshape(P, L, D)
             after = rec.outputs[("block", layer)].double()
             if not _close(residual + total, after):
@@ -504,6 +543,15 @@ class ResidualParts:
             yield labels, torch.cat(writes, 0)
         if not _close(residual, self.residual):
             raise ValueError(f"model: the parts do not add up to block {self.layer}'s input")
+
+
+def affine_weight(proj: nn.Module) -> Tensor | None:
+    """``W (in, out)`` float64 of ``x ↦ x W + b`` for an ``nn.Linear`` or GPT-2's ``Conv1D``, else None."""
+    if isinstance(proj, nn.Linear):
+        return proj.weight.detach().double().T
+    if type(proj).__name__ == "Conv1D":
+        return proj.weight.detach().double()
+    return None
 
 
 class _FlatRecorder:
