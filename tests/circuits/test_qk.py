@@ -68,6 +68,7 @@ def test_the_parts_add_up_and_the_weights_are_eager_weights(case, layer):
         torch.testing.assert_close(r.logits, r.scores)
 
 
+@torch.no_grad()
 def test_llama_embedding_part_equals_the_weights_by_hand():
     """q_embed(i) = RoPE_i(W_Q[h] (e_i · g / rms(x_i))), x the layer's input; k(j) formed from the whole input."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
