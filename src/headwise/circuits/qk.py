@@ -473,9 +473,9 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         raise ValueError(f"query: position {query} sees no key at layer {layer} (every key is masked)")
     score_bias = torch.zeros(S, dtype=torch.float64, device=q_i.device)
     if rows.bias is not None:
-        score_bias = torch.broadcast_to(rows.bias, (1, H, L, S))[0, head, query].double()
+        score_bias = torch.broadcast_to(rows.bias, (1, H, L, S))[0, head, query].detach().double()
     scores_all = (k_g @ q_i) * scale  # (S,)
-    sink = None if rows.sinks is None else rows.sinks[head].double()
+    sink = None if rows.sinks is None else rows.sinks[head].detach().double()
     logits_all = soft_cap(scores_all, rows.softcap) + score_bias
     weights_all = _row_weights(logits_all[None], blocked, sink)[0]
     model_weights = rows.weights(query, query + 1, torch.tensor([head]), keys=S)[0, 0, 0].double()
