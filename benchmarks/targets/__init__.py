@@ -17,6 +17,7 @@ from targets.heads_long import HeadsLong
 from targets.lab import Lab
 from targets.limits import Limits
 from targets.long import Long
+from targets.qk import QK
 from targets.train import Train
 from targets.weights import Weights
 
@@ -35,6 +36,7 @@ ALL: dict[str, Target] = {
         Long(),
         HeadsLong(),
         Circuits(),
+        QK(),
         Blocked(),
         GPU(),
     )

@@ -9,19 +9,30 @@ above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study
 
 from __future__ import annotations
 
-__all__: list[str] = []
+# -- why a head attends, and the weights' circuits (docs/qk.md) --
+from headwise.circuits.composition import (
+    CompositionScores,
+    CopyingScores,
+    HeadWeights,
+    composition_scores,
+    copying_scores,
+    head_weights,
+    ov_top_tokens,
+    qk_top_pairs,
+)
 
-# -- paths, edges and faithfulness (docs/circuits.md) ------------------------------------------------------------
-from headwise.circuits.edges import EDGE_METHODS, EdgeScores, edge_attribution  # noqa: E402
-from headwise.circuits.faithfulness import ABLATIONS, Faithfulness, faithfulness, smallest_circuit  # noqa: E402
-from headwise.circuits.find import CIRCUIT_METHODS, find_circuit  # noqa: E402
-from headwise.circuits.graph import Edge, Graph, Node, build_graph  # noqa: E402
-from headwise.circuits.metrics import METRICS, AnswerProbability, KLToClean, make_metric  # noqa: E402
-from headwise.circuits.paths import PathPatching, patch_edges, path_patch  # noqa: E402
-from headwise.circuits.result import Circuit  # noqa: E402
-from headwise.circuits.wiring import Wiring, wiring  # noqa: E402
+# -- paths, edges and faithfulness (docs/circuits.md) --
+from headwise.circuits.edges import EDGE_METHODS, EdgeScores, edge_attribution
+from headwise.circuits.faithfulness import ABLATIONS, Faithfulness, faithfulness, smallest_circuit
+from headwise.circuits.find import CIRCUIT_METHODS, find_circuit
+from headwise.circuits.graph import Edge, Graph, Node, build_graph
+from headwise.circuits.metrics import METRICS, AnswerProbability, KLToClean, make_metric
+from headwise.circuits.paths import PathPatching, patch_edges, path_patch
+from headwise.circuits.qk import QKAttribution, qk_attribution
+from headwise.circuits.result import Circuit
+from headwise.circuits.wiring import Wiring, wiring
 
-__all__ += [
+__all__ = [
     "ABLATIONS",
     "AnswerProbability",
     "CIRCUIT_METHODS",
@@ -45,4 +56,14 @@ __all__ += [
     "path_patch",
     "smallest_circuit",
     "wiring",
+    "CompositionScores",
+    "CopyingScores",
+    "HeadWeights",
+    "QKAttribution",
+    "composition_scores",
+    "copying_scores",
+    "head_weights",
+    "ov_top_tokens",
+    "qk_attribution",
+    "qk_top_pairs",
 ]

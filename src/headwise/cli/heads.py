@@ -195,6 +195,13 @@ def heads(
             help="Decoders: write headview_queries.html alone, from a pass over those queries' rows (no statistics).",
         ),
     ] = False,
+    composition: Annotated[
+        bool,
+        typer.Option(
+            "--composition",
+            help="Decoders: Q/K/V-composition and copying scores from the weights (heads.json, composition.png).",
+        ),
+    ] = False,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
 
@@ -218,10 +225,13 @@ def heads(
         block_size=block_size,
         queries=queries,
         queries_only=queries_only,
+        composition=composition,
     )  # every check that needs no model, before anything is loaded
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
         hm = load(model, cache=opts.cache)
+    if composition and (hm is None or hm.kind != "decoder"):
+        raise CLIError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if queries_only and (hm is None or hm.kind != "decoder"):
         raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and hm.kind == "decoder":
@@ -406,6 +416,10 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, opts, title, extra)
         console.print(_importance_line(result))
+    if opts.composition:
+        columns, more = _composition(hm, out, title, extra, columns, more)
+        if "composition" in extra:
+            console.print(_composition_line(extra["composition"]))
     sentence = SentenceHeads(report, *_drawn(view, tokens))
     extra["view"] = _view_note(view)
     console.print(extra["view"]["note"])
@@ -447,6 +461,34 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
+
+
+def _composition(hm, out: Path, title: str, extra: dict, columns, more):
+    """``--composition``: the weights' circuits' per-head columns and summary, and ``composition.png``."""
+    from headwise.viz.qk import plot_composition
+
+    try:
+        with stage_progress() as progress:
+            progress("composition and copying scores", 0, 1)
+            cols, summary = study.composition_columns(hm)
+            progress("composition and copying scores", 1, 1)
+    except ValueError as e:  # a structure the weights' reader does not know: the rest of the study stands
+        _warn(f"--composition skipped: {' '.join(str(e).split())}")
+        return columns, more
+    extra["composition"] = summary
+    try:
+        path = plot_composition(cols, out / "composition.png", title=f"{title} — the weights' circuits").path
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+    return {**(columns or {}), **cols}, {**more, "composition.png": path}
+
+
+def _composition_line(summary: dict) -> str:
+    best = summary["top"]["k"][:3]
+    pairs = ", ".join(
+        f"L{t['sender_layer']}H{t['sender_head']}→L{t['layer']}H{t['head']} {t['score']:.2f}" for t in best
+    )
+    return f"composition (weights): strongest K-composition {pairs}; copying scores in heads.json, composition.png"
 
 
 def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:

@@ -34,24 +34,39 @@ from headwise.patching.exact import (
     run_with_cache,
     sweep_cost,
 )
-from headwise.patching.logit_attribution import LogitAttribution, direct_logit_attribution
+from headwise.patching.logit_attribution import (
+    FrozenNorm,
+    LogitAttribution,
+    ResidualParts,
+    affine_weight,
+    direct_logit_attribution,
+    freeze_norm,
+    read_structure,
+    residual_parts,
+)
 from headwise.patching.metric import LogitDifference, logit_difference
 from headwise.patching.target import as_target
 
 __all__ = [
     "DIRECTIONS",
+    "FrozenNorm",
     "HeadCache",
     "LogitAttribution",
     "LogitDifference",
     "Patch",
     "Patching",
+    "ResidualParts",
+    "affine_weight",
     "as_target",
     "attribution_patch",
     "direct_logit_attribution",
+    "freeze_norm",
     "logit_difference",
     "patch_heads",
     "patch_positions",
     "patch_set",
+    "read_structure",
+    "residual_parts",
     "run_patched",
     "run_with_cache",
     "sweep_cost",

@@ -42,7 +42,16 @@ from headwise.patching.metric import LogitDifference
 from headwise.patching.target import as_target
 from headwise.points import MLP_NAMES, OUT_PROJ_NAMES
 
-__all__ = ["LogitAttribution", "direct_logit_attribution"]
+__all__ = [
+    "FrozenNorm",
+    "LogitAttribution",
+    "ResidualParts",
+    "affine_weight",
+    "direct_logit_attribution",
+    "freeze_norm",
+    "read_structure",
+    "residual_parts",
+]
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 _UNEMBED_NAMES = ("unembed", "lm_head")
@@ -147,6 +156,16 @@ def _structure(target: HeadModel) -> _Structure:
     return _Structure(blocks, out_projs, mlps, final_norm, unembed)
 
 
+def read_structure(model) -> _Structure:
+    """The modules this decomposition reads, found by structure: ``blocks``, ``out_projs``, ``mlps`` (None for
+    attention-only blocks), per attention layer, then ``final_norm`` and ``unembed``.
+
+    Raises:
+        ValueError: a module it cannot find (named).
+    """
+    return _structure(as_target(model))
+
+
 # -- capture ---------------------------------------------------------------------------------------------------
 
 
@@ -204,23 +223,45 @@ def _close(a: Tensor, b: Tensor) -> bool:
     return bool((a - b).abs().max() <= 1e-3 * scale) if b.numel() else True
 
 
-def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):
-    """``(lin, bias)``: the norm at ``x (P, D)`` as ``y = lin(x) + bias``, its scale frozen; ``lin`` acts on
-    ``(P, …, D)`` parts. Checked against the norm's actual output ``y``."""
-    P, D = x.shape
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A norm at one run as ``y = lin(x) + bias`` with its scale frozen per row: ``lin(v) = C(v) · gain · inv``.
+
+    Attributes:
+        inv: ``(N,)`` float64, ``1/σ`` (LayerNorm) or ``1/rms`` (RMS norms) of each row of the run.
+        gain: ``(D,)`` float64, the norm's learned gain (Gemma's ``1 + w`` read as it acts).
+        bias: ``(D,)`` float64, the norm's bias (zeros without one).
+        centred: True for a LayerNorm (``C`` subtracts the mean over D, which is linear), else ``C`` = identity.
+    """
+
+    inv: Tensor
+    gain: Tensor
+    bias: Tensor
+    centred: bool
+
+    def __call__(self, v: Tensor) -> Tensor:
+        """``lin`` on parts ``(N, …, D)`` (rows first, as the run's rows)."""
+        if self.centred:
+            v = v - v.mean(-1, keepdim=True)
+        inv = self.inv.to(v.device).reshape(self.inv.shape[0], *([1] * (v.dim() - 1)))
+        return v * self.gain.to(v.device) * inv
+
+
+def freeze_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str) -> FrozenNorm:
+    """The norm ``norm`` at inputs ``x (N, D)`` frozen as a :class:`FrozenNorm`, checked against its actual
+    outputs ``y (N, D)`` (a LayerNorm, or an RMS norm ``x·g/rms(x) + b`` of any layout — the gain and bias
+    are read by probing the module at 0 and 1).
+
+    Raises:
+        ValueError: the norm is neither (``what`` names it), or names no epsilon.
+    """
+    D = x.shape[-1]
     x64 = x.double()
-
-    def rows(s: Tensor, v: Tensor) -> Tensor:
-        return s.reshape(P, *([1] * (v.dim() - 1)))  # (P, 1, …, 1)
-
     if isinstance(norm, nn.LayerNorm):
-        inv = 1.0 / torch.sqrt(x64.var(-1, unbiased=False) + norm.eps)  # (P,)
+        inv = 1.0 / torch.sqrt(x64.var(-1, unbiased=False) + norm.eps)  # (N,)
         gain = norm.weight.detach().double() if norm.weight is not None else torch.ones(D, dtype=torch.float64)
         bias = norm.bias.detach().double() if norm.bias is not None else torch.zeros(D, dtype=torch.float64)
-
-        def lin(v: Tensor) -> Tensor:
-            return (v - v.mean(-1, keepdim=True)) * gain.to(v.device) * rows(inv, v)
-
+        frozen = FrozenNorm(inv, gain.to(x.device), bias.to(x.device), True)
     else:
         eps = next((getattr(norm, n) for n in _EPS_NAMES if isinstance(getattr(norm, n, None), float)), None)
         if eps is None:
@@ -231,17 +272,21 @@ def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):
             bias = _output_tensor(norm(torch.zeros(1, D, dtype=dtype, device=x.device)))[0].double()
             ones = _output_tensor(norm(torch.ones(1, D, dtype=dtype, device=x.device)))[0].double()
         gain = (ones - bias) * math.sqrt(1.0 + eps)
-        inv = 1.0 / torch.sqrt(x64.pow(2).mean(-1) + eps)  # (P,)
-
-        def lin(v: Tensor) -> Tensor:
-            return v * gain.to(v.device) * rows(inv, v)
-
-    if not _close(lin(x64) + bias, y.double()):
+        inv = 1.0 / torch.sqrt(x64.pow(2).mean(-1) + eps)  # (N,)
+        frozen = FrozenNorm(inv, gain, bias, False)
+    if not _close(frozen(x64) + frozen.bias, y.double()):
         raise ValueError(
             f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
             "at this run; its scale cannot be frozen"
         )
-    return lin, bias
+    return frozen
+
+
+def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):
+    """``(lin, bias)``: the norm at ``x (P, D)`` as ``y = lin(x) + bias``, its scale frozen; ``lin`` acts on
+    ``(P, …, D)`` parts. Checked against the norm's actual output ``y``."""
+    frozen = freeze_norm(norm, x, y, what)
+    return frozen, frozen.bias
 
 
 def _post_norm(block: nn.Module, skip: set[int], rec: _Recorder, write: Tensor, layer: int):
@@ -250,7 +295,7 @@ def _post_norm(block: nn.Module, skip: set[int], rec: _Recorder, write: Tensor, 
         if id(child) in skip or not _is_norm(child):
             continue
         x = rec.inputs.get((layer, id(child)))
-        if x is not None and x.shape == write.shape and _close(x.double(), write.double()):
+        if x is not None and x.shape == write.shape and _close(x, write):
             return child
     return None
 
@@ -388,3 +433,178 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         logit_difference=logit_difference,
         position=metric.position,
     )
+
+
+# -- the residual stream's parts at every position (shared with headwise.circuits) -----------------------------
+
+
+@dataclass
+class ResidualParts:
+    """The residual stream entering block ``layer`` at every position of one forward pass, as the sum of its
+    writes (the decomposition of :func:`direct_logit_attribution`, kept at every position).
+
+    Attributes:
+        layer: the block whose input is decomposed (0 … NL − 1).
+        residual: ``(P, L, D)`` float64, that block's actual input.
+        labels: the parts' names in residual-stream order: ``"embed"``, then per earlier layer ``l`` each head
+            ``"L{l}.H{h}"``, ``"L{l}.attn_bias"`` (the output projection's bias, with a post-norm's bias) and
+            ``"L{l}.mlp"`` (absent without a feed-forward).
+    """
+
+    layer: int
+    residual: Tensor
+    labels: list[str]
+    _target: HeadModel
+    _structure: _Structure
+    _recorder: _Recorder
+
+    def parts(self, project: Tensor | None = None):
+        """Yield ``(labels, writes)`` one layer at a time — ``writes (n, P, L, D)`` float64 for the ``n`` labels
+        (the embeddings alone first, then each earlier layer's heads, bias and MLP) — so that a caller can
+        reduce each layer's writes before the next is formed (memory: one layer's parts). Each layer's writes
+        are checked to add up to its change of the residual stream, the last to the block's input.
+
+        ``project`` ``(D, E)`` float64: yield ``writes @ project`` ``(n, P, L, E)`` instead. Where the output
+        projection is an ``nn.Linear`` or ``Conv1D``, each head's write is then formed as ``z_h (W_O,h project)``
+        (never in D: ``L·H·Dh·E`` multiply-adds instead of ``L·H·(H·Dh)·D``), the heads' sum checked against
+        the projection's output on the first rows, the block's sum in D as before."""
+        rec, st, target = self._recorder, self._structure, self._target
+        embed = rec.inputs["embed"].double()  # (P, L, D)
+        P, L, D = embed.shape
+
+        def out(v: Tensor) -> Tensor:  # (…, D) -> (…, E)
+            return v if project is None else v @ project.to(v.device)
+
+        residual = embed
+        yield ["embed"], out(embed)[None]
+        for layer in range(self.layer):
+            block, proj, mlp = st.blocks[layer], st.out_projs[layer], st.mlps[layer]
+            H = target.heads_per_layer[layer]
+            z = rec.inputs[("proj", layer)].reshape(P * L, -1)
+            o_out = rec.outputs[("proj", layer)].reshape(P * L, D).double()
+            skip = {id(target.attention_modules[layer])} | ({id(mlp)} if mlp is not None else set())
+            flat = _FlatRecorder(rec, P * L)
+            norm = _post_norm(block, skip, flat, flat.outputs[("proj", layer)], layer)
+            W = affine_weight(proj) if project is not None else None
+            if W is not None:  # heads formed in the projected space
+                bias = _head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
+                rows = slice(0, min(P * L, 64))
+                if not _close(z[rows].double() @ W + bias, o_out[rows]):
+                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+                Wh = W.reshape(H, -1, D)  # (H, Dv, D)
+                zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
+                M = project.to(W.device)
+                attn_write = o_out
+                if norm is not None:
+                    frozen = freeze_norm(
+                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
+                    )
+                    M = frozen.gain[:, None] * M
+                    M = M - M.mean(0, keepdim=True) if frozen.centred else M
+                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
+                    bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
+                    attn_write = frozen(o_out) + frozen.bias
+                    skip.add(id(norm))
+                else:
+                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M)  # (H, P·L, E)
+                    bias = bias.expand(P * L, -1)
+                E = heads.shape[-1]
+                writes = [heads.reshape(H, P, L, E), out(bias).reshape(1, P, L, E)]
+            else:
+                each, bias = _head_writes(proj, z, H)  # (P·L, H, D), (D,)
+                if not _close(each.sum(1) + bias, o_out):
+                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+                if norm is not None:
+                    lin, nb = _frozen_norm(
+                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
+                    )
+                    each, bias = lin(each), lin(bias.expand(P * L, -1)) + nb
+                    skip.add(id(norm))
+                else:
+                    bias = bias.expand(P * L, -1)
+                attn_write = each.sum(1) + bias
+                writes = [out(each.reshape(P, L, H, D).permute(2, 0, 1, 3)), out(bias.reshape(1, P, L, D))]
+            labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
+            total = attn_write.reshape(P, L, D)
+            if mlp is not None:
+                mlp_write = flat.outputs[(layer, id(mlp))]
+                post = _post_norm(block, skip, flat, mlp_write, layer)
+                mlp_write = (flat.outputs[(layer, id(post))] if post is not None else mlp_write).double()
+                labels.append(f"L{layer}.mlp")
+                writes.append(out(mlp_write.reshape(1, P, L, D)))
+                total = total + mlp_write.reshape(P, L, D)
+            after = rec.outputs[("block", layer)].double()
+            if not _close(residual + total, after):
+                raise ValueError(
+                    f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
+                    f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
+                )
+            residual = after
+            yield labels, torch.cat(writes, 0)
+        if not _close(residual, self.residual):
+            raise ValueError(f"model: the parts do not add up to block {self.layer}'s input")
+
+
+def affine_weight(proj: nn.Module) -> Tensor | None:
+    """``W (in, out)`` float64 of ``x ↦ x W + b`` for an ``nn.Linear`` or GPT-2's ``Conv1D``, else None."""
+    if isinstance(proj, nn.Linear):
+        return proj.weight.detach().double().T
+    if type(proj).__name__ == "Conv1D":
+        return proj.weight.detach().double()
+    return None
+
+
+class _FlatRecorder:
+    """A recorder's tensors of every position seen as ``(P·L, …)`` rows (what the frozen norms read)."""
+
+    def __init__(self, rec: _Recorder, rows: int):
+        self.inputs = {k: v.reshape(rows, *v.shape[2:]) for k, v in rec.inputs.items() if v.dim() >= 3}
+        self.outputs = {k: v.reshape(rows, *v.shape[2:]) for k, v in rec.outputs.items() if v.dim() >= 3}
+
+
+def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
+    """Record one forward pass and decompose the residual stream entering block ``layer`` at every position.
+
+    Args:
+        model: see :func:`headwise.patching.as_target`.
+        ids: token ids ``(L,)`` or ``(P, L)``.
+        layer: the block whose input is decomposed, ``0 ≤ layer < NL``.
+        forward: ``forward(target, ids)`` runs the pass (default: the model's rows without the language-model
+            head, :meth:`HeadModel.run_with_cache` of nothing); a caller passes its own to read other points
+            in the same pass. The writes of every block up to ``layer`` are recorded at every position.
+    Returns:
+        :class:`ResidualParts` (iterate :meth:`ResidualParts.parts`).
+    Raises:
+        ValueError: a layer out of range, or a structure this decomposition does not read (the check named).
+    """
+    from headwise.checks import layer_number
+    from headwise.patching.exact import check_pair
+
+    target = as_target(model)
+    layer = layer_number("layer", layer, target.num_layers)
+    ids, _ = check_pair(target, ids, ids)
+    st = _structure(target)
+    rec = _Recorder(slice(None))
+    try:
+        rec.watch("embed", st.blocks[0], outputs=False)
+        rec.watch("resid", st.blocks[layer], outputs=False)
+        for l_ in range(layer):
+            block = st.blocks[l_]
+            rec.watch(("block", l_), block, inputs=False)
+            rec.watch(("proj", l_), st.out_projs[l_])
+            for child in block.children():
+                if child is not target.attention_modules[l_]:
+                    rec.watch((l_, id(child)), child)
+        with torch.no_grad():
+            if forward is None:
+                target.run_with_cache(ids, names=[])
+            else:
+                forward(target, ids)
+    finally:
+        rec.close()
+    labels = ["embed"]
+    for l_ in range(layer):
+        labels += [f"L{l_}.H{h}" for h in range(target.heads_per_layer[l_])] + [f"L{l_}.attn_bias"]
+        if st.mlps[l_] is not None:
+            labels.append(f"L{l_}.mlp")
+    return ResidualParts(layer, rec.inputs["resid"].double(), labels, target, st, rec)

@@ -29,6 +29,7 @@ import importlib
 _MODULES = {
     "headwise.study.decoder": [
         "PROBE_CHUNK", "VIEW_BINS", "VIEW_FULL_UP_TO", "DecoderHeads", "DecoderPlan", "ExampleView", "decoder_heads",
+        "composition_columns",
         "decoder_report", "decoder_texts", "example_view", "plan_decoder", "query_rows",
     ],
     "headwise.study.encoder": [

@@ -30,6 +30,7 @@ __all__ = [
     "DecoderHeads",
     "DecoderPlan",
     "ExampleView",
+    "composition_columns",
     "decoder_heads",
     "decoder_report",
     "decoder_texts",
@@ -278,3 +279,58 @@ def query_rows(hm, options: HeadsOptions, plan: DecoderPlan, *, warn: Callable[[
     )  # fmt: skip
     n = int(mask[0].sum())
     return ExampleView(ids=ids[0, :n].tolist(), kept=reader.kept.numpy(), queries=reader.keep)
+
+
+def composition_columns(hm) -> tuple[dict[str, np.ndarray], dict]:
+    """The weights' circuits of every head (:mod:`headwise.circuits.composition`, Elhage et al. 2021) for
+    ``heads.json`` / ``heads.csv``: ``(columns, summary)``.
+
+    Returns:
+        columns: per-head ``(NL, H)`` values — ``copying`` (``Σ Re λ / Σ |λ|`` of the OV circuit through the
+            embedding and unembedding), ``copying_positive`` (the fraction of its nonzero eigenvalues with a
+            positive real part), ``q_composition_max`` / ``k_composition_max`` / ``v_composition_max`` (the
+            strongest sender into this head; NaN in layer 0).
+        summary: the conventions, the 20 strongest pairs of each kind, and the full ``(NL, H, NL, H)`` Q/K/V and
+            ``(NL, H, NL, Hkv)`` per-group K/V scores (None where no score: same or later sender).
+    """
+    from headwise.circuits import composition_scores, copying_scores, head_weights
+
+    weights = head_weights(hm)
+    scores = composition_scores(weights)
+    copying = copying_scores(weights)
+
+    def receiver_max(s):
+        m = s.numpy().reshape(-1, *s.shape[2:])  # (NL·H, NL, H)
+        finite = np.isfinite(m).any(0)
+        out = np.full(m.shape[1:], np.nan)
+        out[finite] = np.nanmax(np.where(np.isfinite(m), m, -np.inf), 0)[finite]
+        return out
+
+    def nested(s):
+        return np.round(s.numpy().astype(np.float64), 5).tolist()
+
+    def clean(x):
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return None if x != x else x
+
+    columns = {
+        "copying": copying.copying.numpy(),
+        "copying_positive": copying.positive.numpy(),
+        **{f"{k}_composition_max": receiver_max(getattr(scores, k)) for k in "qkv"},
+    }
+    summary = {
+        "convention": (
+            "Elhage et al. 2021: Q/K/V composition ||W_OV^s W||_F / (||W_OV^s||_F ||W||_F) with W = W_QK^r, "
+            "W_QK^r^T, W_OV^r of the receiver; indices [sender layer, sender head, receiver layer, receiver head]; "
+            "norms' gains folded, their scales set to 1; RoPE at offset 0 (the content part); GQA: per query head, "
+            "and per key/value group into W_K^g / W_V^g alone (k_group, v_group); copying = sum Re(lambda) / "
+            "sum |lambda| of W_E W_V W_O W_U's nonzero eigenvalues"
+        ),
+        "top": {
+            k: [dict(zip(("sender_layer", "sender_head", "layer", "head", "score"), t)) for t in scores.top(k, 20)]
+            for k in "qkv"
+        },
+        **{k: clean(nested(getattr(scores, k))) for k in ("q", "k", "v", "k_group", "v_group")},
+    }
+    return columns, summary

@@ -51,6 +51,8 @@ class HeadsOptions:
         queries: decoders: ``"A:B"``, the example's queries kept at full resolution (parsed against the example by
             :func:`headwise.study.plan_decoder`).
         queries_only: decoders: those queries' page alone, from a pass over their rows (no statistics).
+        composition: decoders: add the weights' circuits — Q/K/V-composition and copying scores
+            (:func:`headwise.study.composition_columns`).
     Raises:
         ValueError: naming the option: an empty ``text``, a ``corpus`` that is missing or a folder, a non-positive
             ``block_size``, ``queries_only`` without ``queries`` or with ``importance``, a count out of range.
@@ -71,6 +73,7 @@ class HeadsOptions:
     block_size: int | None = None
     queries: str | None = None
     queries_only: bool = False
+    composition: bool = False
 
     def __post_init__(self):
         for name in ("text", "corpus", "model", "queries"):
@@ -94,6 +97,8 @@ class HeadsOptions:
             raise ValueError("--queries-only: expected --queries A:B (the queries to draw)")
         if self.queries_only and self.importance:
             raise ValueError("--queries-only: draws the chosen queries alone; run --importance without it")
+        if self.queries_only and self.composition:
+            raise ValueError("--queries-only: draws the chosen queries alone; run --composition without it")
         for name in ("batch_size", "importance_sentences"):
             checks.positive_int(self.flag(name), getattr(self, name))
         for name in ("probe_length", "probe_repeats"):

@@ -1,0 +1,406 @@
+"""The weights' circuits (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"): how heads
+compose, what a head's OV circuit copies, which token pairs its QK circuit scores highest — from the weights
+alone, no forward pass but one short one that finds which norm feeds what.
+
+Shape legend: NL layers, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, D model width,
+V vocabulary. Row-vector convention (TransformerLens's): a head reads ``x (D,)`` as ``x W_Q``, ``x W_K``, ``x W_V``
+(each ``(D, Dh)``) and writes ``z W_O`` (``(Dh, D)``); ``W_QK = W_Q W_Kᵀ`` and ``W_OV = W_V W_O`` are ``(D, D)``.
+
+Composition scores (between a sender head s in an earlier layer and a receiver r)::
+
+    Q: ‖W_OV^s W_QK^r‖_F / (‖W_OV^s‖_F ‖W_QK^r‖_F)      (s writes what r's queries read)
+    K: ‖W_OV^s W_QK^rᵀ‖_F / (‖W_OV^s‖_F ‖W_QK^r‖_F)     (s writes what r's keys read)
+    V: ‖W_OV^s W_OV^r‖_F / (‖W_OV^s‖_F ‖W_OV^r‖_F)       (s writes what r's values read)
+
+computed without forming any ``(D, D)`` matrix: with ``V = U R`` (QR, ``R (Dh, Dh)``), ``‖V Y‖_F = ‖R Y‖_F``, so
+every score is the Frobenius norm of a ``(Dh, Dh)`` block of one product ``(senders·Dh, D) @ (D, receivers·Dh)``.
+
+What the architecture does to them, and what headwise does:
+
+- **Norms.** A head reads the residual through its input norm ``x ↦ C(x)·g/σ(x)`` and the unembedding reads
+  through the final norm. ``1/σ`` is a scalar per position, which no ratio above sees: it is set to 1; the
+  learned gain ``g`` (Gemma's ``1 + w`` as it acts) is folded into ``W_Q``, ``W_K``, ``W_V`` (and into ``W_U``),
+  LayerNorm's centring ``C = I − 11ᵀ/D`` too; a norm on the attention's write (Gemma 2/3, OLMo 2) has its gain
+  folded into ``W_O``. QK-norm (Qwen 3, OLMo 2) has a per-position scale too: set to 1, its gain folded into
+  ``W_Q`` / ``W_K``. Biases are left out (composition is of the linear maps).
+- **GQA.** The G query heads of a key/value group share ``W_K`` and ``W_V``: each receiver's ``W_QK`` is its own
+  ``W_Q`` with its group's ``W_K``, its ``W_OV`` its group's ``W_V`` with its own ``W_O``. The scores are given per
+  query head, and per key/value group into the group's key and value projections alone
+  (``‖W_OV^s W_K^g‖_F / (‖W_OV^s‖_F ‖W_K^g‖_F)``, the same for ``W_V^g``), which is what a group's shared
+  matrices take from a sender.
+- **RoPE.** The QK circuit at query i and key j is ``W_Q R_{j−i} W_Kᵀ``: it depends on the offset. The scores
+  here take the content part, at offset 0 (``R_0 = I``): what the head would score between two tokens at the
+  same position, before the rotation tilts it by their distance.
+
+The OV circuit through the embedding and unembedding is ``W_E W_V W_O W_U`` ``(V, V)`` (token embeddings only:
+learned positions left out; Gemma's √D embedding scale, a scalar, changes no score here). Its nonzero
+eigenvalues are those of the ``(Dh, Dh)`` matrix ``W_O (W_U W_E) W_V`` (``eig(AB) = eig(BA)`` for the nonzero
+ones), so ``(W_U W_E)`` ``(D, D)`` is formed once. The copying score is Elhage et al.'s ``Σ Re λ / Σ |λ|``
+(1: the head copies each token it reads, −1: it suppresses it); ``positive`` is the fraction of the nonzero
+eigenvalues with a positive real part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from headwise.circuits.qk import input_norm, projection, weights_of
+from headwise.patching import as_target, freeze_norm, read_structure
+from headwise.patching.logit_attribution import FrozenNorm
+
+__all__ = [
+    "CompositionScores",
+    "CopyingScores",
+    "HeadWeights",
+    "composition_scores",
+    "copying_scores",
+    "head_weights",
+    "ov_top_tokens",
+    "qk_top_pairs",
+]
+
+
+@dataclass
+class HeadWeights:
+    """Every layer's head matrices, the norms' gains folded in (see the module's notes), row-vector convention.
+
+    Attributes:
+        W_Q: NL tensors ``(H, D, Dh)``; W_K, W_V: ``(Hkv, D, Dh)``; W_O: ``(H, Dh, D)``.
+        W_E: ``(V, D)`` token embeddings; W_U: ``(D, V)`` the unembedding with the final norm's gain folded in.
+        name: the model's name.
+    """
+
+    W_Q: list[Tensor]
+    W_K: list[Tensor]
+    W_V: list[Tensor]
+    W_O: list[Tensor]
+    W_E: Tensor
+    W_U: Tensor
+    name: str = ""
+
+    @property
+    def heads_per_layer(self) -> list[int]:
+        return [w.shape[0] for w in self.W_Q]
+
+    def group(self, layer: int, head: int) -> int:
+        """The key/value group of query head ``head`` at ``layer``."""
+        return head // (self.W_Q[layer].shape[0] // self.W_K[layer].shape[0])
+
+    def w_k(self, layer: int) -> Tensor:
+        """``(H, D, Dh)``: each query head's key matrix (its group's)."""
+        G = self.W_Q[layer].shape[0] // self.W_K[layer].shape[0]
+        return self.W_K[layer].repeat_interleave(G, 0)
+
+    def w_v(self, layer: int) -> Tensor:
+        """``(H, D, Dh)``: each query head's value matrix (its group's)."""
+        G = self.W_Q[layer].shape[0] // self.W_V[layer].shape[0]
+        return self.W_V[layer].repeat_interleave(G, 0)
+
+
+def _fold(W: Tensor, frozen: FrozenNorm | None) -> Tensor:
+    """``W (D, n)`` read through a norm: ``C diag(g) W`` (the gain, and LayerNorm's centring)."""
+    if frozen is None:
+        return W
+    G = frozen.gain[:, None].to(W) * W
+    return G - G.mean(0, keepdim=True) if frozen.centred else G
+
+
+def _heads(W: Tensor, n: int) -> Tensor:
+    """``(D, n·Dh)`` -> ``(n, D, Dh)``."""
+    D = W.shape[0]
+    return W.reshape(D, n, -1).permute(1, 0, 2)
+
+
+def _embedding(model: nn.Module) -> Tensor:
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else getattr(model, "embed", None)
+    if not isinstance(emb, nn.Embedding):
+        raise ValueError(f"model: cannot find the token embedding of {type(model).__name__}")
+    return emb.weight.detach().double()
+
+
+def head_weights(model, ids=None) -> HeadWeights:
+    """Read every head's ``W_Q``, ``W_K``, ``W_V``, ``W_O`` and the embedding / unembedding, norms folded.
+
+    Args:
+        model: see :func:`headwise.patching.as_target`.
+        ids: a few token ids for the one short forward pass that finds each layer's input norm, QK-norm and
+            post-norm (default: ids 0 … 7 — any ids do: only the structure is read).
+    Returns:
+        :class:`HeadWeights` (float64, on the model's device).
+    Raises:
+        ValueError: a structure this does not read (named).
+    """
+    target = as_target(model)
+    st = read_structure(target)
+    if ids is None:
+        ids = torch.arange(min(8, target.vocab_size or 8))[None]
+    ids = torch.as_tensor(ids).reshape(1, -1)
+    seen: dict = {}
+    handles = []
+
+    def record(key):
+        def post(m, args, kwargs, out):
+            x = next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
+            y = out[0] if isinstance(out, (tuple, list)) else out
+            if x is not None and isinstance(y, Tensor):
+                seen[key] = (x.detach().double(), y.detach().double())
+
+        return post
+
+    norms_of = []
+    for layer, (block, attn) in enumerate(zip(st.blocks, target.attention_modules)):
+        handles.append(block.register_forward_hook(record(("block", layer)), with_kwargs=True))
+        handles.append(attn.register_forward_hook(record(("attn", layer)), with_kwargs=True))
+        handles.append(st.out_projs[layer].register_forward_hook(record(("proj", layer)), with_kwargs=True))
+        norms = [c for c in block.children() if c is not attn and _is_norm(c)]
+        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if isinstance(n, nn.Module)]
+        norms_of.append(norms)
+        for norm in norms:
+            handles.append(norm.register_forward_hook(record(("norm", id(norm))), with_kwargs=True))
+    handles.append(st.final_norm.register_forward_hook(record("final"), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            target.run_with_cache(ids, names=[])
+    finally:
+        for h in handles:
+            h.remove()
+
+    W_Q, W_K, W_V, W_O = [], [], [], []
+    for layer, attn in enumerate(target.attention_modules):
+        H = target.heads_per_layer[layer]
+        block_in = seen[("block", layer)][0][0]  # (L, D)
+        attn_in = seen[("attn", layer)][0][0]
+        D = block_in.shape[-1]
+        Wo = weights_of(st.out_projs[layer])[0]  # (H·Dh, D)
+        Dh = Wo.shape[0] // H
+        captured = {"norms": [(n, *seen[("norm", id(n))]) for n in norms_of[layer] if ("norm", id(n)) in seen]}
+        frozen, _ = input_norm(captured, block_in, attn_in, layer)
+        Wq = projection(attn, "q", H, Dh, D)[0]
+        Wk, Wv = projection(attn, "k", H, Dh, D)[0], projection(attn, "v", H, Dh, D)[0]
+        Hkv = Wk.shape[1] // Dh
+        Wq, Wk, Wv = _fold(Wq, frozen), _fold(Wk, frozen), _fold(Wv, frozen)
+        for side, name in (("q", "q_norm"), ("k", "k_norm")):
+            qk_norm = getattr(attn, name, None)
+            if isinstance(qk_norm, nn.Module) and ("norm", id(qk_norm)) in seen:
+                x, y = seen[("norm", id(qk_norm))]
+                g = freeze_norm(qk_norm, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]), name).gain
+                n = H if side == "q" else Hkv
+                g = g.repeat(n) if g.shape[0] == Dh else g  # per head (Qwen 3) or over the projection (OLMo 2)
+                if side == "q":
+                    Wq = Wq * g
+                else:
+                    Wk = Wk * g
+        # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
+        out = seen[("proj", layer)][1][0]  # (L, D)
+        for norm in norms_of[layer]:
+            x, y = seen.get(("norm", id(norm)), (None, None))
+            if x is not None and x.shape[-1] == D and x[0].shape == out.shape and _close(x[0], out):
+                post = freeze_norm(norm, x[0], y[0], f"layer {layer}'s attention post-norm")
+                Wo = _fold(Wo.T, post).T  # z W_O ↦ C(z W_O)·g: the gain on W_O's columns
+                break
+        W_Q.append(_heads(Wq, H))
+        W_K.append(_heads(Wk, Hkv))
+        W_V.append(_heads(Wv, Hkv))
+        W_O.append(Wo.reshape(H, Dh, D))
+    x, y = seen["final"]
+    final = freeze_norm(st.final_norm, x[0], y[0], "final norm")
+    U = st.unembed.weight.detach().double().T  # (D, V)
+    return HeadWeights(W_Q, W_K, W_V, W_O, _embedding(target.model), _fold(U, final), target.name or "")
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return bool((a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(1e-30))
+
+
+# -- composition -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompositionScores:
+    """Q-, K- and V-composition between every sender head (earlier layer) and receiver head.
+
+    Attributes:
+        q, k, v: ``(NL, H, NL, H)`` float32: ``[ls, hs, lr, hr]``, sender (ls, hs) into receiver (lr, hr); NaN
+            where ``ls ≥ lr`` (no composition within or backwards) or a layer has fewer heads.
+        k_group, v_group: ``(NL, H, NL, Hkv)``: sender into receiver group g's key / value projection alone.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    k_group: Tensor
+    v_group: Tensor
+
+    def top(self, kind: str = "k", n: int = 10) -> list[tuple[int, int, int, int, float]]:
+        """The ``n`` largest scores of ``kind`` (``q``, ``k``, ``v``): ``(ls, hs, lr, hr, score)``, largest first
+        (only pairs that compose: fewer than ``n`` when there are fewer)."""
+        if kind not in ("q", "k", "v"):
+            raise ValueError(f"kind: expected 'q', 'k' or 'v', got {kind!r}")
+        s = getattr(self, kind)
+        flat = s.flatten()
+        finite = torch.isfinite(flat).nonzero()[:, 0]
+        order = finite[flat[finite].argsort(descending=True)][: max(0, n)]
+        idx = [torch.unravel_index(o, s.shape) for o in order]
+        return [(*(int(i) for i in ix), float(s[ix])) for ix in idx]
+
+
+def _r_factor(X: Tensor) -> Tensor:
+    """``(n, D, Dh)`` -> ``(n, Dh, Dh)`` upper-triangular R of ``X = U R``: ``‖X Y‖_F = ‖R Y‖_F``."""
+    return torch.linalg.qr(X, mode="r")[1]
+
+
+def _through(A: Tensor, W: Tensor, Ns: int, Dh: int) -> Tensor:
+    """``A (Ns·Dh, D)`` times each head's ``W (n, D, Dh)`` -> ``(Ns, n, Dh, Dh)``."""
+    return (A @ W.permute(1, 0, 2).reshape(W.shape[1], -1)).reshape(Ns, Dh, W.shape[0], -1).transpose(1, 2)
+
+
+def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float32) -> CompositionScores:
+    """Q-, K-, V-composition scores between every pair of heads (Elhage et al. 2021), GQA per query head and per
+    key/value group, RoPE at offset 0, norms folded (see the module's notes).
+
+    Args:
+        weights: from :func:`head_weights`.
+        dtype: of the products (float32: the ratios to ~1e-6; float64 for references).
+    Returns:
+        :class:`CompositionScores`.
+    """
+    NL = len(weights.W_Q)
+    Hmax = max(weights.heads_per_layer)
+    Hkv_max = max(w.shape[0] for w in weights.W_K)
+    nan = float("nan")
+    out = {k: torch.full((NL, Hmax, NL, Hmax), nan) for k in "qkv"}
+    groups = {k: torch.full((NL, Hmax, NL, Hkv_max), nan) for k in "kv"}
+    # senders: L_s = R(W_V^s) W_O^s (Dh, D), ‖W_OV^s‖ = ‖L_s‖
+    left, left_norm = [], []
+    for layer in range(NL):
+        Ls = _r_factor(weights.w_v(layer).to(dtype)) @ weights.W_O[layer].to(dtype)  # (H, Dh, D)
+        left.append(Ls)
+        left_norm.append(Ls.flatten(1).norm(dim=1))  # (H,)
+    for lr in range(1, NL):
+        Q, O = weights.W_Q[lr].to(dtype), weights.W_O[lr].to(dtype)  # (H, D, Dh), (H, Dh, D)
+        Kg, Vg = weights.W_K[lr].to(dtype), weights.W_V[lr].to(dtype)  # (Hkv, D, Dh): shared by a group's heads
+        H, Hkv = Q.shape[0], Kg.shape[0]
+        g = torch.arange(H) // (H // Hkv)  # each query head's group
+        RK, RQ, RO = _r_factor(Kg)[g], _r_factor(Q), _r_factor(O.transpose(1, 2))  # (H, Dh, Dh) each
+        # ‖Y W_QK‖ = ‖Y Q R_Kᵀ‖, ‖Y W_QKᵀ‖ = ‖Y K R_Qᵀ‖, ‖Y W_OV‖ = ‖Y V R_Oᵀ‖ (W_Oᵀ = U R_O)
+        r_norm = {
+            "q": (Q @ RK.transpose(1, 2)).flatten(1).norm(dim=1),
+            "v": (Vg[g] @ RO.transpose(1, 2)).flatten(1).norm(dim=1),
+        }
+        r_norm["k"] = r_norm["q"]
+        Ls = torch.cat(left[:lr])  # (Ns, Dh, D)
+        ns = torch.cat(left_norm[:lr])  # (Ns,)
+        Ns, Dh = Ls.shape[0], Ls.shape[1]
+        senders = [(ls, hs) for ls in range(lr) for hs in range(weights.heads_per_layer[ls])]
+        idx_l = torch.tensor([s[0] for s in senders])
+        idx_h = torch.tensor([s[1] for s in senders])
+        A = Ls.reshape(-1, Ls.shape[-1])  # (Ns·Dh, D)
+
+        # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
+        # then each head's (Dh, Dh) factor
+        PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (Ns, H|Hkv, Dh, Dh)
+        fro = {
+            "q": (PQ @ RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (Ns, H)
+            "k": (PK[:, g] @ RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+            "v": (PV[:, g] @ RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+        }
+        for kind in "qkv":
+            scores = fro[kind] / (ns[:, None] * r_norm[kind][None]).clamp_min(1e-30)
+            out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
+        for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
+            scores = P.pow(2).sum((2, 3)).sqrt() / (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
+            groups[kind][idx_l, idx_h, lr, :Hkv] = scores.float().cpu()
+    return CompositionScores(out["q"], out["k"], out["v"], groups["k"], groups["v"])
+
+
+# -- the OV and QK circuits through the embedding --------------------------------------------------------------
+
+
+@dataclass
+class CopyingScores:
+    """Each head's OV circuit ``W_E W_V W_O W_U`` summarised by its eigenvalues.
+
+    Attributes:
+        copying: ``(NL, H)`` ``Σ Re λ / Σ |λ|`` over the nonzero eigenvalues (NaN where a layer has fewer heads).
+        positive: ``(NL, H)`` the fraction of those eigenvalues with a positive real part.
+        eigenvalues: NL complex tensors ``(H, Dh)``: the nonzero eigenvalues (those of ``W_O W_U W_E W_V``).
+    """
+
+    copying: Tensor
+    positive: Tensor
+    eigenvalues: list[Tensor]
+
+
+def _ue(weights: HeadWeights) -> Tensor:
+    return weights.W_U @ weights.W_E  # (D, D)
+
+
+def copying_scores(weights: HeadWeights) -> CopyingScores:
+    """The copying score of every head (Elhage et al. 2021) from the ``(Dh, Dh)`` matrices
+    ``W_O (W_U W_E) W_V`` — the nonzero eigenvalues of the ``(V, V)`` OV circuit, never formed."""
+    UE = _ue(weights)
+    NL, Hmax = len(weights.W_Q), max(weights.heads_per_layer)
+    copying = torch.full((NL, Hmax), float("nan"))
+    positive = torch.full((NL, Hmax), float("nan"))
+    eigs = []
+    for layer in range(NL):
+        small = weights.W_O[layer] @ UE @ weights.w_v(layer)  # (H, Dh, Dh)
+        lam = torch.linalg.eigvals(small)  # (H, Dh)
+        H = lam.shape[0]
+        copying[layer, :H] = (lam.real.sum(-1) / lam.abs().sum(-1).clamp_min(1e-300)).float()
+        nonzero = lam.abs() > 1e-9 * lam.abs().amax(-1, keepdim=True)
+        positive[layer, :H] = ((lam.real > 0) & nonzero).sum(-1).float() / nonzero.sum(-1).clamp_min(1).float()
+        eigs.append(lam)
+    return CopyingScores(copying, positive, eigs)
+
+
+def _check_head(weights: HeadWeights, layer: int, head: int) -> None:
+    if not (isinstance(layer, int) and 0 <= layer < len(weights.W_Q)):
+        raise ValueError(f"layer: expected 0 … {len(weights.W_Q) - 1}, got {layer!r}")
+    if not (isinstance(head, int) and 0 <= head < weights.W_Q[layer].shape[0]):
+        raise ValueError(f"head: expected 0 … {weights.W_Q[layer].shape[0] - 1} at layer {layer}, got {head!r}")
+
+
+def ov_top_tokens(weights: HeadWeights, layer: int, head: int, token: int, k: int = 10) -> list[tuple[int, float]]:
+    """The ``k`` tokens head ``(layer, head)``'s OV circuit writes most for input ``token``: row ``token`` of
+    ``W_E W_V W_O W_U``, as ``(token id, logit)`` largest first."""
+    _check_head(weights, layer, head)
+    V = weights.W_E.shape[0]
+    if not (isinstance(token, int) and 0 <= token < V):
+        raise ValueError(f"token: expected an id 0 … {V - 1}, got {token!r}")
+    g = weights.group(layer, head)
+    row = weights.W_E[token] @ weights.W_V[layer][g] @ weights.W_O[layer][head] @ weights.W_U  # (V,)
+    values, ids = row.topk(min(k, V))
+    return [(int(i), float(v)) for i, v in zip(ids, values)]
+
+
+def qk_top_pairs(
+    weights: HeadWeights, layer: int, head: int, k: int = 10, *, block: int = 1024
+) -> list[tuple[int, int, float]]:
+    """The ``k`` (query token, key token) pairs head ``(layer, head)``'s QK circuit ``W_E W_Q W_Kᵀ W_Eᵀ`` scores
+    highest (content part: RoPE at offset 0; the norms' position scales set to 1 — they would rescale rows
+    and columns), as ``(query id, key id, score)``; formed ``block`` query tokens at a time, never ``(V, V)``."""
+    _check_head(weights, layer, head)
+    g = weights.group(layer, head)
+    Eq = weights.W_E @ weights.W_Q[layer][head]  # (V, Dh)
+    Ek = weights.W_E @ weights.W_K[layer][g]  # (V, Dh)
+    best_v = torch.empty(0, dtype=Eq.dtype)
+    best_i = torch.empty(0, dtype=torch.long)
+    V = Eq.shape[0]
+    for start in range(0, V, block):
+        s = Eq[start : start + block] @ Ek.T  # (b, V)
+        v, i = s.flatten().topk(min(k, s.numel()))
+        best_v = torch.cat([best_v, v])
+        best_i = torch.cat([best_i, i + start * V])
+        keep = best_v.topk(min(k, best_v.numel())).indices
+        best_v, best_i = best_v[keep], best_i[keep]
+    order = best_v.argsort(descending=True)
+    return [(int(best_i[o]) // V, int(best_i[o]) % V, float(best_v[o])) for o in order]

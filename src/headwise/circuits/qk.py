@@ -1,0 +1,562 @@
+"""QK attribution: why a head attends where it does, split over what wrote the query and the key.
+
+Shape legend: L length, D model width, H query heads, Hkv key/value heads, Dh head width, A query-side parts,
+B key-side parts, J the keys the query can see.
+
+A head's pre-softmax score at query position i and key position j is bilinear in the residual stream at i and
+at j (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"; over sparse features: Anthropic,
+"Tracing Attention Computation Through Feature Interactions", 2025). Each stream is a sum of writes — the
+embeddings, every earlier head (through its output projection, the other heads zeroed), each output
+projection's bias, every MLP (:func:`headwise.patching.residual_parts`, the decomposition of the direct logit
+attribution kept at every position). Each part goes through the same affine maps as the whole:
+
+    part ─ input norm (scale frozen at its position; LayerNorm's centring is linear) ─ W_Q or W_K (the head's
+    columns; the bias is its own part) ─ QK-norm (Qwen 3 per head, OLMo 2 over the whole projection: scale frozen
+    per position and head, gain applied to each part) ─ RoPE at its position (linear) ─ q_a(i) or k_b(j)
+
+and the score is ``s(i, j) = Σ_a Σ_b q_a(i) · k_b(j) · scale``. Query-side parts are the residual's parts plus
+``norm_bias`` (the input norm's bias through W_Q) and ``q_bias`` (W_Q's bias, with a QK-norm's bias); the
+key side the same with ``k_bias``. The parts are checked to add up to the post-rotary q and k the model used,
+read at the named point ``layers.{l}.attn.qk`` (:class:`~headwise.core.rows.AttentionRows`), and the terms to
+add up to the score ``q·k·scale`` (relative 1e-4; a ValueError names what failed).
+
+Soft-capping (Gemma 2's ``attn_logit_softcapping``: ``c·tanh(s/c)``) acts after the sum, where nothing is
+additive: the terms add up to the score before the cap; :class:`QKAttribution` carries both (``scores`` and
+``logits``, what enters the softmax with a float mask or ALiBi's bias added after the cap, as the model does).
+
+Over every key the query can see: ``query_terms[a, j] = q_a(i)·k(j)·scale`` and ``key_terms[b, j] =
+q(i)·k_b(j)·scale`` (each adds up to the scores over its parts); their centred forms subtract the mean over
+the visible keys, so they attribute ``s(i, j) − mean_j s(i, ·)``: which parts make key j win over the others.
+A part's effect on the attention weights is exact, by removal: the row's weights with the part's terms
+taken out of every key's score (the norms stay frozen; the soft-cap, masks and sinks applied as the model
+applies them) subtracted from the model's weights — ``effect > 0``: the part raised that key's weight.
+
+Memory: the parts projected to one head (``(A + B) · J · Dh``) and one layer's writes at a time, never ``L²``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from headwise.core.primitives import soft_cap, softmax
+from headwise.models.head_model import HeadModel
+from headwise.patching import affine_weight, as_target, freeze_norm, residual_parts
+from headwise.patching.logit_attribution import FrozenNorm
+
+__all__ = ["QKAttribution", "qk_attribution"]
+
+TOLERANCE = 1e-4  # relative: the parts against the model's q, k and scores
+
+_Q_NAMES = ("q_proj", "Wq", "query")
+_K_NAMES = ("k_proj", "Wk", "key")
+_V_NAMES = ("v_proj", "Wv", "value")
+_FUSED_NAMES = ("c_attn", "qkv_proj")
+
+
+@dataclass
+class QKAttribution:
+    """One head's scores at one query, split into query-side × key-side parts.
+
+    Attributes:
+        layer, head, group: the layer, the query head and its key/value head (``head // (H / Hkv)``).
+        query: the query position i.
+        keys: ``(J,)`` the key positions the query can see (causality, window and masks as the model's).
+        key: the key position of :attr:`terms` (the one asked for, else the one with the largest weight).
+        query_labels: A names (``embed``, ``L{l}.H{h}``, ``L{l}.attn_bias``, ``L{l}.mlp``, ``norm_bias``,
+            ``q_bias``); key_labels: B names (the same with ``k_bias``).
+        tokens: the text of each position's token (empty without a tokenizer).
+        terms: ``(A, B)`` float64, ``q_a(i) · k_b(key) · scale``: adds up to ``scores`` at :attr:`key`.
+        query_terms: ``(A, J)`` each query-side part with the whole key; key_terms: ``(B, J)`` each key-side part
+            with the whole query.
+        query_centred, key_centred: the same minus their mean over the J keys (they add up to
+            ``scores − scores.mean()``).
+        query_effect, key_effect: ``(A, J)``, ``(B, J)`` the model's weight minus the weight with that part's
+            terms removed from the score (exact, norms frozen).
+        scores: ``(J,)`` ``q·k·scale`` of the model's q and k (before a soft-cap: what the terms add up to).
+        logits: ``(J,)`` what enters the softmax: the capped scores plus a float mask / ALiBi bias.
+        weights: ``(J,)`` the model's attention weights of the row.
+        softcap: the cap c (None without one); scale: the score scale.
+        error: the largest relative mismatch of the checks (parts against q, k; terms against the scores).
+    """
+
+    layer: int
+    head: int
+    group: int
+    query: int
+    keys: Tensor
+    key: int
+    query_labels: list[str]
+    key_labels: list[str]
+    tokens: list[str]
+    terms: Tensor
+    query_terms: Tensor
+    key_terms: Tensor
+    query_centred: Tensor
+    key_centred: Tensor
+    query_effect: Tensor
+    key_effect: Tensor
+    scores: Tensor
+    logits: Tensor
+    weights: Tensor
+    softcap: float | None
+    scale: float
+    error: float
+
+    def key_index(self, key: int | None = None) -> int:
+        """The column of key position ``key`` (default :attr:`key`) in the ``(…, J)`` tensors."""
+        key = self.key if key is None else key
+        where = (self.keys == key).nonzero()
+        if where.numel() == 0:
+            raise ValueError(f"key: position {key} is not visible from query {self.query} (visible: 0 … {self.query})")
+        return int(where[0, 0])
+
+    def top_terms(self, k: int = 10) -> list[tuple[str, str, float]]:
+        """The ``k`` terms of :attr:`terms` largest in absolute value: ``(query_part, key_part, value)``."""
+        flat = self.terms.flatten()
+        order = flat.abs().argsort(descending=True)[: max(0, k)]
+        B = self.terms.shape[1]
+        return [(self.query_labels[int(n) // B], self.key_labels[int(n) % B], float(flat[n])) for n in order]
+
+    def to_page(self, k: int = 20) -> dict:
+        """What the circuit page shows for this head's node: ``{"query": i, "key": j, "terms": [{"query_part",
+        "key_part", "value"}, …]}`` — the ``k`` largest terms at :attr:`key`, largest first (JSON-ready)."""
+        return {
+            "query": int(self.query),
+            "key": int(self.key),
+            "terms": [{"query_part": a, "key_part": b, "value": v} for a, b, v in self.top_terms(k)],
+        }
+
+    def to_json(self, k: int = 20) -> dict:
+        """Everything but the full matrices: the row (keys, tokens, scores, weights) and per part its terms,
+        centred terms and weight effects at :attr:`key`, plus :meth:`to_page`'s top terms."""
+        c = self.key_index()
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "group": self.group,
+            "query": self.query,
+            "key": self.key,
+            "scale": self.scale,
+            "softcap": self.softcap,
+            "error": self.error,
+            "keys": [int(j) for j in self.keys],
+            "tokens": self.tokens,
+            "scores": self.scores.tolist(),
+            "logits": self.logits.tolist(),
+            "weights": self.weights.tolist(),
+            "query_parts": [
+                {
+                    "part": name,
+                    "term": float(self.query_terms[a, c]),
+                    "centred": float(self.query_centred[a, c]),
+                    "effect": float(self.query_effect[a, c]),
+                }
+                for a, name in enumerate(self.query_labels)
+            ],
+            "key_parts": [
+                {
+                    "part": name,
+                    "term": float(self.key_terms[b, c]),
+                    "centred": float(self.key_centred[b, c]),
+                    "effect": float(self.key_effect[b, c]),
+                }
+                for b, name in enumerate(self.key_labels)
+            ],
+            "top_terms": self.to_page(k)["terms"],
+        }
+
+
+# -- one side's affine map -------------------------------------------------------------------------------------
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] | None:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return name, child
+    return None
+
+
+def weights_of(proj: nn.Module) -> tuple[Tensor, Tensor]:
+    """``(W (D, out), b (out,))`` float64 of an affine projection ``x ↦ x W + b`` (``nn.Linear``, GPT-2's
+    ``Conv1D``)."""
+    W = affine_weight(proj)
+    if W is None:
+        raise ValueError(f"model: the projection {type(proj).__name__} is neither nn.Linear nor Conv1D")
+    b = proj.bias.detach().double() if getattr(proj, "bias", None) is not None else torch.zeros(W.shape[1])
+    return W, b.to(W.device)
+
+
+def projection(attn: nn.Module, side: str, H: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
+    """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``,
+    n = Hkv, read from the width) projection of an attention module, heads side by side — separate projections
+    (``q_proj``, ``Wq``, ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's
+    ``qkv_proj``)."""
+    names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
+    found = _child(attn, names)
+    if found is not None:
+        return weights_of(found[1])
+    fused = _child(attn, _FUSED_NAMES)
+    if fused is None:
+        raise ValueError(
+            f"model: {type(attn).__name__} has no {side} projection this reads (expected one of {names + _FUSED_NAMES})"
+        )
+    W, b = weights_of(fused[1])
+    q_width = D if fused[0] == "c_attn" else H * Dh
+    kv_width = D if fused[0] == "c_attn" else (W.shape[1] - q_width) // 2
+    start = {"q": 0, "k": q_width, "v": q_width + kv_width}[side]
+    width = q_width if side == "q" else kv_width
+    return W[:, start : start + width], b[start : start + width]
+
+
+def _columns(attn: nn.Module, side: str, index: int, Dh: int, H: int, Hkv: int, D: int):
+    """``(W (D, Dh), b (Dh,), norm)`` of query head / key group ``index``, and its QK-norm module (or None)."""
+    W, b = projection(attn, side, H, Dh, D)
+    cols = slice(index * Dh, (index + 1) * Dh)
+    norm = getattr(attn, f"{side}_norm", None)
+    return W[:, cols], b[cols], norm if isinstance(norm, nn.Module) else None
+
+
+class _Side:
+    """The affine map from the residual stream to one head's post-rotary query or key, frozen at this run."""
+
+    def __init__(self, W, b, input_norm: FrozenNorm | None, input_bias, qk_norm, rotate):
+        self.input_norm, self.qk_norm, self.rotate = input_norm, qk_norm, rotate  # qk_norm: (FrozenNorm, cols)
+        G = W if input_norm is None else input_norm.gain[:, None] * W  # (D, Dh): the gain folded into W
+        if input_norm is not None and input_norm.centred:
+            G = G - G.mean(0, keepdim=True)  # (v − mean v)·G = v·(G − mean of G's rows)
+        self.G = G
+        self.norm_bias = None if input_bias is None else input_bias @ W  # (Dh,)
+        self.b = b
+
+    def _after_projection(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
+        """``t (n, L', Dh)`` at positions ``pos (L',)``: the frozen QK-norm, then the rotation (unless not)."""
+        if self.qk_norm is not None:
+            frozen, cols = self.qk_norm
+            t = t * frozen.gain[cols] * frozen.inv[pos][None, :, None]
+        return self.rotate(t, pos) if rotate else t
+
+    def projected(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
+        """``t (n, L', Dh)``: residual parts at ``pos (L',)`` already multiplied by :attr:`G` -> ``(n, L', Dh)``
+        (``rotate=False``: before the rotation)."""
+        if self.input_norm is not None:
+            t = t * self.input_norm.inv[pos][None, :, None]
+        return self._after_projection(t, pos, rotate)
+
+    def constants(self, pos: Tensor, rotate: bool = True) -> Tensor:
+        """``(2, L', Dh)``: the input norm's bias and the projection's bias (with a QK-norm's), each through the
+        rest of the map (``rotate=False``: before the rotation)."""
+        n = pos.shape[0]
+        nb = torch.zeros_like(self.b) if self.norm_bias is None else self.norm_bias
+        t = torch.stack([nb, self.b])[:, None, :].expand(2, n, -1)
+        t = self._after_projection(t, pos, rotate=False)
+        if self.qk_norm is not None:
+            frozen, cols = self.qk_norm
+            t = t.clone()
+            t[1] = t[1] + frozen.bias[cols]
+        return self.rotate(t, pos) if rotate else t
+
+
+def _rotation(attn: nn.Module, captured: dict):
+    """``rotate(t (n, L', Dh), pos (L',)) -> (n, L', Dh)``: the model's RoPE at those positions (linear), or the
+    identity for a model that rotates nothing."""
+    positional = getattr(attn, "positional", None)
+    if positional is not None and hasattr(positional, "rotate_qk"):  # headwise's modules
+
+        def rotate(t: Tensor, pos: Tensor) -> Tensor:
+            t4 = t[:, None]
+            return positional.rotate_qk(t4, t4, pos, pos)[0][:, 0]
+
+        return rotate
+    pe = captured.get("position_embeddings")
+    fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    if pe is None or fn is None:
+        return lambda t, pos: t
+    cos, sin = (x.double() for x in pe)  # (1, L, Dh') each
+
+    def rotate(t: Tensor, pos: Tensor) -> Tensor:
+        t4 = t[:, None]  # (n, 1, L', Dh)
+        return fn(t4, t4, cos[:, pos], sin[:, pos])[0][:, 0]
+
+    return rotate
+
+
+def _qk_norm(norm, captured_in, captured_out, side, index, Dh, pre_norm: Tensor):
+    """The frozen QK-norm of one head (rows: positions) and the head's columns in the norm's gain.
+    ``pre_norm (L, Dh)``: the head's projection at this run, which tells the norm's layout apart."""
+    if norm is None:
+        return None
+    x, y = captured_in[side], captured_out[side]
+    if x.shape[-1] == Dh:  # per head: (1, L, H, Dh) (Qwen 3) or (1, H, L, Dh) (Gemma 3, headwise's modules)
+        for xs, ys in ((x[0, :, index], y[0, :, index]), (x[0, index], y[0, index])):
+            if xs.shape == pre_norm.shape and _close(xs, pre_norm):
+                x, y = xs, ys
+                break
+        else:
+            raise ValueError(f"model: the {side}_norm's input is not the {side} projection in a layout this reads")
+        cols = slice(0, Dh)
+    else:  # over the whole projection (OLMo 2): (1, L, H·Dh)
+        x, y = x[0], y[0]
+        cols = slice(index * Dh, (index + 1) * Dh)
+    return freeze_norm(norm, x, y, f"{side}_norm"), cols
+
+
+# -- the input norm --------------------------------------------------------------------------------------------
+
+
+def _with_block_children(target: HeadModel, layer: int, captured: dict, forward):
+    """``forward`` with the inputs and outputs of the norms beside layer ``layer``'s attention recorded."""
+    attn = target.attention_modules[layer]
+    block = next((p for p in target.model.modules() if any(c is attn for c in p.children())), None)
+    norms = [] if block is None else [c for c in block.children() if c is not attn and _is_norm(c)]
+    captured["norms"] = []
+
+    def run(t, x):
+        handles = []
+        for norm in norms:
+
+            def post(m, args, out):
+                y = out[0] if isinstance(out, (tuple, list)) else out
+                captured["norms"].append((m, args[0].detach().double(), y.detach().double()))
+
+            handles.append(norm.register_forward_hook(post))
+        try:
+            forward(t, x)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return run
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and _relative(a, b) <= 1e-4
+
+
+def input_norm(captured: dict, residual: Tensor, x_in: Tensor, layer: int):
+    """``(FrozenNorm or None, its bias or None)``: the norm between the residual stream ``(L, D)`` and the
+    attention's input ``(L, D)``, frozen per position, found among ``captured["norms"]`` (``(module, x (1, L, D),
+    y (1, L, D))`` of the norms beside the attention); None where the attention reads the residual stream."""
+    if _close(x_in, residual):
+        return None, None
+    for norm, x, y in captured["norms"]:
+        if _close(x[0], residual) and _close(y[0], x_in):
+            frozen = freeze_norm(norm, residual, x_in, f"layer {layer}'s input norm")
+            return frozen, frozen.bias
+    raise ValueError(
+        f"model: layer {layer}'s attention reads neither the residual stream nor a norm of it (a structure this "
+        "attribution does not read)"
+    )
+
+
+# -- the attribution -------------------------------------------------------------------------------------------
+
+
+def _relative(a: Tensor, b: Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _row_weights(logits: Tensor, blocked: Tensor, sink: Tensor | None) -> Tensor:
+    """``logits (N, S)`` -> weights ``(N, S)`` as the model's softmax forms them (blocked keys 0, a sink logit)."""
+    w = softmax(logits[:, None, :], blocked[None, None, :], None if sink is None else sink.reshape(1))
+    return w[:, 0]
+
+
+def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | None = None) -> QKAttribution:
+    """Split head ``(layer, head)``'s scores at query position ``query`` into query-side × key-side parts.
+
+    Args:
+        model: a :class:`~headwise.models.HeadModel` or anything :func:`headwise.patching.as_target` takes
+            (Hugging Face decoders on headwise's backend — Llama, GPT-2, Gemma 2, Qwen 3, OLMo 2, … —, headwise's
+            pre-norm decoders).
+        ids: one sequence of token ids ``(L,)`` or ``(1, L)``.
+        layer, head: the layer and query head.
+        query: the query position i, ``0 ≤ i < L``.
+        key: the key position of the full ``(A, B)`` matrix (default: the key with the largest weight).
+    Returns:
+        :class:`QKAttribution`.
+    Raises:
+        ValueError / TypeError: a layer, head or position out of range or not an int, more than one sequence;
+            a structure this attribution does not read, or parts that do not add up (the check named).
+    """
+    target = as_target(model)
+    layer, head = target.check_layer_head(layer, head)
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids: expected one sequence of integer token ids (L,) or (1, L), got {tuple(ids.shape)}")
+    L = ids.shape[0]
+    if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < L:
+        raise ValueError(f"query: expected a position 0 … {L - 1}, got {query!r}")
+    if key is not None and (isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= query):
+        raise ValueError(f"key: expected a position 0 … {query} (a key the query can see), got {key!r}")
+
+    attn = target.attention_modules[layer]
+    captured: dict = {}
+    qk_in: dict = {}
+    qk_out: dict = {}
+    handles = []
+
+    def grab_input(_m, args, kwargs):
+        x = next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
+        captured["input"] = x.detach()
+        captured["position_embeddings"] = kwargs.get("position_embeddings")
+
+    def watch(side, norm):
+        def pre(_m, args):
+            qk_in[side] = args[0].detach().double()
+
+        def post(_m, _args, out):
+            qk_out[side] = out.detach().double()
+
+        return [norm.register_forward_pre_hook(pre), norm.register_forward_hook(post)]
+
+    def rows_hook(rows):
+        captured["rows"] = rows
+
+    def forward(t: HeadModel, x):
+        handles.append(attn.register_forward_pre_hook(grab_input, with_kwargs=True))
+        for side in ("q", "k"):
+            norm = getattr(attn, f"{side}_norm", None)
+            if isinstance(norm, nn.Module):
+                handles.extend(watch(side, norm))
+        try:
+            with t.hooks({f"layers.{layer}.attn.qk": rows_hook}):
+                t.run_with_cache(x, names=[])
+        finally:
+            for h in handles:
+                h.remove()
+
+    parts = residual_parts(target, ids[None], layer, forward=_with_block_children(target, layer, captured, forward))
+    rows = captured["rows"]
+    residual = parts.residual[0]  # (L, D)
+    x_in = captured["input"][0].double()  # (L, D): the attention's input
+    in_norm, input_bias = input_norm(captured, residual, x_in, layer)
+
+    q_all, k_all = rows.q[0].double(), rows.k[0].double()  # (H, L, Dh), (Hkv, S, Dh)
+    H, Hkv, Dh, D = q_all.shape[0], k_all.shape[0], q_all.shape[-1], residual.shape[-1]
+    group = head // (H // Hkv)
+    scale = 1.0 / math.sqrt(Dh) if rows.scale is None else float(rows.scale)
+    rotate = _rotation(attn, captured)
+    sides = {}
+    for side, index in (("q", head), ("k", group)):
+        W, b, norm = _columns(attn, side, index, Dh, H, Hkv, D)
+        sides[side] = _Side(
+            W.to(residual.device),
+            b.to(residual.device),
+            in_norm,
+            input_bias,
+            _qk_norm(norm, qk_in, qk_out, side, index, Dh, x_in @ W.to(x_in.device) + b.to(x_in.device)),
+            rotate,
+        )
+
+    # the row: visible keys, the model's scores, logits and weights
+    S = k_all.shape[1]
+    q_i = q_all[head, query]  # (Dh,)
+    k_g = k_all[group]  # (S, Dh)
+    _, causal = rows.call.replace(q_offset=rows.q_offset + query).causality(1, S, device=q_i.device)
+    blocked = torch.zeros(S, dtype=torch.bool, device=q_i.device) if causal is None else causal[0].clone()
+    if rows.blocked is not None:
+        blocked |= torch.broadcast_to(rows.blocked, (1, H, L, S))[0, head, query].to(blocked.device)
+    keys = (~blocked).nonzero()[:, 0]  # (J,)
+    if keys.numel() == 0:
+        raise ValueError(f"query: position {query} sees no key at layer {layer} (every key is masked)")
+    score_bias = torch.zeros(S, dtype=torch.float64, device=q_i.device)
+    if rows.bias is not None:
+        score_bias = torch.broadcast_to(rows.bias, (1, H, L, S))[0, head, query].detach().double()
+    scores_all = (k_g @ q_i) * scale  # (S,)
+    sink = None if rows.sinks is None else rows.sinks[head].detach().double()
+    logits_all = soft_cap(scores_all, rows.softcap) + score_bias
+    weights_all = _row_weights(logits_all[None], blocked, sink)[0]
+    model_weights = rows.weights(query, query + 1, torch.tensor([head]), keys=S)[0, 0, 0].double()
+    if (weights_all - model_weights.to(weights_all.device)).abs().max() > 1e-4:
+        raise ValueError(f"model: layer {layer}'s weights are not the softmax of q·k·scale this attribution forms")
+    if key is not None and bool(blocked[key]):
+        raise ValueError(f"key: position {key} is masked for query {query} at layer {layer}")
+    key = int(keys[weights_all[keys].argmax()]) if key is None else key
+
+    # project every part: query side at i, key side at the visible keys. The key side is kept before the
+    # rotation: q · R_j k = k · w_j with w_j[e] = q · R_j e_e (the rotated unit vectors, one call for all keys)
+    qpos = torch.tensor([query], device=q_i.device)
+    ci = int((keys == key).nonzero()[0, 0])
+    basis = torch.eye(Dh, dtype=torch.float64, device=q_i.device)[:, None, :].expand(Dh, keys.numel(), Dh)
+    w = torch.einsum("ejd,d->je", sides["k"].rotate(basis, keys), q_i) * scale  # (J, Dh)
+    q_parts, k_at_key, key_terms = [], [], []
+    k_sum = torch.zeros(keys.numel(), Dh, dtype=torch.float64, device=q_i.device)  # before the rotation
+    both = torch.cat([sides["q"].G, sides["k"].G], 1)  # (D, 2·Dh): each part projected once to both sides
+    for _labels, t in parts.parts(project=both):
+        t = t[:, 0]  # (n, L, 2·Dh)
+        q_parts.append(sides["q"].projected(t[:, query : query + 1, :Dh], qpos)[:, 0])  # (n, Dh)
+        kp = sides["k"].projected(t[:, keys, Dh:], keys, rotate=False)  # (n, J, Dh)
+        k_sum += kp.sum(0)
+        k_at_key.append(sides["k"].rotate(kp[:, ci : ci + 1], keys[ci : ci + 1])[:, 0])  # (n, Dh)
+        key_terms.append(torch.einsum("nje,je->nj", kp, w))  # (n, J)
+    q_parts.append(sides["q"].constants(qpos)[:, 0])
+    kc = sides["k"].constants(keys, rotate=False)  # (2, J, Dh)
+    k_sum += kc.sum(0)
+    k_at_key.append(sides["k"].rotate(kc[:, ci : ci + 1], keys[ci : ci + 1])[:, 0])
+    key_terms.append(torch.einsum("nje,je->nj", kc, w))
+    q_parts = torch.cat(q_parts)  # (A, Dh)
+    k_at_key = torch.cat(k_at_key)  # (B, Dh)
+    key_terms = torch.cat(key_terms)  # (B, J)
+    k_sum = sides["k"].rotate(k_sum[None], keys)[0]
+
+    errors = {
+        "query": _relative(q_parts.sum(0), q_i),
+        "keys": _relative(k_sum, k_g[keys]),
+    }
+    query_terms = (q_parts @ k_g[keys].T) * scale  # (A, J)
+    terms = (q_parts @ k_at_key.T) * scale  # (A, B)
+    scores = scores_all[keys]
+    errors["terms"] = float((terms.sum() - scores[ci]).abs() / scores.abs().max().clamp_min(1e-30))
+    errors["query_terms"] = _relative(query_terms.sum(0), scores)
+    errors["key_terms"] = _relative(key_terms.sum(0), scores)
+    worst = max(errors, key=errors.get)
+    if errors[worst] > TOLERANCE:
+        raise ValueError(
+            f"model: the {worst} parts of layer {layer} head {head} do not add up to the model's "
+            f"(relative error {errors[worst]:.2e} > {TOLERANCE}): a path this attribution does not see"
+        )
+
+    def effect(part_terms: Tensor) -> Tensor:  # (n, J) -> the weight change of removing each part
+        removed = scores_all.expand(part_terms.shape[0], S).clone()
+        removed[:, keys] -= part_terms
+        w = _row_weights(soft_cap(removed, rows.softcap) + score_bias, blocked, sink)
+        return weights_all[keys][None] - w[:, keys]
+
+    labels = parts.labels
+    tokens = target.token_texts(ids.tolist()) if target.tokenizer is not None else []
+    return QKAttribution(
+        layer=layer,
+        head=head,
+        group=group,
+        query=query,
+        keys=keys.cpu(),
+        key=key,
+        query_labels=labels + ["norm_bias", "q_bias"],
+        key_labels=labels + ["norm_bias", "k_bias"],
+        tokens=tokens,
+        terms=terms.cpu(),
+        query_terms=query_terms.cpu(),
+        key_terms=key_terms.cpu(),
+        query_centred=(query_terms - query_terms.mean(1, keepdim=True)).cpu(),
+        key_centred=(key_terms - key_terms.mean(1, keepdim=True)).cpu(),
+        query_effect=effect(query_terms).cpu(),
+        key_effect=effect(key_terms).cpu(),
+        scores=scores.cpu(),
+        logits=logits_all[keys].cpu(),
+        weights=weights_all[keys].cpu(),
+        softcap=rows.softcap,
+        scale=scale,
+        error=max(errors.values()),
+    )

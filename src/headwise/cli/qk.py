@@ -1,0 +1,132 @@
+"""``headwise qk``: why a head attends where it does — its score split into query-side × key-side parts.
+
+``headwise qk --model M --text T --head L.H --query I [--key J] --out DIR [--top N]``
+
+The score of head ``L.H`` at query position I and key position J (default: the key the head weights most) is
+split into the terms ``q_a(I) · k_b(J) · scale`` over what wrote the residual stream at I and at J — the
+embeddings, every earlier head, each output projection's bias, every MLP, the norm's and the projection's
+biases — with the norms' scales frozen from the run, QK-norm and RoPE applied to each part
+(:func:`headwise.circuits.qk_attribution`). The terms add up to the score the model used (before a
+soft-cap). Positions count tokens as the model reads them (a BOS token is position 0); a negative
+position counts from the end (−1: the last token).
+
+Prints the largest terms as a table (tokens as text) and writes into ``--out`` (the folder appears whole or
+not at all): ``qk.json`` (the row's keys, tokens, scores and weights; per part its term, centred term and
+effect on the weight at J; the top terms as the circuit page shows them) and ``qk.png`` (the matrix of the
+largest parts, beside the row's weights).
+
+Bad input — a head or position out of range, a key the query cannot see, an empty text — is one line on
+stderr and exit status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headwise.cli._app import CLIError, app
+from headwise.cli._output import write_failed
+
+OUTPUTS = ("qk.json", "qk.png")
+
+
+def _head(spec: str, hm) -> tuple[int, int]:
+    from headwise.checks import head_number, layer_number
+
+    parts = spec.split(".")
+    if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
+        raise CLIError(f"--head: expected LAYER.HEAD (e.g. 3.1), got {spec!r}")
+    layer, head = int(parts[0]), int(parts[1])
+    layer = layer_number("--head", layer, hm.num_layers, subject=f"layer {layer} in {spec!r}")
+    return layer, head_number("--head", head, layer, hm.heads_per_layer[layer], subject=f"head {head} in {spec!r}")
+
+
+def _position(option: str, value: int, L: int, tokens: list[str]) -> int:
+    position = value + L if value < 0 else value
+    if not 0 <= position < L:
+        raise CLIError(f"{option}: expected a position −{L} … {L - 1} of the {L} tokens {tokens}, got {value}")
+    return position
+
+
+@app.command()
+def qk(
+    model: Annotated[str, typer.Option("--model", help="A decoder: a model folder, a GGUF file, or 'smollm2'.")],
+    text: Annotated[str, typer.Option("--text", help="The text the model reads.")],
+    head: Annotated[str, typer.Option("--head", help="LAYER.HEAD, e.g. 3.1.")],
+    query: Annotated[int, typer.Option("--query", help="The query position (−1: the last token).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for qk.json and qk.png.")],
+    key: Annotated[
+        int | None, typer.Option("--key", help="The key position (default: the key the head weights most).")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Terms printed and parts pictured per side.")] = 12,
+) -> None:
+    """Split one head's attention score into what wrote its query and its key."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.circuits import qk_attribution
+    from headwise.models import open_model
+    from headwise.viz.qk import plot_qk
+
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out: '{out}' exists and is not a folder")
+    if not text.strip():
+        raise CLIError(f"--text: expected a non-empty text, got {text!r}")
+    try:
+        hm = open_model(model)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+    if hm.kind != "decoder" or hm.tokenizer is None:
+        raise CLIError(f"--model: {hm.name} is not a decoder with a tokenizer.json ({hm.kind}, {hm.family})")
+    layer, h = _head(head, hm)
+    ids = list(hm.tokenizer.encode(text).ids)
+    if len(ids) > hm.max_length:
+        raise CLIError(f"--text: {len(ids)} tokens, more than the model's {hm.max_length} positions")
+    tokens = hm.token_texts(ids)
+    i = _position("--query", query, len(ids), tokens)
+    j = None if key is None else _position("--key", key, len(ids), tokens)
+    if j is not None and j > i:
+        raise CLIError(f"--key: position {j} comes after the query {i}; a decoder's query sees keys 0 … {i}")
+    try:
+        result = qk_attribution(hm, torch.tensor(ids), layer, h, i, j)
+    except ValueError as e:
+        raise CLIError(f"--key: {e}" if str(e).startswith("key:") else str(e)) from None
+
+    c = result.key_index()
+    report = {"model": hm.name, "family": hm.family, "text": text, "ids": ids, **result.to_json(top)}
+    report["note"] = (
+        "terms add up to the score q·k·scale before a soft-cap; effect = the model's weight minus the weight "
+        "with that part's terms removed from every key's score (exact, norms frozen)"
+    )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(out) as folder:
+            write_text_atomic(folder / "qk.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+            plot_qk(result, folder / "qk.png", top=top, title=f"{hm.title}: L{layer}.H{h}")
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+
+    console = Console(highlight=False)
+    console.print(f"[bold]{hm.title}[/] — head L{layer}.H{h} (key/value group {result.group})")
+    console.print(
+        f"query {i} {tokens[i]!r} → key {result.key} {tokens[result.key]!r}: score {float(result.scores[c]):+.4f}"
+        + ("" if result.softcap is None else f" (capped {float(result.logits[c]):+.4f})")
+        + f", weight {float(result.weights[c]):.3f}; {len(result.query_labels)} × {len(result.key_labels)} terms"
+    )
+    table = Table(title=f"the {top} largest terms q_a · k_b · scale", title_justify="left")
+    for name, justify in (("query-side part", "left"), ("key-side part", "left"), ("term", "right")):
+        table.add_column(name, justify=justify)
+    for a, b, v in result.top_terms(top):
+        table.add_row(_part(a, tokens, i), _part(b, tokens, result.key), f"{v:+.4f}")
+    console.print(table)
+    console.print(f"wrote {', '.join(OUTPUTS)} to {out}")
+
+
+def _part(label: str, tokens: list[str], position: int) -> str:
+    """A part's name, the embedding's with the token it embeds."""
+    return f"embed {tokens[position]!r}" if label == "embed" else label
