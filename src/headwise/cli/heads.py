@@ -381,6 +381,10 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         scope = f"its probe ({probe.batch} × {probe.total_length} random tokens)"
     if texts is None:  # the probe alone: no bars
         found = study.decoder_heads(hm, opts, plan, None, warn=_warn)
+    elif corpus_path is not None and study.launched():  # torchrun: the documents split across ranks
+        found = _across_ranks(hm, opts, plan)
+        if found is None:  # not rank 0: rank 0 prints and writes
+            return
     else:
         with _row_bars(hm, plan.tokens) as rows, corpus_progress(total) as progress:
             found = study.decoder_heads(hm, opts, plan, texts, warn=_warn, progress=progress, row_progress=rows)
@@ -447,6 +451,27 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
+
+
+def _across_ranks(hm, opts: study.HeadsOptions, plan):
+    """Under torchrun: the corpus's documents split across ranks (:func:`headwise.study.corpus_heads`, resumable from
+    ``--out``'s shards). Rank 0 gets the found heads, the other ranks None."""
+    import os
+
+    first = os.environ.get("RANK") == "0"
+    with stage_progress() if first else contextlib.nullcontext() as stage:
+        progress = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
+        try:
+            run = study.corpus_heads(hm, opts, plan, warn=_warn, progress=progress)
+        except study.CollectiveTimeout as e:
+            raise CLIError(str(e)) from None
+    if run.heads is None:
+        return None
+    _console().print(
+        f"{run.world_size} ranks, {run.documents} documents; rank 0: {len(run.computed)} shard(s) computed, "
+        f"{len(run.resumed)} resumed from {opts.out / 'shards'}"
+    )
+    return run.heads
 
 
 def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:

@@ -29,7 +29,11 @@ import importlib
 _MODULES = {
     "headwise.study.decoder": [
         "PROBE_CHUNK", "VIEW_BINS", "VIEW_FULL_UP_TO", "DecoderHeads", "DecoderPlan", "ExampleView", "decoder_heads",
-        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "query_rows",
+        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "probe_detectors", "query_rows",
+    ],
+    "headwise.study.distributed": [
+        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "assign_shards",
+        "corpus_heads", "launched", "plan_shards", "weights_sha256",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
