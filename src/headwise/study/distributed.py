@@ -34,10 +34,12 @@ rendezvous that cannot be reached within the timeout. A rank that stalls is name
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -262,7 +264,8 @@ def _init(launch: Launch, timeout_s: float) -> None:
 
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     try:
-        init_from_env("gloo", timeout_s=timeout_s)
+        with _quiet_fd2():  # c10d logs each failed connection with a C++ stack to fd 2; the one line below says it
+            init_from_env("gloo", timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001 - DistStoreError, RuntimeError, TimeoutError: the rendezvous failed
         reason = " ".join(str(e).split())[:200]
         raise ValueError(
@@ -271,6 +274,21 @@ def _init(launch: Launch, timeout_s: float) -> None:
         ) from None
     if dist.get_world_size() != launch.world_size:  # pragma: no cover - torch enforces it
         raise ValueError(f"WORLD_SIZE: {launch.world_size}, but the group has {dist.get_world_size()} ranks")
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """File descriptor 2 (where C++ code logs) sent to /dev/null for the block (``sys.stderr`` flushed first)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _gather_texts(text: str) -> list[str]:
@@ -366,6 +384,7 @@ def corpus_heads(
     import torch
     import torch.distributed as dist
 
+    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
     from headwise.analysis import CorpusFile, DecoderStats
     from headwise.analysis.streaming import read_rows
     from headwise.models import TruncationWarning
@@ -445,6 +464,8 @@ def corpus_heads(
         vector, layout = _pack(total)
         _barrier(timeout_s)
         dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+        for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
+            stale.unlink(missing_ok=True)
         summed = _unpack(vector, layout)
         truncated = int(round(float(summed.pop("truncated"))))
         heads = None
