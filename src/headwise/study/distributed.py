@@ -257,23 +257,39 @@ def _timeout(timeout_s: float | None) -> float:
 
 
 def _init(launch: Launch, timeout_s: float) -> None:
-    """The default gloo group from torchrun's environment; an unreachable rendezvous → ValueError (one line)."""
+    """The default gloo group from torchrun's environment; an unreachable rendezvous → ValueError (one line).
+
+    The group's keys live under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>`` of the launch's store: torchrun's
+    static rendezvous (``--master-port``) keeps one store across ``--max-restarts``, where the dead attempt's
+    addresses would otherwise be read by the restarted ranks. Under torchrun the agent serves the store
+    (``TORCHELASTIC_USE_AGENT_STORE``); launched by hand, rank 0 serves it.
+    """
     import torch.distributed as dist
 
-    from headwise.distributed import init_from_env
-
-    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise ValueError(f"{' / '.join(missing)}: not set; launch with torchrun (it sets the rendezvous address)")
+    host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"MASTER_PORT: expected a port number 1 … 65535, got {port!r}")
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
         with _quiet_fd2():  # c10d logs each failed connection with a C++ stack to fd 2; the one line below says it
-            init_from_env("gloo", timeout_s=timeout_s)
+            store = dist.TCPStore(
+                host, int(port), launch.world_size, is_master=launch.rank == 0 and not agent, timeout=timeout
+            )
+            dist.init_process_group(
+                "gloo", store=dist.PrefixStore(f"headwise/attempt-{attempt}", store), rank=launch.rank,
+                world_size=launch.world_size, timeout=timeout,
+            )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - DistStoreError, RuntimeError, TimeoutError: the rendezvous failed
         reason = " ".join(str(e).split())[:200]
         raise ValueError(
-            f"MASTER_ADDR:MASTER_PORT: rank {launch.rank} of {launch.world_size} could not meet the others at {where} "
-            f"within {timeout_s:g} s ({type(e).__name__}: {reason})"
+            f"MASTER_ADDR:MASTER_PORT: rank {launch.rank} of {launch.world_size} could not meet the others at "
+            f"{host}:{port} within {timeout_s:g} s ({type(e).__name__}: {reason})"
         ) from None
-    if dist.get_world_size() != launch.world_size:  # pragma: no cover - torch enforces it
-        raise ValueError(f"WORLD_SIZE: {launch.world_size}, but the group has {dist.get_world_size()} ranks")
 
 
 @contextlib.contextmanager
