@@ -96,12 +96,23 @@ def _warn(message: str) -> None:
 def load(source: str | Path | None, *, cache: bool = True):
     """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
     bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line."""
+    import warnings
+
     from headwise.models import open_model
+    from headwise.models.gguf import CacheHealedWarning
 
     try:
-        return open_model(source, cache=cache)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheHealedWarning)
+            hm = open_model(source, cache=cache)
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+    for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
+        if issubclass(w.category, CacheHealedWarning):
+            _warn(f"--model: {w.message}")
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return hm
 
 
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
