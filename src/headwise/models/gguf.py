@@ -16,7 +16,8 @@ under the user's cache directory, keyed by the SHA-256 of the file, through
 de-quantisation. The folder's manifest (``headwise-gguf.json``, written last) lists its files and their
 lengths; an entry that does not match it (a file truncated or missing, a safetensors header that disagrees with its
 length) is rebuilt from the GGUF file with a :class:`CacheHealedWarning`, under an exclusive lock on
-``locks/gguf-<sha256>.lock`` of the cache directory, so ranks or processes that meet a damaged entry at once rebuild it once.
+``locks/gguf-<sha256>.lock`` of the cache directory, so ranks or processes that meet a damaged entry at once
+rebuild it once.
 
 The cache directory is ``$HEADWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/headwise``, else
 ``~/.cache/headwise``; GGUF folders live in its ``gguf/<sha256>/``.
