@@ -32,8 +32,8 @@ _MODULES = {
         "decoder_report", "decoder_texts", "example_view", "plan_decoder", "probe_detectors", "query_rows",
     ],
     "headwise.study.distributed": [
-        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "assign_shards",
-        "corpus_heads", "launched", "plan_shards", "weights_sha256",
+        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "all_gather_json",
+        "assign_shards", "corpus_heads", "deal", "init_group", "launched", "plan_shards", "weights_sha256",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",

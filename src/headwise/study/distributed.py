@@ -57,8 +57,11 @@ __all__ = [
     "Launch",
     "Shard",
     "ShardStore",
+    "all_gather_json",
     "assign_shards",
     "corpus_heads",
+    "deal",
+    "init_group",
     "launched",
     "plan_shards",
     "weights_sha256",
@@ -136,21 +139,50 @@ def plan_shards(tokens: Sequence[int], batch_size: int) -> list[Shard]:
 
 
 def assign_shards(shards: Sequence[Shard], world_size: int) -> list[list[int]]:
-    """Deal shards to ``world_size`` ranks balanced by token count: the longest shard first, each to the rank with the
-    fewest tokens so far (ties: the lower shard index, the lower rank). Returns each rank's shard indices, ascending.
+    """Deal shards to ``world_size`` ranks balanced by token count (:func:`deal` of their tokens). Returns each rank's
+    shard indices, ascending.
 
     Raises:
         ValueError: fewer shards than ranks.
     """
     if len(shards) < world_size:
         raise ValueError(f"WORLD_SIZE: {world_size} ranks for {len(shards)} shard(s); expected at most one a shard")
-    load = [0] * world_size
+    return deal([s.tokens for s in shards], world_size)
+
+
+def deal(costs: Sequence[float], world_size: int) -> list[list[int]]:
+    """Deal jobs of ``costs`` to ``world_size`` ranks: the costliest first, each to the rank with the least cost so far
+    (ties: fewer jobs, then the lower rank) — the greedy "longest processing time" rule, within 4/3 of the best
+    balance. Returns each rank's job indices, ascending (a rank may get none when there are fewer jobs)."""
+    from headwise import checks
+
+    checks.positive_int("world_size", world_size)
+    load = [0.0] * world_size
     out: list[list[int]] = [[] for _ in range(world_size)]
-    for s in sorted(shards, key=lambda s: (-s.tokens, s.index)):
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         r = min(range(world_size), key=lambda r: (load[r], len(out[r]), r))
-        load[r] += s.tokens
-        out[r].append(s.index)
+        load[r] += costs[i]
+        out[r].append(i)
     return [sorted(x) for x in out]
+
+
+def all_gather_json(value) -> list:
+    """Every rank's ``value`` (anything :mod:`json` writes: NaN included, floats exact), in rank order, through the
+    default group (two all-gathers: the lengths, then the bytes padded to the longest)."""
+    import torch
+    import torch.distributed as dist
+
+    raw = json.dumps(value).encode()
+    world = dist.get_world_size()
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(raw)], dtype=torch.int64))
+    longest = max(int(n) for n in lengths)
+    row = torch.zeros(longest, dtype=torch.uint8)
+    if raw:
+        row[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    rows = [torch.zeros_like(row) for _ in range(world)]
+    dist.all_gather(rows, row)
+    return [json.loads(bytes(r[: int(n)].tolist())) for r, n in zip(rows, lengths)]
 
 
 def weights_sha256(module) -> str:
@@ -292,6 +324,21 @@ def _init(launch: Launch, timeout_s: float) -> None:
         ) from None
 
 
+def init_group(timeout_s: float | None = None) -> Launch:
+    """Initialise the default gloo group from torchrun's environment (as :func:`corpus_heads` does for itself), for
+    the other runs that share the launcher (the lab's ``workers="ranks"``, :func:`headwise.lab.induction.
+    run_induction_seeds`). Returns this process's :class:`Launch`.
+
+    Raises:
+        ValueError: not launched (no ``RANK`` / ``WORLD_SIZE``), or the rendezvous cannot be reached (one line).
+    """
+    launch = Launch.from_env()
+    if launch is None:
+        raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun")
+    _init(launch, _timeout(timeout_s))
+    return launch
+
+
 @contextlib.contextmanager
 def _quiet_fd2():
     """File descriptor 2 (where C++ code logs) sent to /dev/null for the block (``sys.stderr`` flushed first)."""
@@ -418,7 +465,7 @@ def corpus_heads(
         launch = Launch.from_env()
         if launch is None:
             raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
-        _init(launch, timeout_s)
+        _init(launch, timeout_s)  # as init_group, with the message naming the other way in
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         corpus = options.corpus_path
