@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -267,6 +268,8 @@ class CorpusRun:
         shards: this rank's shard indices; computed / resumed: those it computed / loaded from the store.
         documents: the corpus's D documents; truncated: those cut to the context (every rank's).
         payload_bytes: bytes of the one all-reduced vector (each rank sends about 2 (P − 1) / P of it, ring).
+        compute_seconds: this rank's time on its shards (loading the resumed ones included); slowest_seconds: the
+            slowest rank's; reduce_seconds: this rank's time in the barrier and the all-reduce (waiting included).
     """
 
     heads: object
@@ -278,6 +281,9 @@ class CorpusRun:
     documents: int
     truncated: int
     payload_bytes: int
+    compute_seconds: float = 0.0
+    slowest_seconds: float = 0.0
+    reduce_seconds: float = 0.0
 
 
 def _timeout(timeout_s: float | None) -> float:
@@ -402,6 +408,21 @@ def _barrier(timeout_s: float) -> None:
         ) from None
 
 
+def _widen(state: dict, max_length: int) -> dict:
+    """``state`` with its argmax-offset histograms (keys ending in ``hist``, ``(N, 2m − 1)``: offsets −(m − 1) …
+    m − 1) zero-padded to ``max_length`` (``(N, 2·max_length − 1)``), the offsets kept in place."""
+    import torch
+
+    out = dict(state)
+    for key, h in state.items():
+        if key.endswith("hist"):
+            pad = max_length - (h.shape[-1] + 1) // 2
+            if pad < 0:
+                raise ValueError(f"state: '{key}' is wider ({h.shape[-1]}) than max_length={max_length} allows")
+            out[key] = torch.nn.functional.pad(h, (pad, pad)) if pad else h
+    return out
+
+
 def _pack(state: dict):
     """One float64 vector of a state's tensors in key order, and how to cut it back."""
     import torch
@@ -501,16 +522,19 @@ def corpus_heads(
         _refuse_together(problem)
         store.write_manifest()
         mine = assign_shards(shards, world)[rank]
+        longest = max(tokens) if tokens else 1  # the histogram's width all-reduced: ±(longest − 1)
+        started = time.perf_counter()
         total = None
         computed, resumed = [], []
         for done, k in enumerate(mine, start=1):
             state = store.load(k)
             if state is None:
                 s = shards[k]
-                stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", TruncationWarning)  # counted, reported once by rank 0
                     enc = hm.encode(docs[s.start : s.stop])  # the batch a one-process run reads
+                # the offset histogram as wide as the shard's longest document (widened when the shards are added)
+                stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=enc.ids.shape[1])
                 read_rows(
                     hm, enc.ids, enc.mask, head_stats=stats.heads, detector_stats=stats.detectors,
                     block_size=options.block_size,
@@ -521,12 +545,17 @@ def corpus_heads(
                 computed.append(k)
             else:
                 resumed.append(k)
+            state = _widen(state, longest)
             total = state if total is None else {key: total[key] + state[key] for key in total}
             if progress is not None:
                 progress(done, len(mine))
         vector, layout = _pack(total)
+        computed_at = time.perf_counter()
         _barrier(timeout_s)
         dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+        reduced_at = time.perf_counter()
+        slowest = torch.tensor([computed_at - started], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
             stale.unlink(missing_ok=True)
         summed = _unpack(vector, layout)
@@ -534,7 +563,7 @@ def corpus_heads(
         heads = None
         if rank == 0:
             stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
-            stats.add_state(summed)
+            stats.add_state(_widen(summed, hm.max_length))
             if truncated:
                 warn(f"TEXT / --corpus: {truncated} text(s) longer than {hm.max_length} tokens were cut to it")
             report = stats.result(probe_detectors(hm, plan.probe, block_size=options.block_size), plan.probe)
@@ -543,8 +572,9 @@ def corpus_heads(
             example = example_view(hm, ids, mask, queries=plan.queries, block_size=options.block_size)
             heads = DecoderHeads(report, example)
         return CorpusRun(
-            heads, rank, world, mine, computed, resumed, len(docs), truncated, vector.numel() * vector.element_size()
-        )
+            heads, rank, world, mine, computed, resumed, len(docs), truncated, vector.numel() * vector.element_size(),
+            computed_at - started, float(slowest), reduced_at - computed_at,
+        )  # fmt: skip
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
