@@ -220,3 +220,17 @@ def test_launch_from_env(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ValueError, match="expected integers"):
         study.Launch.from_env()
+
+
+def test_an_encoder_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
+    from headwise.cli import main
+
+    corpus = make_corpus(tmp_path / "c.txt")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as stop:
+        main(["heads", "--model", "untrained", "--corpus", str(corpus), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--corpus: under torchrun the documents are split across ranks for decoders only" in err[0]
+    assert not (tmp_path / "out").exists()

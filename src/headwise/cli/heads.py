@@ -235,6 +235,9 @@ def heads(
         hm = load(model, cache=opts.cache)
     if queries_only and (hm is None or hm.kind != "decoder"):
         raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
+    if corpus is not None and study.launched() and (hm is None or hm.kind != "decoder"):
+        raise CLIError("--corpus: under torchrun the documents are split across ranks for decoders only; run an "
+                       "encoder in one process")  # fmt: skip
     if hm is not None and hm.kind == "decoder":
         _decoder(hm, opts)
         return
