@@ -24,6 +24,15 @@ def make_corpus(path: Path, lines: int = 30, *, seed: int = 0) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def make_model(folder: Path, seed: int = 0) -> Path:
     return save_decoder(folder, "llama", init=0.5, positions=POSITIONS, seed=seed)
 

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from _corpus import heads_json, make_corpus, make_model, max_difference  # noqa: E402
+from _corpus import free_port, heads_json, make_corpus, make_model, max_difference  # noqa: E402
 from headwise.cli import main  # noqa: E402
 
 WORKERS = Path(__file__).parent / "workers"
@@ -27,14 +27,6 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 #: The distributed files equal the one-process ones to this (measured: ~1e-15, float64 sums in another order).
 TOL = 1e-6
 WAIT_S = 300
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra) -> dict:
