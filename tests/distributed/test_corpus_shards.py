@@ -179,10 +179,14 @@ def test_corpus_heads_on_one_rank_equals_one_process_and_resumes(setup, tmp_path
     again = study.corpus_heads(hm, opts, plan, warn=lambda m: None)
     assert again.computed == [] and again.resumed == list(range(8))
     _assert_same_report(again.heads.report, run.heads.report, tol=0)  # the same sums, added in the same order
-    # one shard lost: only it is computed again
-    (tmp_path / "out" / "shards" / "shard-000005.safetensors").unlink()
+    # one shard lost, one damaged, one holding other sums: only they are computed again
+    shards = tmp_path / "out" / "shards"
+    (shards / "shard-000005.safetensors").unlink()
+    (shards / "shard-000002.safetensors").write_bytes(b"\x00" * 12)
+    store = study.ShardStore(shards, {})
+    store.save(6, {"heads.hist": torch.zeros(3, 5, dtype=torch.float64)})
     third = study.corpus_heads(hm, opts, plan, warn=lambda m: None)
-    assert third.computed == [5]
+    assert third.computed == [2, 5, 6]
     _assert_same_report(third.heads.report, reference.report)
 
 
