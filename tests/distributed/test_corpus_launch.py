@@ -127,6 +127,14 @@ def test_ranks_equal_one_process(tiny, tmp_path, ranks):
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["manifest.json"] + [
         f"shard-{k:06d}.safetensors" for k in range(8)
     ]
+    if ranks == 2:  # a second run on another number of ranks resumes every shard: nothing computed, the same files
+        stamps = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+        args = ["--nproc-per-node", "3", "--master-port", str(free_port()), *_heads_args(model, corpus, out)]
+        again = _torchrun(args, tmp_path / "log3")
+        assert _watch([again], out) == [0], (tmp_path / "log3").read_text()
+        assert "3 ranks, 30 documents; rank 0: 0 shard(s) computed" in (tmp_path / "log3").read_text()
+        assert {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == stamps
+        _assert_same_outputs(out, one)
 
 
 @pytest.mark.slow
