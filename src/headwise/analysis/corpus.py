@@ -36,7 +36,7 @@ from headwise.analysis.roles import RoleThresholds, head_roles
 from headwise.analysis.targets import mass_at, mass_on, offset_keys
 from headwise.analysis.tokens import TokenInfo, as_attention, as_token_info, mean_over_rows
 
-__all__ = ["METRICS", "HeadReport", "HeadStats", "analyze_texts", "CorpusFile"]
+__all__ = ["METRICS", "HeadReport", "HeadStats", "analyze_texts", "check_state", "CorpusFile"]
 
 #: Every per-head metric of a :class:`HeadReport`, with a one-line meaning (used by tables and docs).
 METRICS = {
@@ -329,6 +329,54 @@ class HeadStats:
         self.num_sentences += 1
         self.num_tokens += length
 
+    def state(self) -> dict:
+        """The running sums as float64 tensors, name → tensor (counts included, exact below 2⁵³): what a
+        data-parallel run all-reduces, saves per shard and adds back with :meth:`add_state`.
+
+        Keys: ``sum.<metric>`` / ``count.<metric>`` ``(N,)``, ``uniform_sum`` ``()``, ``conf_sum`` ``(N,)``,
+        ``conf_count`` ``()``, ``hist`` ``(N, 2·max_length − 1)``, ``js_sum`` ``(N, N)`` and ``js_rows`` ``()``
+        (with ``js``), ``num_sentences``, ``num_tokens`` ``()``.
+        """
+        import torch
+
+        def f64(v):
+            return torch.as_tensor(np.asarray(v, dtype=np.float64)).clone()
+
+        out = {f"sum.{m}": f64(self._sum[m]) for m in _SENTENCE_METRICS}
+        out |= {f"count.{m}": f64(self._count[m]) for m in _SENTENCE_METRICS}
+        out |= {"uniform_sum": f64(self._uniform_sum), "conf_sum": f64(self._conf_sum), "hist": f64(self._hist)}
+        out |= {"conf_count": f64(self._conf_count)}
+        if self._js_sum is not None:
+            out |= {"js_sum": f64(self._js_sum), "js_rows": f64(self._js_rows)}
+        out |= {"num_sentences": f64(self.num_sentences), "num_tokens": f64(self.num_tokens)}
+        return out
+
+    def add_state(self, state) -> None:
+        """Add partial sums (another accumulator's :meth:`state`, or a sum of several) to this one.
+
+        Raises:
+            ValueError: ``state`` lacks a key, has one more, or a tensor of another shape (another model, another
+                ``max_length`` or ``js``).
+        """
+        mine = self.state()
+        check_state("state", mine, state)
+
+        def ints(name):
+            return np.rint(np.asarray(state[name], dtype=np.float64)).astype(np.int64)
+
+        for m in _SENTENCE_METRICS:
+            self._sum[m] += np.asarray(state[f"sum.{m}"], dtype=np.float64)
+            self._count[m] += ints(f"count.{m}")
+        self._uniform_sum += float(state["uniform_sum"])
+        self._conf_sum += np.asarray(state["conf_sum"], dtype=np.float64)
+        self._conf_count += int(ints("conf_count"))
+        self._hist += ints("hist")
+        if self._js_sum is not None:
+            self._js_sum += np.asarray(state["js_sum"], dtype=np.float64)
+            self._js_rows += int(ints("js_rows"))
+        self.num_sentences += int(ints("num_sentences"))
+        self.num_tokens += int(ints("num_tokens"))
+
     def result(self) -> HeadReport:
         """The aggregated :class:`HeadReport` (the accumulator stays usable).
 
@@ -366,6 +414,18 @@ class HeadStats:
             num_tokens=self.num_tokens,
             thresholds=self.thresholds,
         )
+
+
+def check_state(name: str, expected, got) -> None:
+    """ValueError naming ``name`` unless ``got`` has the keys of ``expected`` and tensors of the same shapes (the
+    check of every accumulator's ``add_state``)."""
+    if set(got) != set(expected):
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise ValueError(f"{name}: expected the keys of this accumulator, missing {missing}, unexpected {extra}")
+    for key, value in expected.items():
+        shape = tuple(np.shape(got[key]))
+        if shape != tuple(value.shape):
+            raise ValueError(f"{name}: '{key}' expected shape {tuple(value.shape)}, got {shape}")
 
 
 #: What an ``attend`` function returns for a list of texts: per-layer ``(B, H, L, L)`` maps and token info

@@ -22,7 +22,7 @@ import numpy as np
 
 from headwise.analysis.block import RowBlock
 from headwise.analysis.confidence import VOITA_POSITIONAL_THRESHOLD
-from headwise.analysis.corpus import METRICS, HeadReport, HeadStats
+from headwise.analysis.corpus import METRICS, HeadReport, HeadStats, check_state
 from headwise.analysis.detectors import DETECTORS, Probe, detector_scores
 from headwise.analysis.entropy import causal_entropy_ratio_rows
 from headwise.analysis.roles import RoleThresholds, decoder_roles
@@ -101,6 +101,21 @@ class DetectorStats:
             self._sum[name] += np.where(ok, v, 0.0).sum(axis=0)
             self._count[name] += ok.sum(axis=0)
 
+    def state(self) -> dict:
+        """The running sums as float64 tensors: ``sum.<name>``, ``count.<name>`` ``(N,)`` (see
+        :meth:`HeadStats.state <headwise.analysis.HeadStats.state>`)."""
+        import torch
+
+        out = {f"sum.{k}": torch.as_tensor(self._sum[k], dtype=torch.float64).clone() for k in self._names}
+        return out | {f"count.{k}": torch.as_tensor(self._count[k], dtype=torch.float64) for k in self._names}
+
+    def add_state(self, state) -> None:
+        """Add partial sums (another accumulator's :meth:`state`). Raises ValueError on other keys or shapes."""
+        check_state("state", self.state(), state)
+        for k in self._names:
+            self._sum[k] += np.asarray(state[f"sum.{k}"], dtype=np.float64)
+            self._count[k] += np.rint(np.asarray(state[f"count.{k}"], dtype=np.float64)).astype(np.int64)
+
     def result(self) -> dict[str, np.ndarray]:
         """name → ``(NL, H)`` mean over the sentences that had a target (NaN where none had)."""
         out = {}
@@ -170,6 +185,18 @@ class DecoderStats:
     @property
     def num_tokens(self) -> int:
         return self.heads.num_tokens
+
+    def state(self) -> dict:
+        """Both accumulators' sums as float64 tensors, ``heads.<key>`` and ``detectors.<key>``."""
+        return {f"heads.{k}": v for k, v in self.heads.state().items()} | {
+            f"detectors.{k}": v for k, v in self.detectors.state().items()
+        }
+
+    def add_state(self, state) -> None:
+        """Add partial sums (another :class:`DecoderStats`' :meth:`state`). Raises ValueError on other keys."""
+        check_state("state", self.state(), state)
+        for prefix, acc in (("heads.", self.heads), ("detectors.", self.detectors)):
+            acc.add_state({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
 
     def update(self, attentions: Sequence, ids, info: TokenInfo) -> None:
         """Add a batch: NL arrays ``(B, H, L, L)``, token ids ``(B, L)`` and the batch's token info."""

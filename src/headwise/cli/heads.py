@@ -96,12 +96,23 @@ def _warn(message: str) -> None:
 def load(source: str | Path | None, *, cache: bool = True):
     """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
     bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line."""
+    import warnings
+
     from headwise.models import open_model
+    from headwise.models.gguf import CacheHealedWarning
 
     try:
-        return open_model(source, cache=cache)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheHealedWarning)
+            hm = open_model(source, cache=cache)
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+    for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
+        if issubclass(w.category, CacheHealedWarning):
+            _warn(f"--model: {w.message}")
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return hm
 
 
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
@@ -234,6 +245,9 @@ def heads(
         raise CLIError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if queries_only and (hm is None or hm.kind != "decoder"):
         raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
+    if corpus is not None and study.launched() and (hm is None or hm.kind != "decoder"):
+        raise CLIError("--corpus: under torchrun the documents are split across ranks for decoders only; run an "
+                       "encoder in one process")  # fmt: skip
     if hm is not None and hm.kind == "decoder":
         _decoder(hm, opts)
         return
@@ -391,6 +405,10 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         scope = f"its probe ({probe.batch} × {probe.total_length} random tokens)"
     if texts is None:  # the probe alone: no bars
         found = study.decoder_heads(hm, opts, plan, None, warn=_warn)
+    elif corpus_path is not None and study.launched():  # torchrun: the documents split across ranks
+        found = _across_ranks(hm, opts, plan)
+        if found is None:  # not rank 0: rank 0 prints and writes
+            return
     else:
         with _row_bars(hm, plan.tokens) as rows, corpus_progress(total) as progress:
             found = study.decoder_heads(hm, opts, plan, texts, warn=_warn, progress=progress, row_progress=rows)
@@ -489,6 +507,27 @@ def _composition_line(summary: dict) -> str:
         f"L{t['sender_layer']}H{t['sender_head']}→L{t['layer']}H{t['head']} {t['score']:.2f}" for t in best
     )
     return f"composition (weights): strongest K-composition {pairs}; copying scores in heads.json, composition.png"
+
+
+def _across_ranks(hm, opts: study.HeadsOptions, plan):
+    """Under torchrun: the corpus's documents split across ranks (:func:`headwise.study.corpus_heads`, resumable from
+    ``--out``'s shards). Rank 0 gets the found heads, the other ranks None."""
+    import os
+
+    first = os.environ.get("RANK") == "0"
+    with stage_progress() if first else contextlib.nullcontext() as stage:
+        progress = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
+        try:
+            run = study.corpus_heads(hm, opts, plan, warn=_warn, progress=progress)
+        except study.CollectiveTimeout as e:
+            raise CLIError(str(e)) from None
+    if run.heads is None:
+        return None
+    _console().print(
+        f"{run.world_size} ranks, {run.documents} documents; rank 0: {len(run.computed)} shard(s) computed, "
+        f"{len(run.resumed)} resumed from {opts.out / 'shards'}"
+    )
+    return run.heads
 
 
 def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:

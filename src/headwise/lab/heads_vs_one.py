@@ -319,8 +319,31 @@ def _run_job(job: tuple, setup: HeadsSetup, num_threads: int | None) -> dict:
     return run_one(task, heads, seed, lr, setup, phase=phase, num_threads=num_threads)
 
 
+def _run_ranks(jobs: list[tuple], setup, *, num_threads, callback, on_run, done0, total) -> list[dict]:
+    """Every job, dealt across the ranks of the initialised ``torch.distributed`` group by training cost
+    (:func:`headwise.study.deal`); each rank trains its share, then every rank gets every result (one all-gather of
+    their JSON); results in ``jobs`` order. ``on_run`` is called for this rank's runs."""
+    import torch.distributed as dist
+
+    from headwise.study.distributed import all_gather_json, deal
+
+    mine = deal([setup.budget(j[0]).steps * _cost(j[0]) for j in jobs], dist.get_world_size())[dist.get_rank()]
+    local = {}
+    for i in mine:
+        task, heads, seed, lr, phase = jobs[i]
+        local[str(i)] = run_one(task, heads, seed, lr, setup, phase=phase, callback=callback, num_threads=num_threads)
+        if on_run is not None:
+            on_run(local[str(i)], done0 + len(local), total)
+    merged = {k: v for part in all_gather_json(local) for k, v in part.items()}
+    return [merged[str(i)] for i in range(len(jobs))]
+
+
 def _run_all(jobs: list[tuple], setup, *, workers, num_threads, callback, on_run, done0, total) -> list[dict]:
-    """Every job, serially or ``workers`` at a time in spawned processes; results in ``jobs`` order."""
+    """Every job, serially, ``workers`` at a time in spawned processes, or (``workers="ranks"``) across the ranks of
+    a ``torch.distributed`` launch; results in ``jobs`` order."""
+    if workers == "ranks":
+        return _run_ranks(jobs, setup, num_threads=num_threads, callback=callback, on_run=on_run, done0=done0,
+                          total=total)  # fmt: skip
     if workers == 1:
         out = []
         for job in jobs:
@@ -525,7 +548,7 @@ def run_heads_vs_one(
     on_run: Callable[[dict, int, int], None] | None = None,
     callback=None,
     num_threads: int | None = 1,
-    workers: int = 1,
+    workers: int | str = 1,
 ) -> dict:
     """The sweep on the tuning seeds, then every (task, H, evaluation seed) at its H's learning rate, then
     the table, the comparisons and the verdict.
@@ -535,12 +558,20 @@ def run_heads_vs_one(
         callback: the trainer's per-step callback, passed to every run (only with ``workers=1``).
         num_threads: torch threads per run.
         workers: runs trained at once, each in its own process (``spawn``); 2 uses both cores of a
-            2-core machine. The results do not depend on it (each run is seeded on its own).
+            2-core machine; ``"ranks"``: the runs dealt across the ranks of an initialised ``torch.distributed``
+            group (``torchrun``: one process a rank, on one machine or many), every rank returning the whole
+            result. The results do not depend on it (each run is seeded on its own).
     Returns:
         ``{"experiment", "setup", "budgets", "baselines", "parameters", "sweep", "tuning_runs", "runs",
         "table", "comparison", "verdict", "seconds", "wall_seconds"}``; ``runs`` in (task, H, seed) order.
     """
-    checks.positive_int("workers", workers)
+    if workers == "ranks":
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ValueError("workers: 'ranks' expects an initialised torch.distributed group (launch with torchrun)")
+    else:
+        checks.positive_int("workers", workers)
     start = time.perf_counter()
     tune_jobs = [
         (task, h, TUNING_SEED + s, lr, "tune")

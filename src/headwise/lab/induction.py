@@ -40,7 +40,15 @@ from headwise.lab.tasks import induction_probe, repeated_segments
 from headwise.lab.trainer import TrainConfig, lm_batches, train
 from headwise.models.transformer_lm import LMConfig, TransformerLM
 
-__all__ = ["InductionSetup", "InductionRun", "BOUND", "run_induction", "evaluate_induction", "probe_stream"]
+__all__ = [
+    "InductionSetup",
+    "InductionRun",
+    "BOUND",
+    "run_induction",
+    "run_induction_seeds",
+    "evaluate_induction",
+    "probe_stream",
+]
 
 #: the target: loss on the second copy at most BOUND · ln V
 BOUND = 0.3
@@ -212,3 +220,39 @@ def run_induction(
         "history": result.history,
     }
     return InductionRun(model=model, history=result.history, summary=summary)
+
+
+def run_induction_seeds(
+    setup: InductionSetup = InductionSetup(), seeds=(0,), *, num_threads: int | None = 1, on_run=None
+) -> list[dict]:
+    """:func:`run_induction` for several seeds: serially, or — inside an initialised ``torch.distributed`` group
+    (``torchrun``: one process a rank) — the seeds dealt across the ranks (:func:`headwise.study.deal`), every rank
+    returning every seed's summary (one all-gather of their JSON).
+
+    Args:
+        seeds: the seeds (each ≥ 0), in the order of the result.
+        on_run: called with each summary this process trained, as it finishes.
+    Returns:
+        the runs' ``summary`` dicts, in ``seeds`` order (equal to one process's: each run is seeded on its own).
+    """
+    seeds = [checks.non_negative_int("seeds", s) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds: expected at least one seed, got none")
+    import torch.distributed as dist
+
+    ranks = dist.is_available() and dist.is_initialized()
+    mine = range(len(seeds))
+    if ranks:
+        from headwise.study.distributed import deal
+
+        mine = deal([1.0] * len(seeds), dist.get_world_size())[dist.get_rank()]
+    local = {}
+    for i in mine:
+        local[str(i)] = run_induction(setup, seed=seeds[i], num_threads=num_threads).summary
+        if on_run is not None:
+            on_run(local[str(i)])
+    if ranks:
+        from headwise.study.distributed import all_gather_json
+
+        local = {k: v for part in all_gather_json(local) for k, v in part.items()}
+    return [local[str(i)] for i in range(len(seeds))]

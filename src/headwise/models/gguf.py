@@ -13,7 +13,11 @@ takes the tokenizer from the file. :func:`gguf_folder` writes that model once as
 folder (``config.json`` without the GGUF quantization entry, ``model.safetensors``, ``tokenizer.json``)
 under the user's cache directory, keyed by the SHA-256 of the file, through
 :func:`headwise._io.atomic_folder` — whole or not at all — so a second run opens a folder and skips the
-de-quantisation.
+de-quantisation. The folder's manifest (``headwise-gguf.json``, written last) lists its files and their
+lengths; an entry that does not match it (a file truncated or missing, a safetensors header that disagrees with its
+length) is rebuilt from the GGUF file with a :class:`CacheHealedWarning`, under an exclusive lock on
+``locks/gguf-<sha256>.lock`` of the cache directory, so ranks or processes that meet a damaged entry at once
+rebuild it once.
 
 The cache directory is ``$HEADWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/headwise``, else
 ``~/.cache/headwise``; GGUF folders live in its ``gguf/<sha256>/``.
@@ -30,6 +34,7 @@ import json
 import mmap
 import os
 import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +48,8 @@ __all__ = [
     "gguf_config",
     "load_gguf",
     "gguf_folder",
+    "entry_problem",
+    "CacheHealedWarning",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -330,7 +337,7 @@ def gguf_folder(path: str | os.PathLike, *, header: GGUFHeader | None = None, ro
     root = Path(root) if root is not None else cache_root()
     digest = file_sha256(path)
     folder = root / "gguf" / digest
-    if (folder / SOURCE_FILE).is_file():  # written last inside the temporary folder: the folder is whole
+    if (folder / SOURCE_FILE).is_file() and entry_problem(folder) is None:  # the manifest is written last: whole
         return folder
     try:
         (root / "gguf").mkdir(parents=True, exist_ok=True)
@@ -340,16 +347,75 @@ def gguf_folder(path: str | os.PathLike, *, header: GGUFHeader | None = None, ro
     except OSError as exc:
         reason = exc.strerror or exc
         raise OSError(f"{root}: the cache directory cannot be written ({reason}); use --no-cache") from None
-    model, tokenizer = load_gguf(path, header)
-    with atomic_folder(folder) as tmp, contextlib.redirect_stderr(io.StringIO()):
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        source = {
-            "source": path.name,
-            "sha256": digest,
-            "architecture": header.architecture,
-            "name": header.metadata.get("general.name"),
-            "bytes": path.stat().st_size,
-        }
-        write_text_atomic(tmp / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
+    with _entry_lock(root / "locks" / f"gguf-{digest}.lock"):  # one writer (or healer) per entry at a time
+        problem = entry_problem(folder) if (folder / SOURCE_FILE).is_file() else None
+        if (folder / SOURCE_FILE).is_file() and problem is None:  # another process wrote or healed it meanwhile
+            return folder
+        if problem is not None:
+            warnings.warn(
+                f"{folder}: the cached copy of {path.name} does not match its manifest ({problem}); rebuilt from the "
+                "GGUF file",
+                CacheHealedWarning,
+                stacklevel=2,
+            )
+        model, tokenizer = load_gguf(path, header)
+        with atomic_folder(folder) as tmp, contextlib.redirect_stderr(io.StringIO()):
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            source = {
+                "source": path.name,
+                "sha256": digest,
+                "architecture": header.architecture,
+                "name": header.metadata.get("general.name"),
+                "bytes": path.stat().st_size,
+                "files": files,
+            }
+            write_text_atomic(tmp / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     return folder
+
+
+class CacheHealedWarning(UserWarning):
+    """A cached GGUF folder did not match its manifest and was rebuilt from the GGUF file."""
+
+
+def entry_problem(folder: Path) -> str | None:
+    """Why a cached GGUF folder does not match its manifest (``headwise-gguf.json``), or None when it does: a file the
+    manifest lists is missing or of another length, or a safetensors file's header disagrees with its length (for
+    folders written before the manifest listed its files)."""
+    from headwise.models.folder import inspect_folder
+
+    try:
+        source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{SOURCE_FILE} unreadable: {e}"
+    files = source.get("files") if isinstance(source, dict) else None
+    for name, size in (files or {}).items():
+        p = folder / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} has {p.stat().st_size:,} bytes, the manifest {size:,}"
+    try:
+        inspect_folder(folder)
+    except (OSError, ValueError) as e:
+        return " ".join(str(e).split())[:200]
+    return None
+
+
+@contextlib.contextmanager
+def _entry_lock(path: Path):
+    """An exclusive advisory lock (``flock``) on ``path`` for the block; where ``fcntl`` is missing, none."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: atomic_folder alone
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -15,6 +15,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   the example sentence.
 - :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
   :func:`parse_queries`, :func:`first_lines` — what the model is fed.
+- :func:`corpus_heads` → :class:`CorpusRun` — a decoder's corpus statistics across the ranks of a ``torchrun`` launch
+  (shards dealt by tokens, saved and resumed, one all-reduce); :func:`init_group`, :func:`deal`,
+  :func:`all_gather_json` — the launcher's plumbing the lab shares.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -30,7 +33,11 @@ _MODULES = {
     "headwise.study.decoder": [
         "PROBE_CHUNK", "VIEW_BINS", "VIEW_FULL_UP_TO", "DecoderHeads", "DecoderPlan", "ExampleView", "decoder_heads",
         "composition_columns",
-        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "query_rows",
+        "decoder_report", "decoder_texts", "example_view", "plan_decoder", "probe_detectors", "query_rows",
+    ],
+    "headwise.study.distributed": [
+        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "all_gather_json",
+        "assign_shards", "corpus_heads", "deal", "init_group", "launched", "plan_shards", "weights_sha256",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",

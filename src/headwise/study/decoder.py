@@ -36,6 +36,7 @@ __all__ = [
     "decoder_texts",
     "example_view",
     "plan_decoder",
+    "probe_detectors",
     "query_rows",
 ]
 
@@ -198,7 +199,7 @@ def decoder_report(
     Returns:
         ``(report, example)``: the report and the first sequence's :class:`ExampleView`.
     """
-    from headwise.analysis import DecoderStats, DetectorStats
+    from headwise.analysis import DecoderStats
     from headwise.analysis.streaming import read_rows
 
     stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
@@ -218,12 +219,21 @@ def decoder_report(
         texts += ids.shape[0]
         if progress is not None:
             progress(texts, stats.num_tokens)
+    return stats.result(probe_detectors(hm, probe, block_size=block_size), probe), example
+
+
+def probe_detectors(hm, probe, *, block_size=None) -> dict:
+    """The detectors' scores on the probe's sequences, :data:`PROBE_CHUNK` per forward pass: name → ``(NL, H)``
+    (:meth:`headwise.analysis.DetectorStats.result`)."""
+    from headwise.analysis import DetectorStats
+    from headwise.analysis.streaming import read_rows
+
     detectors = DetectorStats(hm.num_layers, hm.num_heads)
     ids = probe_ids(hm, probe)
     for start in range(0, ids.shape[0], PROBE_CHUNK):
         chunk = ids[start : start + PROBE_CHUNK]
         read_rows(hm, chunk, None, detector_stats=detectors, block_size=block_size)
-    return stats.result(detectors.result(), probe), example
+    return detectors.result()
 
 
 def _view(hm, ids, mask, n: int, reader=None) -> ExampleView:

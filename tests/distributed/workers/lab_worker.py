@@ -1,0 +1,27 @@
+"""One rank of the lab's experiments under torchrun's environment: a tiny heads-vs-one sweep (``workers="ranks"``)
+and multi-seed induction, each rank's results written to ``OUT/rank<r>.json``.
+
+argv: OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from headwise.lab.heads_vs_one import run_heads_vs_one
+from headwise.lab.induction import run_induction_seeds
+from headwise.study.distributed import init_group
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from test_lab_launch import HEADS, INDUCTION, SEEDS  # noqa: E402
+
+out = Path(sys.argv[1])
+launch = init_group(120.0)
+heads = run_heads_vs_one(HEADS, workers="ranks")
+seeds = run_induction_seeds(INDUCTION, SEEDS)
+(out / f"rank{launch.rank}.json").write_text(json.dumps({"heads": heads, "induction": seeds}))
+dist.destroy_process_group()
