@@ -45,13 +45,17 @@ def test_an_exact_score_on_some_edges_is_counted_and_the_rest_fall_back():
     p = circuit_page_payload(d)
     assert p["measured"] == {"eap-ig": len(d["edges"]), "exact": 3}
     assert p["scores"]["exact"][3:] == p["scores"]["eap-ig"][3:]
-    assert p["scores"]["exact"][:3] == pytest.approx([e["scores"]["exact"] for e in d["edges"][:3]], rel=1e-5)  # 6 digits
+    exact = [e["scores"]["exact"] for e in d["edges"][:3]]
+    assert p["scores"]["exact"][:3] == pytest.approx(exact, rel=1e-5)  # kept to 6 significant digits
 
 
 def test_the_circuit_method_is_listed_first_and_qk_terms_are_kept():
     d = make_circuit(layers=1, heads=2, kv_groups=None, methods=("exact", "eap"))
     d["method"] = "eap"
-    terms = [{"query_part": "L0.H1", "key_part": "embed", "value": 1.5}, {"query_part": "embed", "key_part": "embed", "value": -0.25}]
+    terms = [
+        {"query_part": "L0.H1", "key_part": "embed", "value": 1.5},
+        {"query_part": "embed", "key_part": "embed", "value": -0.25},
+    ]
     d["node_details"]["L0.H1"]["qk"] = {"query": 4, "key": 2, "terms": terms}
     p = circuit_page_payload(d, title="T", subtitle="S")
     assert p["methods"] == ["eap", "exact"] and p["method"] == "eap"

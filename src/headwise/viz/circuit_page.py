@@ -62,8 +62,9 @@ def _detail(detail: Mapping) -> dict:
             "query": qk.get("query"),
             "key": qk.get("key"),
             "terms": [
-                {"query_part": str(t.get("query_part")), "key_part": str(t.get("key_part")), "value": _round(t.get("value"))}
+                {"query_part": str(t.get("query_part")), "key_part": str(t.get("key_part")), "value": _round(v)}
                 for t in qk.get("terms") or []
+                for v in (t.get("value"),)
             ],
         }
     return out
