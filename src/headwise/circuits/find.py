@@ -1,0 +1,270 @@
+"""``find_circuit``: edge scores, their exact check, the faithfulness curve and the smallest faithful circuit, in
+one call (the library behind ``headwise circuit``).
+
+Shape legend: P prompt pairs, L length, E edges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from headwise.checks import one_of, positive_int
+from headwise.circuits.edges import edge_attribution
+from headwise.circuits.faithfulness import ABLATIONS, faithfulness, smallest_circuit
+from headwise.circuits.graph import Graph
+from headwise.circuits.metrics import METRICS, make_metric
+from headwise.circuits.paths import patch_edges
+from headwise.circuits.result import Circuit
+from headwise.circuits.wiring import wiring
+from headwise.patching.metric import LogitDifference
+
+__all__ = ["CIRCUIT_METHODS", "find_circuit", "spearman"]
+
+CIRCUIT_METHODS = ("eap", "eap-ig", "exact")
+#: ``progress(stage, done, total)``, stage one of "attribution", "exact", "faithfulness", "circuit"
+Progress = Callable[[str, int, int], None]
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two 1-D tensors (ties get their mean rank)."""
+
+    def ranks(x: Tensor) -> Tensor:
+        x = x.double()
+        order = torch.argsort(x, stable=True)
+        r = torch.empty_like(x)
+        r[order] = torch.arange(len(x), dtype=torch.float64)
+        for v in torch.unique(x):  # mean rank of ties
+            tie = x == v
+            if int(tie.sum()) > 1:
+                r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / den if den > 0 else float("nan")
+
+
+def _texts_or_ids(name: str, value, target) -> tuple[Tensor, list]:
+    """``(ids (P, L), shown)`` from a list of strings (tokenized) or token ids ``(L,)`` / ``(P, L)``."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
+        if target.tokenizer is None:
+            raise ValueError(f"{name}: the model {target.name} has no tokenizer; give token ids (P, L)")
+        rows = []
+        for k, text in enumerate(value):
+            if not text.strip():
+                raise ValueError(f"{name}[{k}]: expected a non-empty text, got {text!r}")
+            rows.append(target.encode([text]).input_ids[0])
+        lengths = {len(r) for r in rows}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"{name}: every prompt must have the same number of tokens (patching swaps the same positions), "
+                f"got lengths {[len(r) for r in rows]}"
+            )
+        return torch.stack(rows), list(value)
+    ids = value if isinstance(value, Tensor) else torch.tensor(value)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(
+            f"{name}: expected texts or integer token ids (L,) or (P, L), got {ids.dtype} {tuple(ids.shape)}"
+        )
+    return ids.long(), ids.tolist()
+
+
+def _answer_ids(name: str, value, P: int, target) -> tuple[list[int], list]:
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value] * P
+    if isinstance(value, Tensor):
+        value = value.reshape(-1).tolist()
+    if not isinstance(value, Sequence) or len(value) != P:
+        raise ValueError(f"{name}: expected one answer per prompt pair ({P}), got {value!r}")
+    ids = []
+    for k, v in enumerate(value):
+        if isinstance(v, str):
+            if target.tokenizer is None:
+                raise ValueError(f"{name}[{k}]: the model {target.name} has no tokenizer; give a token id")
+            got = target.tokenizer.encode(v, add_special_tokens=False).ids
+            if len(got) != 1:
+                raise ValueError(f"{name}[{k}]: {v!r} is {len(got)} tokens; expected exactly one")
+            ids.append(int(got[0]))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if target.vocab_size is not None and not 0 <= v < target.vocab_size:
+                raise ValueError(f"{name}[{k}]: token id {v} outside the vocabulary [0, {target.vocab_size})")
+            ids.append(v)
+        else:
+            raise TypeError(f"{name}[{k}]: expected a text or a token id, got {v!r}")
+    return ids, list(value)
+
+
+def _node_details(target, graph: Graph, ids: Tensor, answer: int, wrong: int) -> dict:
+    from headwise.patching import direct_logit_attribution
+
+    names = [f"layers.{layer}.attn.pattern" for layer in range(graph.num_layers)]
+    cache = target.run_with_cache(ids, names=names)
+    dla = direct_logit_attribution(target, ids, LogitDifference((answer,), (wrong,)))
+    details: dict = {"embed": {"pattern": None, "direct_effect": float(dla.embed[0])}}
+    for layer in range(graph.num_layers):
+        pattern = cache[names[layer]][0].float()  # (H, L, S)
+        for h in range(graph.heads[layer]):
+            details[f"L{layer}.H{h}"] = {
+                "pattern": [[round(float(v), 5) for v in row] for row in pattern[h]],
+                "direct_effect": float(dla.heads[0, layer, h]),
+            }
+        if graph.mlps[layer]:
+            details[f"L{layer}.MLP"] = {"pattern": None, "direct_effect": float(dla.mlp[0, layer])}
+    return details
+
+
+def find_circuit(
+    hm,
+    clean,
+    corrupted,
+    *,
+    answer,
+    wrong,
+    method: str = "eap",
+    steps: int = 5,
+    metric: str = "logit_diff",
+    ablation: str = "corrupted",
+    fraction: float = 0.8,
+    exact_top: int = 20,
+    progress: Progress | None = None,
+    batch_size: int | None = None,
+) -> Circuit:
+    """Find the edges that carry a behaviour from a set of prompt pairs, check them, and keep a faithful circuit.
+
+    1. Score every edge of the graph (:mod:`headwise.circuits.graph`) by ``method``: EAP, EAP-IG
+       (:func:`~headwise.circuits.edge_attribution`) or the exact patch of each edge alone
+       (:func:`~headwise.circuits.patch_edges`, clean base, corrupted sender).
+    2. Patch the ``exact_top`` edges of largest ``|estimate|`` exactly beside the estimate and state their
+       agreement (Spearman's rank correlation, top-k overlap).
+    3. The faithfulness curve: the top n edges kept, every other ablated
+       (:func:`~headwise.circuits.faithfulness`), and the smallest circuit recovering ``fraction``.
+
+    Args:
+        hm: a :class:`~headwise.models.HeadModel` (or anything :func:`headwise.patching.as_target` accepts).
+        clean, corrupted: P prompt texts each (the same number of tokens everywhere), or token ids ``(P, L)``.
+        answer, wrong: the answer and the wrong token per pair (texts of one token each, or ids; one value
+            for every pair).
+        method: ``"eap"``, ``"eap-ig"`` or ``"exact"``. steps: EAP-IG's interpolation steps.
+        metric: ``"logit_diff"``, ``"prob"`` (the answer's probability) or ``"kl"`` (to the clean run; not with
+            ``"eap"``, whose gradient vanishes there) at the last position.
+        ablation: ``"corrupted"`` or ``"mean"`` (over the clean and corrupted prompts) for the edges left out.
+        fraction: the share of the metric the chosen circuit must recover, in (0, 1].
+        exact_top: edges patched exactly beside the estimate (0: none).
+        progress: ``fn(stage, done, total)``, stage ``"attribution"``, ``"exact"``, ``"faithfulness"``.
+        batch_size: jobs per forward pass (default 16 for exact patching, 8 for faithfulness).
+    Returns:
+        :class:`~headwise.circuits.Circuit` (``to_dict()`` is ``circuit.json``).
+    Raises:
+        ValueError / TypeError: naming the argument — prompts of different lengths, an answer of several
+        tokens, an unknown method, metric or ablation, ``"kl"`` with ``"eap"``, a bad fraction or batch size, a
+        model structure the tracing does not read.
+    """
+    t0 = time.perf_counter()
+    one_of("method", method, CIRCUIT_METHODS)
+    one_of("metric", metric, METRICS)
+    one_of("ablation", ablation, ABLATIONS)
+    if metric == "kl" and method == "eap":
+        raise ValueError("metric: 'kl' has no gradient on the clean run, so EAP scores it 0; use method='eap-ig'")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"fraction: expected a number in (0, 1], got {fraction!r}")
+    if isinstance(exact_top, bool) or not isinstance(exact_top, int) or exact_top < 0:
+        raise ValueError(f"exact_top: expected a whole number ≥ 0, got {exact_top!r}")
+    if batch_size is not None:
+        batch_size = positive_int("batch_size", batch_size)
+    if method == "eap-ig":
+        steps = positive_int("steps", steps)
+    w = wiring(hm)
+    target = w.target
+    c, c_shown = _texts_or_ids("clean", clean, target)
+    x, x_shown = _texts_or_ids("corrupted", corrupted, target)
+    if c.shape != x.shape:
+        raise ValueError(f"corrupted: expected the clean prompts' shape {tuple(c.shape)}, got {tuple(x.shape)}")
+    P = c.shape[0]
+    a_ids, a_shown = _answer_ids("answer", answer, P, target)
+    w_ids, w_shown = _answer_ids("wrong", wrong, P, target)
+    c, x = c.to(target.device), x.to(target.device)
+    clean_last = None
+    if metric == "kl":
+        with torch.no_grad():
+            clean_last = target.logits(c, last_only=True)[:, -1]  # (P, V)
+    fn = make_metric(metric, a_ids, w_ids, clean_last)
+
+    def stage(name):
+        return None if progress is None else (lambda done, total: progress(name, done, total))
+
+    exact_batch = batch_size or 16
+    if method == "exact":
+        from headwise.circuits.graph import build_graph
+
+        graph = build_graph(w)
+        ex = patch_edges(w, c, x, fn, graph.edges, batch_size=exact_batch, progress=stage("attribution"))
+        scores = ex.effect
+        exact = {e: float(v) for e, v in enumerate(scores)}
+        agreement = None
+    else:
+        est = edge_attribution(w, c, x, fn, method=method, steps=steps, progress=stage("attribution"))
+        graph, scores = est.graph, est.scores
+        exact, agreement = {}, None
+        if exact_top:
+            top = est.top(min(exact_top, len(graph.edges)))
+            ex = patch_edges(
+                w, c, x, fn, [graph.edges[e] for e in top], batch_size=exact_batch, progress=stage("exact")
+            )
+            exact = {e: float(v) for e, v in zip(top, ex.effect)}
+            if len(top) >= 2:
+                k = max(1, min(10, len(top) // 2))
+                a, b = scores[top], ex.effect
+                ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
+                tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
+                agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
+    curve = faithfulness(
+        w, c, x, fn, scores, ablation=ablation, batch_size=batch_size or 8, progress=stage("faithfulness")
+    )
+    n, recovered = smallest_circuit(w, c, x, fn, curve, fraction)
+    kept = sorted(curve.order[:n])
+    nodes = sorted({graph.edges[e].sender for e in kept} | {graph.edges[e].receiver for e in kept})
+    edges = []
+    for e, edge in enumerate(graph.edges):
+        s = {} if method == "exact" else {method: float(scores[e])}
+        if e in exact:
+            s["exact"] = exact[e]
+        edges.append({"sender": edge.sender, "receiver": edge.receiver, "input": edge.input, "scores": s})
+    prompts = [
+        {"clean": c_shown[p], "corrupted": x_shown[p], "answer": a_shown[p], "wrong": w_shown[p]} for p in range(P)
+    ]
+    return Circuit(
+        model=target.name,
+        method=method,
+        metric=metric,
+        ablation=ablation,
+        steps=steps if method == "eap-ig" else None,
+        prompts=prompts,
+        tokens=target.token_texts(c[0].tolist()),
+        nodes=[node.to_dict() for node in graph.nodes],
+        edges=edges,
+        agreement=agreement,
+        faithfulness={
+            "sizes": curve.sizes,
+            "recovered": [_finite(v) for v in curve.recovered.tolist()],
+            "metric": [_finite(v) for v in curve.metric.mean(0).tolist()],
+            "clean_metric": curve.clean_metric,
+            "corrupted_metric": curve.corrupted_metric,
+            "ablated_metric": curve.ablated_metric,
+        },
+        circuit={"fraction": float(fraction), "edges": kept, "nodes": nodes, "recovered": _finite(recovered)},
+        node_details=_node_details(target, graph, c[:1], a_ids[0], w_ids[0]),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _finite(v: float) -> float | None:
+    return None if v != v or v in (float("inf"), float("-inf")) else float(v)

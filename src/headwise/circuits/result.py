@@ -1,0 +1,86 @@
+"""A found circuit: the graph, every edge's scores, the exact check, the faithfulness curve and the circuit kept.
+
+Shape legend: P prompt pairs, L length, NL layers, H query heads, E edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Circuit"]
+
+
+@dataclass
+class Circuit:
+    """What :func:`headwise.circuits.find_circuit` found; :meth:`to_dict` is the ``circuit.json`` contents.
+
+    ``to_dict()`` keys (every float a JSON number, NaN as null):
+
+    - ``"model"`` (the model's name), ``"method"`` (``"eap"``, ``"eap-ig"`` or ``"exact"``), ``"metric"``
+      (``"logit_diff"``, ``"prob"`` or ``"kl"``), ``"ablation"`` (``"corrupted"`` or ``"mean"``), ``"steps"``
+      (EAP-IG's steps, else null);
+    - ``"prompts"``: one ``{"clean", "corrupted", "answer", "wrong"}`` per pair (texts, or token ids as lists
+      where ids were given);
+    - ``"tokens"``: the first clean prompt's tokens as the text each adds (:mod:`headwise.models.token_text`);
+    - ``"nodes"``: ``{"id", "kind", "layer", "head", "kv_group", "heads"}`` each — kind ``embed``, ``head``,
+      ``kv`` (a key/value group; ``heads`` the query heads that read it), ``mlp`` or ``logits``
+      (:mod:`headwise.circuits.graph`);
+    - ``"edges"``: ``{"sender", "receiver", "input", "scores"}`` each — input ``q``, ``k``, ``v``, ``mlp`` or
+      ``logits``; ``scores`` ``{method: value}``: the estimate (``"eap"`` / ``"eap-ig"``: metric(edge
+      corrupted) − metric(clean), mean over pairs) and ``"exact"`` where the edge was patched exactly;
+    - ``"agreement"``: ``{"spearman", "top_k", "overlap"}`` between the estimate and the exact patch over the
+      exactly patched edges (Spearman's rank correlation; the share of the top ``top_k`` by ``|score|`` that
+      both put there), or null (``method="exact"``, or fewer than 2 edges patched);
+    - ``"faithfulness"``: ``{"sizes", "recovered", "metric", "clean_metric", "corrupted_metric",
+      "ablated_metric"}`` — the top-n circuits by ``|score|`` (n in ``sizes``), every other edge ablated, and the
+      fraction of the metric they recover (:mod:`headwise.circuits.faithfulness`);
+    - ``"circuit"``: ``{"fraction", "edges", "nodes", "recovered"}`` — the smallest top-n circuit recovering
+      ``fraction``: its edge indices (into ``"edges"``), the nodes they touch, what it recovers;
+    - ``"node_details"``: ``{node id: {"pattern", "direct_effect"}}`` — ``pattern`` a head's attention weights
+      on the first clean prompt (L lists of L floats; heads only), ``direct_effect`` the node's direct logit
+      attribution to logit(answer) − logit(wrong) on that prompt (heads, MLPs, the embeddings;
+      :func:`headwise.patching.direct_logit_attribution`).
+    """
+
+    model: str
+    method: str
+    metric: str
+    ablation: str
+    steps: int | None
+    prompts: list[dict]
+    tokens: list[str]
+    nodes: list[dict]
+    edges: list[dict]
+    agreement: dict | None
+    faithfulness: dict
+    circuit: dict
+    node_details: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "method": self.method,
+            "metric": self.metric,
+            "ablation": self.ablation,
+            "steps": self.steps,
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "nodes": self.nodes,
+            "edges": self.edges,
+            "agreement": self.agreement,
+            "faithfulness": self.faithfulness,
+            "circuit": self.circuit,
+            "node_details": self.node_details,
+        }
+
+    def top_edges(self, n: int, method: str | None = None) -> list[dict]:
+        """The ``n`` edges of largest ``|score|`` by ``method`` (default: this circuit's method)."""
+        method = method or self.method
+        scored = [e for e in self.edges if e["scores"].get(method) is not None]
+        return sorted(scored, key=lambda e: -abs(e["scores"][method]))[:n]
+
+    @property
+    def circuit_edges(self) -> list[dict]:
+        """The chosen circuit's edges."""
+        return [self.edges[i] for i in self.circuit["edges"]]

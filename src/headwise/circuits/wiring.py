@@ -1,0 +1,367 @@
+"""How senders' writes reach receivers' inputs: the residual structure of a model read at run time, and one
+forward pass that records every sender's write and edits chosen receivers' inputs.
+
+Shape legend: N rows of a batch (J jobs × P pairs), L length, D model width, NL layers, H query heads,
+Hkv key/value groups, Dh head width.
+
+A pre-norm residual block reads the residual stream ``r`` through a norm and adds its writes back::
+
+    r_mid = r + Σ_h o_h(z_h) + b_o          o_h(z_h) = z_h · W_O[h]    (the heads' writes; Elhage et al. 2021)
+    r_out = r_mid + mlp(norm2(r_mid))
+
+so the residual at any point is the sum of the writes before it (the embeddings, each head, each MLP) plus
+constant biases. A receiver's input is the residual where it is read: a query head's query input is ``r`` at
+its layer through the input norm and that head's rows of W_Q; a key/value group's key (value) input is ``r``
+through the norm and the group's rows of W_K (W_V) — one input for every query head that reads the group
+(GQA: Hkv groups of H/Hkv query heads); an MLP's input is ``r_mid`` (the MLP's norm's input); the logits'
+input is the last block's output (the final norm's input).
+
+:class:`Wiring` edits a receiver's input by adding ``Δ (N, n, L, D)`` (n receivers of one group: the H query
+heads of a layer, its Hkv key groups, its Hkv value groups, one MLP, the logits) to the residual it reads, on
+that side only: the query projection of head h is recomputed as ``W_Q[h] · norm(r + Δ_h)`` (the layer's
+input norm called on the edited residual) and replaces head h's columns of the projection's output; keys and
+values per group the same. Nothing else of the forward pass changes, so the edit can be exact (path
+patching), a zero tensor whose gradient is ∂metric/∂input (edge attribution), or a function of the run's
+own writes (faithfulness: every edge outside a circuit ablated).
+
+The structure is found by one recording pass, not from a list of families: the attention's input norm is the
+block's norm whose output is the attention's input, the MLP's the norm whose output is the MLP's input; the
+projections are ``q_proj / k_proj / v_proj`` (Llama, Gemma, Qwen, Mistral, …), ``Wq / Wk / Wv`` (headwise's
+modules) or GPT-2's fused ``c_attn``; the output projection an ``nn.Linear`` or a GPT-2 ``Conv1D``. A norm on
+the attention's or the MLP's write (Gemma 2/3, OLMo 2: ``r + norm(o_proj(z))``) makes the heads' writes
+interact, and is refused (named), as are blocks without pre-norms and fused projections of other layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from headwise.models.head_model import HeadModel
+from headwise.points import OUT_PROJ_NAMES
+
+__all__ = ["LayerWiring", "Wiring", "wiring"]
+
+_QKV_NAMES = (("q_proj", "k_proj", "v_proj"), ("Wq", "Wk", "Wv"))
+_FUSED_NAMES = ("c_attn",)
+
+#: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group is ``("q"|"k"|"v"|"mlp", layer)`` or
+#: ``("logits", NL)``; ``writes`` the sender writes recorded so far in this pass (see :meth:`Wiring.run`).
+Deltas = Callable[[tuple[str, int], dict], "Tensor | None"]
+
+
+def _affine(module: nn.Module, what: str) -> tuple[Tensor, Tensor | None]:
+    """``(W (out, in), b (out,) or None)`` of an ``nn.Linear`` or a GPT-2 ``Conv1D`` (weight ``(in, out)``)."""
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
+        return module.weight.t(), module.bias
+    raise ValueError(f"model: the {what} is a {type(module).__name__}, not a linear map this tracing reads")
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+def _first_tensor(args, kwargs) -> Tensor | None:
+    if args and isinstance(args[0], Tensor):
+        return args[0]
+    x = kwargs.get("hidden_states")
+    return x if isinstance(x, Tensor) else None
+
+
+def _out(output) -> Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _same(a: Tensor | None, b: Tensor | None) -> bool:
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return bool((a - b).abs().max() <= 1e-5 * max(1.0, float(b.abs().max())))
+
+
+@dataclass
+class _Side:
+    """One side (q, k or v) of a projection: n heads of Dh columns from ``offset``; ``W (n, Dh, D)``."""
+
+    name: str
+    module: nn.Module
+    offset: int
+    n: int
+    width: int
+    W: Tensor
+    b: Tensor | None
+
+
+@dataclass
+class LayerWiring:
+    """One layer's parts: the attention's input norm, the q/k/v sides, the per-head output map, the MLP.
+
+    Attributes:
+        attn_norm: the norm whose output is the attention's input.
+        sides: ``{"q": …, "k": …, "v": …}`` each with ``n`` heads (H for q, Hkv for k and v).
+        heads_out: ``(H, Dv, D)`` each head's rows of W_O (a head's write is ``z_h · heads_out[h]``).
+        mlp, mlp_norm: the MLP and its input norm (None for an attention-only layer).
+    """
+
+    attn_norm: nn.Module
+    sides: dict[str, _Side]
+    heads_out: Tensor
+    mlp: nn.Module | None
+    mlp_norm: nn.Module | None
+
+    @property
+    def num_heads(self) -> int:
+        return self.sides["q"].n
+
+    @property
+    def num_kv(self) -> int:
+        return self.sides["k"].n
+
+
+def _sides(attention: nn.Module, H: int) -> dict[str, _Side]:
+    for names in _QKV_NAMES:
+        mods = [getattr(attention, n, None) for n in names]
+        if all(isinstance(m, nn.Module) for m in mods):
+            Wq, bq = _affine(mods[0], "query projection")
+            Dh = Wq.shape[0] // H
+            out = {}
+            for side, m in zip("qkv", mods):
+                W, b = _affine(m, f"{side} projection")
+                n = W.shape[0] // Dh
+                out[side] = _Side(side, m, 0, n, Dh, W.reshape(n, Dh, -1), None if b is None else b.reshape(n, Dh))
+            return out
+    for name in _FUSED_NAMES:
+        m = getattr(attention, name, None)
+        if isinstance(m, nn.Module):
+            W, b = _affine(m, "fused q/k/v projection")
+            if W.shape[0] % 3:
+                raise ValueError(f"model: the fused projection {name} has {W.shape[0]} outputs, not 3 equal parts")
+            D3 = W.shape[0] // 3
+            Dh = D3 // H
+            out = {}
+            for k, side in enumerate("qkv"):
+                Ws = W[k * D3 : (k + 1) * D3].reshape(H, Dh, -1)
+                bs = None if b is None else b[k * D3 : (k + 1) * D3].reshape(H, Dh)
+                out[side] = _Side(side, m, k * D3, H, Dh, Ws, bs)
+            return out
+    raise ValueError(
+        f"model: {type(attention).__name__} has neither separate q/k/v projections ({_QKV_NAMES}) nor a fused "
+        f"{_FUSED_NAMES}: its receivers' inputs cannot be separated"
+    )
+
+
+def _heads_out(attention: nn.Module, H: int) -> Tensor:
+    proj = next(
+        (getattr(attention, n) for n in OUT_PROJ_NAMES if isinstance(getattr(attention, n, None), nn.Module)), None
+    )
+    if proj is None:
+        raise ValueError(f"model: {type(attention).__name__} has no output projection named one of {OUT_PROJ_NAMES}")
+    W, _ = _affine(proj, "output projection")  # (D, H·Dv)
+    D, width = W.shape
+    return W.t().reshape(H, width // H, D)  # (H, Dv, D)
+
+
+class Wiring:
+    """The residual structure of one model (see the module docstring) and the pass that edits receivers.
+
+    Build it with :func:`wiring`. Attributes: ``target`` (the :class:`HeadModel`), ``layers`` (NL
+    :class:`LayerWiring`).
+    """
+
+    def __init__(self, target: HeadModel, layers: list[LayerWiring]):
+        self.target = target
+        self.layers = layers
+        self._inside = False
+
+    # -- the pass ------------------------------------------------------------------------------------------
+    def run(
+        self,
+        ids: Tensor,
+        *,
+        deltas: Deltas | None = None,
+        record: bool = False,
+        embed: Callable[[Tensor], Tensor] | None = None,
+        last_only: bool = False,
+    ) -> tuple[Tensor, dict]:
+        """One forward pass of ``ids (N, L)``.
+
+        Args:
+            deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
+                reaches it (None: that group's inputs are left as they are).
+            record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
+                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)``. Also recorded whenever ``deltas`` is given
+                (it may read them).
+            embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
+            last_only: a Hugging Face model's logits at the last position only.
+        Returns:
+            ``(logits (N, L or 1, V), writes)``.
+        """
+        tgt = self.target
+        writes: dict = {}
+        record = record or deltas is not None
+        hooks: list = []
+        handles: list = []
+        if embed is not None:
+            hooks.append(("layers.0.resid_pre", embed))
+        if record:
+            hooks.append(("layers.0.resid_pre", partial(self._keep, writes, ("embed", -1), None)))
+        for layer, lw in enumerate(self.layers):
+            if record:
+                hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, ("heads", layer), lw)))
+                if lw.mlp is not None:
+                    hooks.append((f"layers.{layer}.mlp.out", partial(self._keep, writes, ("mlp", layer), None)))
+        if deltas is not None:
+            residual: dict = {}
+            for layer, lw in enumerate(self.layers):
+                handles.append(lw.attn_norm.register_forward_pre_hook(partial(self._residual, residual, layer)))
+                by_module: dict[int, list[_Side]] = {}
+                for side in lw.sides.values():
+                    by_module.setdefault(id(side.module), []).append(side)
+                for sides in by_module.values():
+                    fn = partial(self._project, residual, layer, lw, sides, deltas, writes)
+                    handles.append(sides[0].module.register_forward_hook(fn))
+                if lw.mlp is not None:
+                    fn = partial(self._add, ("mlp", layer), deltas, writes)
+                    handles.append(lw.mlp_norm.register_forward_pre_hook(fn))
+            hooks.append(("resid_final", partial(self._add_final, ("logits", len(self.layers)), deltas, writes)))
+        try:
+            with tgt.hooks(hooks):
+                logits = tgt.logits(ids, last_only=last_only)
+        finally:
+            for h in handles:
+                h.remove()
+        return logits, writes
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _keep(writes: dict, key, lw: LayerWiring | None, x: Tensor) -> None:
+        if lw is None:
+            writes[key] = x[:, None]  # (N, 1, L, D)
+        else:  # z (N, H, L, Dv) -> each head's write (N, H, L, D)
+            writes[key] = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))
+
+    def _residual(self, store: dict, layer: int, _module, args, kwargs=None) -> None:
+        if not self._inside:
+            store[layer] = args[0]  # (N, L, D): the residual the attention reads
+
+    def _project(self, residual, layer, lw: LayerWiring, sides, deltas: Deltas, writes, _module, _args, output):
+        y = _out(output)  # (N, L, out)
+        parts, at = [], 0
+        for side in sorted(sides, key=lambda s: s.offset):
+            delta = deltas((side.name, layer), writes)
+            if delta is None:
+                continue
+            r = residual[layer]  # (N, L, D)
+            self._inside = True
+            try:
+                x = lw.attn_norm(r[:, None] + delta.to(r.dtype))  # (N, n, L, D)
+            finally:
+                self._inside = False
+            new = torch.einsum("nild,iwd->nliw", x, side.W.to(x.dtype))  # (N, L, n, Dh)
+            if side.b is not None:
+                new = new + side.b.to(x.dtype)
+            parts += [y[..., at : side.offset], new.reshape(*new.shape[:2], -1)]
+            at = side.offset + side.n * side.width
+        if not parts:
+            return None
+        y = torch.cat([*parts, y[..., at:]], -1)
+        return (y, *output[1:]) if isinstance(output, tuple) else y
+
+    @staticmethod
+    def _add(group, deltas: Deltas, writes, _module, args, kwargs=None):
+        delta = deltas(group, writes)
+        if delta is None:
+            return None
+        x = args[0]
+        return (x + delta[:, 0].to(x.dtype), *args[1:])
+
+    @staticmethod
+    def _add_final(group, deltas: Deltas, writes, x: Tensor):
+        delta = deltas(group, writes)
+        return None if delta is None else x + delta[:, 0].to(x.dtype)
+
+
+def _find_layer(target: HeadModel, layer: int, seen: dict) -> LayerWiring:
+    attention = target.attention_modules[layer]
+    block = target.points[f"layers.{layer}.resid_pre"].module
+    H = target.heads_per_layer[layer]
+    norms = [c for c in block.children() if _is_norm(c) and c is not attention]
+    attn_in = seen.get(("attn_in", layer))
+    attn_norm = next((n for n in norms if _same(seen.get(("out", id(n))), attn_in)), None)
+    if attn_norm is None or not _same(seen.get(("in", id(attn_norm))), seen.get(("block_in", layer))):
+        raise ValueError(
+            f"model: layer {layer}'s attention does not read the residual stream through a norm of its block "
+            "(a pre-norm block is needed to trace paths)"
+        )
+    mlp = None
+    mlp_norm = None
+    name = f"layers.{layer}.mlp.in"
+    if name in target.points:
+        mlp = target.points[name].module
+        mlp_in = seen.get(("mlp_in", layer))
+        mlp_norm = next((n for n in norms if n is not attn_norm and _same(seen.get(("out", id(n))), mlp_in)), None)
+        if mlp_norm is None:
+            raise ValueError(f"model: layer {layer}'s MLP does not read the residual stream through a norm")
+    attn_out = seen.get(("attn_out", layer))
+    mlp_out = seen.get(("mlp_out", layer))
+    for n in norms:
+        x = seen.get(("in", id(n)))
+        if _same(x, attn_out) or (mlp is not None and _same(x, mlp_out)):
+            raise ValueError(
+                f"model: layer {layer} normalises its attention's or MLP's write before adding it to the residual "
+                f"stream ({type(n).__name__} of the {target.family}); the heads' writes then interact, which this "
+                "tracing does not model"
+            )
+    return LayerWiring(attn_norm, _sides(attention, H), _heads_out(attention, H), mlp, mlp_norm)
+
+
+def wiring(model) -> Wiring:
+    """Read ``model``'s residual structure (one recording pass of three tokens).
+
+    Args:
+        model: a :class:`HeadModel` or anything :func:`headwise.patching.as_target` accepts (a decoder with a
+            language-model head).
+    Raises:
+        ValueError: a structure this tracing does not read (named: the layer and what is missing).
+    """
+    from headwise.patching import as_target
+
+    target = as_target(model)
+    if target.kind != "decoder":
+        raise ValueError(f"model: circuits trace decoders; the {target.family} is an {target.kind}")
+    seen: dict = {}
+    handles = []
+
+    def pre(key, _m, args, kwargs):
+        seen[key] = _first_tensor(args, kwargs)
+
+    def post(key, _m, _args, output):
+        seen[key] = _out(output)
+
+    try:
+        for layer, attention in enumerate(target.attention_modules):
+            if f"layers.{layer}.resid_pre" not in target.points:
+                raise ValueError(f"model: attention layer {layer} is not in a residual block of its own")
+            block = target.points[f"layers.{layer}.resid_pre"].module
+            handles.append(block.register_forward_pre_hook(partial(pre, ("block_in", layer)), with_kwargs=True))
+            handles.append(attention.register_forward_pre_hook(partial(pre, ("attn_in", layer)), with_kwargs=True))
+            handles.append(attention.register_forward_hook(partial(post, ("attn_out", layer))))
+            for child in block.children():
+                handles.append(child.register_forward_pre_hook(partial(pre, ("in", id(child))), with_kwargs=True))
+                handles.append(child.register_forward_hook(partial(post, ("out", id(child)))))
+            name = f"layers.{layer}.mlp.in"
+            if name in target.points:
+                mlp = target.points[name].module
+                handles.append(mlp.register_forward_pre_hook(partial(pre, ("mlp_in", layer)), with_kwargs=True))
+                handles.append(mlp.register_forward_hook(partial(post, ("mlp_out", layer))))
+        with torch.no_grad():
+            target.logits(torch.zeros((1, 3), dtype=torch.long, device=target.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return Wiring(target, [_find_layer(target, layer, seen) for layer in range(target.num_layers)])
