@@ -324,7 +324,7 @@ def plot_circuit(
     if panels == 2:
         fx = axes[1]
         sizes = np.asarray(faith["sizes"], dtype=np.float64)
-        recovered = np.asarray(faith["recovered"], dtype=np.float64)
+        recovered = np.asarray([np.nan if r is None else r for r in faith["recovered"]], dtype=np.float64)
         fx.plot(sizes, recovered, marker="o", markersize=2.5, lw=1.2, color="#444")
         fraction = chosen.get("fraction")
         if isinstance(fraction, (int, float)):
