@@ -60,7 +60,7 @@ def _texts_or_ids(name: str, value, target) -> tuple[Tensor, list]:
         for k, text in enumerate(value):
             if not text.strip():
                 raise ValueError(f"{name}[{k}]: expected a non-empty text, got {text!r}")
-            rows.append(target.encode([text]).input_ids[0])
+            rows.append(target.encode([text]).ids[0])
         lengths = {len(r) for r in rows}
         if len(lengths) > 1:
             raise ValueError(
