@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threshold", type=float, default=0.4)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--groups", default=None, help="key/value groups to study, e.g. L17.KV1,L18.KV2 (default: all)")
+    ap.add_argument("--parts", default="k,v", help="the group's inputs patched: k, v or both")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -88,6 +90,9 @@ def main() -> None:
     graph = build_graph(w)
     group_of = {(la, h): graph.node(f"L{la}.H{h}").kv_group for la, h in heads if la < graph.num_layers}
     groups = sorted({(la, group_of[(la, h)]) for _, la, h in found})
+    if args.groups:
+        wanted = set(args.groups.split(","))
+        groups = [(la, g) for la, g in groups if f"L{la}.KV{g}" in wanted]
     result = {
         "model": hm.name,
         "cpu": platform.processor() or platform.machine(),
@@ -100,7 +105,7 @@ def main() -> None:
         senders += [f"L{la}.MLP" for la in range(layer)]
         members = [f"L{la}H{h}" for _, la, h in found if (la, group_of[(la, h)]) == (layer, group)]
         entry = {"group": f"L{layer}.KV{group}", "heads": members}
-        for part in ("k", "v"):
+        for part in args.parts.split(","):
             t = time.perf_counter()
             receiver = [f"L{layer}.KV{group}.{part}"]
             pp = path_patch(
