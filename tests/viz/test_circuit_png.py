@@ -64,6 +64,9 @@ def test_the_circuit_and_the_strongest_edges_are_drawn():
     assert set(drawn) - circuit == set(strongest)
     assert [abs(scores[i]) for i in drawn] == sorted(abs(scores[i]) for i in drawn)  # faint first, strong on top
     assert len(_drawn(scores, set(), 10**6)) == len(scores)
+    big = set(range(0, len(scores), 2))  # a circuit larger than the cap: its strongest 20 drawn
+    drawn = _drawn(scores, big, 20)
+    assert set(drawn) & big == set(sorted(big, key=lambda i: -abs(scores[i]))[:20]) and len(drawn) == 40
 
 
 def test_an_edge_without_the_method_takes_its_first_score():

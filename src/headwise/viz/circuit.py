@@ -198,10 +198,12 @@ def circuit_layout(nodes) -> tuple[dict[str, tuple[float, float]], list[str]]:
 
 
 def _drawn(scores: np.ndarray, circuit_edges: set[int], max_edges: int) -> list[int]:
-    """The edges drawn: the circuit's, then the strongest others, at most ``max_edges`` of those."""
-    order = np.argsort(-np.abs(scores), kind="stable")
-    others = [int(i) for i in order if int(i) not in circuit_edges][: max(0, max_edges)]
-    return sorted(set(others) | circuit_edges, key=lambda i: abs(scores[i]))
+    """The edges drawn, weakest first: the circuit's strongest ``max_edges`` (all of a circuit that small) and
+    the strongest ``max_edges`` others."""
+    order = [int(i) for i in np.argsort(-np.abs(scores), kind="stable")]
+    inside = [i for i in order if i in circuit_edges][: max(0, max_edges)]
+    others = [i for i in order if i not in circuit_edges][: max(0, max_edges)]
+    return sorted(set(others) | set(inside), key=lambda i: abs(scores[i]))
 
 
 def _colour(score: float):
@@ -223,8 +225,9 @@ def plot_circuit(
         circuit: a :class:`headwise.circuits.Circuit` or its ``to_dict()`` (``circuit.json``'s contents).
         path: the picture (.png, .svg, .pdf); its folder must exist.
         method: whose scores set the widths and choose the edges drawn (default: the circuit's ``method``).
-        max_edges: edges drawn besides the circuit's own, the strongest by |score| (a model of 30 layers has
-            tens of thousands of edges; a picture of all of them is ink).
+        max_edges: the most edges drawn of the circuit and, besides, of the rest — the strongest by |score| of
+            each (a model of 30 layers has tens of thousands of edges, and a faithful circuit thousands; a
+            picture of all of them is ink). The title says how many of the circuit's are drawn.
         title: over the figure (default: the model, the method and the metric).
         dpi: dots per inch.
     Returns:
@@ -316,8 +319,10 @@ def plot_circuit(
         ax.spines[side].set_visible(False)
     n_edges = len(d["edges"])
     what = method or d.get("method") or "score"
+    shown = sum(i in circuit_edges for i in drawn)
+    of_circuit = f"{shown} of the circuit's {len(circuit_edges)}" if shown < len(circuit_edges) else f"{shown}"
     ax.set_title(
-        f"{len(drawn)} of {n_edges} edges by |{what}| ({len(circuit_edges)} in the circuit, outlined); "
+        f"{len(drawn)} of {n_edges} edges by |{what}| ({of_circuit} in the circuit, outlined); "
         "width ∝ |score|, red > 0, blue < 0",
         fontsize=7,
     )
@@ -331,8 +336,13 @@ def plot_circuit(
             fx.axhline(float(fraction), color="#f2a541", lw=1, ls="--", label=f"fraction {float(fraction):g}")
         if circuit_edges:
             fx.axvline(len(circuit_edges), color="black", lw=0.8, ls=":", label=f"circuit: {len(circuit_edges)} edges")
-        if (sizes > 0).all() and sizes.size > 1 and sizes.max() / sizes.min() > 50:
-            fx.set_xscale("log")
+        positive = sizes[sizes > 0]
+        if positive.size > 1 and positive.max() / positive.min() > 50:  # 0, 1, 2, 5, … E: log past 1, 0 kept
+            if (sizes == 0).any():
+                fx.set_xscale("symlog", linthresh=1)
+                fx.set_xlim(left=0)
+            else:
+                fx.set_xscale("log")
         fx.set_xlabel("edges kept (top by score)", fontsize=7)
         fx.set_ylabel("metric recovered (1 = clean, 0 = ablated)", fontsize=7)
         fx.set_title(f"faithfulness ({d.get('ablation') or 'ablation'} ablation)", fontsize=8)
