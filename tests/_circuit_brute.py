@@ -1,5 +1,5 @@
 """Brute-force references for the circuit tests, written without headwise's tracing: each model's parts named by
-hand (transformers' eager Llama and GPT-2, headwise's own decoder stack), a sender's change measured by Wang et
+hand (transformers' eager Llama, GPT-2 and Gemma 2, headwise's own decoder stack), a sender's change measured by Wang et
 al.'s frozen run (every other head and MLP held at the base run's output), and a receiver's input edited by hand
 (a forward hook on the projection that recomputes the chosen head's or group's columns from the edited residual,
 or a pre-hook adding to a norm's input)."""
@@ -70,7 +70,7 @@ def anatomy(model: nn.Module) -> Anatomy:
         Dh,
         [b.self_attn.o_proj for b in layers],
         [b.mlp for b in layers],
-        [b.post_attention_layernorm for b in layers],
+        [getattr(b, "pre_feedforward_layernorm", None) or b.post_attention_layernorm for b in layers],
         model.model.norm,
         cfg.num_attention_heads,
         cfg.num_key_value_heads,

@@ -7,6 +7,7 @@ own section of ``docs/performance.md`` (``render(result)``, ``notes(result, resu
 from targets.base import Mode, Target
 from targets.bf16 import BF16
 from targets.blocked import Blocked
+from targets.circuits import Circuits
 from targets.compiled import Compiled
 from targets.decode import Decode
 from targets.forward import Forward
@@ -33,6 +34,7 @@ ALL: dict[str, Target] = {
         Weights(),
         Long(),
         HeadsLong(),
+        Circuits(),
         Blocked(),
         GPU(),
     )

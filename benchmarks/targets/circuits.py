@@ -19,6 +19,7 @@ Times are wall seconds of the call after the model is loaded; peaks are the proc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,7 +59,7 @@ def ioi_pairs(tok, P: int = 8):
     return torch.tensor(clean), torch.tensor(corrupted), answer, wrong
 
 
-def run_case(case: str) -> dict:
+def run_case(case: str, length: int = 2048) -> dict:
     import torch
 
     from headwise.circuits import edge_attribution, path_patch, wiring
@@ -72,7 +73,7 @@ def run_case(case: str) -> dict:
         import headwise
 
         corpus = Path(headwise.__file__).parent / "data" / "corpus" / "web_sentences.txt"
-        ids = hm.encode([corpus.read_text()[:20000]]).ids[:, :2048]
+        ids = hm.encode([corpus.read_text()[:20000]]).ids[:, :length]
         corrupted = ids.clone()
         corrupted[0, -2] = (corrupted[0, -2] + 1) % hm.vocab_size
         clean, answer, wrong = ids, [int(ids[0, -1])], [int(corrupted[0, -1]) + 1]
@@ -95,7 +96,9 @@ def run_case(case: str) -> dict:
 
 
 def measure_case(case: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, case], capture_output=True, text=True, check=False)
+    src = str(HERE.parents[1] / "src")  # this checkout's headwise, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, __file__, case], capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         return {"case": case, "error": (out.stderr or out.stdout)[-2000:]}
@@ -144,4 +147,4 @@ except ImportError:  # run as a script: no benchmark harness on the path
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_case(sys.argv[1] if len(sys.argv) > 1 else "eap")))
+    print(json.dumps(run_case(sys.argv[1] if len(sys.argv) > 1 else "eap", *map(int, sys.argv[2:3]))))

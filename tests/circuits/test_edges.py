@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 METRIC = logit_difference([5, 6], [7, 8])
 
 
-@pytest.mark.parametrize("case", ["llama", "gpt2", "stack"])
+@pytest.mark.parametrize("case", ["llama", "gpt2", "gemma2", "stack"])
 def test_eap_is_the_gradient_times_the_difference(case):
     """score(u → v) per pair = d/dε metric(receiver v's input + ε·(a_u(corrupted) − a_u(clean))) at ε = 0,
     the derivative taken by autograd through the eager model with the input edited by hand."""

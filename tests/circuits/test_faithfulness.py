@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 METRIC = logit_difference([5, 6], [7, 8])
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2", "stack"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "gemma2", "stack"])
 def model(request):
     return Stack() if request.param == "stack" else hf_model(request.param)
 

@@ -17,8 +17,10 @@ value group's keys or values, an MLP's input, the logits' input.
 EAP-IG replaces the clean run's gradient by its mean over ``steps`` runs whose input embeddings (the first
 block's input) lie on the line from the corrupted to the clean ones, ``e_corrupted + (k/steps)·(e_clean −
 e_corrupted)`` for k = 1 … steps (Hanna et al.'s integrated gradients on the input embeddings, right Riemann
-sum). The sign convention is the one of their code: a score estimates ``metric(edge corrupted) −
-metric(clean)`` — an edge the answer needs scores negative with the logit difference, positive with KL.
+sum). Under an RMS norm on the attention's write (Gemma 2) a head's difference is its exact change with the layer's
+other heads at the clean run, ``norm(o + o_h(corrupted) − o_h(clean)) − norm(o)``. The sign convention is the one of
+their code: a score estimates ``metric(edge corrupted) − metric(clean)`` — an edge the answer needs scores negative
+with the logit difference, positive with KL.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph, build_graph
-from headwise.circuits.paths import sender_writes
+from headwise.circuits.paths import sender_changes
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
 
-__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_gradients"]
+__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores"]
 
 EDGE_METHODS = ("eap", "eap-ig")
 Progress = Callable[[int, int], None]
@@ -71,26 +73,33 @@ class EdgeScores:
         return order[:n].tolist()
 
 
-def receiver_gradients(w: Wiring, graph: Graph, ids: Tensor, metric, *, embed=None) -> tuple[Tensor, Tensor]:
-    """``(metric (P,), ∂metric/∂in_r (P, R, L, D))`` of one run of ``ids (P, L)`` (``embed``: a replacement
-    of the first block's input, as :meth:`Wiring.run`)."""
+def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, *, embed=None) -> Tensor:
+    """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
+    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`).
+
+    Each receiver group's input gets a zero added as a broadcast view of one scalar, and a hook on it turns the
+    group's gradient ``(P, n, L, D)`` into its scores as the backward pass reaches it: no gradient of all
+    receivers is ever held."""
     P, L = ids.shape
-    D = w.layers[0].heads_out.shape[-1]
-    dtype = w.layers[0].heads_out.dtype
-    zeros = {
-        group: torch.zeros(P, sl.stop - sl.start, L, D, dtype=dtype, device=ids.device, requires_grad=True)
-        for group, sl in graph.groups.items()
-    }
+    S, D = diff.shape[1], diff.shape[-1]
+    full = diff.new_zeros(P, S, len(graph.receivers))
+    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
 
     def deltas(group, _writes):
-        return zeros[group]
+        sl = graph.groups[group]
+        d = zero.expand(P, sl.stop - sl.start, L, D)
+
+        def score(grad: Tensor) -> None:
+            full[:, :, sl] += torch.einsum("psld,pnld->psn", diff, grad.to(diff.dtype))
+
+        d.register_hook(score)
+        return d
 
     with torch.enable_grad():
         logits, _ = w.run(ids, deltas=deltas, embed=embed, last_only=reads_last_position(metric))
         value = metric(logits)  # (P,)
-        grads = torch.autograd.grad(value.sum(), list(zeros.values()), allow_unused=True)
-    G = torch.cat([torch.zeros_like(z) if g is None else g for z, g in zip(zeros.values(), grads)], 1)
-    return value.detach().float().cpu(), G.detach()
+        torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+    return full
 
 
 def edge_attribution(
@@ -128,29 +137,29 @@ def edge_attribution(
     graph = build_graph(w)
     c, x = check_pair(w.target, clean, corrupted)
     last_only = reads_last_position(metric)
-    clean_logits, a_clean = sender_writes(w, graph, c, last_only=last_only)  # (P, S, L, D)
-    corr_logits, a_corr = sender_writes(w, graph, x, last_only=last_only)
+    with torch.no_grad():
+        clean_logits, clean_raw = w.run(c, record=True, last_only=last_only)
+        corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
+    diff = sender_changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
+    e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    del clean_raw, corr_raw
     if method == "eap":
-        _, G = receiver_gradients(w, graph, c, metric)
+        full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)
         if progress is not None:
             progress(1, 1)
-    else:
-        e_clean, e_corr = a_clean[:, 0], a_corr[:, 0]  # (P, L, D): the first block's inputs
-        G = None
+    else:  # the scores are linear in the gradient: the mean of the steps' scores is the mean gradient's
+        full = None
         for k in range(1, steps + 1):
-            alpha = k / steps
-            point = e_corr + alpha * (e_clean - e_corr)
-            _, g = receiver_gradients(w, graph, c, metric, embed=lambda _x, point=point: point.to(_x.dtype))
-            G = g if G is None else G + g
+            point = e_corr + (k / steps) * (e_clean - e_corr)
+            f = receiver_scores(w, graph, c, metric, diff, embed=lambda _x, point=point: point.to(_x.dtype))
+            full = f if full is None else full + f
             if progress is not None:
                 progress(k, steps)
-        G = G / steps
-    diff = (a_corr - a_clean).to(G.dtype)  # (P, S, L, D)
-    s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(G.device)
-    r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(G.device)
-    full = torch.einsum("psld,prld->psr", diff, G)  # (P, S, R)
+        full = full / steps
+    s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(full.device)
+    r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(full.device)
     per_pair = full[:, s_idx, r_idx].float().cpu()  # (P, E)
     return EdgeScores(
         method=method,

@@ -98,7 +98,9 @@ class _Ablator:
             return out.reshape(J * P, *out.shape[2:])
 
         with torch.no_grad():
-            logits, _ = self.w.run(self.clean.repeat(J, 1), deltas=deltas, last_only=reads_last_position(self.metric))
+            logits, _ = self.w.run(
+                self.clean.repeat(J, 1), deltas=deltas, record=True, last_only=reads_last_position(self.metric)
+            )
         self.passes += 1
         return self.metric(logits).detach().float().reshape(J, P).T.cpu()
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from headwise.checks import one_of, positive_int
 from headwise.circuits.edges import edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, faithfulness, smallest_circuit
-from headwise.circuits.graph import Graph
+from headwise.circuits.graph import Graph, build_graph
 from headwise.circuits.metrics import METRICS, make_metric
 from headwise.circuits.paths import patch_edges
 from headwise.circuits.result import Circuit
@@ -203,8 +203,6 @@ def find_circuit(
 
     exact_batch = batch_size or 16
     if method == "exact":
-        from headwise.circuits.graph import build_graph
-
         graph = build_graph(w)
         ex = patch_edges(w, c, x, fn, graph.edges, batch_size=exact_batch, progress=stage("attribution"))
         scores = ex.effect

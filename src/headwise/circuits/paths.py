@@ -13,6 +13,9 @@ patched, everything else frozen, receivers' inputs recorded; then the base run w
 receiver or receivers of one layer; with receivers in several layers, the change an earlier receiver makes
 reaches the later ones too (edge patching's convention, Hanna et al. 2024).
 
+Under an RMS norm on the attention's write (Gemma 2/3, OLMo 2) a head's change is computed exactly,
+``norm(o_base + o_h(source) − o_h(base)) − norm(o_base)`` (heads of one layer patched together: jointly).
+
 GQA: a sender reaches a query head's query input (``"L3.H5.q"``) and a key/value group's key or value input
 (``"L3.KV1.k"``): the group's keys are one input shared by every query head that reads it, so patching the
 path into "the keys of head 5" means patching them for its whole group.
@@ -86,41 +89,108 @@ def stack_writes(graph: Graph, writes: dict, upto: int | None = None) -> Tensor:
     return torch.cat(parts, 1)
 
 
-def sender_writes(w: Wiring, graph: Graph, ids: Tensor, *, last_only: bool = False) -> tuple[Tensor, Tensor]:
-    """One run of ``ids (P, L)`` without gradient: ``(logits, writes (P, S, L, D))``."""
+def sender_writes(w: Wiring, graph: Graph, ids: Tensor, *, last_only: bool = False, raw: bool = False):
+    """One run of ``ids (P, L)`` without gradient: ``(logits, writes (P, S, L, D))`` (``raw``: and the
+    recorded dict of :meth:`Wiring.run`)."""
     with torch.no_grad():
         logits, writes = w.run(ids, record=True, last_only=last_only)
-    return logits, stack_writes(graph, writes)
+    return (logits, stack_writes(graph, writes), writes) if raw else (logits, stack_writes(graph, writes))
 
 
-def _fixed_deltas(graph: Graph, masks: Tensor, D: Tensor):
-    """``deltas`` of :meth:`Wiring.run` adding ``Σ_s masks[j, s, r] · D[p, s]`` to receiver r of row (j, p).
+def _group_of(graph: Graph, s: int):
+    for key, sl in graph.sender_groups.items():
+        if sl.start <= s < sl.stop:
+            return key, s - sl.start
+    raise IndexError(s)
 
-    ``masks (J, S, R)`` float, ``D (P, S, L, D)``."""
-    J = masks.shape[0]
+
+def _change(w: Wiring, key, members: list[int], base: dict, source: dict) -> Tensor:
+    """The exact change ``(P, L, D)`` of sender group ``key``'s write when ``members`` take the source's: for heads
+    under a post-norm ``norm(o_base + Σ (o_h(source) − o_h(base))) − norm(o_base)``, else the difference of the
+    writes."""
+    if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
+        layer = key[1]
+        o = base[("o", layer)]
+        delta = (source[("o_heads", layer)][:, members] - base[("o_heads", layer)][:, members]).sum(1)
+        post = w.layers[layer].attn_post
+        with torch.no_grad():
+            return post(o + delta) - post(o)
+    return (source[key][:, members] - base[key][:, members]).sum(1)
+
+
+def sender_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> Tensor:
+    """``(P, S, L, D)``: each sender's change of write when it alone takes the source's (:func:`_change`; the
+    difference of the writes, but under a post-norm each head's exact change with the layer's other heads at
+    the base run)."""
+    parts = []
+    for key in graph.sender_groups:
+        if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
+            layer = key[1]
+            o = base[("o", layer)][:, None]  # (P, 1, L, D)
+            delta = source[("o_heads", layer)] - base[("o_heads", layer)]  # (P, H, L, D)
+            post = w.layers[layer].attn_post
+            with torch.no_grad():
+                parts.append(post(o + delta) - post(o))
+        else:
+            parts.append(source[key] - base[key])
+    return torch.cat(parts, 1)
+
+
+def _job_deltas(graph: Graph, parts: list, receivers: Tensor):
+    """``deltas`` of :meth:`Wiring.run` for J jobs: job j adds the sum of its ``parts[j]`` (``(stage, change
+    (P, L, D))`` of each sender group it patches) written before a receiver reads to each receiver of
+    ``receivers[j] (R,)``."""
+    J = len(parts)
 
     def deltas(group, _writes):
         sl = graph.groups[group]
-        m = masks[:, :, sl]  # (J, S, n)
-        if not bool(m.any()):
-            return None
-        out = torch.einsum("jsn,psld->jpnld", m.to(D.dtype), D)  # (J, P, n, L, D)
-        return out.reshape(J * D.shape[0], *out.shape[2:])
+        stage = graph.stage_r[sl.start]
+        mask = receivers[:, sl]  # (J, n)
+        out = None
+        for j in range(J):
+            if not bool(mask[j].any()):
+                continue
+            d = [c for st, c in parts[j] if st < stage]
+            if not d:
+                continue
+            total = torch.stack(d).sum(0)  # (P, L, D)
+            if out is None:
+                out = total.new_zeros(J, total.shape[0], sl.stop - sl.start, *total.shape[1:])
+            out[j, :, mask[j]] = total[:, None]
+        return None if out is None else out.reshape(-1, *out.shape[2:])  # (J·P, n, L, D)
 
     return deltas
 
 
-def _run_jobs(w: Wiring, graph: Graph, base: Tensor, D: Tensor, masks: Tensor, metric, batch_size, progress):
-    """The metric ``(P, J)`` of every job (``masks (J, S, R)``), ``batch_size`` jobs per forward pass."""
-    P = base.shape[0]
+def _jobs(w: Wiring, graph: Graph, senders: list[list[int]], base: dict, source: dict) -> list:
+    """Each job's ``[(stage, change (P, L, D))]``, one per sender group it touches."""
+    out = []
+    for job in senders:
+        groups: dict = {}
+        for s in job:
+            key, i = _group_of(graph, s)
+            groups.setdefault(key, []).append(i)
+        out.append(
+            [
+                (int(graph.stage_s[graph.sender_groups[k].start]), _change(w, k, m, base, source))
+                for k, m in groups.items()
+            ]
+        )
+    return out
+
+
+def _run_jobs(w: Wiring, graph: Graph, base_ids: Tensor, parts: list, receivers: Tensor, metric, batch_size, progress):
+    """The metric ``(P, J)`` of every job, ``batch_size`` jobs per forward pass."""
+    P = base_ids.shape[0]
     last_only = reads_last_position(metric)
     values, passes = [], 0
-    J = masks.shape[0]
+    J = len(parts)
     for start in range(0, J, batch_size):
-        m = masks[start : start + batch_size]
+        chunk, r = parts[start : start + batch_size], receivers[start : start + batch_size]
+        deltas = _job_deltas(graph, chunk, r)
         with torch.no_grad():
-            logits, _ = w.run(base.repeat(m.shape[0], 1), deltas=_fixed_deltas(graph, m, D), last_only=last_only)
-        values.append(metric(logits).detach().float().reshape(m.shape[0], P).cpu())
+            logits, _ = w.run(base_ids.repeat(len(chunk), 1), deltas=deltas, last_only=last_only)
+        values.append(metric(logits).detach().float().reshape(len(chunk), P).cpu())
         passes += 1
         if progress is not None:
             progress(min(start + batch_size, J), J)
@@ -135,17 +205,15 @@ def _prepare(model, clean, corrupted, metric, direction):
     graph = build_graph(w)
     c, x = check_pair(w.target, clean, corrupted)
     last_only = reads_last_position(metric)
-    clean_logits, clean_w = sender_writes(w, graph, c, last_only=last_only)
-    corr_logits, corr_w = sender_writes(w, graph, x, last_only=last_only)
+    clean_logits, _, clean_w = sender_writes(w, graph, c, last_only=last_only, raw=True)
+    corr_logits, _, corr_w = sender_writes(w, graph, x, last_only=last_only, raw=True)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
     if m_clean.shape != (c.shape[0],):
         raise ValueError(f"metric: expected one value per prompt pair ({c.shape[0]},), got {tuple(m_clean.shape)}")
     if direction == "denoise":
-        base, D = x, clean_w - corr_w
-    else:
-        base, D = c, corr_w - clean_w
-    return w, graph, base, D, m_clean, m_corr
+        return w, graph, x, (corr_w, clean_w), m_clean, m_corr
+    return w, graph, c, (clean_w, corr_w), m_clean, m_corr
 
 
 def path_patch(
@@ -184,24 +252,23 @@ def path_patch(
     """
     batch_size = positive_int("batch_size", batch_size)
     t0 = time.perf_counter()
-    w, graph, base, D, m_clean, m_corr = _prepare(model, clean, corrupted, metric, direction)
+    w, graph, base, (base_w, source_w), m_clean, m_corr = _prepare(model, clean, corrupted, metric, direction)
     if isinstance(receivers, str) or not isinstance(receivers, Sequence) or not receivers:
         raise TypeError(f"receivers: expected a non-empty list of receivers, got {receivers!r}")
     if isinstance(senders, str) or not isinstance(senders, Sequence) or not senders:
         raise TypeError(f"senders: expected a non-empty list of senders or sender sets, got {senders!r}")
     r_idx = [graph.receiver("receivers", r) for r in receivers]
-    jobs = []
-    masks = torch.zeros(len(senders), len(graph.senders), len(graph.receivers), dtype=torch.bool)
-    reaches = torch.from_numpy(graph.reaches)
+    jobs, sender_idx = [], []
     for j, job in enumerate(senders):
         ids = [job] if isinstance(job, str) else list(job)
         if not ids:
             raise ValueError(f"senders: job {j} is empty")
-        s_idx = [graph.sender("senders", s) for s in ids]
-        masks[j][torch.tensor(s_idx)[:, None], torch.tensor(r_idx)[None, :]] = True
+        sender_idx.append(sorted({graph.sender("senders", s) for s in ids}))
         jobs.append(ids)
-    masks &= reaches
-    patched, passes = _run_jobs(w, graph, base, D, masks, metric, batch_size, progress)
+    receiver_mask = torch.zeros(len(jobs), len(graph.receivers), dtype=torch.bool)
+    receiver_mask[:, r_idx] = True
+    parts = _jobs(w, graph, sender_idx, base_w, source_w)
+    patched, passes = _run_jobs(w, graph, base, parts, receiver_mask, metric, batch_size, progress)
     return PathPatching(
         direction=direction,
         jobs=jobs,
@@ -238,15 +305,15 @@ def patch_edges(
     """
     batch_size = positive_int("batch_size", batch_size)
     t0 = time.perf_counter()
-    w, graph, base, D, m_clean, m_corr = _prepare(model, clean, corrupted, metric, direction)
+    w, graph, base, (base_w, source_w), m_clean, m_corr = _prepare(model, clean, corrupted, metric, direction)
     if isinstance(edges, str) or not isinstance(edges, Sequence):
         raise TypeError(f"edges: expected a list of edges, got {edges!r}")
     e_idx = [graph.edge("edges", e) for e in edges]
-    masks = torch.zeros(len(e_idx), len(graph.senders), len(graph.receivers), dtype=torch.bool)
+    receiver_mask = torch.zeros(len(e_idx), len(graph.receivers), dtype=torch.bool)
     for j, e in enumerate(e_idx):
-        s, r = graph.edge_index[e]
-        masks[j, s, r] = True
-    patched, passes = _run_jobs(w, graph, base, D, masks, metric, batch_size, progress)
+        receiver_mask[j, graph.edge_index[e, 1]] = True
+    parts = _jobs(w, graph, [[int(graph.edge_index[e, 0])] for e in e_idx], base_w, source_w)
+    patched, passes = _run_jobs(w, graph, base, parts, receiver_mask, metric, batch_size, progress)
     return PathPatching(
         direction=direction,
         jobs=[graph.edges[e].name for e in e_idx],

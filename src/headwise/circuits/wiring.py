@@ -27,9 +27,15 @@ own writes (faithfulness: every edge outside a circuit ablated).
 The structure is found by one recording pass, not from a list of families: the attention's input norm is the
 block's norm whose output is the attention's input, the MLP's the norm whose output is the MLP's input; the
 projections are ``q_proj / k_proj / v_proj`` (Llama, Gemma, Qwen, Mistral, …), ``Wq / Wk / Wv`` (headwise's
-modules) or GPT-2's fused ``c_attn``; the output projection an ``nn.Linear`` or a GPT-2 ``Conv1D``. A norm on
-the attention's or the MLP's write (Gemma 2/3, OLMo 2: ``r + norm(o_proj(z))``) makes the heads' writes
-interact, and is refused (named), as are blocks without pre-norms and fused projections of other layouts.
+modules) or GPT-2's fused ``c_attn``; the output projection an ``nn.Linear`` or a GPT-2 ``Conv1D``. Blocks
+without pre-norms and fused projections of other layouts are refused (named).
+
+An RMS norm on the attention's write (Gemma 2/3, OLMo 2: ``r + norm(o_proj(z))``) makes the heads' writes
+interact through its scale ``1/rms(o)``. Each head's write is then ``o_h · g / rms(o)`` with the scale of
+the run it was recorded in (as :mod:`headwise.patching.logit_attribution` freezes norms): the heads' writes
+still add up to the layer's write exactly, which edge attribution and faithfulness rest on; path patching
+computes a head's change exactly instead, ``norm(o_base + o_h(source) − o_h(base)) − norm(o_base)``
+(:mod:`headwise.circuits.paths`). A norm on the MLP's write is part of the MLP node.
 """
 
 from __future__ import annotations
@@ -84,6 +90,23 @@ def _same(a: Tensor | None, b: Tensor | None) -> bool:
     return bool((a - b).abs().max() <= 1e-5 * max(1.0, float(b.abs().max())))
 
 
+_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
+
+
+def _rms_gain(norm: nn.Module, width: int, like: Tensor) -> tuple[Tensor, float]:
+    """``(g, ε)`` of an RMS norm ``x · g / sqrt(mean(x²) + ε)`` (its gain read by probing it with ones)."""
+    eps = next((getattr(norm, n) for n in _EPS_NAMES if isinstance(getattr(norm, n, None), float)), None)
+    if eps is None:
+        raise ValueError(f"model: the norm on a write ({type(norm).__name__}) names no epsilon {_EPS_NAMES}")
+    with torch.no_grad():
+        gain = _out(norm(torch.ones(1, width, dtype=like.dtype, device=like.device)))[0] * (1.0 + eps) ** 0.5
+    return gain, eps
+
+
+def _rms_scale(gain: Tensor, eps: float, x: Tensor) -> Tensor:
+    return gain.to(x.dtype) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 @dataclass
 class _Side:
     """One side (q, k or v) of a projection: n heads of Dh columns from ``offset``; ``W (n, Dh, D)``."""
@@ -106,6 +129,8 @@ class LayerWiring:
         sides: ``{"q": …, "k": …, "v": …}`` each with ``n`` heads (H for q, Hkv for k and v).
         heads_out: ``(H, Dv, D)`` each head's rows of W_O (a head's write is ``z_h · heads_out[h]``).
         mlp, mlp_norm: the MLP and its input norm (None for an attention-only layer).
+        attn_post, mlp_post: an RMS norm on the attention's / the MLP's write before the residual (Gemma 2/3,
+            OLMo 2), or None.
     """
 
     attn_norm: nn.Module
@@ -113,6 +138,14 @@ class LayerWiring:
     heads_out: Tensor
     mlp: nn.Module | None
     mlp_norm: nn.Module | None
+    attn_post: nn.Module | None = None
+    mlp_post: nn.Module | None = None
+    post_gain: tuple | None = None
+
+    def post_scale(self, o: Tensor) -> Tensor:
+        """``(N, L, D)``: the attention's post-norm at ``o (N, L, D)`` as a per-element factor, its scale frozen
+        (``post(o) = o · post_scale(o)``)."""
+        return _rms_scale(*self.post_gain, o)
 
     @property
     def num_heads(self) -> int:
@@ -194,8 +227,7 @@ class Wiring:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
                 reaches it (None: that group's inputs are left as they are).
             record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
-                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)``. Also recorded whenever ``deltas`` is given
-                (it may read them).
+                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it).
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
         Returns:
@@ -203,7 +235,6 @@ class Wiring:
         """
         tgt = self.target
         writes: dict = {}
-        record = record or deltas is not None
         hooks: list = []
         handles: list = []
         if embed is not None:
@@ -213,7 +244,13 @@ class Wiring:
         for layer, lw in enumerate(self.layers):
             if record:
                 hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, ("heads", layer), lw)))
-                if lw.mlp is not None:
+                if lw.attn_post is not None:
+                    fn = partial(self._keep_post, writes, layer, lw)
+                    handles.append(lw.attn_post.register_forward_pre_hook(fn))
+                if lw.mlp_post is not None:
+                    fn = partial(self._keep_module, writes, ("mlp", layer))
+                    handles.append(lw.mlp_post.register_forward_hook(fn))
+                elif lw.mlp is not None:
                     hooks.append((f"layers.{layer}.mlp.out", partial(self._keep, writes, ("mlp", layer), None)))
         if deltas is not None:
             residual: dict = {}
@@ -242,8 +279,22 @@ class Wiring:
     def _keep(writes: dict, key, lw: LayerWiring | None, x: Tensor) -> None:
         if lw is None:
             writes[key] = x[:, None]  # (N, 1, L, D)
-        else:  # z (N, H, L, Dv) -> each head's write (N, H, L, D)
-            writes[key] = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))
+            return
+        heads = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))  # z (N, H, L, Dv) -> (N, H, L, D)
+        if lw.attn_post is None:
+            writes[key] = heads
+        else:  # the post-norm's input comes later: keep the projections, scale them there
+            writes[("o_heads", key[1])] = heads
+
+    @staticmethod
+    def _keep_post(writes: dict, layer: int, lw: LayerWiring, _module, args) -> None:
+        o = args[0]  # (N, L, D): the attention's output, the post-norm's input
+        writes[("o", layer)] = o
+        writes[("heads", layer)] = writes[("o_heads", layer)] * lw.post_scale(o)[:, None]
+
+    @staticmethod
+    def _keep_module(writes: dict, key, _module, _args, output) -> None:
+        writes[key] = _out(output)[:, None]  # (N, 1, L, D)
 
     def _residual(self, store: dict, layer: int, _module, args, kwargs=None) -> None:
         if not self._inside:
@@ -309,15 +360,26 @@ def _find_layer(target: HeadModel, layer: int, seen: dict) -> LayerWiring:
             raise ValueError(f"model: layer {layer}'s MLP does not read the residual stream through a norm")
     attn_out = seen.get(("attn_out", layer))
     mlp_out = seen.get(("mlp_out", layer))
-    for n in norms:
-        x = seen.get(("in", id(n)))
-        if _same(x, attn_out) or (mlp is not None and _same(x, mlp_out)):
+    attn_post = next((n for n in norms if _same(seen.get(("in", id(n))), attn_out)), None)
+    mlp_post = None
+    if mlp is not None:
+        mlp_post = next((n for n in norms if n is not attn_post and _same(seen.get(("in", id(n))), mlp_out)), None)
+    post_gain = None
+    if attn_post is not None:
+        x, y = seen[("in", id(attn_post))], seen[("out", id(attn_post))]
+        try:
+            post_gain = _rms_gain(attn_post, x.shape[-1], x)
+            ok = _same(x * _rms_scale(*post_gain, x), y)
+        except ValueError:
+            ok = False
+        if not ok:
             raise ValueError(
-                f"model: layer {layer} normalises its attention's or MLP's write before adding it to the residual "
-                f"stream ({type(n).__name__} of the {target.family}); the heads' writes then interact, which this "
-                "tracing does not model"
+                f"model: layer {layer} normalises its attention's write with a {type(attn_post).__name__} that is "
+                f"not an RMS norm x·g/rms(x) (the {target.family}); the heads' writes cannot be separated"
             )
-    return LayerWiring(attn_norm, _sides(attention, H), _heads_out(attention, H), mlp, mlp_norm)
+    return LayerWiring(
+        attn_norm, _sides(attention, H), _heads_out(attention, H), mlp, mlp_norm, attn_post, mlp_post, post_gain
+    )
 
 
 def wiring(model) -> Wiring:
