@@ -186,7 +186,7 @@ def circuit(
         int | None, typer.Option("--batch-size", min=1, help="Patched copies per forward pass.")
     ] = None,
     max_edges: Annotated[
-        int, typer.Option("--max-edges", min=0, help="Edges drawn in circuit.png besides the circuit's own.")
+        int, typer.Option("--max-edges", min=0, help="circuit.png: most edges drawn of the circuit and of the rest.")
     ] = 200,
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
