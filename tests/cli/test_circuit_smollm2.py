@@ -46,7 +46,8 @@ def test_two_indirect_object_pairs_on_smollm2(run_cli, tmp_path):
     assert chosen["recovered"] >= chosen["fraction"] == 0.8
     n = len(chosen["edges"])
     assert all(r is None or r < 0.8 for s, r in zip(faith["sizes"], faith["recovered"]) if s < n)
-    assert report["prompts"][0]["answer"] == " Mary" and report["tokens"][-1] == " to"
+    assert report["prompts"][0]["answer"] == " Mary"
+    assert len(report["tokens"]) == 14 and report["tokens"][-1].endswith("to")  # the first clean prompt
     assert_not_blank(read_png(out / "circuit.png"))
     html = (out / "circuit.html").read_text(encoding="utf-8")
     blob = re.search(r'<script type="application/json" id="circuit-data">(.*?)</script>', html, re.S).group(1)
