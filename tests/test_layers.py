@@ -101,9 +101,9 @@ def floor_breaches(sources: list[Source], subpackages: set[str]) -> list[str]:
     return breaches
 
 
-#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks and progress bars — never
+#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks, progress bars and decoder — never
 #: another command, nor a pipeline (pipelines live in the library, ``study/``).
-CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress"}
+CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress", "headwise.cli._decoder"}
 
 
 def command_reaches(sources: list[Source]) -> list[str]:

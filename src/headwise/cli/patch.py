@@ -35,56 +35,13 @@ import typer
 
 from headwise.checks import head_number, layer_number
 from headwise.cli._app import CLIError, app
+from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
 
 METHODS = ("exact", "attribution")
 DIRECTIONS = ("denoise", "noise")
 OUTPUTS = ("patching.json", "patching.csv", "patching.png")
-
-
-def open_decoder(model: str):
-    """The model of ``--model`` through the one door (:func:`headwise.models.open_model`), as a decoder."""
-    from headwise.models import open_model
-
-    try:
-        hm = open_model(model)
-    except (OSError, ValueError) as e:  # OSError: a GGUF cache that cannot be written
-        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
-    if hm.kind != "decoder":
-        raise CLIError(f"--model: {hm.name} is an encoder ({hm.family}); patching reads a decoder's next-token logits")
-    if hm.tokenizer is None:
-        raise CLIError(f"--model: {hm.name} has no tokenizer.json; --clean and --corrupted are texts")
-    return hm
-
-
-def encode_text(hm, option: str, text: str) -> list[int]:
-    """``text`` as the model reads it (its tokenizer, its own special tokens)."""
-    if not text.strip():
-        raise CLIError(f"{option}: expected a non-empty text, got {text!r}")
-    ids = list(hm.tokenizer.encode(text).ids)
-    if len(ids) > hm.max_length:
-        raise CLIError(f"{option}: {len(ids)} tokens, more than the model's {hm.max_length} positions")
-    return ids
-
-
-def encode_token(hm, option: str, token: str) -> int:
-    """The one id ``token`` encodes to (no special tokens added), else a one-line error saying what it gave."""
-    tok = hm.tokenizer
-    enc = tok.encode(token, add_special_tokens=False)
-    ids, pieces = list(enc.ids), list(enc.tokens)
-    if len(ids) != 1:
-        hint = " (a leading space is part of a byte-level BPE token: try ' " + token.strip() + "')"
-        hint = hint if not token.startswith(" ") and len(ids) > 1 else ""
-        raise CLIError(
-            f"{option}: {token!r} encodes to {len(ids)} tokens {pieces} (ids {ids}); expected exactly one{hint}"
-        )
-    unk = getattr(tok.model, "unk_token", None)
-    if unk is not None and pieces[0] == unk and token != unk:
-        raise CLIError(f"{option}: {token!r} is not in the vocabulary (it encodes to the unknown token {unk!r})")
-    if not 0 <= ids[0] < hm.vocab_size:
-        raise CLIError(f"{option}: {token!r} encodes to id {ids[0]}, outside the model's {hm.vocab_size} logits")
-    return ids[0]
 
 
 def parse_heads(target, specs: list[str]) -> list[tuple[int, int]]:

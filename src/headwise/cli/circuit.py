@@ -1,0 +1,273 @@
+"""``headwise circuit``: the circuit of heads that carries an answer — edges scored, checked, kept while faithful.
+
+``headwise circuit --model M --clean TEXT --corrupted TEXT --answer A --wrong W --out DIR
+[--pairs FILE] [--method eap|eap-ig|exact] [--steps N] [--metric logit_diff|prob|kl]
+[--ablation corrupted|mean] [--fraction F] [--exact-top N] [--batch-size N] [--max-edges N]``
+
+:func:`headwise.circuits.find_circuit` scores every edge of the model's graph — from the embeddings, each query
+head and each MLP into each head's query, each key/value group's keys and values, each MLP and the logits — by
+EAP, EAP-IG or the exact patch of each edge, patches the strongest estimates exactly beside them, draws the
+faithfulness curve (the top n edges kept, every other ablated) and keeps the smallest circuit that recovers
+``--fraction`` of the metric.
+
+Prompt pairs: ``--clean``, ``--corrupted``, ``--answer`` and ``--wrong`` repeated once per pair, in order (an
+``--answer`` or ``--wrong`` given once serves every pair), or ``--pairs FILE``: JSON Lines, one object per line
+with the keys ``clean``, ``corrupted``, ``answer`` and ``wrong`` (blank lines skipped) — JSON keeps the leading
+space of a byte-level BPE answer such as ``" Mary"`` where a tab-separated file would hide it.
+
+Writes into ``--out`` (the folder appears whole or not at all): ``circuit.json``
+(:meth:`headwise.circuits.Circuit.to_dict`: the nodes, every edge with each method's score, the agreement of
+estimate and exact patch, the faithfulness curve, the circuit chosen, each node's pattern and direct effect),
+``circuit.png`` (:func:`headwise.viz.circuit.plot_circuit`) and ``circuit.html``
+(:func:`headwise.viz.circuit_page.write_circuit_page`, offline: click a node for its pattern and direct effect).
+
+Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
+all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
+identical answer and wrong tokens, a malformed pairs file — is one line on stderr and exit status 2, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headwise.cli._app import CLIError, app
+from headwise.cli._decoder import encode_text, encode_token, open_decoder
+from headwise.cli._output import write_failed
+from headwise.cli._progress import stage_progress
+
+METHODS = ("eap", "eap-ig", "exact")
+METRICS = ("logit_diff", "prob", "kl")
+ABLATIONS = ("corrupted", "mean")
+OUTPUTS = ("circuit.json", "circuit.png", "circuit.html")
+FIELDS = ("clean", "corrupted", "answer", "wrong")
+STAGES = {
+    "attribution": "edges scored",
+    "exact": "top edges patched exactly",
+    "faithfulness": "faithfulness curve",
+    "circuit": "smallest circuit",
+}
+
+
+def read_pairs(path: Path) -> list[dict]:
+    """The prompt pairs of a JSON Lines file: ``[{"clean", "corrupted", "answer", "wrong"}, …]``.
+
+    Raises:
+        CLIError: a missing or unreadable file, a line that is not a JSON object of those four strings, no pair.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CLIError(f"--pairs: cannot read '{path}': {getattr(e, 'strerror', None) or e}") from None
+    pairs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CLIError(
+                f"--pairs: line {number} of '{path}' is not JSON ({e.msg}); expected one object a line"
+            ) from None
+        if (
+            not isinstance(row, dict)
+            or sorted(row) != sorted(FIELDS)
+            or not all(isinstance(row[k], str) for k in FIELDS)
+        ):
+            got = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise CLIError(
+                f"--pairs: line {number} of '{path}' must be an object of the strings {', '.join(FIELDS)}; got {got}"
+            )
+        pairs.append({k: row[k] for k in FIELDS})
+    if not pairs:
+        raise CLIError(f"--pairs: '{path}' holds no prompt pair")
+    return pairs
+
+
+def options_pairs(clean: list[str], corrupted: list[str], answer: list[str], wrong: list[str]) -> list[dict]:
+    """The prompt pairs of repeated ``--clean``/``--corrupted``/``--answer``/``--wrong`` (answer and wrong once
+    for every pair, or once per pair)."""
+    if not clean or not corrupted or not answer or not wrong:
+        missing = [f"--{k}" for k, v in zip(FIELDS, (clean, corrupted, answer, wrong)) if not v]
+        raise CLIError(
+            f"{', '.join(missing)}: missing; give every one of --clean, --corrupted, --answer, --wrong, or --pairs FILE"
+        )
+    if len(corrupted) != len(clean):
+        raise CLIError(f"--corrupted: given {len(corrupted)} times for {len(clean)} --clean; expected one per pair")
+    for option, values in (("--answer", answer), ("--wrong", wrong)):
+        if len(values) not in (1, len(clean)):
+            raise CLIError(
+                f"{option}: given {len(values)} times for {len(clean)} pairs; expected once, or once per pair"
+            )
+    answer = answer * len(clean) if len(answer) == 1 else answer
+    wrong = wrong * len(clean) if len(wrong) == 1 else wrong
+    return [dict(zip(FIELDS, row)) for row in zip(clean, corrupted, answer, wrong)]
+
+
+def encode_pairs(hm, pairs: list[dict], source: str) -> dict[str, list]:
+    """The pairs as the model reads them: ``{"clean", "corrupted": P lists of L ids, "answer", "wrong": P ids}``.
+
+    Every text encodes within the model, every pair has one token length (the same for all pairs), every
+    answer and wrong token is one token and they differ — else a ``CLIError`` naming the pair."""
+    length = None
+    encoded: dict[str, list] = {f: [] for f in FIELDS}
+    for k, pair in enumerate(pairs):
+        where = f" (pair {k + 1} of {source})" if len(pairs) > 1 or source != "the options" else ""
+        ids = {f: encode_text(hm, f"--{f}{where}", pair[f]) for f in ("clean", "corrupted")}
+        if len(ids["clean"]) != len(ids["corrupted"]):
+            raise CLIError(
+                f"--corrupted{where}: {len(ids['corrupted'])} tokens, but --clean has {len(ids['clean'])}; "
+                "patching swaps the same positions, so both texts must have the same token length"
+            )
+        if length is not None and len(ids["clean"]) != length:
+            raise CLIError(
+                f"--clean{where}: {len(ids['clean'])} tokens, but the first pair has {length}; the pairs run as one "
+                "batch, so every text must have the same token length"
+            )
+        length = len(ids["clean"])
+        a = encode_token(hm, f"--answer{where}", pair["answer"])
+        w = encode_token(hm, f"--wrong{where}", pair["wrong"])
+        if a == w:
+            raise CLIError(
+                f"--wrong{where}: {pair['wrong']!r} is the same token as --answer {pair['answer']!r} (id {a})"
+            )
+        for f, value in (("clean", ids["clean"]), ("corrupted", ids["corrupted"]), ("answer", a), ("wrong", w)):
+            encoded[f].append(value)
+    return encoded
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise CLIError(f"{option}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+@app.command()
+def circuit(
+    model: Annotated[
+        str,
+        typer.Option("--model", help="A decoder: a model folder, a GGUF file, or 'smollm2' (as headwise patch)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Folder for circuit.json / .png / .html.")],
+    clean: Annotated[
+        list[str] | None, typer.Option("--clean", help="A clean text (the answer is right); repeat per pair.")
+    ] = None,
+    corrupted: Annotated[
+        list[str] | None, typer.Option("--corrupted", help="Its corrupted text, of the same token length.")
+    ] = None,
+    answer: Annotated[
+        list[str] | None, typer.Option("--answer", help="The answer token, as typed (e.g. ' Mary'); once or per pair.")
+    ] = None,
+    wrong: Annotated[
+        list[str] | None, typer.Option("--wrong", help="The wrong token it is compared with; once or per pair.")
+    ] = None,
+    pairs: Annotated[
+        Path | None,
+        typer.Option("--pairs", help="JSON Lines of {clean, corrupted, answer, wrong} (instead of the four options)."),
+    ] = None,
+    method: Annotated[str, typer.Option("--method", help="eap, eap-ig or exact (every edge patched).")] = "eap",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="EAP-IG's integrated-gradient steps.")] = 5,
+    metric: Annotated[
+        str, typer.Option("--metric", help="logit_diff, prob (the answer's) or kl (to the clean run; eap-ig, exact).")
+    ] = "logit_diff",
+    ablation: Annotated[
+        str, typer.Option("--ablation", help="What the edges left out carry: corrupted (its run) or mean.")
+    ] = "corrupted",
+    fraction: Annotated[
+        float, typer.Option("--fraction", help="The share of the metric the circuit must recover, in (0, 1].")
+    ] = 0.8,
+    exact_top: Annotated[
+        int, typer.Option("--exact-top", min=0, help="The strongest estimates also patched exactly (0: none).")
+    ] = 20,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=1, help="Patched copies per forward pass.")
+    ] = None,
+    max_edges: Annotated[
+        int, typer.Option("--max-edges", min=0, help="circuit.png: most edges drawn of the circuit and of the rest.")
+    ] = 200,
+) -> None:
+    """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
+    smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
+    import torch
+
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.circuits import find_circuit
+    from headwise.viz.circuit import plot_circuit
+    from headwise.viz.circuit_page import write_circuit_page
+
+    _choice("--method", method, METHODS)
+    _choice("--metric", metric, METRICS)
+    _choice("--ablation", ablation, ABLATIONS)
+    if not 0 < fraction <= 1:
+        raise CLIError(f"--fraction: expected a number in (0, 1], got {fraction!r}")
+    if metric == "kl" and method == "eap":
+        raise CLIError(
+            "--metric: 'kl' has no gradient on the clean run, so EAP scores every edge 0; use --method eap-ig"
+        )
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out: '{out}' exists and is not a folder")
+    given = [f"--{k}" for k, v in zip(FIELDS, (clean, corrupted, answer, wrong)) if v]
+    if pairs is not None:
+        if given:
+            raise CLIError(f"--pairs: given with {', '.join(given)}; give the pairs one way, the file or the options")
+        prompts, source = read_pairs(pairs), f"'{pairs}'"
+    else:
+        prompts, source = options_pairs(clean or [], corrupted or [], answer or [], wrong or []), "the options"
+    hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
+    ids = encode_pairs(hm, prompts, source)
+
+    with stage_progress() as progress:
+        found = find_circuit(
+            hm,
+            torch.tensor(ids["clean"]),  # (P, L), encoded and checked above, as the model reads them
+            torch.tensor(ids["corrupted"]),
+            answer=ids["answer"],
+            wrong=ids["wrong"],
+            method=method,
+            steps=steps,
+            metric=metric,
+            ablation=ablation,
+            fraction=fraction,
+            exact_top=exact_top,
+            progress=lambda stage, done, total: progress(STAGES.get(stage, stage), done, total),
+            batch_size=batch_size,
+        )
+    report = found.to_dict()
+    report["prompts"] = prompts  # the texts as typed (the library, handed ids, lists the ids)
+    title = f"{hm.title}: {len(prompts)} prompt pair{'s' if len(prompts) > 1 else ''}, {method}, {metric}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(out) as folder:
+            write_text_atomic(folder / "circuit.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+            plot_circuit(report, folder / "circuit.png", max_edges=max_edges, title=title)
+            write_circuit_page(report, folder / "circuit.html", title=hm.title)
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+
+    faith, chosen = report["faithfulness"], report["circuit"]
+    typer.echo(hm.title)
+    typer.echo(
+        f"metric ({metric}) clean {faith['clean_metric']:+.3f}, corrupted {faith['corrupted_metric']:+.3f}; "
+        f"{len(report['edges'])} edges scored by {method}"
+    )
+    recovered = chosen.get("recovered")
+    typer.echo(
+        f"circuit: {len(chosen['edges'])} edges, {len(chosen['nodes'])} nodes, recovering "
+        + ("—" if recovered is None else f"{recovered:.3f}")
+        + f" of the metric (asked {chosen['fraction']:g}, {ablation} ablation)"
+    )
+    agreement = report.get("agreement")
+    if agreement:
+        typer.echo(
+            f"estimate vs exact on the top {exact_top}: Spearman {agreement['spearman']:.2f}, "
+            f"top-{agreement['top_k']} overlap {agreement['overlap']:.2f}"
+        )
+    top = found.top_edges(5)
+    typer.echo(
+        "strongest edges: "
+        + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
+    )
+    typer.echo(f"{found.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")
