@@ -183,6 +183,8 @@ def test_batch_size_from_the_memory_budget():
     assert B.choose_copies(270, 8, 100, 1000, budget=10) == 1
     assert B.choose_copies(3, 1, 10, 10, budget=1 << 40) == 3
     assert B.choose_copies(270, 1, 10, 10, budget=1 << 40, most=64) == 64
+    assert B.choose_copies(270, 8, 100, 1, budget=1 << 40, pass_tokens=4096) == 5  # 5 × 800 tokens ≤ 4,096
+    assert B.choose_copies(270, 1, 8192, 1, budget=1 << 40, pass_tokens=4096) == 1
     assert B.free_memory() > 0
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=20, context_length=16, d_model=16, num_layers=2, num_heads=2)).eval()

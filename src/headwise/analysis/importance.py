@@ -327,7 +327,8 @@ def ablation_objectives(
         scored, reference: as :func:`objective`.
         mode: ``"zero"`` (ξ_h = 0) or ``"mean"`` (the head's mean over the batch's real positions in the same
             forward, as :func:`headwise.hf.ablate`'s ``mode="mean"``).
-        copies: J, jobs per pass (None: as many as ``memory`` allows, at most 64).
+        copies: J, jobs per pass (None: as many as ``memory`` allows, at most 64 and at most
+            :data:`~headwise.analysis.batched.PASS_TOKENS` tokens a pass).
         memory: bytes a pass may use (None: half the memory free on the model's device).
         prefix: start each pass at the lowest layer its jobs touch (:func:`headwise.analysis.batched.copies_from`).
         cost: a :class:`~headwise.analysis.batched.SweepCost` the passes are added to.
@@ -340,7 +341,7 @@ def ablation_objectives(
 
     import torch
 
-    from headwise.analysis.batched import MODES, SweepCost, choose_copies, free_memory, run_copies
+    from headwise.analysis.batched import MODES, PASS_TOKENS, SweepCost, choose_copies, free_memory, run_copies
 
     one_of("mode", mode, MODES)
     scored = _scoring(hm, scored)
@@ -353,10 +354,11 @@ def ablation_objectives(
     row_bytes = _row_bytes(hm, int(width or 1024))
     device = next(hm.model.parameters()).device
     budget = int(memory if memory is not None else free_memory(device) // 2)
+    tokens = PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"])
     plan = []
     for batch in batches:
         ids = batch[0]
-        j = copies or choose_copies(len(jobs), ids.shape[0], ids.shape[1], row_bytes, budget=budget)
+        j = copies or choose_copies(len(jobs), ids.shape[0], ids.shape[1], row_bytes, budget=budget, pass_tokens=tokens)
         plan.append(j)
     cost.copies = max(cost.copies, max(plan, default=0))
     cost.memory_budget = 0 if copies is not None else budget
