@@ -81,10 +81,11 @@ def test_mean_is_not_zero(hf_decoder):
     assert np.abs(zero.ablation - mean.ablation).max() > 1e-4
 
 
-def test_prefix_reuse_is_a_plain_batch(hf_decoder):
+@pytest.mark.parametrize("P", [1, 3])
+def test_prefix_reuse_is_a_plain_batch(hf_decoder, P):
     """Copies started at layer 1's input (layer 0 run once on the P rows) give the rows of the plain batch."""
     hm = hf_decoder
-    ids, mask = _padded(3, 9, 5)
+    ids, mask = _padded(P, 9, 5)
     jobs = [{1: [0]}, {1: [2, 3]}, {1: [1]}]
 
     def run(repeat):
@@ -99,7 +100,7 @@ def test_prefix_reuse_is_a_plain_batch(hf_decoder):
         # and each copy is its own job run alone
         for j, job in enumerate(jobs):
             alone, _ = B.run_copies(hm, run, ids, [job], replacement=mode, real=mask > 0)
-            torch.testing.assert_close(fast[j * 3 : (j + 1) * 3][mask > 0], alone[mask > 0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(fast[j * P : (j + 1) * P][mask > 0], alone[mask > 0], rtol=0, atol=1e-5)
     assert B.start_layer(hm, [{1: [0]}, {0: [1]}]) == 0 and B.start_layer(hm, [{}]) == 0
 
 

@@ -187,16 +187,15 @@ def start_layer(model, jobs: Sequence[Job]) -> int:
     return low
 
 
-def _grow(x, J: int, P: int, always: bool):
-    """``x`` with its batch dimension copied J times where it is a batch-shaped tensor (or a tuple of them)."""
+def _grow(x, J: int, P: int):
+    """``x`` with its batch dimension copied J times where it is a batch-shaped tensor — at least 2-D, P first (a 1-D
+    tensor such as the cache positions is left alone) — or a tuple of them."""
     from torch import Tensor
 
     if isinstance(x, Tensor):
-        if x.dim() >= 2 and x.shape[0] == P and (always or P > 1):
-            return x.repeat(J, *([1] * (x.dim() - 1)))
-        return x
+        return x.repeat(J, *([1] * (x.dim() - 1))) if x.dim() >= 2 and x.shape[0] == P else x
     if isinstance(x, tuple) and x and all(isinstance(t, Tensor) for t in x):
-        return tuple(_grow(t, J, P, always) for t in x)
+        return tuple(_grow(t, J, P) for t in x)
     return x
 
 
@@ -214,13 +213,9 @@ def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
     handles = []
 
     def hook(first: bool, _module, args, kwargs):
-        if first:
-            if args:
-                args = (_grow(args[0], J, P, True), *args[1:])
-            elif "hidden_states" in kwargs:
-                kwargs = {**kwargs, "hidden_states": _grow(kwargs["hidden_states"], J, P, True)}
-        args = tuple(a if k == 0 else _grow(a, J, P, False) for k, a in enumerate(args))
-        kwargs = {k: v if k == "hidden_states" else _grow(v, J, P, False) for k, v in kwargs.items()}
+        # the first block copies the residual stream; every block copies the batch-shaped arguments it is handed
+        args = tuple(_grow(a, J, P) if k > 0 or first else a for k, a in enumerate(args))
+        kwargs = {k: _grow(v, J, P) if k != "hidden_states" or first else v for k, v in kwargs.items()}
         return args, kwargs
 
     try:

@@ -225,28 +225,43 @@ def _decoder_importance(hm: GatedModel, batches, scored, progress) -> tuple[np.n
 
 def _encoder_importance(hm: GatedModel, batches, references, progress) -> tuple[np.ndarray, int]:
     """Forward-mode ∂e/∂ξ_h: one pass per layer, the batch repeated once per head, each copy's
-    tangent on a different head (per-sequence gates), so H directional derivatives share one pass."""
+    tangent on a different head (per-sequence gates), so H directional derivatives share one pass.
+
+    The gate of layer l alone carries a tangent (the others are 1 with none: they change nothing), so the layers
+    below l run once on the batch and the copies start at ``layers.{l}.resid_pre``
+    (:func:`headwise.analysis.batched.copies_from`) where the model has the point."""
     import torch
     import torch.autograd.forward_ad as fwad
+
+    from headwise.analysis.batched import copies_from, start_layer
+    from headwise.points import attention_point
 
     nl, h = hm.num_layers, hm.num_heads
     total = np.zeros((nl, h))
     sequences = 0
     done = 0
+    dtype = next(hm.model.parameters()).dtype
     with torch.no_grad():
         for (ids, mask), e in zip(batches, references):
             b = ids.shape[0]
-            ids_r, mask_r = ids.repeat(h, 1), mask.repeat(h, 1)  # (H·B, L): copy r is for head r
+            mask_r = mask.repeat(h, 1)  # (H·B, L): copy r is for head r
             e_r = e.repeat(h, 1)  # (H·B, D)
             unit = e_r / e_r.norm(dim=-1, keepdim=True)
+            tangent = torch.zeros((h * b, h), dtype=dtype)
+            for r in range(h):
+                tangent[r * b : (r + 1) * b, r] = 1.0
             for layer in range(nl):
-                tangent = torch.zeros((h * b, nl, h))
-                for r in range(h):
-                    tangent[r * b : (r + 1) * b, layer, r] = 1.0
+                low = start_layer(hm, [{layer: [0]}])
                 with fwad.dual_level():
-                    gates = fwad.make_dual(torch.ones_like(tangent), tangent)
-                    with hm.gated(gates):
-                        pooled = _pooled(hm.forward(ids_r, mask_r, math_path=True), mask_r)
+                    gates = fwad.make_dual(torch.ones_like(tangent), tangent)  # (H·B, H)
+
+                    def gate(out, gates=gates):  # (H·B, H, L, Dh)
+                        return out * gates[:, :, None, None].to(out.dtype)
+
+                    with hm.hooks({attention_point(layer, "heads"): gate}), copies_from(hm, low, h, b):
+                        n = 1 if low > 0 else h
+                        out = hm.forward(ids.repeat(n, 1), mask.repeat(n, 1), math_path=True)
+                        pooled = _pooled(out, mask_r)
                     de = fwad.unpack_dual(pooled).tangent  # (H·B, D): ∂e/∂ξ of copy r's head
                 turn = de - (de * unit).sum(-1, keepdim=True) * unit  # the part orthogonal to e
                 rate = (turn.norm(dim=-1) / e_r.norm(dim=-1)).reshape(h, b)  # (H, B)

@@ -9,7 +9,7 @@ part it stands in for. The protocols list exactly the attributes and methods ``a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
@@ -32,7 +32,8 @@ class RowModel(Protocol):
 @runtime_checkable
 class GatedModel(Protocol):
     """What head importance (:mod:`headwise.analysis.importance`) needs: the kind, the head counts, the module
-    (its parameters' dtype), a forward pass and gates where the heads meet W_O."""
+    (its parameters' dtype), a forward pass, gates where the heads meet W_O, and the named points the batched
+    sweep hooks."""
 
     kind: str
     num_layers: int
@@ -45,6 +46,14 @@ class GatedModel(Protocol):
 
     def gated(self, gates) -> AbstractContextManager[None]:
         """Within the block, each head's output multiplied by ``gates (NL, H)`` or ``(B, NL, H)``."""
+        ...
+
+    points: Mapping
+    """The named points (``name -> Point`` with ``.module``): the batched sweep copies rows at a block's
+    ``layers.{l}.resid_pre``."""
+
+    def hooks(self, fns) -> AbstractContextManager[None]:
+        """Within the block, ``fns[name]`` hooked at each named point (``fn(tensor) -> replacement or None``)."""
         ...
 
 
