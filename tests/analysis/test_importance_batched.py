@@ -74,7 +74,10 @@ def test_hf_sweep_equals_one_forward_per_head_set(hf_decoder, mode, copies):
 
 
 def test_mean_is_not_zero(hf_decoder):
+    from headwise.analysis.protocol import AnalysedModel, SweptModel
+
     hm = hf_decoder
+    assert isinstance(hm, SweptModel) and isinstance(hm, AnalysedModel)
     batches = [_padded(3, 9, 1)]
     zero = I.head_importance(hm, batches, random_orders=1, points=3, mode="zero")
     mean = I.head_importance(hm, batches, random_orders=1, points=3, mode="mean")

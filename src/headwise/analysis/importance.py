@@ -45,7 +45,7 @@ from functools import partial
 
 import numpy as np
 
-from headwise.analysis.protocol import GatedModel
+from headwise.analysis.protocol import GatedModel, SweptModel
 from headwise.checks import one_of, positive_int
 
 __all__ = [
@@ -223,7 +223,7 @@ def _decoder_importance(hm: GatedModel, batches, scored, progress) -> tuple[np.n
     return g.mean(dim=0).numpy(), g.shape[0], total / max(count, 1), count
 
 
-def _encoder_importance(hm: GatedModel, batches, references, progress) -> tuple[np.ndarray, int]:
+def _encoder_importance(hm: SweptModel, batches, references, progress) -> tuple[np.ndarray, int]:
     """Forward-mode ∂e/∂ξ_h: one pass per layer, the batch repeated once per head, each copy's
     tangent on a different head (per-sequence gates), so H directional derivatives share one pass.
 
@@ -319,7 +319,7 @@ def _run_repeated(hm: GatedModel, ids, mask, repeat: int):
 
 
 def ablation_objectives(
-    hm: GatedModel,
+    hm: SweptModel,
     batches: Sequence,
     jobs: Sequence[dict],
     *,
@@ -422,7 +422,7 @@ def ablation_objectives(
 
 
 def head_importance(
-    hm: GatedModel,
+    hm: SweptModel,
     batches: Sequence,
     *,
     scored: str | None = None,

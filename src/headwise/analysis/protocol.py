@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
-__all__ = ["RowModel", "GatedModel", "AnalysedModel"]
+__all__ = ["RowModel", "GatedModel", "SweptModel", "AnalysedModel"]
 
 
 @runtime_checkable
@@ -32,8 +32,7 @@ class RowModel(Protocol):
 @runtime_checkable
 class GatedModel(Protocol):
     """What head importance (:mod:`headwise.analysis.importance`) needs: the kind, the head counts, the module
-    (its parameters' dtype), a forward pass, gates where the heads meet W_O, and the named points the batched
-    sweep hooks."""
+    (its parameters' dtype), a forward pass and gates where the heads meet W_O."""
 
     kind: str
     num_layers: int
@@ -48,8 +47,14 @@ class GatedModel(Protocol):
         """Within the block, each head's output multiplied by ``gates (NL, H)`` or ``(B, NL, H)``."""
         ...
 
+
+@runtime_checkable
+class SweptModel(GatedModel, Protocol):
+    """What the batched sweep (:mod:`headwise.analysis.batched`, the ablations and curves of
+    :mod:`headwise.analysis.importance`) needs besides :class:`GatedModel`: the named points and hooks on them."""
+
     points: Mapping
-    """The named points (``name -> Point`` with ``.module``): the batched sweep copies rows at a block's
+    """The named points (``name -> Point`` with ``.module``): the sweep copies rows at a block's
     ``layers.{l}.resid_pre``."""
 
     def hooks(self, fns) -> AbstractContextManager[None]:
@@ -58,5 +63,6 @@ class GatedModel(Protocol):
 
 
 @runtime_checkable
-class AnalysedModel(RowModel, GatedModel, Protocol):
-    """Everything the analysis calls on a model (:class:`RowModel` and :class:`GatedModel` together)."""
+class AnalysedModel(RowModel, SweptModel, Protocol):
+    """Everything the analysis calls on a model (:class:`RowModel`, :class:`GatedModel` and :class:`SweptModel`
+    together)."""
