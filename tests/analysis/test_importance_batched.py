@@ -167,6 +167,12 @@ def test_lab_model_sweep_equals_one_forward_per_head_set():
             got = I.head_importance(hm, batches, mode=mode, copies=copies, **kw)
             _assert_same(got, reference)
             np.testing.assert_array_equal(got.importance, reference.importance)
+        # memory for 4 rows of 10 tokens a pass: zero ablation runs 4 copies of 1 row (the batch split), mean
+        # ablation 1 copy of the whole batch (its mean is over the batch)
+        four_rows = 4 * 10 * I._row_bytes(hm, 20)
+        got = I.head_importance(hm, batches, mode=mode, memory=four_rows, **kw)
+        _assert_same(got, reference)
+        assert got.sweep["copies"] == (4 if mode == "zero" else 1)
     # every k of 0 … 9 on the curves; the last point (all heads gone) measured once for all five orders
     assert len(got.removed) == 10 and got.sweep["head_sets"] <= 9 + 5 * 8 + 1
 
@@ -189,6 +195,9 @@ def test_batch_size_from_the_memory_budget():
     assert B.choose_copies(270, 1, 10, 10, budget=1 << 40, most=64) == 64
     assert B.choose_copies(270, 8, 100, 1, budget=1 << 40, pass_tokens=4096) == 5  # 5 × 800 tokens ≤ 4,096
     assert B.choose_copies(270, 1, 8192, 1, budget=1 << 40, pass_tokens=4096) == 1
+    assert B.choose_split(270, 64, 64, 1, budget=1 << 40, pass_tokens=4096) == (64, 1)  # 64 copies of 1 row
+    assert B.choose_split(8, 64, 64, 1, budget=1 << 40, pass_tokens=4096) == (8, 8)
+    assert B.choose_split(8, 64, 64, 1, budget=1 << 40, pass_tokens=4096, split=False) == (1, 64)
     assert B.free_memory() > 0
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=20, context_length=16, d_model=16, num_layers=2, num_heads=2)).eval()

@@ -20,8 +20,11 @@ layer-rows of a plain batch for a sweep over every layer. Used where the model h
 layer list); elsewhere every layer runs on J·P rows, with the same values.
 
 **Batch size.** :func:`choose_copies` picks J from the memory free on the model's device and the rows' size (the
-forward's activations and the output of the J·P rows: a decoder's ``(N, L, V)`` logits dominate), so memory is
-bounded by the batch chosen — linear in L, never L × L (no attention map is formed: the hook sits after attention).
+forward's activations and the output of the J·P rows: a decoder's ``(N, L, V)`` logits dominate), at most
+:data:`PASS_TOKENS` tokens a pass, so memory is bounded by the batch chosen — linear in L, never L × L (no attention
+map is formed: the hook sits after attention). :func:`choose_split` may run a batch's rows in parts, so that a
+pass holds more copies (rows are independent: zero ablation and patching; mean ablation takes its mean over the
+whole batch and never splits it).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "PASS_TOKENS",
     "SweepCost",
     "choose_copies",
+    "choose_split",
     "free_memory",
     "job_masks",
     "replace_heads",
@@ -118,6 +122,33 @@ def choose_copies(
     per_copy = max(1, rows * length * row_bytes_per_token)
     cap = most if pass_tokens is None else min(most, pass_tokens // max(1, rows * length))
     return max(1, min(jobs, cap, budget // per_copy))
+
+
+def choose_split(
+    jobs: int,
+    rows: int,
+    length: int,
+    row_bytes_per_token: int,
+    *,
+    budget: int,
+    most: int = 64,
+    pass_tokens: int | None = None,
+    split: bool = True,
+) -> tuple[int, int]:
+    """``(J, P')``: each pass runs J copies of P' of the batch's ``rows`` — as many copies as fit (at most ``jobs``
+    and ``most``), since the layers below a pass's lowest layer run once per pass, then as many rows as still fit.
+    ``split`` False (mean ablation: the mean is over the whole batch): P' = ``rows`` (:func:`choose_copies`)."""
+    if not split:
+        return (
+            choose_copies(jobs, rows, length, row_bytes_per_token, budget=budget, most=most, pass_tokens=pass_tokens),
+            rows,
+        )
+    fit = budget // max(1, length * row_bytes_per_token)  # rows the memory holds
+    if pass_tokens is not None:
+        fit = min(fit, pass_tokens // max(1, length))
+    fit = max(1, fit)
+    J = max(1, min(jobs, most, fit))
+    return J, max(1, min(rows, fit // J))
 
 
 def job_masks(jobs: Sequence[Job], num_heads: int, device=None) -> dict:

@@ -356,7 +356,7 @@ def ablation_objectives(
 
     import torch
 
-    from headwise.analysis.batched import MODES, PASS_TOKENS, SweepCost, choose_copies, free_memory, run_copies
+    from headwise.analysis.batched import MODES, PASS_TOKENS, SweepCost, choose_split, free_memory, run_copies
 
     one_of("mode", mode, MODES)
     scored = _scoring(hm, scored)
@@ -370,51 +370,67 @@ def ablation_objectives(
     device = next(hm.model.parameters()).device
     budget = int(memory if memory is not None else free_memory(device) // 2)
     tokens = PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"])
-    plan = []
+    plan = []  # (J, P') per batch
     for batch in batches:
         ids = batch[0]
-        j = copies or choose_copies(len(jobs), ids.shape[0], ids.shape[1], row_bytes, budget=budget, pass_tokens=tokens)
-        plan.append(j)
-    cost.copies = max(cost.copies, max(plan, default=0))
+        if copies is not None:
+            plan.append((copies, ids.shape[0]))
+        else:
+            plan.append(
+                choose_split(
+                    len(jobs),
+                    ids.shape[0],
+                    ids.shape[1],
+                    row_bytes,
+                    budget=budget,
+                    pass_tokens=tokens,
+                    split=mode == "zero",
+                )
+            )
+    cost.copies = max(cost.copies, max((j for j, _ in plan), default=0))
     cost.memory_budget = 0 if copies is not None else budget
-    total_passes = sum(math.ceil(len(jobs) / j) for j in plan)
+    total_passes = sum(math.ceil(len(jobs) / j) * math.ceil(b[0].shape[0] / p) for (j, p), b in zip(plan, batches))
     sums = np.zeros(len(jobs))
     count = 0
     done = 0
     nl = hm.num_layers
     with torch.no_grad():
-        for k, (batch, J) in enumerate(zip(batches, plan)):
+        for k, (batch, (J, part)) in enumerate(zip(batches, plan)):
             if scored == "embedding":
-                ids, mask = batch
-                targets = chosen = None
-                real = mask > 0
+                ids_all, mask_all = batch
+                targets_all = chosen_all = None
             else:
-                ids, mask, targets, chosen = _targets(batch, scored)
+                ids_all, mask_all, targets_all, chosen_all = _targets(batch, scored)
+            for r0 in range(0, ids_all.shape[0], part):
+                rows = slice(r0, r0 + part)
+                ids = ids_all[rows]
+                mask = None if mask_all is None else mask_all[rows]
                 real = None if mask is None else mask > 0
-            P = ids.shape[0]
-            for start in range(0, len(order), J):
-                chunk = [order[i] for i in range(start, min(start + J, len(order)))]
-                c = len(chunk)
-
-                run = partial(_run_repeated, hm, ids, mask)
-                out, low = run_copies(
-                    hm, run, ids, [jobs[i] for i in chunk], replacement=mode, real=real, prefix=prefix
-                )
-                if scored == "embedding":
-                    e = _pooled(out, mask.repeat(c, 1))
-                    loss = 1 - torch.nn.functional.cosine_similarity(e, reference[k].repeat(c, 1), dim=-1)
-                    per_job = loss.double().reshape(c, P).sum(dim=1)
-                else:
-                    losses, n = _decoder_losses(out, targets.repeat(c, 1), chosen.repeat(c, 1))
-                    per_job = (losses.double() * n).reshape(c, P).sum(dim=1)
-                sums[chunk] += per_job.cpu().numpy()
-                cost.passes += 1
-                cost.rows += P + c * P if low > 0 else c * P
-                cost.layer_rows += low * P + (nl - low) * c * P
-                done += 1
-                if progress is not None:
-                    progress(done, total_passes)
-            count += P if scored == "embedding" else int(chosen.sum())
+                P = ids.shape[0]
+                for start in range(0, len(order), J):
+                    chunk = [order[i] for i in range(start, min(start + J, len(order)))]
+                    c = len(chunk)
+                    run = partial(_run_repeated, hm, ids, mask)
+                    out, low = run_copies(
+                        hm, run, ids, [jobs[i] for i in chunk], replacement=mode, real=real, prefix=prefix
+                    )
+                    if scored == "embedding":
+                        e = _pooled(out, mask.repeat(c, 1))
+                        ref = reference[k][rows].repeat(c, 1)
+                        loss = 1 - torch.nn.functional.cosine_similarity(e, ref, dim=-1)
+                        per_job = loss.double().reshape(c, P).sum(dim=1)
+                    else:
+                        targets, chosen = targets_all[rows], chosen_all[rows]
+                        losses, n = _decoder_losses(out, targets.repeat(c, 1), chosen.repeat(c, 1))
+                        per_job = (losses.double() * n).reshape(c, P).sum(dim=1)
+                    sums[chunk] += per_job.cpu().numpy()
+                    cost.passes += 1
+                    cost.rows += P + c * P if low > 0 else c * P
+                    cost.layer_rows += low * P + (nl - low) * c * P
+                    done += 1
+                    if progress is not None:
+                        progress(done, total_passes)
+            count += ids_all.shape[0] if scored == "embedding" else int(chosen_all.sum())
     rows_in = sum(b[0].shape[0] for b in batches)
     cost.forward_equivalents = cost.layer_rows / max(nl * rows_in, 1)
     cost.seconds += time.perf_counter() - t0
