@@ -212,3 +212,26 @@ def test_batch_size_from_the_memory_budget():
         I.head_importance(hm, _lab_batches(0), scored="answers", mode="resample")
     with pytest.raises(ValueError, match="copies"):
         I.head_importance(hm, _lab_batches(0), scored="answers", copies=0)
+
+
+def test_an_interrupted_sweep_leaves_the_model_unhooked(hf_decoder):
+    """Ctrl-C in the middle of the sweep (from the progress callback): the hooks and the copies' block hooks are
+    gone, and the model runs as it did before."""
+    hm = hf_decoder
+    ids, mask = _padded(3, 9, 6)
+    with torch.no_grad():
+        before = hm.forward(ids, mask)
+    calls = []
+
+    def progress(stage, done, total):
+        calls.append((stage, done, total))
+        if stage == "ablation" and done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        I.head_importance(hm, [(ids, mask)], copies=2, progress=progress)
+    assert calls[-1] == ("ablation", 2, 4)  # 8 heads, 2 a pass: passes done of passes in all
+    blocks = [hm.points[f"layers.{i}.resid_pre"].module for i in range(hm.num_layers)]
+    assert all(not b._forward_pre_hooks for b in blocks)
+    with torch.no_grad():
+        torch.testing.assert_close(hm.forward(ids, mask), before, rtol=0, atol=0)
