@@ -30,7 +30,10 @@ Michel et al. do before pruning, the importances of each layer are also normalis
 **Measured ablation**: the objective with one head removed (ξ_h = 0, every other gate 1), minus the
 intact model's. **Pruning curve**: the objective with the k least important heads removed, for k from 0
 to N — heads ordered by ``importance_norm`` (Michel et al.'s order), by measured ablation, and at
-random (several seeds: mean, min and max). Both can be measured on held-out ``eval_batches``.
+random (several seeds: mean, min and max). Both can be measured on held-out ``eval_batches``. Every ablation and
+curve point is a head set run through the batched engine (:mod:`headwise.analysis.batched`, shared with the
+patching sweep): J sets as J copies of a batch in one forward, each pass starting at the lowest layer its sets
+touch, zero or mean ablation — equal to one forward per set (tested to 1e-5).
 
 The model is anything shaped as :class:`headwise.models.HeadModel` (``kind``, ``num_layers``, ``num_heads``,
 ``forward``, ``gated``): this module runs what it is handed and opens nothing.
