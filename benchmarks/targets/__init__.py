@@ -14,6 +14,7 @@ from targets.forward import Forward
 from targets.generate import Generate
 from targets.gpu import GPU
 from targets.heads_long import HeadsLong
+from targets.importance import Importance
 from targets.lab import Lab
 from targets.limits import Limits
 from targets.long import Long
@@ -37,6 +38,7 @@ ALL: dict[str, Target] = {
         HeadsLong(),
         Circuits(),
         QK(),
+        Importance(),
         Blocked(),
         GPU(),
     )

@@ -27,7 +27,10 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
 - :mod:`~headwise.analysis.importance` — Michel et al.'s head importance, single-head ablation and pruning
   curves (:func:`head_importance`, with ``scored=`` for which tokens are scored), on any model shaped as
-  :class:`headwise.models.HeadModel` (PyTorch, imported when called).
+  :class:`headwise.models.HeadModel` (PyTorch, imported when called); :func:`ablation_objectives` measures any
+  head sets.
+- :mod:`~headwise.analysis.batched` — the batched head engine: head sets as copies of a batch in one forward
+  (zero or mean ablation, another run's heads for patching), started at the lowest layer's ``resid_pre``.
 
 The package draws nothing on the terminal: :func:`analyze_texts` reports progress to a callback.
 The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).
@@ -67,7 +70,13 @@ from headwise.analysis.entropy import (
     row_entropy,
     uniform_entropy,
 )
-from headwise.analysis.importance import SCORED, ImportanceResult, gate_importance, head_importance
+from headwise.analysis.importance import (
+    SCORED,
+    ImportanceResult,
+    ablation_objectives,
+    gate_importance,
+    head_importance,
+)
 from headwise.analysis.mds import classical_mds
 from headwise.analysis.roles import ROLES, RoleThresholds, decoder_roles, head_roles
 from headwise.analysis.sentence import SentenceHeads, analyze_sentence
@@ -140,4 +149,5 @@ __all__ = [
     "ImportanceResult",
     "gate_importance",
     "head_importance",
+    "ablation_objectives",
 ]

@@ -9,11 +9,11 @@ part it stands in for. The protocols list exactly the attributes and methods ``a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
-__all__ = ["RowModel", "GatedModel", "AnalysedModel"]
+__all__ = ["RowModel", "GatedModel", "SweptModel", "AnalysedModel"]
 
 
 @runtime_checkable
@@ -49,5 +49,20 @@ class GatedModel(Protocol):
 
 
 @runtime_checkable
-class AnalysedModel(RowModel, GatedModel, Protocol):
-    """Everything the analysis calls on a model (:class:`RowModel` and :class:`GatedModel` together)."""
+class SweptModel(GatedModel, Protocol):
+    """What the batched sweep (:mod:`headwise.analysis.batched`, the ablations and curves of
+    :mod:`headwise.analysis.importance`) needs besides :class:`GatedModel`: the named points and hooks on them."""
+
+    points: Mapping
+    """The named points (``name -> Point`` with ``.module``): the sweep copies rows at a block's
+    ``layers.{l}.resid_pre``."""
+
+    def hooks(self, fns) -> AbstractContextManager[None]:
+        """Within the block, ``fns[name]`` hooked at each named point (``fn(tensor) -> replacement or None``)."""
+        ...
+
+
+@runtime_checkable
+class AnalysedModel(RowModel, SweptModel, Protocol):
+    """Everything the analysis calls on a model (:class:`RowModel`, :class:`GatedModel` and :class:`SweptModel`
+    together)."""

@@ -52,13 +52,21 @@ def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
     """A rich progress bar on stderr for work in named stages; yields ``progress(stage, done, total)``
     (the callback of :func:`headwise.analysis.importance.head_importance`): one bar per stage."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn("[bold cyan]heads[/] {task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         tasks: dict[str, int] = {}

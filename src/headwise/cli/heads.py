@@ -330,8 +330,11 @@ def _print_roles(console, report) -> None:
 def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: dict):
     """:func:`headwise.study.run_importance` under a progress bar, then ``pruning.png`` / ``pruning.csv``; the run's
     summary goes into ``extra``. Returns ``(result, columns for heads.json / heads.csv, paths)``."""
-    with stage_progress() as progress:
-        result = study.run_importance(hm, batches, seed=opts.seed, progress=progress)
+    units = {"importance": "importance (batches)", "ablation": "ablation (passes)", "pruning": "pruning (passes)"}
+    with stage_progress() as bar:
+        result = study.run_importance(
+            hm, batches, seed=opts.seed, progress=lambda stage, done, total: bar(units.get(stage, stage), done, total)
+        )
     try:
         paths = write_pruning(result, opts.out, title)
     except OSError as e:
@@ -347,6 +350,18 @@ def _importance_line(result) -> str:
         f"importance ({result.objective}, {result.num_sequences} sequences): intact {result.base_loss:.4f}; "
         f"removing L{top[0]} H{top[1]} alone costs most (+{result.ablation[top]:.4f}); "
         f"{int(result.removed[len(result.removed) // 2])} least important heads removed: {half:.4f}"
+        + _sweep_note(result.sweep)
+    )
+
+
+def _sweep_note(sweep: dict) -> str:
+    """What the batched sweep ran, for the summary line (nothing when it did not run)."""
+    if not sweep.get("passes"):
+        return ""
+    budget = f", memory budget {sweep['memory_budget'] / 2**30:.1f} GiB" if sweep.get("memory_budget") else ""
+    return (
+        f"\n  sweep: {sweep['head_sets']} head sets in {sweep['passes']} passes of up to {sweep['copies']} copies"
+        f"{budget}; work of {sweep['forward_equivalents']:.0f} plain forwards; {sweep['seconds']:.1f} s"
     )
 
 

@@ -32,6 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from headwise.analysis.batched import copies_from, replace_heads, start_layer
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -174,21 +175,21 @@ def run_with_cache(target, ids: Tensor) -> HeadCache:
 
 
 def _replace(layer: int, masks: Mapping[int, Tensor], source: HeadCache, J: int, out: Tensor) -> Tensor:
-    """A ``hook_heads`` hook: rows of copy j take the source's heads where ``masks[layer][j]`` is True."""
-    N, H, L, Dh = out.shape
-    P = N // J
-    src = source.heads[layer].to(out.dtype)  # (P, H, L, Dh)
-    if src.shape != (P, H, L, Dh):
-        raise RuntimeError(f"patching: layer {layer} gave heads {tuple(out.shape)}, the source run {tuple(src.shape)}")
-    keep = masks[layer][:, None, :, :, None]  # (J, 1, H, L, 1)
-    mixed = torch.where(keep, src[None], out.reshape(J, P, H, L, Dh))  # (J, P, H, L, Dh)
-    return mixed.reshape(N, H, L, Dh)
+    """A ``hook_heads`` hook: rows of copy j take the source's heads where ``masks[layer][j]`` is True (the batched
+    engine's :func:`headwise.analysis.batched.replace_heads`)."""
+    try:
+        return replace_heads(out, masks[layer], J, source.heads[layer])
+    except RuntimeError as e:
+        raise RuntimeError(f"patching: layer {layer}: {e}") from None
 
 
 def run_patched(
     target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]], *, last_only: bool = False
 ) -> Tensor:
     """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``.
+
+    The layers below the lowest one any job patches run once on the P rows and the residual stream is copied J
+    times at that layer's input (:func:`headwise.analysis.batched.copies_from`; where the model shows its blocks).
 
     Returns:
         logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]`` (``last_only``: a Hugging Face
@@ -214,8 +215,9 @@ def run_patched(
                     mask[j, patch.head, pos] = True
     masks = {layer: m.to(base.device) for layer, m in masks.items()}
     hooks = {attention_point(layer, "heads"): partial(_replace, layer, masks, source, J) for layer in masks}
-    with torch.no_grad(), target.hooks(hooks):
-        return target.logits(base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
+    low = start_layer(target, [{layer: [0]} for layer in masks]) if J > 1 else 0
+    with torch.no_grad(), target.hooks(hooks), copies_from(target, low, J, base.shape[0]):
+        return target.logits(base if low > 0 else base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
 
 
 def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):

@@ -37,26 +37,25 @@ def run_importance(
     eval_batches=None,
     random_orders: int = 3,
     points: int = 33,
+    mode: str = "zero",
+    copies: int | None = None,
+    memory: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ):
-    """Importance, ablation and pruning curves of ``hm``'s heads (:func:`headwise.analysis.head_importance`); a
-    Hugging Face model on headwise's backend ablates through :func:`headwise.hf.ablate` (zeroed heads).
+    """Importance, ablation and pruning curves of ``hm``'s heads (:func:`headwise.analysis.head_importance`): the
+    ablations and every curve point through the batched engine at ``layers.{i}.attn.heads`` — headwise's modules and
+    Hugging Face models on headwise's backend alike (zeroed heads: equal to :func:`headwise.hf.ablate`'s
+    ``mode="zero"``, tested).
 
     Args:
         hm: an opened :class:`~headwise.models.HeadModel`.
-        batches, scored, eval_batches, random_orders, seed, points: as :func:`headwise.analysis.head_importance`.
+        batches, scored, eval_batches, random_orders, seed, points, mode, copies, memory: as
+            :func:`headwise.analysis.head_importance`.
         progress: ``(stage, done, total)`` as the work goes.
     Returns:
         the :class:`~headwise.analysis.importance.ImportanceResult`.
     """
     from headwise.analysis import head_importance
-
-    ablate = None
-    if hm.backend == "hf+headwise":
-        import headwise.hf
-
-        def ablate(spec):
-            return headwise.hf.ablate(hm.model, spec, mode="zero")
 
     return head_importance(
         hm,
@@ -66,7 +65,9 @@ def run_importance(
         random_orders=random_orders,
         seed=seed,
         points=points,
-        ablate=ablate,
+        mode=mode,
+        copies=copies,
+        memory=memory,
         progress=progress,
     )
 
@@ -97,6 +98,7 @@ def importance_summary(result) -> dict:
             else "encoder without an LM head: E_x ||(I - e e^T/|e|^2) de/dxi_h|| / |e| for the mean-pooled "
             "embedding e (the first-order turning rate; the cosine loss itself has zero gradient at xi = 1)"
         ),
+        "sweep": dict(getattr(result, "sweep", {}) or {}),
         "half_removed": {
             "removed": int(result.removed[half]),
             **{k: float(v[half]) for k, v in result.curves.items()},
