@@ -18,6 +18,7 @@ pytestmark = BROWSER_MARKS
 pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
 
 
+@pytest.mark.slow
 def test_a_click_on_a_head_shows_what_circuit_json_holds(run_cli, tmp_path):
     folder = save_decoder(tmp_path / "llama", "llama", init=0.5)
     out = tmp_path / "out"

@@ -83,6 +83,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_warning(written, tmp_path, damage):
     assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [folder.name]  # nothing left aside
 
 
+@pytest.mark.slow
 def test_the_command_heals_and_goes_on(written, tmp_path):
     path, _, _ = written
     folder = gguf.gguf_folder(path, root=tmp_path / "cache")

@@ -125,6 +125,7 @@ def test_a_query_key_attribution_is_shown_by_part(browser, tmp_path):
     page.close()
 
 
+@pytest.mark.slow
 def test_a_model_of_thirty_layers_and_seventy_thousand_edges(browser, tmp_path):
     d = make_circuit(layers=30, heads=9, kv_groups=3, tokens=16, keep=40)
     path = write_circuit_page(d, tmp_path / "circuit.html")
