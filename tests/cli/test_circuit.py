@@ -242,3 +242,32 @@ def test_the_folder_appears_whole_or_not_at_all(run_cli, folder, tmp_path, monke
     last = outcome.err.strip().splitlines()[-1]  # after the progress bars
     assert last.startswith("headwise: error: --out: cannot write") and "No space left on device" in last
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_page_carries_the_qk_attribution_of_the_circuits_strongest_heads(run_cli, folder, tmp_path):
+    from headwise.circuits import qk_attribution
+    from headwise.cli.circuit import circuit_heads
+    from headwise.models import open_model
+
+    out = tmp_path / "out"
+    assert run_cli(*_args(folder, out, "--exact-top", "0", "--qk-heads", "3")).code == 0
+    report = json.loads((out / "circuit.json").read_text())
+    heads = circuit_heads(report, 3)
+    assert heads, "the tiny circuit holds heads"
+    with_qk = {node for node, detail in report["node_details"].items() if "qk" in detail}
+    assert with_qk == {h["id"] for h in heads}
+    hm = open_model(str(folder))
+    ids = hm.encode([PAIRS[0][0]]).ids[0]
+    for h in heads:  # the page's terms are the library's, at the first clean prompt's last position
+        expected = qk_attribution(hm, ids, h["layer"], h["head"], len(ids) - 1).to_page()
+        got = report["node_details"][h["id"]]["qk"]
+        assert (got["query"], got["key"]) == (expected["query"], expected["key"])
+        assert [(t["query_part"], t["key_part"]) for t in got["terms"]] == [
+            (t["query_part"], t["key_part"]) for t in expected["terms"]
+        ]
+        np.testing.assert_allclose(
+            [t["value"] for t in got["terms"]], [t["value"] for t in expected["terms"]], rtol=1e-5, atol=1e-6
+        )
+    html = (out / "circuit.html").read_text(encoding="utf-8")
+    blob = re.search(r'<script type="application/json" id="circuit-data">(.*?)</script>', html, re.S).group(1)
+    assert "qk" in json.dumps(json.loads(blob))

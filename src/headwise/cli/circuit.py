@@ -188,6 +188,12 @@ def circuit(
     max_edges: Annotated[
         int, typer.Option("--max-edges", min=0, help="circuit.png: most edges drawn of the circuit and of the rest.")
     ] = 200,
+    qk_heads: Annotated[
+        int,
+        typer.Option(
+            "--qk-heads", min=0, help="circuit.html: the circuit's strongest heads shown with their QK attribution."
+        ),
+    ] = 20,
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
@@ -237,6 +243,7 @@ def circuit(
         )
     report = found.to_dict()
     report["prompts"] = prompts  # the texts as typed (the library, handed ids, lists the ids)
+    _add_qk(hm, report, ids["clean"][0], qk_heads)
     title = f"{hm.title}: {len(prompts)} prompt pair{'s' if len(prompts) > 1 else ''}, {method}, {metric}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,3 +278,36 @@ def circuit(
         + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
     )
     typer.echo(f"{found.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")
+
+
+def circuit_heads(report: dict, n: int) -> list[dict]:
+    """The circuit's head nodes, the ``n`` whose circuit edges (sent or received, the method's scores) weigh most."""
+    method, edges = report["method"], report["edges"]
+    weight: dict[str, float] = {}
+    for index in report["circuit"]["edges"]:
+        edge = edges[index]
+        score = abs(edge["scores"].get(method) or 0.0)
+        for end in (edge["sender"], edge["receiver"]):
+            weight[end] = weight.get(end, 0.0) + score
+    heads = [node for node in report["nodes"] if node["kind"] == "head" and node["id"] in weight]
+    return sorted(heads, key=lambda node: -weight[node["id"]])[:n]
+
+
+def _add_qk(hm, report: dict, ids: list[int], n: int) -> None:
+    """``node_details[head]["qk"]``: the QK attribution (:func:`headwise.circuits.qk_attribution`) of the circuit's
+    ``n`` strongest heads at the first clean prompt's last position (its top key), what the page shows on a click.
+    A structure the attribution does not read leaves the page without it, said in one line."""
+    from headwise.circuits import qk_attribution
+
+    heads = circuit_heads(report, n)
+    details = report.setdefault("node_details", {})
+    with stage_progress() as progress:
+        for done, node in enumerate(heads):
+            progress("QK attribution of the circuit's heads", done, len(heads))
+            try:
+                found = qk_attribution(hm, ids, node["layer"], node["head"], len(ids) - 1)
+            except ValueError as e:
+                typer.echo(f"circuit.html without QK attribution: {' '.join(str(e).split())}", err=True)
+                return
+            details.setdefault(node["id"], {})["qk"] = found.to_page()
+        progress("QK attribution of the circuit's heads", len(heads), len(heads))
