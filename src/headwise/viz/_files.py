@@ -7,8 +7,10 @@ half-written picture.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from headwise._io import atomic_write
@@ -61,3 +63,16 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int) -> Path:
     with atomic_write(path, "wb") as fh:
         fig.savefig(fh, format=fmt, dpi=dpi)
     return path
+
+
+def inline_page(stem: str, marker: str, payload: dict) -> str:
+    """An offline page: ``{stem}.html`` of this package with ``{stem}.js`` and ``payload`` (as JSON) inlined at its
+    ``/*__{marker}_JS__*/`` and ``/*__{marker}_DATA__*/`` comments. JSON inside ``<script>``: no ``<`` may appear
+    raw (no ``</script>``, no ``<!--``), so it is written ``\\u003c`` (the same string)."""
+    package = resources.files("headwise.viz")
+    template = (package / f"{stem}.html").read_text(encoding="utf-8")
+    script = (package / f"{stem}.js").read_text(encoding="utf-8")
+    blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+    if "</script" in script.lower():
+        raise ValueError(f"{stem}.js: the script must not contain '</script'")
+    return template.replace(f"/*__{marker}_DATA__*/", blob).replace(f"/*__{marker}_JS__*/", script)

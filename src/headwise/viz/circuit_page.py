@@ -22,14 +22,13 @@ inlined: no CDN, no network; the page opens straight from disk.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 
 from headwise._io import write_text_atomic
+from headwise.viz._files import inline_page
 from headwise.viz.circuit import INPUTS, check_circuit, circuit_layout, edge_scores
 
 __all__ = ["DEFAULT_EDGES", "circuit_page_payload", "render_circuit_page", "write_circuit_page"]
@@ -160,14 +159,7 @@ def circuit_page_payload(circuit, *, title: str | None = None, subtitle: str | N
 
 def render_circuit_page(payload: dict) -> str:
     """The whole HTML page for a :func:`circuit_page_payload` (template and script inlined)."""
-    package = resources.files("headwise.viz")
-    template = (package / "circuit_page.html").read_text(encoding="utf-8")
-    script = (package / "circuit_page.js").read_text(encoding="utf-8")
-    # JSON inside <script>: no "<" may appear raw (no "</script>", no "<!--"); \u003c is the same string.
-    blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    if "</script" in script.lower():
-        raise ValueError("circuit_page.js: the script must not contain '</script'")
-    return template.replace("/*__CIRCUIT_DATA__*/", blob).replace("/*__CIRCUIT_JS__*/", script)
+    return inline_page("circuit_page", "CIRCUIT", payload)
 
 
 def write_circuit_page(

@@ -32,17 +32,16 @@ Such a page's size does not depend on L: :func:`page_size_bound`.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import re
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from headwise._io import write_text_atomic
+from headwise.viz._files import inline_page
 
 __all__ = [
     "EXACT_UP_TO",
@@ -255,14 +254,7 @@ def headview_payload(
 
 def render_headview(payload: dict) -> str:
     """The whole HTML page for a :func:`headview_payload` (template and script inlined)."""
-    package = resources.files("headwise.viz")
-    template = (package / "headview.html").read_text(encoding="utf-8")
-    script = (package / "headview.js").read_text(encoding="utf-8")
-    # JSON inside <script>: no "<" may appear raw (no "</script>", no "<!--"); \u003c is the same string.
-    blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    if "</script" in script.lower():
-        raise ValueError("headview.js: the script must not contain '</script'")
-    return template.replace("/*__HEADVIEW_DATA__*/", blob).replace("/*__HEADVIEW_JS__*/", script)
+    return inline_page("headview", "HEADVIEW", payload)
 
 
 def write_headview(
