@@ -33,10 +33,9 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
-from headwise.circuits.graph import Graph, build_graph
-from headwise.circuits.paths import sender_changes
-from headwise.circuits.wiring import Wiring, wiring
-from headwise.patching.exact import check_pair
+from headwise.circuits.graph import Graph
+from headwise.circuits.paths import open_pair, sender_changes
+from headwise.circuits.wiring import Wiring
 from headwise.patching.metric import reads_last_position
 
 __all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores"]
@@ -130,13 +129,8 @@ def edge_attribution(
     """
     one_of("method", method, EDGE_METHODS)
     steps = positive_int("steps", steps) if method == "eap-ig" else 1
-    if not callable(metric):
-        raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
     t0 = time.perf_counter()
-    w = model if isinstance(model, Wiring) else wiring(model)
-    graph = build_graph(w)
-    c, x = check_pair(w.target, clean, corrupted)
-    last_only = reads_last_position(metric)
+    w, graph, c, x, last_only = open_pair(model, clean, corrupted, metric)
     with torch.no_grad():
         clean_logits, clean_raw = w.run(c, record=True, last_only=last_only)
         corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)

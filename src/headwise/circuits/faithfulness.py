@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
-from headwise.circuits.graph import Graph, build_graph
-from headwise.circuits.paths import sender_writes, stack_writes
-from headwise.circuits.wiring import Wiring, wiring
+from headwise.circuits.graph import Graph
+from headwise.circuits.paths import open_pair, sender_writes, stack_writes
+from headwise.circuits.wiring import Wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
 
@@ -123,12 +123,7 @@ def _order(scores: Tensor) -> list[int]:
 
 def _setup(model, clean, corrupted, metric, ablation, reference):
     one_of("ablation", ablation, ABLATIONS)
-    if not callable(metric):
-        raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
-    w = model if isinstance(model, Wiring) else wiring(model)
-    graph = build_graph(w)
-    c, x = check_pair(w.target, clean, corrupted)
-    last_only = reads_last_position(metric)
+    w, graph, c, x, last_only = open_pair(model, clean, corrupted, metric)
     clean_logits, _ = sender_writes(w, graph, c, last_only=last_only)
     corr_logits, a_corr = sender_writes(w, graph, x, last_only=last_only)
     if ablation == "corrupted":

@@ -197,14 +197,25 @@ def _run_jobs(w: Wiring, graph: Graph, base_ids: Tensor, parts: list, receivers:
     return (torch.cat(values).T if values else torch.empty(P, 0)), passes
 
 
-def _prepare(model, clean, corrupted, metric, direction):
-    one_of("direction", direction, DIRECTIONS)
+def open_pair(model, clean, corrupted, metric) -> tuple[Wiring, Graph, Tensor, Tensor, bool]:
+    """What every circuit tool starts from: ``(wiring, graph, clean (P, L), corrupted (P, L), last_only)`` — the
+    model's :class:`Wiring` (given, or traced by :func:`wiring`), its :class:`Graph`, the pair checked
+    (:func:`headwise.patching.exact.check_pair`) and whether ``metric`` reads the last position alone.
+
+    Raises:
+        TypeError: ``metric`` not callable; ValueError / TypeError: the pair (:func:`check_pair`), a structure not
+        traced (:func:`wiring`).
+    """
     if not callable(metric):
         raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
     w = model if isinstance(model, Wiring) else wiring(model)
-    graph = build_graph(w)
     c, x = check_pair(w.target, clean, corrupted)
-    last_only = reads_last_position(metric)
+    return w, build_graph(w), c, x, reads_last_position(metric)
+
+
+def _prepare(model, clean, corrupted, metric, direction):
+    one_of("direction", direction, DIRECTIONS)
+    w, graph, c, x, last_only = open_pair(model, clean, corrupted, metric)
     clean_logits, _, clean_w = sender_writes(w, graph, c, last_only=last_only, raw=True)
     corr_logits, _, corr_w = sender_writes(w, graph, x, last_only=last_only, raw=True)
     m_clean = metric(clean_logits).detach().float().cpu()
