@@ -125,3 +125,13 @@ def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama") -> 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_blob(folder: Path, name: str, *, seed: int):
+    """``(path, model, tokenizer)``: a tiny random Llama and its byte-level tokenizer written as the extension-less
+    GGUF blob ``folder / name`` (as Ollama names its blobs, ``sha256-…``)."""
+    tok = byte_level_tokenizer()
+    model = tiny_llama(tok.get_vocab_size(), seed=seed)
+    path = folder / name
+    write_gguf(path, model, tok)
+    return path, model, tok

@@ -17,17 +17,13 @@ pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
-from _gguf import SENTENCES, byte_level_tokenizer, tiny_llama, write_gguf  # noqa: E402
+from _gguf import SENTENCES, write_blob  # noqa: E402
 from headwise.models import gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    tok = byte_level_tokenizer()
-    model = tiny_llama(tok.get_vocab_size(), seed=5)
-    path = tmp_path_factory.mktemp("blobs") / "sha256-feedbeef"
-    write_gguf(path, model, tok)
-    return path, model, tok
+    return write_blob(tmp_path_factory.mktemp("blobs"), "sha256-feedbeef", seed=5)
 
 
 def _truncate(path, keep=0.5):

@@ -14,18 +14,14 @@ pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
-from _gguf import SENTENCES, byte_level_tokenizer, tiny_llama, write_gguf  # noqa: E402
+from _gguf import SENTENCES, byte_level_tokenizer, tiny_llama, write_blob, write_gguf  # noqa: E402
 from headwise.models import gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """(path of an extension-less GGUF blob, the model written, its tokenizer)."""
-    tok = byte_level_tokenizer()
-    model = tiny_llama(tok.get_vocab_size(), seed=3)
-    path = tmp_path_factory.mktemp("blobs") / "sha256-0123abcd"  # as Ollama names its blobs
-    write_gguf(path, model, tok)
-    return path, model, tok
+    return write_blob(tmp_path_factory.mktemp("blobs"), "sha256-0123abcd", seed=3)
 
 
 def _ids(tok, text=SENTENCES[0]):
