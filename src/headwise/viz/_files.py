@@ -76,3 +76,12 @@ def inline_page(stem: str, marker: str, payload: dict) -> str:
     if "</script" in script.lower():
         raise ValueError(f"{stem}.js: the script must not contain '</script'")
     return template.replace(f"/*__{marker}_DATA__*/", blob).replace(f"/*__{marker}_JS__*/", script)
+
+
+def layer_head_axes(ax, num_layers: int, num_heads: int) -> None:
+    """A layer × head map's axes: every head numbered along x, at most about 30 layer numbers along y."""
+    ax.set_xticks(range(num_heads), [str(x) for x in range(num_heads)], fontsize=6)
+    step = max(1, num_layers // 30)
+    ax.set_yticks(range(0, num_layers, step), [str(x) for x in range(0, num_layers, step)], fontsize=6)
+    ax.set_xlabel("head", fontsize=7)
+    ax.set_ylabel("layer", fontsize=7)

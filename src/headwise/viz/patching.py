@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from headwise.viz._files import HeatmapFile, save_figure
+from headwise.viz._files import HeatmapFile, layer_head_axes, save_figure
 
 __all__ = ["plot_patching"]
 
@@ -26,11 +26,7 @@ def _panel(fig, ax, values: np.ndarray, title: str, label: str) -> None:
     image = ax.imshow(v, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
     nl, h = v.shape
     ax.set_title(title, fontsize=9)
-    ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
-    step = max(1, nl // 30)
-    ax.set_yticks(range(0, nl, step), [str(x) for x in range(0, nl, step)], fontsize=6)
-    ax.set_xlabel("head", fontsize=7)
-    ax.set_ylabel("layer", fontsize=7)
+    layer_head_axes(ax, nl, h)
     if nl * h <= 300:
         for i in range(nl):
             for j in range(h):

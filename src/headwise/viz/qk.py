@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from headwise.viz._files import HeatmapFile, save_figure
+from headwise.viz._files import HeatmapFile, layer_head_axes, save_figure
 
 __all__ = ["plot_composition", "plot_qk", "shown_parts"]
 
@@ -121,11 +121,7 @@ def plot_composition(
         top = vmax if vmax is not None else (float(np.nanmax(v)) if np.isfinite(v).any() else 1.0)
         image = ax.imshow(v, cmap=cmap, vmin=vmin, vmax=top or 1.0, aspect="auto", interpolation="nearest")
         ax.set_title(label, fontsize=8)
-        ax.set_xticks(range(h), [str(x) for x in range(h)], fontsize=6)
-        step = max(1, nl // 30)
-        ax.set_yticks(range(0, nl, step), [str(x) for x in range(0, nl, step)], fontsize=6)
-        ax.set_xlabel("head", fontsize=7)
-        ax.set_ylabel("layer", fontsize=7)
+        layer_head_axes(ax, nl, h)
         fig.colorbar(image, ax=ax, shrink=0.8)
     if title:
         fig.suptitle(title, fontsize=10)
