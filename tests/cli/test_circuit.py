@@ -122,6 +122,7 @@ def test_an_answer_given_once_serves_every_pair(run_cli, folder, tmp_path):
     _same_circuit(report, _library(folder, [(*p, "mat", "tree") for p in pairs], exact_top=0))
 
 
+@pytest.mark.slow
 def test_exact_method_mean_ablation_and_probability(run_cli, folder, tmp_path):
     out = tmp_path / "out"
     extra = ("--method", "exact", "--ablation", "mean", "--metric", "prob", "--fraction", "0.5", "--batch-size", "7")

@@ -16,7 +16,7 @@ from _cli_helpers import assert_user_error  # noqa: E402
 from _decoders import save_decoder  # noqa: E402
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_composition_columns_and_summary(run_cli, tmp_path, family):
     from headwise.circuits import composition_scores, copying_scores, head_weights
     from headwise.models import open_model

@@ -93,6 +93,7 @@ def test_the_sign_of_the_scores_sets_the_colour(tmp_path):
     assert _ink(neg, "blue") > 500 and _ink(neg, "blue") > 5 * _ink(pos, "blue")
 
 
+@pytest.mark.slow
 def test_fewer_edges_draw_less_ink(tmp_path):
     d = make_circuit(layers=3, heads=4, kv_groups=2, keep=0)
     d["circuit"]["edges"], d["circuit"]["nodes"] = [], []

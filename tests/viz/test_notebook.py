@@ -70,6 +70,7 @@ NOTEBOOK_CELLS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)")
 def test_notebook_executes_and_its_html_renders_every_view(tmp_path):
