@@ -301,12 +301,13 @@ def _timeout(timeout_s: float | None) -> float:
 def _init(launch: Launch, timeout_s: float) -> None:
     """The default gloo group from torchrun's environment; an unreachable rendezvous → ValueError (one line).
 
-    The group's keys live under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>`` of the launch's store: torchrun's
-    static rendezvous (``--master-port``) keeps one store across ``--max-restarts``, where the dead attempt's
-    addresses would otherwise be read by the restarted ranks. Under torchrun the agent serves the store
-    (``TORCHELASTIC_USE_AGENT_STORE``); launched by hand, rank 0 serves it.
+    The group's keys live under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>`` of the launch's store
+    (:func:`headwise.distributed.attempt_store`: restarts of a static rendezvous do not read a dead attempt's
+    addresses).
     """
     import torch.distributed as dist
+
+    from headwise.distributed import attempt_store
 
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
@@ -314,18 +315,12 @@ def _init(launch: Launch, timeout_s: float) -> None:
     host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"MASTER_PORT: expected a port number 1 … 65535, got {port!r}")
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
         with _quiet_fd2():  # c10d logs each failed connection with a C++ stack to fd 2; the one line below says it
-            store = dist.TCPStore(
-                host, int(port), launch.world_size, is_master=launch.rank == 0 and not agent, timeout=timeout
-            )
-            dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"headwise/attempt-{attempt}", store), rank=launch.rank,
-                world_size=launch.world_size, timeout=timeout,
-            )  # fmt: skip
+            rank, world = launch.rank, launch.world_size
+            store = attempt_store(host, int(port), rank, world, timeout)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - DistStoreError, RuntimeError, TimeoutError: the rendezvous failed
         reason = " ".join(str(e).split())[:200]
         raise ValueError(
