@@ -55,10 +55,12 @@ def _open(folder):
 def decoder(tmp_path_factory):
     import torch
 
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two "ranks" on a shared machine; restored after the module
     root = tmp_path_factory.mktemp("imp")
     model, corpus = make_model(root / "model"), make_corpus(root / "corpus.txt", lines=12, seed=3)
-    return model, [line for line in corpus.read_text(errors="replace").splitlines() if line.strip()][:12]
+    yield model, [line for line in corpus.read_text(errors="replace").splitlines() if line.strip()][:12]
+    torch.set_num_threads(threads)
 
 
 def _batches(hm, lines, size):
