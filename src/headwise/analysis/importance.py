@@ -485,9 +485,9 @@ def head_importance(
             ``"ablation"`` and ``"pruning"`` in forward passes.
         reduce: a data-parallel run's reduction, ``reduce(sums (n,) float64) -> (n,)`` the sums over every process
             (e.g. an all-reduce; each process holds its own share of ``batches`` and ``eval_batches``): the
-            importance's, the objective's and every head set's sums and counts go through it before they are
-            divided — twice, since the pruning orders depend on the reduced importance and ablation. Default: one
-            process (no reduction).
+            importance's and the objective's sums and counts, then the single-head ablations' sums, then the pruning
+            sets' sums (their orders depend on the reduced importance and ablation) go through it before they are
+            divided (each sum this process's mean × its count, float64). Default: one process (no reduction).
     Returns:
         :class:`ImportanceResult`; ``sweep`` says what the engine ran (passes, copies per pass, memory budget,
         forward equivalents, seconds).
