@@ -454,6 +454,7 @@ def head_importance(
     copies: int | None = None,
     memory: int | None = None,
     progress: Progress | None = None,
+    reduce: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> ImportanceResult:
     """Importance, single-head ablation and pruning curves of every head of ``hm``.
 
@@ -482,6 +483,11 @@ def head_importance(
             :func:`ablation_objectives`; default: from the free memory).
         progress: ``progress(stage, done, total)``, called as work advances: ``"importance"`` in batches,
             ``"ablation"`` and ``"pruning"`` in forward passes.
+        reduce: a data-parallel run's reduction, ``reduce(sums (n,) float64) -> (n,)`` the sums over every process
+            (e.g. an all-reduce; each process holds its own share of ``batches`` and ``eval_batches``): the
+            importance's and the objective's sums and counts, then the single-head ablations' sums, then the pruning
+            sets' sums (their orders depend on the reduced importance and ablation) go through it before they are
+            divided (each sum this process's mean × its count, float64). Default: one process (no reduction).
     Returns:
         :class:`ImportanceResult`; ``sweep`` says what the engine ran (passes, copies per pass, memory budget,
         forward equivalents, seconds).
@@ -523,6 +529,15 @@ def head_importance(
     else:
         base, tokens = objective(hm, eval_batches, scored=scored)
         importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
+    local_tokens = tokens
+    if reduce is not None:  # this process's sums and counts → every process's, then divided
+        r = reduce(np.concatenate([importance.ravel() * sequences, [sequences, base * tokens, tokens]]))
+        sequences, tokens = int(round(r[n])), int(round(r[n + 2]))
+        importance, base = r[:n].reshape(nl, h) / max(sequences, 1), float(r[n + 1]) / max(tokens, 1)
+
+    def pooled(values: np.ndarray) -> np.ndarray:  # token-weighted means over every process's share
+        return values if reduce is None else reduce(values * local_tokens) / max(tokens, 1)
+
     if not math.isfinite(base):
         raise ValueError(f"the intact model's objective is not finite ({base})")
     norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
@@ -553,7 +568,7 @@ def head_importance(
             progress(stage, i + 1, len(sets))
         return values
 
-    ablation = measure_all([(flat,) for flat in range(n)], "ablation") - base
+    ablation = pooled(measure_all([(flat,) for flat in range(n)], "ablation")) - base
 
     steps = pruning_steps(n, points)
     orders = {
@@ -568,7 +583,7 @@ def head_importance(
         for k in steps:
             if k > 0:
                 sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
-    measured = measure_all(list(sets), "pruning")
+    measured = pooled(measure_all(list(sets), "pruning"))
     curves: dict[str, np.ndarray] = {}
     for name, order in orders.items():
         curves[name] = np.array(

@@ -245,9 +245,10 @@ def heads(
         raise CLIError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if queries_only and (hm is None or hm.kind != "decoder"):
         raise CLIError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
-    if corpus is not None and study.launched() and (hm is None or hm.kind != "decoder"):
-        raise CLIError("--corpus: under torchrun the documents are split across ranks for decoders only; run an "
-                       "encoder in one process")  # fmt: skip
+    if corpus is not None and study.launched() and model == "untrained":
+        raise CLIError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
+                       "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
+                       "process")  # fmt: skip
     if hm is not None and hm.kind == "decoder":
         _decoder(hm, opts)
         return
@@ -270,10 +271,17 @@ def _encoder(hm, opts: study.HeadsOptions) -> None:
     title = enc.title
     extra = {"model": title}
     report = None
-    if corpus_path is not None:
+    ranked = None  # under torchrun: the importance measured across the ranks
+    if corpus_path is not None and study.launched():  # torchrun: the documents (and --importance's lines) split
+        reader, _ = study.encoder_texts(opts, warn=_warn if _first_rank() else (lambda m: None))
+        report, ranked = _encoder_across_ranks(hm, enc, opts)
+        if report is None:  # not rank 0: rank 0 prints and writes
+            return
+    elif corpus_path is not None:
         reader, total = study.encoder_texts(opts, warn=_warn)
         with corpus_progress(total) as progress:
             report = study.encoder_report(reader, enc, opts.batch_size, warn=_warn, progress=progress)
+    if corpus_path is not None:
         extra["corpus"] = {
             "path": str(corpus_path),
             "sentences": report.num_sentences,
@@ -300,7 +308,7 @@ def _encoder(hm, opts: study.HeadsOptions) -> None:
             raise CLIError("--importance: the untrained block has no objective to measure; pass --model")
         texts = study.importance_texts(opts)
         batches = study.importance_batches(hm, texts, None, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
-        result, columns, more = _run_importance(hm, batches, opts, title, extra)
+        result, columns, more = _run_importance(hm, batches, opts, title, extra, ranked=ranked)
         console.print(_importance_line(result))
     try:
         paths = write_heads_outputs(
@@ -327,20 +335,26 @@ def _print_roles(console, report) -> None:
     console.print("roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1])))
 
 
-def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: dict):
-    """:func:`headwise.study.run_importance` under a progress bar, then ``pruning.png`` / ``pruning.csv``; the run's
-    summary goes into ``extra``. Returns ``(result, columns for heads.json / heads.csv, paths)``."""
-    units = {"importance": "importance (batches)", "ablation": "ablation (passes)", "pruning": "pruning (passes)"}
-    with stage_progress() as bar:
-        result = study.run_importance(
-            hm, batches, seed=opts.seed, progress=lambda stage, done, total: bar(units.get(stage, stage), done, total)
-        )
+def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: dict, *, ranked=None):
+    """:func:`headwise.study.run_importance` under a progress bar (``ranked``: the result measured across ranks
+    instead), then ``pruning.png`` / ``pruning.csv``; the run's summary goes into ``extra``. Returns ``(result,
+    columns for heads.json / heads.csv, paths)``."""
+    result = ranked
+    if result is None:
+        with stage_progress() as bar:
+            result = study.run_importance(hm, batches, seed=opts.seed, progress=_importance_bar(bar))
     try:
         paths = write_pruning(result, opts.out, title)
     except OSError as e:
         raise write_failed("--out", opts.out, e) from None
     extra["importance"] = study.importance_summary(result)
     return result, study.importance_columns(result), paths
+
+
+def _importance_bar(bar, suffix: str = ""):
+    """``progress(stage, done, total)`` of the importance run drawn on ``bar`` (a stage progress)."""
+    units = {"importance": "importance (batches)", "ablation": "ablation (passes)", "pruning": "pruning (passes)"}
+    return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 
 
 def _importance_line(result) -> str:
@@ -418,10 +432,11 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         scope = "this text"
     else:
         scope = f"its probe ({probe.batch} × {probe.total_length} random tokens)"
+    ranked = None  # under torchrun: the importance measured across the ranks
     if texts is None:  # the probe alone: no bars
         found = study.decoder_heads(hm, opts, plan, None, warn=_warn)
-    elif corpus_path is not None and study.launched():  # torchrun: the documents split across ranks
-        found = _across_ranks(hm, opts, plan)
+    elif corpus_path is not None and study.launched():  # torchrun: the documents (and --importance's lines) split
+        found, ranked = _across_ranks(hm, opts, plan)
         if found is None:  # not rank 0: rank 0 prints and writes
             return
     else:
@@ -447,7 +462,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     if opts.importance:
         lines = study.importance_texts(opts)
         batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
-        result, columns, more = _run_importance(hm, batches, opts, title, extra)
+        result, columns, more = _run_importance(hm, batches, opts, title, extra, ranked=ranked)
         console.print(_importance_line(result))
     if opts.composition:
         columns, more = _composition(hm, out, title, extra, columns, more)
@@ -524,25 +539,72 @@ def _composition_line(summary: dict) -> str:
     return f"composition (weights): strongest K-composition {pairs}; copying scores in heads.json, composition.png"
 
 
-def _across_ranks(hm, opts: study.HeadsOptions, plan):
-    """Under torchrun: the corpus's documents split across ranks (:func:`headwise.study.corpus_heads`, resumable from
-    ``--out``'s shards). Rank 0 gets the found heads, the other ranks None."""
+def _first_rank() -> bool:
     import os
 
-    first = os.environ.get("RANK") == "0"
-    with stage_progress() if first else contextlib.nullcontext() as stage:
-        progress = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
-        try:
-            run = study.corpus_heads(hm, opts, plan, warn=_warn, progress=progress)
-        except study.CollectiveTimeout as e:
-            raise CLIError(str(e)) from None
+    return os.environ.get("RANK") == "0"
+
+
+def _across_ranks(hm, opts: study.HeadsOptions, plan):
+    """Under torchrun: the corpus's documents split across ranks (:func:`headwise.study.corpus_heads`, resumable from
+    ``--out``'s shards), and ``--importance``'s batches too (:func:`headwise.study.importance_across_ranks`), in one
+    gloo group. Returns ``(found heads, importance result or None)`` on rank 0, ``(None, None)`` on the others."""
+    return _ranked(hm, opts, lambda progress: study.corpus_heads(hm, opts, plan, warn=_warn, progress=progress),
+                   plan.probe)  # fmt: skip
+
+
+def _encoder_across_ranks(hm, enc, opts: study.HeadsOptions):
+    """:func:`_across_ranks` for an encoder (:func:`headwise.study.encoder_corpus`). Returns ``(report, importance
+    result or None)`` on rank 0, ``(None, None)`` on the others."""
+
+    def corpus(progress):
+        return study.encoder_corpus(enc, hm.model, hm.tokenizer, opts, warn=_warn, progress=progress)
+
+    return _ranked(hm, opts, corpus, None)
+
+
+def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
+    """``corpus(progress)`` (a :class:`~headwise.study.CorpusRun`), then ``--importance`` across the ranks, in one
+    gloo group initialised from torchrun's environment; rank 0 prints what the ranks did."""
+    first = _first_rank()
+    study.init_group()
+    try:
+        with stage_progress() if first else contextlib.nullcontext() as stage:
+            progress = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
+            run = corpus(progress)
+            ranked = None
+            if opts.importance:
+                lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
+                batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
+                bar = None if stage is None else _importance_bar(stage, ", rank 0")
+                ranked = study.importance_across_ranks(hm, batches, seed=opts.seed, progress=bar)
+    except study.CollectiveTimeout as e:
+        raise CLIError(str(e)) from None
+    finally:
+        _leave_group()
     if run.heads is None:
-        return None
+        return None, None
     _console().print(
         f"{run.world_size} ranks, {run.documents} documents; rank 0: {len(run.computed)} shard(s) computed, "
         f"{len(run.resumed)} resumed from {opts.out / 'shards'}"
     )
-    return run.heads
+    if ranked is not None:
+        _console().print(_ranked_line(ranked))
+    return run.heads, None if ranked is None else ranked.result
+
+
+def _ranked_line(ranked) -> str:
+    return (
+        f"importance across {ranked.world_size} ranks: rank 0 measured {len(ranked.batches)} of the batches; "
+        f"{ranked.payload_bytes:,} bytes all-reduced"
+    )
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:

@@ -2,7 +2,8 @@
 
 - ``headwise lab induction --out DIR [--seed N]``: a 2-layer attention-only model learns in-context
   copying; writes the checkpoint (``model.safetensors`` + ``config.json``), ``summary.json`` and
-  ``training.png``. Exit status 1 when the held-out loss on the second copy misses the target.
+  ``training.png``. Exit status 1 when the held-out loss on the second copy misses the target. ``--seeds A,B,…``:
+  one run per seed, their summaries in ``induction_seeds.json`` / ``.csv``.
 - ``headwise lab heads-vs-one --out DIR [--full]``: 1, 2, 4, 8 heads at equal width and parameters, the
   learning rate tuned per head count on tuning seeds, 8 evaluation seeds, two synthetic tasks and a
   character-level language model; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
@@ -10,12 +11,16 @@
   importance, by measured ablation and at random); writes ``pruning.csv`` and ``pruning.png`` as
   ``headwise heads --importance`` does (one code path, one schema), and ``importance.json``.
 
+Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set), ``heads-vs-one`` and ``induction --seeds`` deal their runs across
+the ranks (one gloo group from torchrun's environment); rank 0 writes the same files as one process.
+
 Every output folder appears whole or not at all (written beside it, then renamed): Ctrl-C leaves nothing
 half-written. The progress bars live here; the lab reports through callbacks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -88,6 +93,25 @@ class _Bar:
         self.progress.update(self.task, advance=1, loss=note)
 
 
+@contextlib.contextmanager
+def _ranks():
+    """Under torchrun (``RANK`` / ``WORLD_SIZE`` set): the gloo group initialised from its environment for the block
+    (destroyed after it); yields ``(rank, world_size)``, or None outside a launch."""
+    from headwise import study
+
+    if not study.launched():
+        yield None
+        return
+    import torch.distributed as dist
+
+    launch = study.init_group()
+    try:
+        yield launch.rank, launch.world_size
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def _json(data) -> str:
     return json.dumps(data, indent=2, default=lambda o: list(o) if isinstance(o, tuple) else str(o)) + "\n"
 
@@ -98,17 +122,35 @@ def induction(
     seed: Annotated[int, typer.Option("--seed", help="Seeds the initialisation, the data and the probes.")] = 0,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default: the measured set-up).")] = None,
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            "--seeds",
+            help="Comma-separated seeds, one run each: their summaries in induction_seeds.json / .csv (no "
+            "checkpoints); under torchrun the seeds are dealt across the ranks.",
+        ),
+    ] = None,
 ) -> None:
     """Grow induction heads in a 2-layer attention-only model (a few minutes on 2 cores).
 
     Judged on held-out random sequences in which a segment of 8-24 tokens appears twice at random
-    places: the loss on the second copy must be at most 0.3 · ln V (exit status 1 otherwise).
+    places: the loss on the second copy must be at most 0.3 · ln V (exit status 1 otherwise; with --seeds, when
+    any seed misses it).
     """
     _positive("--steps", steps)
     _positive("--threads", threads)
     if seed < 0:
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
+    chosen = _seed_list(seeds, seed)
     out = _out_folder(out)
+    if chosen is not None:
+        _induction_seeds(out, chosen, steps, threads)
+        return
+    from headwise import study
+
+    if study.launched():
+        raise CLIError("--seeds: under torchrun expected --seeds A,B,… (one run per seed, dealt across the ranks); "
+                       "a single --seed runs in one process")  # fmt: skip
 
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.lab.induction import InductionSetup, run_induction
@@ -147,6 +189,68 @@ def induction(
         f"phase change by step {s['phase_change_step']}"
     )
     if not s["passed"]:
+        raise typer.Exit(1)
+
+
+def _seed_list(seeds: str | None, seed: int) -> list[int] | None:
+    """``--seeds A,B,…`` as integers ≥ 0 (None when not given); with ``--seed`` other than 0: refused."""
+    if seeds is None:
+        return None
+    try:
+        chosen = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        chosen = []
+    if not chosen or min(chosen) < 0:
+        raise CLIError(f"--seeds: expected comma-separated non-negative integers, got {seeds!r}")
+    if seed != 0:
+        raise CLIError(f"--seed: {seed} given with --seeds; expected one of the two")
+    return chosen
+
+
+_SEED_COLUMNS = [
+    "seed", "passed", "loss_repeated", "repeated_over_ln_v", "phase_change_step", "previous_token_heads",
+    "induction_heads", "seconds",
+]  # fmt: skip
+
+
+def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: int) -> None:
+    """``lab induction --seeds``: one run per seed (:func:`headwise.lab.induction.run_induction_seeds`; under
+    torchrun dealt across the ranks), the summaries written by rank 0; exit status 1 when a seed misses the target."""
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.induction import InductionSetup, run_induction_seeds
+
+    setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
+    with _ranks() as place:
+        first = place is None or place[0] == 0
+        note = f", rank 0's share of {place[1]} ranks" if place else ""
+        with _Bar(f"induction, {len(seeds)} seeds{note}", len(seeds), unit="runs") if first else (
+            contextlib.nullcontext()
+        ) as bar:  # fmt: skip
+
+            def on_run(summary):
+                bar.advance(f"seed {summary['seed']}: {'pass' if summary['passed'] else 'FAIL'}")
+
+            runs = run_induction_seeds(setup, seeds, num_threads=threads, on_run=on_run if first else None)
+    if not first:
+        return
+    rows = [
+        {**{k: s[k] for k in ("seed", "passed", "phase_change_step", "seconds")},
+         "loss_repeated": s["final"]["loss_repeated"], "repeated_over_ln_v": s["final"]["repeated_over_ln_v"],
+         "previous_token_heads": " ".join(s["previous_token_heads"]), "induction_heads": " ".join(s["induction_heads"])}
+        for s in runs
+    ]  # fmt: skip
+    with atomic_folder(out) as tmp:
+        data = {"experiment": "induction", "steps": setup.steps, "seeds": seeds, "runs": runs}
+        write_text_atomic(tmp / "induction_seeds.json", _json(data))
+        write_text_atomic(tmp / "induction_seeds.csv", _csv(rows, _SEED_COLUMNS))
+    shown = f"{place[1]} ranks" if place else "one process"
+    typer.echo(f"wrote {out}/ (induction_seeds.json, induction_seeds.csv): {len(seeds)} seeds, {shown}")
+    for r in rows:
+        typer.echo(
+            f"  seed {r['seed']}: second-copy loss {r['loss_repeated']:.3f} nats = {r['repeated_over_ln_v']:.3f} "
+            f"· ln V ({'pass' if r['passed'] else 'FAIL'}); induction heads: {r['induction_heads'] or 'none'}"
+        )
+    if not all(r["passed"] for r in rows):
         raise typer.Exit(1)
 
 
@@ -189,7 +293,9 @@ def heads_vs_one(
     heads: Annotated[str, typer.Option("--heads", help="Comma-separated head counts compared.")] = "1,2,4,8",
     full: Annotated[bool, typer.Option("--full", help="16 evaluation seeds, 2 tuning seeds, twice the steps.")] = False,
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
-    workers: Annotated[int, typer.Option("--workers", help="Runs trained at once, one process each.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Runs trained at once, one process each (under torchrun: one per rank).")
+    ] = 2,
 ) -> None:
     """Compare 1, 2, 4 and 8 heads at equal width and parameter count, learning rate tuned per head count
     (about 6 minutes on 2 free cores; --full about four times that).
@@ -229,13 +335,20 @@ def heads_vs_one(
 
     n_tune = sum(len(setup.budget(t).lrs) for t in setup.tasks) * len(setup.heads) * setup.tuning_seeds
     total = n_tune + len(setup.tasks) * len(setup.heads) * setup.seeds
-    with _Bar(f"heads vs one: {n_tune} tuning + {total - n_tune} evaluation runs", total, unit="runs") as bar:
+    with _ranks() as place:  # torchrun: the runs dealt across the ranks, rank 0 draws its share and writes
+        mode, shown = ("ranks", f"{place[1]} ranks") if place else (workers, f"{workers} worker(s)")
+        first = place is None or place[0] == 0
+        note = f", rank 0's share of {place[1]} ranks" if place else ""
+        title = f"heads vs one: {n_tune} tuning + {total - n_tune} evaluation runs{note}"
+        with _Bar(title, total, unit="runs") if first else contextlib.nullcontext() as bar:
 
-        def on_run(run, done, total_runs):
-            what = run["accuracy"] if run["task"] != "language" else run["loss"]
-            bar.advance(f"last: {run['phase']} {run['task']} H={run['heads']} seed {run['seed']} {what:.3f}")
+            def on_run(run, done, total_runs):
+                what = run["accuracy"] if run["task"] != "language" else run["loss"]
+                bar.advance(f"last: {run['phase']} {run['task']} H={run['heads']} seed {run['seed']} {what:.3f}")
 
-        result = run_heads_vs_one(setup, on_run=on_run, num_threads=threads, workers=workers)
+            result = run_heads_vs_one(setup, on_run=on_run if first else None, num_threads=threads, workers=mode)
+    if not first:
+        return
     table = result["table"]
     with atomic_folder(out) as tmp:
         write_text_atomic(tmp / "heads_vs_one.json", _json(result))
@@ -248,7 +361,7 @@ def heads_vs_one(
         )
     typer.echo(
         f"wrote {out}/ (heads_vs_one.json, .csv, .png) in {result['wall_seconds']:.0f} s "
-        f"(training time summed over the runs: {result['seconds']:.0f} s, {workers} worker(s))"
+        f"(training time summed over the runs: {result['seconds']:.0f} s, {shown})"
     )
     for task, by in table.items():
         key = "loss" if task == "language" else "accuracy"

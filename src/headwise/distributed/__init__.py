@@ -6,11 +6,13 @@
   through :func:`ring_attention`.
 - :func:`parallelize_attention` — tensor parallelism: whole heads per rank through DTensor
   (``ColwiseParallel`` Wq/Wk/Wv, ``RowwiseParallel`` Wo, as in Megatron-LM and torchtitan).
+- :func:`init_from_env`, :func:`attempt_store`, :func:`shutdown` — the process group from torchrun's environment,
+  its keys apart for each restart attempt.
 
 Tested on CPU with gloo; written for NCCL on GPUs (see docs/distributed.md).
 """
 
-from headwise.distributed._group import init_from_env, shutdown
+from headwise.distributed._group import attempt_store, init_from_env, shutdown
 from headwise.distributed.context_parallel import ContextParallelAttention
 from headwise.distributed.kernels import CpuFlashKernel, CudaEfficientKernel, CudaFlashKernel, MathKernel
 from headwise.distributed.ring import (
@@ -30,6 +32,7 @@ __all__ = [
     "CudaEfficientKernel",
     "CudaFlashKernel",
     "MathKernel",
+    "attempt_store",
     "gather_sequence",
     "init_from_env",
     "parallelize_attention",

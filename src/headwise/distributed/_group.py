@@ -62,7 +62,9 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
         backend: ``"gloo"`` or ``"nccl"``; None: NCCL when CUDA is available, else gloo.
         timeout_s: seconds a collective may wait; default ``HEADWISE_DIST_TIMEOUT`` or 120.
     Returns:
-        ``(rank, world_size)``. On NCCL the current CUDA device is set to ``LOCAL_RANK``.
+        ``(rank, world_size)``. On NCCL the current CUDA device is set to ``LOCAL_RANK``. The group's keys live under
+        the restart attempt's prefix of the launch's store (:func:`attempt_store`), so ``torchrun --max-restarts K``
+        with a static rendezvous restarts cleanly.
     Raises:
         RuntimeError: a variable is missing (not launched by torchrun).
     """
@@ -81,8 +83,25 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device_id = torch.device("cuda", local)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = attempt_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
     return dist.get_rank(), dist.get_world_size()
+
+
+def attempt_store(host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The launch's TCP store, its keys under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>``.
+
+    torchrun's static rendezvous (``--master-port``) keeps one store across ``--max-restarts``, where a dead
+    attempt's addresses would otherwise be read by the restarted ranks (gloo then fails to connect); each attempt's
+    group therefore keeps its keys apart. Under torchrun the agent serves the store
+    (``TORCHELASTIC_USE_AGENT_STORE=True``); launched by hand, rank 0 serves it (as ``init_method="env://"`` does).
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent, timeout=timeout)
+    return dist.PrefixStore(f"headwise/attempt-{attempt}", store)
 
 
 def shutdown() -> None:

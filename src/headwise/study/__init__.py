@@ -16,7 +16,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
 - :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
   :func:`parse_queries`, :func:`first_lines` — what the model is fed.
 - :func:`corpus_heads` → :class:`CorpusRun` — a decoder's corpus statistics across the ranks of a ``torchrun`` launch
-  (shards dealt by tokens, saved and resumed, one all-reduce); :func:`init_group`, :func:`deal`,
+  (shards dealt by tokens, saved and resumed, one all-reduce); :func:`encoder_corpus`, the same for an encoder;
+  :func:`importance_across_ranks` → :class:`ImportanceRun`, ``--importance``'s batches split; :func:`init_group`,
+  :func:`deal`,
   :func:`all_gather_json` — the launcher's plumbing the lab shares.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
@@ -38,6 +40,7 @@ _MODULES = {
     "headwise.study.distributed": [
         "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "all_gather_json",
         "assign_shards", "corpus_heads", "deal", "init_group", "launched", "plan_shards", "weights_sha256",
+        "ImportanceRun", "encoder_corpus", "importance_across_ranks",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",

@@ -55,6 +55,7 @@ __all__ = [
     "FORMAT",
     "CollectiveTimeout",
     "CorpusRun",
+    "ImportanceRun",
     "Launch",
     "Shard",
     "ShardStore",
@@ -62,6 +63,8 @@ __all__ = [
     "assign_shards",
     "corpus_heads",
     "deal",
+    "encoder_corpus",
+    "importance_across_ranks",
     "init_group",
     "launched",
     "plan_shards",
@@ -263,7 +266,8 @@ class CorpusRun:
     """What :func:`corpus_heads` did on this rank.
 
     Attributes:
-        heads: rank 0: the :class:`~headwise.study.DecoderHeads` (report and example); other ranks: None.
+        heads: rank 0: the :class:`~headwise.study.DecoderHeads` (report and example; :func:`encoder_corpus`: the
+            :class:`~headwise.analysis.HeadReport`); other ranks: None.
         rank, world_size: this process's place.
         shards: this rank's shard indices; computed / resumed: those it computed / loaded from the store.
         documents: the corpus's D documents; truncated: those cut to the context (every rank's).
@@ -297,12 +301,13 @@ def _timeout(timeout_s: float | None) -> float:
 def _init(launch: Launch, timeout_s: float) -> None:
     """The default gloo group from torchrun's environment; an unreachable rendezvous → ValueError (one line).
 
-    The group's keys live under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>`` of the launch's store: torchrun's
-    static rendezvous (``--master-port``) keeps one store across ``--max-restarts``, where the dead attempt's
-    addresses would otherwise be read by the restarted ranks. Under torchrun the agent serves the store
-    (``TORCHELASTIC_USE_AGENT_STORE``); launched by hand, rank 0 serves it.
+    The group's keys live under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>`` of the launch's store
+    (:func:`headwise.distributed.attempt_store`: restarts of a static rendezvous do not read a dead attempt's
+    addresses).
     """
     import torch.distributed as dist
+
+    from headwise.distributed import attempt_store
 
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
@@ -310,18 +315,12 @@ def _init(launch: Launch, timeout_s: float) -> None:
     host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"MASTER_PORT: expected a port number 1 … 65535, got {port!r}")
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
         with _quiet_fd2():  # c10d logs each failed connection with a C++ stack to fd 2; the one line below says it
-            store = dist.TCPStore(
-                host, int(port), launch.world_size, is_master=launch.rank == 0 and not agent, timeout=timeout
-            )
-            dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"headwise/attempt-{attempt}", store), rank=launch.rank,
-                world_size=launch.world_size, timeout=timeout,
-            )  # fmt: skip
+            rank, world = launch.rank, launch.world_size
+            store = attempt_store(host, int(port), rank, world, timeout)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - DistStoreError, RuntimeError, TimeoutError: the rendezvous failed
         reason = " ".join(str(e).split())[:200]
         raise ValueError(
@@ -440,6 +439,124 @@ def _unpack(vector, layout) -> dict:
     return out
 
 
+@dataclass
+class _Sums:
+    """One rank's shards added (:func:`_shard_sums`), then reduced over the ranks in place (:func:`_reduce_sums`)."""
+
+    vector: object  # (n,) float64 torch tensor: the packed sums
+    layout: list
+    computed: list[int]
+    resumed: list[int]
+    compute_seconds: float
+    slowest_seconds: float = 0.0
+    reduce_seconds: float = 0.0
+
+
+def _shard_sums(store: ShardStore, shards, mine, compute, expected: set, widen, progress) -> _Sums:
+    """This rank's shards ``mine`` added: each loaded from ``store`` (when it holds ``expected``'s keys), else
+    ``compute(shard)`` and saved; ``widen(state)`` brings every shard to the reduced shape first."""
+    started = time.perf_counter()
+    total = None
+    computed, resumed = [], []
+    for done, k in enumerate(mine, start=1):
+        state = store.load(k)
+        if state is not None and set(state) != expected:  # not this run's sums: computed again, never trusted
+            state = None
+        if state is None:
+            state = compute(shards[k])
+            store.save(k, state)
+            computed.append(k)
+        else:
+            resumed.append(k)
+        state = widen(state)
+        total = state if total is None else {key: total[key] + state[key] for key in total}
+        if progress is not None:
+            progress(done, len(mine))
+    vector, layout = _pack(total)
+    return _Sums(vector, layout, computed, resumed, time.perf_counter() - started)
+
+
+def _reduce_sums(sums: _Sums, timeout_s: float) -> None:
+    """The monitored barrier, then one float64 all-reduce of ``sums.vector`` (in place) and of the slowest rank's
+    compute time."""
+    import torch
+    import torch.distributed as dist
+
+    reached = time.perf_counter()
+    _barrier(timeout_s)
+    dist.all_reduce(sums.vector, op=dist.ReduceOp.SUM)
+    sums.reduce_seconds = time.perf_counter() - reached
+    slowest = torch.tensor([sums.compute_seconds], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    sums.slowest_seconds = float(slowest)
+
+
+def _clean(store: ShardStore) -> None:
+    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
+
+    for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
+        stale.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _group(timeout_s: float):
+    """``(rank, world_size)`` in the default group: the one initialised, or one initialised from torchrun's
+    environment for the block (and destroyed after it)."""
+    import torch.distributed as dist
+
+    own = not dist.is_initialized()
+    if own:
+        launch = Launch.from_env()
+        if launch is None:
+            raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
+        _init(launch, timeout_s)  # as init_group, with the message naming the other way in
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        if own and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _open_store(model, options: HeadsOptions, docs: list[str], tokens: list[int], kind: str, extra: dict):
+    """The checks every rank makes before a corpus run (the same corpus and weights on every rank, at most one rank a
+    document and a shard, the store's manifest), refused together; then the store (its manifest written) and the
+    shards. Returns ``(store, shards)``."""
+    import torch.distributed as dist
+
+    from headwise.models.gguf import file_sha256
+
+    world, corpus = dist.get_world_size(), options.corpus_path
+    corpus_hash, model_hash = file_sha256(corpus), weights_sha256(model)
+    _agree("--corpus (SHA-256 of the file)", corpus_hash)
+    _agree("--model (SHA-256 of the weights)", model_hash)
+    problem = None
+    if world > len(docs):
+        problem = f"WORLD_SIZE: {world} ranks for {len(docs)} document(s) in '{corpus}'; expected at most one each"
+    shards = plan_shards(tokens, options.batch_size)
+    if problem is None and len(shards) < world:
+        fit = max(1, len(docs) // world)
+        problem = (
+            f"--batch-size: {len(shards)} shard(s) of {options.batch_size} documents for {world} ranks; "
+            f"expected --batch-size ≤ {fit}"
+        )
+    manifest = {
+        "format": FORMAT,
+        "kind": kind,
+        "model_sha256": model_hash,
+        "corpus_sha256": corpus_hash,
+        "documents": len(docs),
+        "batch_size": options.batch_size,
+        **extra,
+        "shards": len(shards),
+    }
+    store = ShardStore(Path(options.out) / "shards", manifest)
+    if problem is None:
+        problem = store.mismatch()
+    _refuse_together(problem)
+    store.write_manifest()
+    return store, shards
+
+
 def corpus_heads(
     hm,
     options: HeadsOptions,
@@ -466,13 +583,10 @@ def corpus_heads(
         ValueError: on every rank, naming what is wrong (see the module's text). CollectiveTimeout: a stalled rank.
     """
     import torch
-    import torch.distributed as dist
 
-    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
     from headwise.analysis import CorpusFile, DecoderStats
     from headwise.analysis.streaming import read_rows
     from headwise.models import TruncationWarning
-    from headwise.models.gguf import file_sha256
     from headwise.study.decoder import DecoderHeads, example_view, probe_detectors
     from headwise.study.inputs import text_batches
 
@@ -481,86 +595,34 @@ def corpus_heads(
     if hm.kind != "decoder":
         raise ValueError(f"--model: a distributed corpus run reads a decoder's heads, got a {hm.kind}")
     timeout_s = _timeout(timeout_s)
-    own_group = not dist.is_initialized()
-    if own_group:
-        launch = Launch.from_env()
-        if launch is None:
-            raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
-        _init(launch, timeout_s)  # as init_group, with the message naming the other way in
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
+    with _group(timeout_s) as (rank, world):
         corpus = options.corpus_path
         docs = list(CorpusFile(corpus))
-        corpus_hash, model_hash = file_sha256(corpus), weights_sha256(hm.model)
-        _agree("--corpus (SHA-256 of the file)", corpus_hash)
-        _agree("--model (SHA-256 of the weights)", model_hash)
-        problem = None
-        if world > len(docs):
-            problem = f"WORLD_SIZE: {world} ranks for {len(docs)} document(s) in '{corpus}'; expected at most one each"
         tokens = [min(len(e.ids), hm.max_length) for e in hm.tokenizer.encode_batch(docs)] if docs else []
-        shards = plan_shards(tokens, options.batch_size)
-        if problem is None and len(shards) < world:
-            fit = max(1, len(docs) // world)
-            problem = (
-                f"--batch-size: {len(shards)} shard(s) of {options.batch_size} documents for {world} ranks; "
-                f"expected --batch-size ≤ {fit}"
-            )
-        manifest = {
-            "format": FORMAT,
-            "kind": "decoder-heads",
-            "model_sha256": model_hash,
-            "corpus_sha256": corpus_hash,
-            "documents": len(docs),
-            "batch_size": options.batch_size,
-            "block_size": options.block_size,
-            "max_length": hm.max_length,
-            "shards": len(shards),
-        }
-        store = ShardStore(Path(options.out) / "shards", manifest)
-        if problem is None:
-            problem = store.mismatch()
-        _refuse_together(problem)
-        store.write_manifest()
+        extra = {"block_size": options.block_size, "max_length": hm.max_length}
+        store, shards = _open_store(hm.model, options, docs, tokens, "decoder-heads", extra)
         mine = assign_shards(shards, world)[rank]
         longest = max(tokens) if tokens else 1  # the histogram's width all-reduced: ±(longest − 1)
-        started = time.perf_counter()
-        total = None
-        computed, resumed = [], []
         expected = set(DecoderStats(hm.num_layers, hm.num_heads, max_length=1).state()) | {"truncated"}
-        for done, k in enumerate(mine, start=1):
-            state = store.load(k)
-            if state is not None and set(state) != expected:  # not this run's sums: computed again, never trusted
-                state = None
-            if state is None:
-                s = shards[k]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", TruncationWarning)  # counted, reported once by rank 0
-                    enc = hm.encode(docs[s.start : s.stop])  # the batch a one-process run reads
-                # the offset histogram as wide as the shard's longest document (widened when the shards are added)
-                stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=enc.ids.shape[1])
-                read_rows(
-                    hm, enc.ids, enc.mask, head_stats=stats.heads, detector_stats=stats.detectors,
-                    block_size=options.block_size,
-                )  # fmt: skip
-                state = stats.state()
-                state["truncated"] = torch.tensor(float(sum(enc.truncated)), dtype=torch.float64)
-                store.save(k, state)
-                computed.append(k)
-            else:
-                resumed.append(k)
-            state = _widen(state, longest)
-            total = state if total is None else {key: total[key] + state[key] for key in total}
-            if progress is not None:
-                progress(done, len(mine))
-        vector, layout = _pack(total)
-        computed_at = time.perf_counter()
-        _barrier(timeout_s)
-        dist.all_reduce(vector, op=dist.ReduceOp.SUM)
-        reduced_at = time.perf_counter()
-        slowest = torch.tensor([computed_at - started], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
-            stale.unlink(missing_ok=True)
+
+        def compute(s: Shard) -> dict:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TruncationWarning)  # counted, reported once by rank 0
+                enc = hm.encode(docs[s.start : s.stop])  # the batch a one-process run reads
+            # the offset histogram as wide as the shard's longest document (widened when the shards are added)
+            stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=enc.ids.shape[1])
+            read_rows(
+                hm, enc.ids, enc.mask, head_stats=stats.heads, detector_stats=stats.detectors,
+                block_size=options.block_size,
+            )  # fmt: skip
+            state = stats.state()
+            state["truncated"] = torch.tensor(float(sum(enc.truncated)), dtype=torch.float64)
+            return state
+
+        sums = _shard_sums(store, shards, mine, compute, expected, lambda st: _widen(st, longest), progress)
+        vector, layout = sums.vector, sums.layout
+        _reduce_sums(sums, timeout_s)
+        _clean(store)
         summed = _unpack(vector, layout)
         truncated = int(round(float(summed.pop("truncated"))))
         heads = None
@@ -575,9 +637,168 @@ def corpus_heads(
             example = example_view(hm, ids, mask, queries=plan.queries, block_size=options.block_size)
             heads = DecoderHeads(report, example)
         return CorpusRun(
-            heads, rank, world, mine, computed, resumed, len(docs), truncated, vector.numel() * vector.element_size(),
-            computed_at - started, float(slowest), reduced_at - computed_at,
+            heads, rank, world, mine, sums.computed, sums.resumed, len(docs), truncated,
+            vector.numel() * vector.element_size(), sums.compute_seconds, sums.slowest_seconds, sums.reduce_seconds,
         )  # fmt: skip
-    finally:
-        if own_group and dist.is_initialized():
-            dist.destroy_process_group()
+
+
+def encoder_corpus(
+    enc,
+    model,
+    tokenizer,
+    options: HeadsOptions,
+    *,
+    warn: Callable[[str], None],
+    progress: Callable[[int, int], None] | None = None,
+    timeout_s: float | None = None,
+) -> CorpusRun:
+    """An encoder's corpus statistics (:func:`headwise.study.encoder_report`'s) on every rank of a torchrun launch.
+
+    As :func:`corpus_heads`: the corpus's documents cut into the shards of ``--batch-size`` consecutive documents a
+    one-process run reads, dealt by token count, each shard's :class:`~headwise.analysis.HeadStats` sums saved as it
+    finishes (``OUT/shards``, resumed on a restart), one float64 all-reduce; rank 0 adds the sums and computes the
+    report (the Jensen–Shannon rows of a sentence depend on that sentence alone, so the union over ranks is the
+    one-process sample). The same refusals, with the manifest's ``kind`` ``"encoder-heads"``.
+
+    Args:
+        enc: the :class:`~headwise.study.EncoderAttend` (``attend``, NL, H, ``max_length``); model: its module (the
+            weights hashed); tokenizer: a ``tokenizers.Tokenizer`` (token counts, for the balance only).
+        options, warn, progress, timeout_s: as :func:`corpus_heads` (``warn``, rank 0: lines truncated, all ranks).
+    Returns:
+        the :class:`CorpusRun`, its ``heads`` the :class:`~headwise.analysis.HeadReport` on rank 0 (None elsewhere).
+    """
+    import torch
+
+    from headwise.analysis import CorpusFile, HeadStats
+    from headwise.models import TruncationWarning
+
+    if options.corpus is None:
+        raise ValueError("--corpus: expected a corpus file (a distributed run splits its documents)")
+    timeout_s = _timeout(timeout_s)
+    n = enc.max_length
+    with _group(timeout_s) as (rank, world):
+        docs = list(CorpusFile(options.corpus_path))
+        tokens = [min(len(e.ids), n) for e in tokenizer.encode_batch(docs)] if docs else []
+        store, shards = _open_store(model, options, docs, tokens, "encoder-heads", {"max_length": n})
+        mine = assign_shards(shards, world)[rank]
+        expected = set(HeadStats(enc.num_layers, enc.num_heads, max_length=n).state()) | {"truncated"}
+
+        def compute(s: Shard) -> dict:
+            stats = HeadStats(enc.num_layers, enc.num_heads, max_length=n)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TruncationWarning)
+                stats.update(*enc.attend(docs[s.start : s.stop]))  # the batch a one-process run reads
+            cut = sum(issubclass(w.category, TruncationWarning) for w in caught)
+            for w in caught:
+                if not issubclass(w.category, TruncationWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return stats.state() | {"truncated": torch.tensor(float(cut), dtype=torch.float64)}
+
+        sums = _shard_sums(store, shards, mine, compute, expected, lambda state: state, progress)
+        _reduce_sums(sums, timeout_s)
+        _clean(store)
+        summed = _unpack(sums.vector, sums.layout)
+        truncated = int(round(float(summed.pop("truncated"))))
+        report = None
+        if rank == 0:
+            stats = HeadStats(enc.num_layers, enc.num_heads, max_length=n)
+            stats.add_state(summed)
+            if truncated:
+                warn(f"--corpus: {truncated} line(s) longer than {n} tokens were truncated to {n}")
+            report = stats.result()
+        return CorpusRun(
+            report, rank, world, mine, sums.computed, sums.resumed, len(docs), truncated,
+            sums.vector.numel() * sums.vector.element_size(), sums.compute_seconds, sums.slowest_seconds,
+            sums.reduce_seconds,
+        )  # fmt: skip
+
+
+@dataclass
+class ImportanceRun:
+    """What :func:`importance_across_ranks` did on this rank.
+
+    Attributes:
+        result: the :class:`~headwise.analysis.importance.ImportanceResult` of every rank's batches (the same on
+            every rank; its ``sweep`` counts this rank's passes, with ``ranks`` added).
+        rank, world_size: this process's place; batches: this rank's batch indices.
+        payload_bytes: bytes of the three float64 vectors all-reduced (N + 3, N single-head ablations, the distinct
+            pruning sets; N = NL · H).
+        seconds: this rank's time in the call (waiting included).
+    """
+
+    result: object
+    rank: int
+    world_size: int
+    batches: list[int]
+    payload_bytes: int
+    seconds: float
+
+
+def importance_across_ranks(
+    hm,
+    batches: Sequence,
+    *,
+    seed: int,
+    scored: str | None = None,
+    random_orders: int = 3,
+    points: int = 33,
+    mode: str = "zero",
+    copies: int | None = None,
+    memory: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    timeout_s: float | None = None,
+) -> ImportanceRun:
+    """Michel et al.'s importance, each head's ablation and the pruning curves
+    (:func:`headwise.analysis.head_importance`) with ``batches`` dealt across the ranks of a torchrun launch.
+
+    Call it on every rank with the same model and the same ``batches`` (the one-process run's: each rank measures
+    whole batches, dealt by padded size ``B · L``, the largest first to the least loaded rank). Two phases: the
+    importance's and the objective's sums and counts, then every single-head ablation's, are all-reduced (float64);
+    every rank then orders the heads by the same reduced numbers, measures the pruning curves' head sets on its
+    batches, and those sums are all-reduced too. Each reduction waits at a monitored barrier first (a stalled rank
+    is named: :class:`CollectiveTimeout`). Equal to the one-process run up to the order of the float64 additions.
+    The default gloo group is initialised from torchrun's environment when none is (and destroyed at the end).
+
+    Args:
+        hm: a :class:`~headwise.models.HeadModel`; batches: as :func:`~headwise.analysis.head_importance` (the
+            objective is measured on them too).
+        seed, scored, random_orders, points, mode, copies, memory, progress: as
+            :func:`~headwise.analysis.head_importance` (``progress``: this rank's share).
+        timeout_s: the collectives' timeout (see the module's text).
+    Returns:
+        the :class:`ImportanceRun`.
+    Raises:
+        ValueError: on every rank: fewer batches than ranks, ranks that opened different weights.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from headwise.analysis import head_importance
+
+    timeout_s = _timeout(timeout_s)
+    started = time.perf_counter()
+    with _group(timeout_s) as (rank, world):
+        _agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
+        problem = None
+        if len(batches) < world:
+            problem = (
+                f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {world} ranks; expected at "
+                "least one a rank (a smaller --batch-size)"
+            )
+        _refuse_together(problem)
+        mine = deal([float(b[0].numel()) for b in batches], world)[rank]
+        sent = []
+
+        def reduce(values: np.ndarray) -> np.ndarray:
+            vector = torch.from_numpy(np.array(values, dtype=np.float64))
+            _barrier(timeout_s)
+            dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+            sent.append(vector.numel() * vector.element_size())
+            return vector.numpy()
+
+        result = head_importance(
+            hm, [batches[i] for i in mine], scored=scored, random_orders=random_orders, seed=seed, points=points,
+            mode=mode, copies=copies, memory=memory, progress=progress, reduce=reduce,
+        )  # fmt: skip
+        result.sweep["ranks"] = world
+        return ImportanceRun(result, rank, world, mine, sum(sent), time.perf_counter() - started)
