@@ -58,13 +58,17 @@ __all__ = [
     "Launch",
     "Shard",
     "ShardStore",
+    "agree",
     "all_gather_json",
     "assign_shards",
+    "barrier",
     "corpus_heads",
     "deal",
     "init_group",
     "launched",
     "plan_shards",
+    "rank_group",
+    "refuse_together",
     "weights_sha256",
 ]
 
@@ -392,6 +396,48 @@ def _refuse_together(problem: str | None) -> None:
     for r, p in enumerate(problems):
         if p:
             raise ValueError(p if p == (problem or "") else f"rank {r}: {p}")
+
+
+@contextlib.contextmanager
+def rank_group(timeout_s: float | None = None):
+    """For the other runs on the launcher (the sweeps of :mod:`headwise.study.dist_sweeps`): the default gloo group
+    initialised from torchrun's environment unless one is (then used as it is, and kept), destroyed at the end.
+    Yields ``(rank, world size, timeout in seconds)`` (the timeout resolved as :func:`corpus_heads` does).
+
+    Raises:
+        ValueError: not launched and no group, a bad timeout, an unreachable rendezvous (one line).
+    """
+    import torch.distributed as dist
+
+    timeout_s = _timeout(timeout_s)
+    own = not dist.is_initialized()
+    if own:
+        launch = Launch.from_env()
+        if launch is None:
+            raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
+        _init(launch, timeout_s)
+    try:
+        yield dist.get_rank(), dist.get_world_size(), timeout_s
+    finally:
+        if own and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def agree(what: str, value: str) -> None:
+    """ValueError on every rank unless every rank holds the same ``value`` (a hash: the message names each rank's
+    first 12 characters and ``what``)."""
+    _agree(what, value)
+
+
+def refuse_together(problem: str | None) -> None:
+    """Every rank raises the first rank's refusal (ValueError, one line), so no rank waits alone in a collective;
+    nothing when no rank has one."""
+    _refuse_together(problem)
+
+
+def barrier(timeout_s: float) -> None:
+    """Every rank arrives, or :class:`CollectiveTimeout` naming the ranks that did not (gloo's monitored barrier)."""
+    _barrier(timeout_s)
 
 
 def _barrier(timeout_s: float) -> None:
