@@ -82,6 +82,24 @@ def test_plan_sweep_cuts_the_one_process_batches(setup):
     assert [s.cost for s in shards[:3]] == [3 * 2, 3 * 2, 2 * 1]
 
 
+def test_patch_heads_on_a_subset_of_heads(setup):
+    """The head-subset entry: the chosen heads' values are the full sweep's (in batches of the subset: float32
+    rounding of rows in other batches, 1e-5), every other head NaN, the passes those of the subset's batches."""
+    _, hm, c, x, answer, wrong = setup
+    metric = logit_difference(answer, wrong)
+    full = patch_heads(hm, c, x, metric, batch_size=3)
+    part = patch_heads(hm, c, x, metric, batch_size=2, heads=[(1, 3), (0, 1), (1, 0)])
+    chosen = torch.zeros(2, 4, dtype=torch.bool)
+    chosen[1, 3] = chosen[0, 1] = chosen[1, 0] = True
+    assert bool(part.patched[:, ~chosen].isnan().all()) and not bool(part.patched[:, chosen].isnan().any())
+    torch.testing.assert_close(part.patched[:, chosen], full.patched[:, chosen], rtol=0, atol=1e-5)
+    assert part.passes == 2 + 2 and part.rows == 2 * 3 + 3 * 3
+    same = patch_heads(hm, c, x, metric, batch_size=3, heads={0: [0, 1, 2]})  # the full sweep's first batch
+    _same(same.patched[:, 0, :3], full.patched[:, 0, :3])
+    with pytest.raises(ValueError, match="head"):
+        patch_heads(hm, c, x, metric, heads=[(0, 4)])
+
+
 def test_patch_across_one_rank_equals_one_process_and_resumes(setup, tmp_path, world_of_one):
     _, hm, c, x, answer, wrong = setup
     metric = logit_difference(answer, wrong)

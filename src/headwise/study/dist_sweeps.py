@@ -68,10 +68,11 @@ def plan_sweep(target, length: int, chosen: Sequence[tuple[int, int]], batch_siz
     :func:`headwise.patching.patch_heads` and :func:`headwise.patching.patch_positions`)."""
     from headwise import checks
     from headwise.analysis.batched import start_layer
+    from headwise.patching import head_jobs, position_jobs
 
     checks.positive_int("batch_size", batch_size)
-    heads = [(layer, head, None) for layer in range(target.num_layers) for head in range(target.heads_per_layer[layer])]
-    positions = [(layer, head, t) for layer, head in chosen for t in range(length)]
+    heads = [(p.layer, p.head, None) for [p] in head_jobs(target)]
+    positions = [(p.layer, p.head, p.positions[0]) for [p] in position_jobs(target, chosen, length)] if chosen else []
     shards: list[SweepShard] = []
     for kind, jobs in (("heads", heads), ("positions", positions)):
         for a in range(0, len(jobs), batch_size):
@@ -275,9 +276,8 @@ def patch_across_ranks(
 
     from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
     from headwise.checks import one_of
-    from headwise.patching import DIRECTIONS, Patching, as_target, run_patched
-    from headwise.patching.exact import Patch, check_pair, prepare
-    from headwise.patching.metric import reads_last_position
+    from headwise.patching import DIRECTIONS, Patch, Patching, as_target, run_batch
+    from headwise.patching.exact import check_pair, prepare
     from headwise.study.distributed import (
         ShardStore,
         agree,
@@ -334,7 +334,6 @@ def patch_across_ranks(
         prepared = None
         values: dict[int, list] = {}
         computed, resumed = [], []
-        last_only = reads_last_position(metric)
         P = c.shape[0]
         for done, k in enumerate(mine, start=1):
             shard, got = shards[k], store.load(k) if store is not None else None
@@ -345,8 +344,7 @@ def patch_across_ranks(
                     prepared = prepare(target, c, x, metric, direction)
                 _, base, source = prepared[:3]
                 jobs = [[Patch(layer, head, None if t is None else (t,))] for layer, head, t in shard.jobs]
-                logits = run_patched(target, base, source, jobs, last_only=last_only)
-                got = {"values": metric(logits).detach().float().reshape(len(jobs), P).cpu()}  # (J, P)
+                got = {"values": run_batch(target, base, source, metric, jobs)}  # (J, P): a one-process batch
                 if store is not None:
                     store.save(k, got)
                 computed.append(k)
