@@ -21,6 +21,11 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 ``circuit.png`` (:func:`headwise.viz.circuit.plot_circuit`) and ``circuit.html``
 (:func:`headwise.viz.circuit_page.write_circuit_page`, offline: click a node for its pattern and direct effect).
 
+Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
+(:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
+the same top edges and rank 0 writes the one-process files (to float32 rounding). More ranks than pairs is refused.
+See ``docs/distributed.md``.
+
 Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
 all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
 identical answer and wrong tokens, a malformed pairs file — is one line on stderr and exit status 2, before

@@ -14,6 +14,11 @@ Writes into ``--out`` (the folder appears whole or not at all): ``patching.json`
 patched metric and its normalised effect per layer and head, the attribution), ``patching.csv`` (one row per
 part) and ``patching.png`` (the layer × head maps).
 
+Under ``torchrun --nproc-per-node P -m headwise patch …`` the exact sweep's batches are dealt to the ranks
+(:func:`headwise.study.patch_across_ranks`): rank 0 writes the same files as one process (the same batches, so the
+same numbers) and ``--out/shards`` keeps each batch's values, so a restarted or repeated run with the same options
+computes only what is missing. ``--method attribution`` runs on rank 0 alone. See ``docs/distributed.md``.
+
 ``--model``: a model folder, a GGUF file or a bundled name (``smollm2``) that :func:`headwise.models.open_model`
 opens and that is a decoder (a Hugging Face causal LM on headwise's backend, a lab checkpoint). ``TOKEN`` must
 encode to exactly one token, as typed (for byte-level BPE, " Mary" with its leading space is one token). Bad
