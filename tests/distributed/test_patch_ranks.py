@@ -202,6 +202,40 @@ def test_two_ranks_equal_one_process(setup, two_ranks):
         assert first["payload_bytes"] == second["payload_bytes"] > 0
 
 
+@pytest.mark.slow
+def test_a_killed_rank_restarts_without_recomputing_and_equals(setup, tmp_path):
+    """Rank 1 kills itself (SIGKILL) after its second shard; torchrun (``--max-restarts 1``) restarts both ranks,
+    which load every shard saved before the kill (its file untouched) and compute the rest; the result equals the
+    one-process sweep."""
+    folder, hm, c, x, answer, wrong = setup
+    heads = [(1, 2), (0, 1)]
+    torch.save({"clean": c, "corrupted": x, "answer": answer, "wrong": wrong, "heads": heads}, tmp_path / "cases.pt")
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--monitor-interval", "0.2", "--master-port", str(free_port()),
+         str(Path(__file__).parent / "workers" / "patch_restart_worker.py"), str(folder), str(out),
+         str(tmp_path / "cases.pt")],
+        env=_env(), capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log
+    saved = json.loads(log.split("attempt 0 rank 1 saved ")[1].splitlines()[0])
+    done: dict[int, tuple[list, list]] = {}
+    for r in (0, 1):
+        line = log.split(f"attempt 1 rank {r} computed ")[1].splitlines()[0]
+        computed, resumed = line.split(" resumed ")
+        done[r] = (json.loads(computed), json.loads(resumed))
+    every = sorted(k for r in done for part in done[r] for k in part)
+    assert every == list(range(len(study.plan_sweep(hm, c.shape[1], heads, 1))))  # each shard once
+    assert set(saved) <= set(done[0][1] + done[1][1])  # the killed rank's saved shards are resumed, not recomputed
+    result = torch.load(out / "result.pt", weights_only=False)
+    metric = logit_difference(answer, wrong)
+    _same(result["patched"], patch_heads(hm, c, x, metric, batch_size=1).patched, TOL)
+    _same(result["positions"], patch_positions(hm, c, x, metric, heads, batch_size=1), TOL)
+    assert not list((out / "shards").glob(".*.tmp"))
+
+
 # -- the command under torchrun ---------------------------------------------------------------------------------
 
 
