@@ -24,7 +24,7 @@ from headwise.circuits.composition import (
 # -- paths, edges and faithfulness (docs/circuits.md) --
 from headwise.circuits.edges import EDGE_METHODS, EdgeScores, edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, Faithfulness, faithfulness, smallest_circuit
-from headwise.circuits.find import CIRCUIT_METHODS, find_circuit
+from headwise.circuits.find import CIRCUIT_METHODS, PairShard, find_circuit
 from headwise.circuits.graph import Edge, Graph, Node, build_graph
 from headwise.circuits.metrics import METRICS, AnswerProbability, KLToClean, make_metric
 from headwise.circuits.paths import PathPatching, patch_edges, path_patch
@@ -45,6 +45,7 @@ __all__ = [
     "KLToClean",
     "METRICS",
     "Node",
+    "PairShard",
     "PathPatching",
     "Wiring",
     "build_graph",

@@ -121,7 +121,11 @@ def _order(scores: Tensor) -> list[int]:
     return torch.argsort(scores.abs(), descending=True, stable=True).tolist()
 
 
-def _setup(model, clean, corrupted, metric, ablation, reference):
+def _all_pairs(values: Tensor) -> Tensor:
+    return values
+
+
+def _setup(model, clean, corrupted, metric, ablation, reference, gather_pairs=_all_pairs):
     one_of("ablation", ablation, ABLATIONS)
     w, graph, c, x, last_only = open_pair(model, clean, corrupted, metric)
     clean_logits, _ = sender_writes(w, graph, c, last_only=last_only)
@@ -133,8 +137,8 @@ def _setup(model, clean, corrupted, metric, ablation, reference):
         if ref.shape[1] != c.shape[1]:
             raise ValueError(f"reference: expected inputs of {c.shape[1]} tokens (the prompts'), got {ref.shape[1]}")
         ablated = sender_writes(w, graph, ref)[1].mean(0, keepdim=True)  # (1, S, L, D)
-    m_clean = float(metric(clean_logits).float().mean())
-    m_corr = float(metric(corr_logits).float().mean())
+    m_clean = float(gather_pairs(metric(clean_logits).float()).mean())
+    m_corr = float(gather_pairs(metric(corr_logits).float()).mean())
     return _Ablator(w, graph, c, ablated, metric), m_clean, m_corr
 
 
@@ -150,6 +154,7 @@ def faithfulness(
     reference=None,
     batch_size: int = 8,
     progress: Progress | None = None,
+    gather_pairs: Callable[[Tensor], Tensor] = _all_pairs,
 ) -> Faithfulness:
     """The metric recovered by the top-n edges (by ``|scores|``) alone, for each n of ``sizes``.
 
@@ -161,11 +166,15 @@ def faithfulness(
         reference: token ids ``(R, L)`` for the mean (default: the clean and corrupted inputs together).
         batch_size: circuits per forward pass.
         progress: ``fn(done, total)`` after each batch.
+        gather_pairs: ``fn(values (P', …)) -> (P, …)``: this call's pairs' values → every pair's, in pair order
+            (default: as they are). A run whose prompt pairs are split across processes passes the gathering of
+            every process's share (:class:`headwise.circuits.PairShard`), so that every mean over the pairs — the
+            clean, corrupted and ablated metrics, the curve — is the mean over all of them.
     Returns:
-        :class:`Faithfulness`.
+        :class:`Faithfulness` (``metric``: every pair's, ``(P, len(sizes))``).
     """
     batch_size = positive_int("batch_size", batch_size)
-    ab, m_clean, m_corr = _setup(model, clean, corrupted, metric, ablation, reference)
+    ab, m_clean, m_corr = _setup(model, clean, corrupted, metric, ablation, reference, gather_pairs)
     E = len(ab.graph.edges)
     if not isinstance(scores, Tensor) or scores.shape != (E,):
         got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
@@ -186,7 +195,7 @@ def faithfulness(
         values.append(ab.run(kept))
         if progress is not None:
             progress(min(start + batch_size, len(sizes)), len(sizes))
-    metric_n = torch.cat(values, 1)  # (P, len(sizes))
+    metric_n = gather_pairs(torch.cat(values, 1))  # (P, len(sizes))
     means = metric_n.mean(0)
     ablated = float(means[sizes.index(0)])
     gap = m_clean - ablated
@@ -195,12 +204,20 @@ def faithfulness(
 
 
 def smallest_circuit(
-    model, clean, corrupted, metric, curve: Faithfulness, fraction: float, *, reference=None
+    model,
+    clean,
+    corrupted,
+    metric,
+    curve: Faithfulness,
+    fraction: float,
+    *,
+    reference=None,
+    gather_pairs: Callable[[Tensor], Tensor] = _all_pairs,
 ) -> tuple[int, float]:
     """The fewest top edges (in ``curve.order``) whose circuit recovers at least ``fraction``: the first grid
     size of ``curve`` that does, then bisection between it and the grid size before (assumes the recovered
-    fraction grows with n between those two sizes). Returns ``(n, recovered)``; ``(E, 1.0)``-like when only
-    the whole graph does.
+    fraction grows with n between those two sizes; ``gather_pairs`` as :func:`faithfulness`). Returns
+    ``(n, recovered)``; ``(E, 1.0)``-like when only the whole graph does.
 
     Raises:
         ValueError: ``fraction`` not in (0, 1].
@@ -213,7 +230,7 @@ def smallest_circuit(
         return curve.sizes[-1], rec[-1]
     if hit == 0:
         return curve.sizes[0], rec[0]
-    ab, _, _ = _setup(model, clean, corrupted, metric, curve.ablation, reference)
+    ab, _, _ = _setup(model, clean, corrupted, metric, curve.ablation, reference, gather_pairs)
     E = len(ab.graph.edges)
     rank = torch.empty(E, dtype=torch.long)
     rank[torch.tensor(curve.order)] = torch.arange(E)
@@ -221,7 +238,7 @@ def smallest_circuit(
     gap = curve.clean_metric - curve.ablated_metric
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        r = (float(ab.run(rank[None, :] < mid).mean()) - curve.ablated_metric) / gap
+        r = (float(gather_pairs(ab.run(rank[None, :] < mid)).mean()) - curve.ablated_metric) / gap
         if r >= fraction:
             hi, best = mid, r
         else:

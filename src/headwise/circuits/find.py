@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -22,11 +23,29 @@ from headwise.circuits.result import Circuit
 from headwise.circuits.wiring import wiring
 from headwise.patching.metric import LogitDifference
 
-__all__ = ["CIRCUIT_METHODS", "find_circuit", "spearman"]
+__all__ = ["CIRCUIT_METHODS", "PairShard", "find_circuit", "spearman"]
 
 CIRCUIT_METHODS = ("eap", "eap-ig", "exact")
 #: ``progress(stage, done, total)``, stage one of "attribution", "exact", "faithfulness", "circuit"
 Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PairShard:
+    """This process's share of the prompt pairs, in a run split across processes (one ``find_circuit`` call on each,
+    every call handed all P pairs; :func:`headwise.study.circuit_across_ranks` builds it on ``torch.distributed``).
+
+    Attributes:
+        indices: the pairs this process computes (ascending indices into the P pairs; at least one).
+        gather: ``fn(values (len(indices), …)) -> (P, …)``: every process's values of its own pairs, put in pair
+            order — a collective: every process calls it at the same points with tensors of the same trailing shape.
+        main: whether this process builds the parts of the result read from the first pair alone
+            (``node_details``); the other processes leave them empty.
+    """
+
+    indices: tuple[int, ...]
+    gather: Callable[[Tensor], Tensor]
+    main: bool = True
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
@@ -137,6 +156,7 @@ def find_circuit(
     exact_top: int = 20,
     progress: Progress | None = None,
     batch_size: int | None = None,
+    pairs: PairShard | None = None,
 ) -> Circuit:
     """Find the edges that carry a behaviour from a set of prompt pairs, check them, and keep a faithful circuit.
 
@@ -161,6 +181,11 @@ def find_circuit(
         exact_top: edges patched exactly beside the estimate (0: none).
         progress: ``fn(stage, done, total)``, stage ``"attribution"``, ``"exact"``, ``"faithfulness"``.
         batch_size: jobs per forward pass (default 16 for exact patching, 8 for faithfulness).
+        pairs: this process's share of the pairs when the run is split across processes (:class:`PairShard`):
+            every per-pair value (the edges' scores, the exact patches, the curve's and the bisection's metrics) is
+            computed on its pairs and gathered before any mean, so every process holds the one-process means and
+            chooses the same top edges; the result equals the one-process run's up to the float32 rounding of
+            rows run in batches of another size. None: every pair here.
     Returns:
         :class:`~headwise.circuits.Circuit` (``to_dict()`` is ``circuit.json``).
     Raises:
@@ -192,6 +217,15 @@ def find_circuit(
     a_ids, a_shown = _answer_ids("answer", answer, P, target)
     w_ids, w_shown = _answer_ids("wrong", wrong, P, target)
     c, x = c.to(target.device), x.to(target.device)
+    gather, reference, main = _all_pairs, None, True
+    c_all, x_all, a_all, w_all = c, x, a_ids, w_ids
+    if pairs is not None:
+        mine = _shard_indices(pairs, P)
+        gather, main = pairs.gather, pairs.main
+        if ablation == "mean":  # the mean over every pair's clean and corrupted runs, as one process takes it
+            reference = torch.cat([c, x])
+        c, x = c[mine], x[mine]
+        a_ids, w_ids = [a_ids[p] for p in mine], [w_ids[p] for p in mine]
     clean_last = None
     if metric == "kl":
         with torch.no_grad():
@@ -205,29 +239,32 @@ def find_circuit(
     if method == "exact":
         graph = build_graph(w)
         ex = patch_edges(w, c, x, fn, graph.edges, batch_size=exact_batch, progress=stage("attribution"))
-        scores = ex.effect
+        scores = _effect(ex, gather)
         exact = {e: float(v) for e, v in enumerate(scores)}
         agreement = None
     else:
         est = edge_attribution(w, c, x, fn, method=method, steps=steps, progress=stage("attribution"))
-        graph, scores = est.graph, est.scores
+        graph, scores = est.graph, gather(est.per_pair).mean(0)  # (E,): est.scores, over every pair
         exact, agreement = {}, None
         if exact_top:
-            top = est.top(min(exact_top, len(graph.edges)))
+            top = torch.argsort(scores.abs(), descending=True, stable=True)[: min(exact_top, len(graph.edges))]
+            top = top.tolist()  # EdgeScores.top of the scores over every pair: the same edges on every process
             ex = patch_edges(
                 w, c, x, fn, [graph.edges[e] for e in top], batch_size=exact_batch, progress=stage("exact")
             )
-            exact = {e: float(v) for e, v in zip(top, ex.effect)}
+            effect = _effect(ex, gather)
+            exact = {e: float(v) for e, v in zip(top, effect)}
             if len(top) >= 2:
                 k = max(1, min(10, len(top) // 2))
-                a, b = scores[top], ex.effect
+                a, b = scores[top], effect
                 ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
                 tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
                 agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
     curve = faithfulness(
-        w, c, x, fn, scores, ablation=ablation, batch_size=batch_size or 8, progress=stage("faithfulness")
-    )
-    n, recovered = smallest_circuit(w, c, x, fn, curve, fraction)
+        w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
+        progress=stage("faithfulness"), gather_pairs=gather,
+    )  # fmt: skip
+    n, recovered = smallest_circuit(w, c, x, fn, curve, fraction, reference=reference, gather_pairs=gather)
     kept = sorted(curve.order[:n])
     nodes = sorted({graph.edges[e].sender for e in kept} | {graph.edges[e].receiver for e in kept})
     edges = []
@@ -236,6 +273,7 @@ def find_circuit(
         if e in exact:
             s["exact"] = exact[e]
         edges.append({"sender": edge.sender, "receiver": edge.receiver, "input": edge.input, "scores": s})
+    c, x = c_all, x_all
     prompts = [
         {"clean": c_shown[p], "corrupted": x_shown[p], "answer": a_shown[p], "wrong": w_shown[p]} for p in range(P)
     ]
@@ -259,9 +297,28 @@ def find_circuit(
             "ablated_metric": curve.ablated_metric,
         },
         circuit={"fraction": float(fraction), "edges": kept, "nodes": nodes, "recovered": _finite(recovered)},
-        node_details=_node_details(target, graph, c[:1], a_ids[0], w_ids[0]),
+        node_details=_node_details(target, graph, c_all[:1], a_all[0], w_all[0]) if main else {},
         seconds=time.perf_counter() - t0,
     )
+
+
+def _all_pairs(values: Tensor) -> Tensor:
+    return values
+
+
+def _shard_indices(pairs: PairShard, P: int) -> list[int]:
+    """A :class:`PairShard`'s indices, checked against the P pairs."""
+    if not isinstance(pairs, PairShard):
+        raise TypeError(f"pairs: expected a PairShard or None, got {type(pairs).__name__}")
+    mine = list(pairs.indices)
+    if not mine or mine != sorted(set(mine)) or not all(isinstance(p, int) and 0 <= p < P for p in mine):
+        raise ValueError(f"pairs: expected ascending distinct pair indices in 0 … {P - 1}, got {mine}")
+    return mine
+
+
+def _effect(ex, gather) -> Tensor:
+    """``(J,)`` the exact patches' patched − base over every pair (:attr:`PathPatching.effect` after ``gather``)."""
+    return (gather(ex.patched) - gather(ex.base)[:, None]).mean(0)
 
 
 def _finite(v: float) -> float | None:

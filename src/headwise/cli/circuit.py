@@ -21,6 +21,11 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 ``circuit.png`` (:func:`headwise.viz.circuit.plot_circuit`) and ``circuit.html``
 (:func:`headwise.viz.circuit_page.write_circuit_page`, offline: click a node for its pattern and direct effect).
 
+Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
+(:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
+the same top edges and rank 0 writes the one-process files (to float32 rounding). More ranks than pairs is refused.
+See ``docs/distributed.md``.
+
 Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
 all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
 identical answer and wrong tokens, a malformed pairs file — is one line on stderr and exit status 2, before
@@ -29,7 +34,9 @@ anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -199,6 +206,7 @@ def circuit(
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
     import torch
 
+    from headwise import study
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.circuits import find_circuit
     from headwise.viz.circuit import plot_circuit
@@ -225,22 +233,33 @@ def circuit(
     hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
     ids = encode_pairs(hm, prompts, source)
 
-    with stage_progress() as progress:
-        found = find_circuit(
-            hm,
-            torch.tensor(ids["clean"]),  # (P, L), encoded and checked above, as the model reads them
-            torch.tensor(ids["corrupted"]),
-            answer=ids["answer"],
-            wrong=ids["wrong"],
-            method=method,
-            steps=steps,
-            metric=metric,
-            ablation=ablation,
-            fraction=fraction,
-            exact_top=exact_top,
-            progress=lambda stage, done, total: progress(STAGES.get(stage, stage), done, total),
-            batch_size=batch_size,
-        )
+    across = study.launched()  # under torchrun: the prompt pairs split across ranks
+    first = not across or os.environ["RANK"] == "0"
+    options = dict(
+        method=method, steps=steps, metric=metric, ablation=ablation, fraction=fraction, exact_top=exact_top,
+        batch_size=batch_size,
+    )  # fmt: skip
+    with stage_progress() if first else contextlib.nullcontext() as progress:
+        shown = None
+        if progress is not None:
+            shown = lambda stage, done, total: progress(STAGES.get(stage, stage), done, total)  # noqa: E731
+        args = (torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"]))  # (P, L), encoded and checked above
+        if across:
+            try:
+                run = study.circuit_across_ranks(
+                    hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, **options
+                )
+            except study.CollectiveTimeout as e:
+                raise CLIError(str(e)) from None
+            if run.circuit is None:  # not rank 0: rank 0 writes
+                return
+            found = run.circuit
+            typer.echo(
+                f"{run.world_size} ranks, {len(prompts)} prompt pairs; {run.gathers} gathers, {run.payload_bytes} "
+                "bytes received by each rank"
+            )
+        else:
+            found = find_circuit(hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, **options)
     report = found.to_dict()
     report["prompts"] = prompts  # the texts as typed (the library, handed ids, lists the ids)
     _add_qk(hm, report, ids["clean"][0], qk_heads)

@@ -14,6 +14,11 @@ Writes into ``--out`` (the folder appears whole or not at all): ``patching.json`
 patched metric and its normalised effect per layer and head, the attribution), ``patching.csv`` (one row per
 part) and ``patching.png`` (the layer × head maps).
 
+Under ``torchrun --nproc-per-node P -m headwise patch …`` the exact sweep's batches are dealt to the ranks
+(:func:`headwise.study.patch_across_ranks`): rank 0 writes the same files as one process (the same batches, so the
+same numbers) and ``--out/shards`` keeps each batch's values, so a restarted or repeated run with the same options
+computes only what is missing. ``--method attribution`` runs on rank 0 alone. See ``docs/distributed.md``.
+
 ``--model``: a model folder, a GGUF file or a bundled name (``smollm2``) that :func:`headwise.models.open_model`
 opens and that is a decoder (a Hugging Face causal LM on headwise's backend, a lab checkpoint). ``TOKEN`` must
 encode to exactly one token, as typed (for byte-level BPE, " Mary" with its leading space is one token). Bad
@@ -24,10 +29,12 @@ answer and wrong tokens, a ``--head`` out of range
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -67,6 +74,28 @@ def _number(x: float) -> float | None:
 
 def _grid(values) -> list[list[float | None]]:
     return [[_number(v) for v in row] for row in values.tolist()]
+
+
+def _across_ranks(hm, c, x, metric, chosen, direction: str, batch_size: int, out: Path, progress):
+    """Under torchrun: every rank patches its share of the sweep's batches (:func:`headwise.study.patch_across_ranks`,
+    resumable from ``--out``'s shards). Rank 0 gets ``(Patching, positions (K, L) or None)``, the others
+    ``(None, None)``."""
+    from headwise import study
+
+    shown = None if progress is None else (lambda done, total: progress("batches of rank 0", done, total))
+    try:
+        run = study.patch_across_ranks(
+            hm, c, x, metric, heads=chosen, direction=direction, batch_size=batch_size, out=out, progress=shown
+        )
+    except study.CollectiveTimeout as e:
+        raise CLIError(str(e)) from None
+    if run.patching is None:
+        return None, None
+    typer.echo(
+        f"{run.world_size} ranks; rank 0: {len(run.computed)} batch(es) computed, {len(run.resumed)} resumed from "
+        f"{out / 'shards'}; {run.payload_bytes} bytes gathered"
+    )
+    return run.patching, None if run.positions is None else run.positions[0]
 
 
 def _dla_json(dla) -> dict:
@@ -136,6 +165,7 @@ def patch(
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
     import torch
 
+    from headwise import study
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.patching import (
         as_target,
@@ -173,33 +203,42 @@ def patch(
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
 
-    with stage_progress() as progress:
-        if method == "exact":
-            result = patch_heads(
-                target,
-                c,
-                x,
-                metric,
-                direction=direction,
-                batch_size=batch_size,
-                progress=lambda done, total: progress("patched alone", done, total),
-            )
+    across = study.launched()  # under torchrun: the exact sweep's batches split across ranks
+    first = not across or os.environ["RANK"] == "0"
+    if across and method != "exact" and not first:
+        return  # one forward and one backward pass: rank 0 runs it alone
+    with stage_progress() if first else contextlib.nullcontext() as progress:
+        if across and method == "exact":
+            result, positions = _across_ranks(hm, c, x, metric, chosen, direction, batch_size, out, progress)
+            if result is None:  # not rank 0: rank 0 writes
+                return
         else:
-            progress("attribution patching", 0, 1)
-            result = attribution_patch(target, c, x, metric, direction=direction)
-            progress("attribution patching", 1, 1)
-        positions = None
-        if chosen:
-            positions = patch_positions(
-                target,
-                c,
-                x,
-                metric,
-                chosen,
-                direction=direction,
-                batch_size=batch_size,
-                progress=lambda done, total: progress("patched per position", done, total),
-            )[0]  # (K, L)
+            if method == "exact":
+                result = patch_heads(
+                    target,
+                    c,
+                    x,
+                    metric,
+                    direction=direction,
+                    batch_size=batch_size,
+                    progress=lambda done, total: progress("patched alone", done, total),
+                )
+            else:
+                progress("attribution patching", 0, 1)
+                result = attribution_patch(target, c, x, metric, direction=direction)
+                progress("attribution patching", 1, 1)
+            positions = None
+            if chosen:
+                positions = patch_positions(
+                    target,
+                    c,
+                    x,
+                    metric,
+                    chosen,
+                    direction=direction,
+                    batch_size=batch_size,
+                    progress=lambda done, total: progress("patched per position", done, total),
+                )[0]  # (K, L)
         dla: dict = {}
         notes = []
         try:
@@ -262,6 +301,8 @@ def patch(
                 method=result.method,
                 direction=direction,
             )
+            if across and (out / "shards").is_dir():  # kept: a run with the same --out and options resumes
+                os.replace(out / "shards", folder / "shards")
     except OSError as e:
         raise write_failed("--out", out, e) from None
 

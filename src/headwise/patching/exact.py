@@ -45,10 +45,13 @@ __all__ = [
     "Patch",
     "Patching",
     "check_pair",
+    "head_jobs",
     "patch_heads",
     "patch_positions",
     "patch_set",
+    "position_jobs",
     "prepare",
+    "run_batch",
     "run_patched",
     "run_with_cache",
     "sweep_cost",
@@ -220,16 +223,39 @@ def run_patched(
         return target.logits(base if low > 0 else base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
 
 
+def run_batch(target, base: Tensor, source: HeadCache, metric: Metric, jobs: Sequence[Sequence[Patch]]) -> Tensor:
+    """One batch of a sweep: ``jobs`` (J) run as one pass (:func:`run_patched`, the last position alone where the
+    metric reads no other) and the metric of each, ``(J, P)`` float32 on the CPU. A sweep cut into batches of
+    ``batch_size`` consecutive jobs (:func:`patch_heads`, :func:`patch_positions`) is these batches in order; a run
+    that deals the batches to several processes (:func:`headwise.study.patch_across_ranks`) calls it on each."""
+    logits = run_patched(target, base, source, jobs, last_only=reads_last_position(metric))  # (J·P, L or 1, V)
+    return metric(logits).detach().float().reshape(len(jobs), base.shape[0]).cpu()
+
+
+def head_jobs(target: HeadModel, heads=None) -> list[list[Patch]]:
+    """The jobs of a sweep of heads patched alone at every position: every query head of every layer in layer order
+    (``heads`` None), or the ``(layer, head)`` pairs / ``{layer: [head, …]}`` of ``heads``, in the order given."""
+    pairs = (
+        [(layer, head) for layer in range(target.num_layers) for head in range(target.heads_per_layer[layer])]
+        if heads is None
+        else _head_list(target, heads)
+    )
+    return [[Patch(layer, head)] for layer, head in pairs]
+
+
+def position_jobs(target: HeadModel, heads, length: int) -> list[list[Patch]]:
+    """The jobs of :func:`patch_positions`: each of ``heads`` (K, in the order given) at position 0 … ``length`` − 1
+    alone — K·L jobs, head-major."""
+    return [[Patch(layer, head, (t,))] for layer, head in _head_list(target, heads) for t in range(length)]
+
+
 def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
     """The metric of every job, ``(len(jobs), P)``; returns it with the number of batches run."""
     P = base.shape[0]
     values = []
     batches = 0
-    last_only = reads_last_position(metric)
     for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start : start + batch_size]
-        logits = run_patched(target, base, source, chunk, last_only=last_only)  # (J·P, L or 1, V)
-        values.append(metric(logits).detach().float().reshape(len(chunk), P).cpu())
+        values.append(run_batch(target, base, source, metric, jobs[start : start + batch_size]))
         batches += 1
         if progress is not None:
             progress(min(start + batch_size, len(jobs)), len(jobs))
@@ -265,8 +291,9 @@ def patch_heads(
     direction: str = "denoise",
     batch_size: int = 16,
     progress: Progress | None = None,
+    heads=None,
 ) -> Patching:
-    """Patch every query head of every layer, one at a time, at all positions.
+    """Patch every query head of every layer (or the heads of ``heads``), one at a time, at all positions.
 
     Args:
         model: see :func:`headwise.patching.as_target`.
@@ -275,6 +302,9 @@ def patch_heads(
         direction: ``"denoise"`` (corrupted run, clean head) or ``"noise"`` (clean run, corrupted head).
         batch_size: patched copies per forward pass (J).
         progress: ``fn(done, total)`` after each batch (heads done, NL·H).
+        heads: None (every head), or a subset — ``[(layer, head), …]`` or ``{layer: [head, …]}`` — patched in the
+            order given, in batches of ``batch_size`` of them (the others NaN in ``patched``; ``passes`` and ``rows``
+            count the subset's batches).
     Returns:
         :class:`Patching` with ``patched (P, NL, H)``.
     Raises:
@@ -283,13 +313,12 @@ def patch_heads(
     batch_size = _check_batch_size(batch_size)
     t0 = time.perf_counter()
     target, base, source, _, (m_clean, m_corrupted), forward = prepare(model, clean, corrupted, metric, direction)
-    pairs = [(layer, head) for layer in range(target.num_layers) for head in range(target.heads_per_layer[layer])]
-    jobs = [[Patch(layer, head)] for layer, head in pairs]
+    jobs = head_jobs(target, heads)
     values, batches = _sweep(target, base, source, metric, jobs, batch_size, progress)  # (NL·H, P)
     P = base.shape[0]
     patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
-    for (layer, head), v in zip(pairs, values):
-        patched[:, layer, head] = v
+    for [patch], v in zip(jobs, values):
+        patched[:, patch.layer, patch.head] = v
     return Patching(
         method="exact",
         direction=direction,
@@ -345,11 +374,10 @@ def patch_positions(
     """
     batch_size = _check_batch_size(batch_size)
     target, base, source, _, _, _ = prepare(model, clean, corrupted, metric, direction)
-    chosen = _head_list(target, heads)
     L = base.shape[1]
-    jobs = [[Patch(layer, head, (t,))] for layer, head in chosen for t in range(L)]
+    jobs = position_jobs(target, heads, L)
     values, _ = _sweep(target, base, source, metric, jobs, batch_size, progress)  # (K·L, P)
-    return values.reshape(len(chosen), L, -1).permute(2, 0, 1).contiguous()  # (P, K, L)
+    return values.reshape(len(jobs) // L, L, -1).permute(2, 0, 1).contiguous()  # (P, K, L)
 
 
 def patch_set(

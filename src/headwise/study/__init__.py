@@ -41,6 +41,10 @@ _MODULES = {
         "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "all_gather_json",
         "assign_shards", "corpus_heads", "deal", "init_group", "launched", "plan_shards", "weights_sha256",
         "ImportanceRun", "encoder_corpus", "importance_across_ranks",
+        "agree", "barrier", "rank_group", "refuse_together",
+    ],
+    "headwise.study.dist_sweeps": [
+        "CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",

@@ -59,8 +59,10 @@ __all__ = [
     "Launch",
     "Shard",
     "ShardStore",
+    "agree",
     "all_gather_json",
     "assign_shards",
+    "barrier",
     "corpus_heads",
     "deal",
     "encoder_corpus",
@@ -68,6 +70,8 @@ __all__ = [
     "init_group",
     "launched",
     "plan_shards",
+    "rank_group",
+    "refuse_together",
     "weights_sha256",
 ]
 
@@ -377,7 +381,7 @@ def _gather_texts(text: str) -> list[str]:
     return out
 
 
-def _agree(what: str, value: str) -> None:
+def agree(what: str, value: str) -> None:
     """ValueError on every rank unless every rank holds the same ``value`` (naming each rank's)."""
     values = _gather_texts(value)
     if len(set(values)) > 1:
@@ -385,7 +389,7 @@ def _agree(what: str, value: str) -> None:
         raise ValueError(f"{what}: the ranks differ ({shown}); every rank must read the same")
 
 
-def _refuse_together(problem: str | None) -> None:
+def refuse_together(problem: str | None) -> None:
     """Raise the first rank's refusal on every rank (so no rank waits alone in the next collective)."""
     problems = _gather_texts(problem or "")
     for r, p in enumerate(problems):
@@ -393,7 +397,33 @@ def _refuse_together(problem: str | None) -> None:
             raise ValueError(p if p == (problem or "") else f"rank {r}: {p}")
 
 
-def _barrier(timeout_s: float) -> None:
+@contextlib.contextmanager
+def rank_group(timeout_s: float | None = None):
+    """For every run on the launcher (corpus, encoder, importance, :mod:`headwise.study.dist_sweeps`): the default
+    gloo group initialised from torchrun's environment unless one is (then used as it is, and kept), destroyed at the
+    end.
+    Yields ``(rank, world size, timeout in seconds)`` (the timeout resolved as :func:`corpus_heads` does).
+
+    Raises:
+        ValueError: not launched and no group, a bad timeout, an unreachable rendezvous (one line).
+    """
+    import torch.distributed as dist
+
+    timeout_s = _timeout(timeout_s)
+    own = not dist.is_initialized()
+    if own:
+        launch = Launch.from_env()
+        if launch is None:
+            raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
+        _init(launch, timeout_s)
+    try:
+        yield dist.get_rank(), dist.get_world_size(), timeout_s
+    finally:
+        if own and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier(timeout_s: float) -> None:
     """Every rank arrives, or :class:`CollectiveTimeout` naming the ones that did not (gloo's monitored barrier)."""
     import torch.distributed as dist
 
@@ -483,7 +513,7 @@ def _reduce_sums(sums: _Sums, timeout_s: float) -> None:
     import torch.distributed as dist
 
     reached = time.perf_counter()
-    _barrier(timeout_s)
+    barrier(timeout_s)
     dist.all_reduce(sums.vector, op=dist.ReduceOp.SUM)
     sums.reduce_seconds = time.perf_counter() - reached
     slowest = torch.tensor([sums.compute_seconds], dtype=torch.float64)
@@ -498,25 +528,6 @@ def _clean(store: ShardStore) -> None:
         stale.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _group(timeout_s: float):
-    """``(rank, world_size)`` in the default group: the one initialised, or one initialised from torchrun's
-    environment for the block (and destroyed after it)."""
-    import torch.distributed as dist
-
-    own = not dist.is_initialized()
-    if own:
-        launch = Launch.from_env()
-        if launch is None:
-            raise ValueError("RANK / WORLD_SIZE: not set; launch with torchrun (or initialise a process group)")
-        _init(launch, timeout_s)  # as init_group, with the message naming the other way in
-    try:
-        yield dist.get_rank(), dist.get_world_size()
-    finally:
-        if own and dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def _open_store(model, options: HeadsOptions, docs: list[str], tokens: list[int], kind: str, extra: dict):
     """The checks every rank makes before a corpus run (the same corpus and weights on every rank, at most one rank a
     document and a shard, the store's manifest), refused together; then the store (its manifest written) and the
@@ -527,8 +538,8 @@ def _open_store(model, options: HeadsOptions, docs: list[str], tokens: list[int]
 
     world, corpus = dist.get_world_size(), options.corpus_path
     corpus_hash, model_hash = file_sha256(corpus), weights_sha256(model)
-    _agree("--corpus (SHA-256 of the file)", corpus_hash)
-    _agree("--model (SHA-256 of the weights)", model_hash)
+    agree("--corpus (SHA-256 of the file)", corpus_hash)
+    agree("--model (SHA-256 of the weights)", model_hash)
     problem = None
     if world > len(docs):
         problem = f"WORLD_SIZE: {world} ranks for {len(docs)} document(s) in '{corpus}'; expected at most one each"
@@ -552,7 +563,7 @@ def _open_store(model, options: HeadsOptions, docs: list[str], tokens: list[int]
     store = ShardStore(Path(options.out) / "shards", manifest)
     if problem is None:
         problem = store.mismatch()
-    _refuse_together(problem)
+    refuse_together(problem)
     store.write_manifest()
     return store, shards
 
@@ -595,7 +606,7 @@ def corpus_heads(
     if hm.kind != "decoder":
         raise ValueError(f"--model: a distributed corpus run reads a decoder's heads, got a {hm.kind}")
     timeout_s = _timeout(timeout_s)
-    with _group(timeout_s) as (rank, world):
+    with rank_group(timeout_s) as (rank, world, timeout_s):
         corpus = options.corpus_path
         docs = list(CorpusFile(corpus))
         tokens = [min(len(e.ids), hm.max_length) for e in hm.tokenizer.encode_batch(docs)] if docs else []
@@ -676,7 +687,7 @@ def encoder_corpus(
         raise ValueError("--corpus: expected a corpus file (a distributed run splits its documents)")
     timeout_s = _timeout(timeout_s)
     n = enc.max_length
-    with _group(timeout_s) as (rank, world):
+    with rank_group(timeout_s) as (rank, world, timeout_s):
         docs = list(CorpusFile(options.corpus_path))
         tokens = [min(len(e.ids), n) for e in tokenizer.encode_batch(docs)] if docs else []
         store, shards = _open_store(model, options, docs, tokens, "encoder-heads", {"max_length": n})
@@ -777,21 +788,21 @@ def importance_across_ranks(
 
     timeout_s = _timeout(timeout_s)
     started = time.perf_counter()
-    with _group(timeout_s) as (rank, world):
-        _agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
+    with rank_group(timeout_s) as (rank, world, timeout_s):
+        agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
         problem = None
         if len(batches) < world:
             problem = (
                 f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {world} ranks; expected at "
                 "least one a rank (a smaller --batch-size)"
             )
-        _refuse_together(problem)
+        refuse_together(problem)
         mine = deal([float(b[0].numel()) for b in batches], world)[rank]
         sent = []
 
         def reduce(values: np.ndarray) -> np.ndarray:
             vector = torch.from_numpy(np.array(values, dtype=np.float64))
-            _barrier(timeout_s)
+            barrier(timeout_s)
             dist.all_reduce(vector, op=dist.ReduceOp.SUM)
             sent.append(vector.numel() * vector.element_size())
             return vector.numpy()

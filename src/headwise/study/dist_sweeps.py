@@ -1,0 +1,398 @@
+"""Activation patching and circuit finding on ``torch.distributed``: the sweeps' work split across ranks, the results
+gathered once, rank 0 holding what one process finds.
+
+``torchrun --nproc-per-node P -m headwise patch …`` runs :func:`patch_across_ranks` on every rank and ``torchrun …
+-m headwise circuit …`` :func:`circuit_across_ranks` (the command line detects torchrun's ``RANK`` / ``WORLD_SIZE``);
+a library caller calls them on every rank of its own launch. The group, the timeout (``timeout_s=``, else
+``$HEADWISE_DIST_TIMEOUT``, else :data:`~headwise.study.distributed.DEFAULT_TIMEOUT_S`) and the refusals work as
+in :func:`headwise.study.corpus_heads`.
+
+Shape legend: P prompt pairs, L length, NL layers, H query heads, NH = Σ H over the layers, K heads patched per
+position, J jobs of a shard, E edges.
+
+**Patching** (:func:`patch_across_ranks`): the jobs are split, not the pairs. The jobs are the ones a one-process
+run makes — every head alone in layer order (:func:`headwise.patching.patch_heads`), then each chosen head at one
+position at a time (:func:`headwise.patching.patch_positions`) — cut into shards of ``batch_size`` consecutive jobs:
+the very batches a one-process run forms, so each value is computed in the same batch as there and does not depend
+on the number of ranks. The shards are dealt to the ranks by their work (jobs × layers run above the batch's lowest
+layer, :func:`~headwise.study.distributed.deal`). Every rank runs the clean and corrupted inputs once (the source
+cache), then its shards; the values ``(J, P)`` of every shard are gathered once to rank 0
+(:func:`~headwise.study.distributed.all_gather_json`: floats exact). With ``out`` each shard's values are saved as
+it finishes (``OUT/shards/shard-<k>.safetensors`` beside a manifest naming the weights' SHA-256, the token ids, the
+metric and the options), so a restarted or repeated run computes only the missing shards, with any number of ranks;
+a manifest of another run is refused with one line. Splitting the jobs rather than the pairs serves the command's
+one pair as well as many, and keeps each shard's batch the one-process batch (the pairs of a patching run are one
+batch of one length, so a split by pairs would balance by count alone).
+
+**Circuits** (:func:`circuit_across_ranks`): the prompt pairs are split (:func:`~headwise.study.distributed.deal`
+by tokens: the pairs share one length, so by count), and every rank runs :func:`headwise.circuits.find_circuit` on
+all the pairs with its share named (:class:`headwise.circuits.PairShard`): the per-pair values — EAP / EAP-IG
+scores ``(P, E)``, the exact patches of the top edges, the faithfulness curve's metrics, each bisection step's —
+are all-gathered (float32, exact) before any mean, so every rank chooses the same top edges and the same circuit,
+and rank 0 returns the one-process :class:`~headwise.circuits.Circuit`. Not resumable: each stage starts from the
+previous one's reduced result (the top edges from the scores, the curve's order from the scores, the bisection from
+the curve), so a saved shard would have to be a stage of a pair — the EAP scores of a pair are the one stage worth
+keeping, and cost one forward and one backward pass of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep"]
+
+#: The patching shards' format; a manifest of another format is refused.
+PATCH_FORMAT = "headwise-patch-shards/1"
+
+
+@dataclass(frozen=True)
+class SweepShard:
+    """A batch of patching jobs: ``jobs`` are ``(layer, head, position or None)`` (None: every position);
+    ``kind`` ``"heads"`` (the sweep of every head) or ``"positions"`` (chosen heads, one position at a time);
+    ``cost`` the layer-rows it runs per pair (jobs × the layers above the batch's lowest)."""
+
+    index: int
+    kind: str
+    jobs: tuple[tuple[int, int, int | None], ...]
+    cost: int
+
+
+def plan_sweep(target, length: int, chosen: Sequence[tuple[int, int]], batch_size: int) -> list[SweepShard]:
+    """The shards of a patching run: every head of ``target`` alone in layer order, then each of ``chosen``'s K
+    heads at each of ``length`` positions, cut into batches of ``batch_size`` consecutive jobs (the batches of
+    :func:`headwise.patching.patch_heads` and :func:`headwise.patching.patch_positions`)."""
+    from headwise import checks
+    from headwise.analysis.batched import start_layer
+    from headwise.patching import head_jobs, position_jobs
+
+    checks.positive_int("batch_size", batch_size)
+    heads = [(p.layer, p.head, None) for [p] in head_jobs(target)]
+    positions = [(p.layer, p.head, p.positions[0]) for [p] in position_jobs(target, chosen, length)] if chosen else []
+    shards: list[SweepShard] = []
+    for kind, jobs in (("heads", heads), ("positions", positions)):
+        for a in range(0, len(jobs), batch_size):
+            chunk = tuple(jobs[a : a + batch_size])
+            low = start_layer(target, [{layer: [0]} for layer, _, _ in chunk]) if len(chunk) > 1 else 0
+            shards.append(SweepShard(len(shards), kind, chunk, len(chunk) * (target.num_layers - low)))
+    return shards
+
+
+@dataclass
+class PatchRun:
+    """What :func:`patch_across_ranks` did on this rank.
+
+    Attributes:
+        patching: rank 0: the :class:`~headwise.patching.Patching` of every head (``passes``: the two cached runs
+            and the sweep's batches, as one process counts them; every rank runs the two); other ranks: None.
+        positions: rank 0, with heads chosen: ``(P, K, L)`` as :func:`~headwise.patching.patch_positions`; else None.
+        rank, world_size: this process's place. shards: this rank's shard indices; computed / resumed: those it
+            computed / loaded from ``OUT/shards``.
+        payload_bytes: bytes every rank received in the one gather (each rank's JSON of its shards' values,
+            padded to the longest, times the ranks). compute_seconds / gather_seconds: this rank's time on its
+            shards (the cached runs included) / in the barrier and the gather (waiting included).
+    """
+
+    patching: object
+    positions: object
+    rank: int
+    world_size: int
+    shards: list[int]
+    computed: list[int]
+    resumed: list[int]
+    payload_bytes: int
+    compute_seconds: float = 0.0
+    gather_seconds: float = 0.0
+
+
+@dataclass
+class CircuitRun:
+    """What :func:`circuit_across_ranks` did on this rank.
+
+    Attributes:
+        circuit: rank 0: the :class:`~headwise.circuits.Circuit` (equal to the one-process run's); others: None.
+        rank, world_size: this process's place. pairs: this rank's pair indices.
+        gathers: the all-gathers run; payload_bytes: bytes every rank received in them (padded rows × ranks).
+        seconds: this rank's wall time in :func:`~headwise.circuits.find_circuit`.
+    """
+
+    circuit: object
+    rank: int
+    world_size: int
+    pairs: list[int]
+    gathers: int
+    payload_bytes: int
+    seconds: float = 0.0
+
+
+def _sha(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+class _RowGather:
+    """``PairShard.gather`` on the default group: each rank's rows ``(P_r, …)`` all-gathered (padded to the most
+    rows a rank has) and put in pair order, after a barrier that names a rank that does not arrive within
+    ``timeout_s``. Counts the gathers and the bytes each rank receives."""
+
+    def __init__(self, shares: list[list[int]], P: int, timeout_s: float):
+        self.shares, self.P, self.timeout_s = shares, P, timeout_s
+        self.most = max(len(s) for s in shares)
+        self.gathers = self.bytes = 0
+
+    def __call__(self, local):
+        import torch
+        import torch.distributed as dist
+
+        from headwise.study.distributed import barrier
+
+        rank = dist.get_rank()
+        if local.shape[0] != len(self.shares[rank]):
+            raise RuntimeError(f"gather: rank {rank} holds {local.shape[0]} rows for {len(self.shares[rank])} pairs")
+        local = local.detach().to("cpu").contiguous()
+        row = torch.zeros((self.most, *local.shape[1:]), dtype=local.dtype)
+        row[: local.shape[0]] = local
+        rows = [torch.empty_like(row) for _ in self.shares]
+        barrier(self.timeout_s)
+        dist.all_gather(rows, row)
+        self.gathers += 1
+        self.bytes += row.numel() * row.element_size() * len(self.shares)
+        out = torch.empty((self.P, *local.shape[1:]), dtype=local.dtype)
+        for share, got in zip(self.shares, rows):
+            out[share] = got[: len(share)]
+        return out
+
+
+def circuit_across_ranks(
+    hm,
+    clean,
+    corrupted,
+    *,
+    answer,
+    wrong,
+    timeout_s: float | None = None,
+    **options,
+) -> CircuitRun:
+    """:func:`headwise.circuits.find_circuit` with the prompt pairs split across the ranks of a torchrun launch (see
+    the module's text). Call it on every rank with the same model, pairs and options.
+
+    Args:
+        hm: the decoder; clean, corrupted: token ids ``(P, L)`` (every rank all P pairs); answer, wrong: P ids (or
+            one for every pair); options: :func:`~headwise.circuits.find_circuit`'s other keywords (``progress``
+            included); timeout_s: the collectives' timeout.
+    Returns:
+        the :class:`CircuitRun` (its ``circuit`` on rank 0).
+    Raises:
+        ValueError: on every rank — more ranks than pairs, ranks with different weights or pairs, an unreachable
+            rendezvous; what :func:`~headwise.circuits.find_circuit` refuses. CollectiveTimeout: a stalled rank.
+    """
+    import torch
+
+    from headwise.circuits import PairShard, find_circuit
+    from headwise.study.distributed import agree, deal, rank_group, refuse_together, weights_sha256
+
+    if "pairs" in options:
+        raise TypeError("circuit_across_ranks: 'pairs' is chosen here (each rank's share); do not pass it")
+    c = clean if isinstance(clean, torch.Tensor) else torch.tensor(clean)
+    x = corrupted if isinstance(corrupted, torch.Tensor) else torch.tensor(corrupted)
+    c, x = (c[None] if c.dim() == 1 else c), (x[None] if x.dim() == 1 else x)
+    with rank_group(timeout_s) as (rank, world, timeout_s):
+        agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
+        inputs = {"clean": c.tolist(), "corrupted": x.tolist(), "answer": _listed(answer), "wrong": _listed(wrong)}
+        inputs["options"] = {k: v for k, v in sorted(options.items()) if k != "progress"}
+        agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", _sha(inputs))
+        P = c.shape[0]
+        problem = None
+        if world > P:
+            problem = f"WORLD_SIZE: {world} ranks for {P} prompt pair(s); expected at most one rank a pair"
+        refuse_together(problem)
+        shares = deal([c.shape[1]] * P, world)  # by tokens: one length for every pair
+        gather = _RowGather(shares, P, timeout_s)
+        started = time.perf_counter()
+        found = find_circuit(
+            hm, c, x, answer=answer, wrong=wrong, pairs=PairShard(tuple(shares[rank]), gather, rank == 0), **options
+        )
+        seconds = time.perf_counter() - started
+        found = found if rank == 0 else None
+        return CircuitRun(found, rank, world, shares[rank], gather.gathers, gather.bytes, seconds)
+
+
+def _listed(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _metric_key(metric) -> str | None:
+    """The metric as the manifest names it (a dataclass's repr), or None where its repr names the object alone."""
+    text = repr(metric)
+    return None if " at 0x" in text else text
+
+
+def _fit(heads: int, positions: int, world: int) -> int:
+    """The largest batch size that cuts ``heads`` and ``positions`` jobs into at least ``world`` shards (≥ 1)."""
+    best = 1
+    for b in range(1, max(heads, positions, 1) + 1):
+        if -(-heads // b) + -(-positions // b) >= world:
+            best = b
+    return best
+
+
+def patch_across_ranks(
+    hm,
+    clean,
+    corrupted,
+    metric,
+    *,
+    heads: Sequence[tuple[int, int]] = (),
+    direction: str = "denoise",
+    batch_size: int = 16,
+    out: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    timeout_s: float | None = None,
+) -> PatchRun:
+    """Every head patched alone (and ``heads`` one position at a time) with the jobs split across the ranks of a
+    torchrun launch (see the module's text). Call it on every rank with the same model, inputs and options.
+
+    Args:
+        hm: the decoder (anything :func:`headwise.patching.as_target` accepts); clean, corrupted: token ids
+            ``(L,)`` or ``(P, L)``; metric: ``fn(logits) -> (P,)``; heads: the K ``(layer, head)`` patched per
+            position; direction, batch_size: as :func:`~headwise.patching.patch_heads`; out: where the shards are
+            kept (``OUT/shards``; None: not kept); progress: ``(shards done, shards of this rank)``;
+            timeout_s: the collectives' timeout.
+    Returns:
+        the :class:`PatchRun` (its ``patching`` and ``positions`` on rank 0).
+    Raises:
+        ValueError: on every rank — more ranks than heads, fewer shards than ranks (naming ``--batch-size``), ranks
+            with different weights or inputs, a manifest of another run, an unreachable rendezvous; what
+            :func:`~headwise.patching.patch_heads` refuses. CollectiveTimeout: a stalled rank.
+    """
+    import torch
+
+    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
+    from headwise.checks import one_of
+    from headwise.patching import DIRECTIONS, Patch, Patching, as_target, run_batch
+    from headwise.patching.exact import check_pair, prepare
+    from headwise.study.distributed import (
+        ShardStore,
+        agree,
+        all_gather_json,
+        barrier,
+        deal,
+        rank_group,
+        refuse_together,
+        weights_sha256,
+    )
+
+    one_of("direction", direction, DIRECTIONS)
+    if not callable(metric):
+        raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
+    target = as_target(hm)
+    c, x = check_pair(target, clean, corrupted)
+    chosen = [target.check_layer_head(layer, head) for layer, head in heads]
+    shards = plan_sweep(target, c.shape[1], chosen, batch_size)
+    with rank_group(timeout_s) as (rank, world, timeout_s):
+        model_hash = weights_sha256(target.model)
+        agree("--model (SHA-256 of the weights)", model_hash)
+        manifest = {
+            "format": PATCH_FORMAT,
+            "kind": "patch-heads",
+            "model_sha256": model_hash,
+            "inputs_sha256": _sha({"clean": c.tolist(), "corrupted": x.tolist()}),
+            "metric": _metric_key(metric),
+            "direction": direction,
+            "batch_size": batch_size,
+            "heads": [list(h) for h in chosen],
+            "shards": len(shards),
+        }
+        agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", _sha(manifest))
+        n_heads = sum(1 for s in shards if s.kind == "heads" for _ in s.jobs)
+        n_positions = sum(len(s.jobs) for s in shards) - n_heads
+        problem = None
+        if world > n_heads:
+            problem = f"WORLD_SIZE: {world} ranks for {n_heads} heads to patch; expected at most one rank a head"
+        elif len(shards) < world:
+            problem = (
+                f"--batch-size: {len(shards)} shard(s) of {batch_size} patches for {world} ranks; expected "
+                f"--batch-size ≤ {_fit(n_heads, n_positions, world)}"
+            )
+        store = None
+        if out is not None and manifest["metric"] is not None:
+            store = ShardStore(Path(out) / "shards", manifest)
+            if problem is None:
+                problem = store.mismatch()
+        refuse_together(problem)
+        if store is not None:
+            store.write_manifest()
+        mine = deal([s.cost for s in shards], world)[rank]
+        started = time.perf_counter()
+        prepared = None
+        values: dict[int, list] = {}
+        computed, resumed = [], []
+        P = c.shape[0]
+        for done, k in enumerate(mine, start=1):
+            shard, got = shards[k], store.load(k) if store is not None else None
+            if got is not None and (set(got) != {"values"} or tuple(got["values"].shape) != (len(shard.jobs), P)):
+                got = None  # not this run's values: computed again, never trusted
+            if got is None:
+                if prepared is None:
+                    prepared = prepare(target, c, x, metric, direction)
+                _, base, source = prepared[:3]
+                jobs = [[Patch(layer, head, None if t is None else (t,))] for layer, head, t in shard.jobs]
+                got = {"values": run_batch(target, base, source, metric, jobs)}  # (J, P): a one-process batch
+                if store is not None:
+                    store.save(k, got)
+                computed.append(k)
+            else:
+                resumed.append(k)
+            values[k] = got["values"].tolist()
+            if progress is not None:
+                progress(done, len(mine))
+        if rank == 0 and prepared is None:
+            prepared = prepare(target, c, x, metric, direction)
+        computed_at = time.perf_counter()
+        barrier(timeout_s)
+        gathered = all_gather_json({str(k): v for k, v in values.items()})
+        longest = max(len(json.dumps(part).encode()) for part in gathered)  # each rank's bytes, padded to this
+        gathered_at = time.perf_counter()
+        if store is not None:
+            for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
+                stale.unlink(missing_ok=True)
+        patching = positions = None
+        if rank == 0:
+            every = {int(k): torch.tensor(v, dtype=torch.float32) for part in gathered for k, v in part.items()}
+            m_clean, m_corrupted = prepared[4]
+            patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
+            at = {}
+            for s in shards:
+                for j, (layer, head, t) in enumerate(s.jobs):
+                    if s.kind == "heads":
+                        patched[:, layer, head] = every[s.index][j]
+                    else:
+                        at[layer, head, t] = every[s.index][j]
+            L = c.shape[1]
+            if chosen:
+                positions = torch.stack(
+                    [torch.stack([at[layer, head, t] for t in range(L)], 1) for layer, head in chosen], 1
+                )  # (P, K, L)
+            head_batches = sum(1 for s in shards if s.kind == "heads")
+            patching = Patching(
+                method="exact",
+                direction=direction,
+                metric_clean=m_clean,
+                metric_corrupted=m_corrupted,
+                patched=patched,
+                passes=2 + head_batches,
+                rows=2 * P + n_heads * P,
+                seconds=gathered_at - started,
+                forward_seconds=prepared[5],
+            )
+        return PatchRun(
+            patching, positions, rank, world, mine, computed, resumed, longest * world,
+            computed_at - started, gathered_at - computed_at,
+        )  # fmt: skip
