@@ -402,7 +402,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
-    from headwise.viz.report import write_heads_outputs
+    from headwise.viz.report import start_head_grid, write_heads_outputs
 
     plan = study.plan_decoder(hm, opts)
     probe, out, layer, text, corpus_path = plan.probe, opts.out, opts.layer, opts.text, opts.corpus_path
@@ -432,8 +432,10 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
     tokens = hm.token_texts(view.ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
-    console = _console()
     title = hm.title
+    sentence = SentenceHeads(report, *_drawn(view, tokens))
+    grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)  # drawn while the rest is made
+    console = _console()
     print_head_table(
         console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens", columns=DECODER_COLUMNS
     )
@@ -453,7 +455,6 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         columns, more = _composition(hm, out, title, extra, columns, more)
         if "composition" in extra:
             console.print(_composition_line(extra["composition"]))
-    sentence = SentenceHeads(report, *_drawn(view, tokens))
     extra["view"] = _view_note(view)
     console.print(extra["view"]["note"])
     overview, links = None, []
@@ -477,7 +478,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
             columns=columns,
             overview=overview,
             links=links,
-            concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
+            grid=grid,  # heads.png, in a forked child since the statistics were known, joined
         )
         if view.kept is not None:
             a, b = view.queries
