@@ -63,19 +63,19 @@ def test_a_whole_entry_opens_without_the_gguf_loader_and_equals_the_full_route(w
         written_logits = model(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(torch.tensor(got["logits"]), want, rtol=0, atol=1e-6)
     torch.testing.assert_close(want, written_logits, rtol=0, atol=1e-6)
-    assert gguf.cached_folder(path, root=root) == folder
+    assert gguf.cached_entry(path, root=root).folder == folder
 
 
 def test_no_entry_or_a_damaged_one_takes_the_full_route(written, tmp_path, monkeypatch):
     path, _, _ = written
     root = tmp_path / "cache"
     monkeypatch.setenv("HEADWISE_CACHE_DIR", str(root))
-    assert gguf.cached_folder(path) is None and _cached_gguf(path) is None  # nothing written yet
+    assert gguf.cached_entry(path) is None and _cached_gguf(path) is None  # nothing written yet
     folder = gguf.gguf_folder(path)
     info = _cached_gguf(path)
     assert info is not None and info.folder == folder and info.kind == "hf" and info.name == path.name
     (folder / "tokenizer.json").unlink()  # damaged: the manifest lists it
-    assert gguf.cached_folder(path) is None and _cached_gguf(path) is None
+    assert gguf.cached_entry(path) is None and _cached_gguf(path) is None
     assert _cached_gguf(tmp_path / "nothing-here") is None and _cached_gguf("no-such-bundled-name") is None
     plain = tmp_path / "plain.txt"
     plain.write_text("not a model")

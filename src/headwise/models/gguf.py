@@ -48,7 +48,7 @@ __all__ = [
     "gguf_config",
     "load_gguf",
     "gguf_folder",
-    "cached_folder",
+    "cached_entry",
     "entry_problem",
     "CacheHealedWarning",
 ]
@@ -376,9 +376,9 @@ def gguf_folder(path: str | os.PathLike, *, header: GGUFHeader | None = None, ro
     return folder
 
 
-def cached_folder(path: str | os.PathLike, *, root: Path | None = None) -> Path | None:
-    """The cached safetensors folder of a GGUF file when it is there and matches its manifest, else None; reads the
-    file's bytes for its hash and nothing of its header.
+def cached_entry(path: str | os.PathLike, *, root: Path | None = None):
+    """The cached safetensors folder of a GGUF file, checked (its :class:`~headwise.models.folder.FolderInfo`), when
+    it is there and matches its manifest, else None; reads the file's bytes for its hash and nothing of its header.
 
     A whole entry was written from a file of the same SHA-256, whose header was read and checked then: opening the
     folder needs neither the header nor transformers' GGUF loader (nor the ``gguf`` package), which
@@ -387,7 +387,10 @@ def cached_folder(path: str | os.PathLike, *, root: Path | None = None) -> Path 
     """
     root = Path(root) if root is not None else cache_root()
     folder = root / "gguf" / file_sha256(Path(path).resolve())
-    return folder if _entry_whole(folder) else None
+    if not (folder / SOURCE_FILE).is_file():
+        return None
+    problem, info = _entry_check(folder)
+    return info if problem is None else None
 
 
 def _entry_whole(folder: Path) -> bool:
@@ -403,24 +406,28 @@ def entry_problem(folder: Path) -> str | None:
     """Why a cached GGUF folder does not match its manifest (``headwise-gguf.json``), or None when it does: a file the
     manifest lists is missing or of another length, or a safetensors file's header disagrees with its length (for
     folders written before the manifest listed its files)."""
+    return _entry_check(folder)[0]
+
+
+def _entry_check(folder: Path) -> tuple:
+    """``(problem, None)`` as :func:`entry_problem` names it, or ``(None, the folder's FolderInfo)``."""
     from headwise.models.folder import inspect_folder
 
     try:
         source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        return f"{SOURCE_FILE} unreadable: {e}"
+        return f"{SOURCE_FILE} unreadable: {e}", None
     files = source.get("files") if isinstance(source, dict) else None
     for name, size in (files or {}).items():
         p = folder / name
         if not p.is_file():
-            return f"{name} is missing"
+            return f"{name} is missing", None
         if p.stat().st_size != size:
-            return f"{name} has {p.stat().st_size:,} bytes, the manifest {size:,}"
+            return f"{name} has {p.stat().st_size:,} bytes, the manifest {size:,}", None
     try:
-        inspect_folder(folder)
+        return None, inspect_folder(folder)
     except (OSError, ValueError) as e:
-        return " ".join(str(e).split())[:200]
-    return None
+        return " ".join(str(e).split())[:200], None
 
 
 @contextlib.contextmanager

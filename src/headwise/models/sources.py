@@ -107,7 +107,7 @@ def _source_path(source: str | os.PathLike) -> Path:
 
 
 def _cached_gguf(source: str | os.PathLike) -> FolderInfo | None:
-    """A GGUF source's whole cache entry (:func:`headwise.models.gguf.cached_folder`) checked as a folder and named
+    """A GGUF source's whole cache entry (:func:`headwise.models.gguf.cached_entry`), checked as a folder and named
     after the file, or None (not a GGUF file, no entry yet, a damaged one, a bundled name not installed): then
     :func:`inspect_source` and :func:`_load_gguf` take the source as before, its header read and checked."""
     from headwise.models import gguf
@@ -118,11 +118,9 @@ def _cached_gguf(source: str | os.PathLike) -> FolderInfo | None:
         return None
     if not gguf.is_gguf(path):
         return None
-    folder = gguf.cached_folder(path)
-    if folder is None:
-        return None
-    info = inspect_folder(folder)
-    info.name = path.name
+    info = gguf.cached_entry(path)
+    if info is not None:
+        info.name = path.name
     return info
 
 
