@@ -252,7 +252,7 @@ def open_model(source: str | os.PathLike | FolderInfo | None = None, *, cache: b
     """
     if source is None:
         return _load_bert(None)
-    # a GGUF file de-quantised before opens from its cache entry: no header, no GGUF loader imported (0.8 s)
+    # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
     cached = _cached_gguf(source) if cache and not isinstance(source, FolderInfo) else None
     info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source))
     if info.kind == "bert":
