@@ -98,6 +98,7 @@ def timed(owner, name, phase):
     def wrapped(*a, **k):
         start = time.perf_counter()
         phases.setdefault("startup and imports", start - START)  # the first step begins
+        phases.setdefault(phase, 0.0)  # in the order the steps begin
         try:
             return f(*a, **k)
         finally:
@@ -115,10 +116,11 @@ try:
     main(sys.argv[2:])
 except SystemExit as e:
     code = e.code or 0
-phases["total"] = time.perf_counter() - START
-phases["the rest (parsing, checks, tokens, printing)"] = phases["total"] - sum(
-    v for k, v in phases.items() if k != "total" and not k.startswith("of which")
+total = time.perf_counter() - START
+phases["the rest (parsing, checks, tokens, printing)"] = total - sum(
+    v for k, v in phases.items() if not k.startswith("of which")
 )
+phases["total"] = total
 peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 print(json.dumps({"peak_mib": peak / 1024, "phases": phases}))
 sys.exit(code)
