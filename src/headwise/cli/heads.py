@@ -434,7 +434,9 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
     title = hm.title
     sentence = SentenceHeads(report, *_drawn(view, tokens))
-    grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)  # drawn while the rest is made
+    grid = None  # with --importance / --composition, heads.png is drawn with the other files, after those runs
+    if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
+        grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)
     console = _console()
     print_head_table(
         console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens", columns=DECODER_COLUMNS
@@ -478,7 +480,8 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
             columns=columns,
             overview=overview,
             links=links,
-            grid=grid,  # heads.png, in a forked child since the statistics were known, joined
+            concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
+            grid=grid,  # or that child, forked as soon as the statistics were known, joined
         )
         if view.kept is not None:
             a, b = view.queries
