@@ -416,7 +416,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
-    from headwise.viz.report import write_heads_outputs
+    from headwise.viz.report import start_head_grid, write_heads_outputs
 
     plan = study.plan_decoder(hm, opts)
     probe, out, layer, text, corpus_path = plan.probe, opts.out, opts.layer, opts.text, opts.corpus_path
@@ -447,8 +447,12 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
     tokens = hm.token_texts(view.ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
-    console = _console()
     title = hm.title
+    sentence = SentenceHeads(report, *_drawn(view, tokens))
+    grid = None  # with --importance / --composition, heads.png is drawn with the other files, after those runs
+    if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
+        grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)
+    console = _console()
     print_head_table(
         console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens", columns=DECODER_COLUMNS
     )
@@ -468,7 +472,6 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         columns, more = _composition(hm, out, title, extra, columns, more)
         if "composition" in extra:
             console.print(_composition_line(extra["composition"]))
-    sentence = SentenceHeads(report, *_drawn(view, tokens))
     extra["view"] = _view_note(view)
     console.print(extra["view"]["note"])
     overview, links = None, []
@@ -493,6 +496,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
             overview=overview,
             links=links,
             concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
+            grid=grid,  # or that child, forked as soon as the statistics were known, joined
         )
         if view.kept is not None:
             a, b = view.queries
