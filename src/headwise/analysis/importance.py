@@ -630,7 +630,8 @@ def ablation_objectives(
     most = 64
     tokens = min(PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]), max(1, budget // max(1, row_bytes)))
     if copies is not None:
-        groups = [(0, sorted(range(len(jobs)), key=lambda j: -min((int(k) for k, v in jobs[j].items() if v), default=0)))]
+        lowest = [min((int(k) for k, v in job.items() if v), default=0) for job in jobs]
+        groups = [(0, sorted(range(len(jobs)), key=lambda j: -lowest[j]))]
         parts, count = _parts(batches, scored, reference, False, 0)
         plan = _plan(groups, parts, lambda part, members: copies)
     else:
@@ -646,6 +647,7 @@ def ablation_objectives(
     sums = np.zeros(len(jobs))
     kept: list = []
     current = -1
+    none = torch.zeros(0, dtype=torch.long)  # the intact forward scores nothing: its LM head runs on no position
     with torch.no_grad():
         for done, (k, chunk) in enumerate(plan, start=1):
             part = parts[k]
@@ -653,8 +655,7 @@ def ablation_objectives(
             if k != current:  # a new group of rows: run it once intact, every block's output kept
                 current, kept = k, []
                 if deep:
-                    empty = torch.zeros(0, dtype=torch.long)
-                    _, kept = keep_blocks(hm, lambda part=part: _scored_logits(hm, partial(_forward, hm, part), empty))
+                    _, kept = keep_blocks(hm, partial(_scored_logits, hm, partial(_forward, hm, part), none))
                     if kept:
                         cost.kept_passes += 1
                         cost.rows += P
