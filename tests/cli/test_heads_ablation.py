@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from _cli_helpers import assert_user_error
 
 pytest.importorskip("transformers")
