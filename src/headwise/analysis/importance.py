@@ -229,7 +229,7 @@ def _decoder_importance(
         n = chosen.sum(dim=1)  # (B,)
         gates = torch.ones((B, hm.num_layers, hm.num_heads), dtype=dtype, requires_grad=True)  # (B, NL, H)
         on = recompute if recompute is not None else B * L > RECOMPUTE_TOKENS
-        with hm.gated(gates), _recomputed(hm, on):
+        with hm.gated(gates), _no_cache(hm), _recomputed(hm, on):
             logits = _scored_logits(hm, partial(hm.forward, ids, mask), index)  # (m, V)
             ce = _token_losses(logits, targets.reshape(-1)[index])  # (m,)
             per_row = torch.zeros(B, dtype=ce.dtype).index_add(0, index // L, ce)
@@ -392,6 +392,22 @@ def _token_losses(logits, targets):
 
 
 @contextlib.contextmanager
+def _no_cache(hm):
+    """Inside the block a Hugging Face model builds no key/value cache (``config.use_cache`` False): a pass reads its
+    logits once, and a recomputed block must not append its keys a second time."""
+    config = getattr(hm.model, "config", None)
+    saved = getattr(config, "use_cache", None)
+    if saved is None:
+        yield
+        return
+    try:
+        config.use_cache = False
+        yield
+    finally:
+        config.use_cache = saved
+
+
+@contextlib.contextmanager
 def _recomputed(hm, on: bool):
     """Inside the block (``on``), every block at ``layers.{i}.resid_pre`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): the backward recomputes each block from its input, so a gradient
@@ -476,11 +492,8 @@ def _parts(batches, scored: str, reference, repack: bool, cap: int) -> tuple[lis
     if not repack:
         return parts, count
     rows.sort(key=lambda r: -r[0])
-    group: list = []
-    for row in rows + [None]:
-        if row is not None and (not group or (len(group) + 1) * group[0][0] <= cap):
-            group.append(row)
-            continue
+    for a, b in _packing([r[0] for r in rows], cap):
+        group = rows[a:b]
         if group:
             L = group[0][0]
             ids = torch.zeros((len(group), L), dtype=group[0][1].dtype)
@@ -496,8 +509,34 @@ def _parts(batches, scored: str, reference, repack: bool, cap: int) -> tuple[lis
                     targets[p, :n], chosen[p, :n] = t, c
             ref = torch.stack([r[5] for r in group]) if group[0][5] is not None else None
             parts.append(_part(ids, mask, targets, chosen, ref, L))
-        group = [row] if row is not None else []
     return parts, count
+
+
+#: What one more part costs the packing of :func:`_packing`, in padded tokens: each part is run by every group of
+#: passes, and a pass's fixed cost (hooks, small products) is about that of a few tokens' work.
+PART_TOKENS = 16
+
+
+def _packing(lengths: Sequence[int], cap: int) -> list[tuple[int, int]]:
+    """Contiguous parts ``[(start, stop), …]`` of ``lengths`` (sorted longest first) minimising the tokens run
+    (each part: its rows × its longest) plus :data:`PART_TOKENS` a part, each part at most ``cap`` tokens (a row
+    longer than ``cap`` alone). Exact (dynamic programming over the cut points)."""
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for b in range(1, n + 1):
+        for a in range(b - 1, -1, -1):
+            if a < b - 1 and (b - a) * lengths[a] > cap:
+                break
+            cost = best[a] + (b - a) * lengths[a] + PART_TOKENS
+            if cost < best[b]:
+                best[b], cut[b] = cost, a
+    parts = []
+    b = n
+    while b > 0:
+        parts.append((cut[b], b))
+        b = cut[b]
+    return parts[::-1]
 
 
 def _ends(marked):
@@ -648,7 +687,7 @@ def ablation_objectives(
     kept: list = []
     current = -1
     none = torch.zeros(0, dtype=torch.long)  # the intact forward scores nothing: its LM head runs on no position
-    with torch.no_grad():
+    with torch.no_grad(), _no_cache(hm):
         for done, (k, chunk) in enumerate(plan, start=1):
             part = parts[k]
             P = part.ids.shape[0]
