@@ -30,7 +30,8 @@ code before the batched sweep, made under the system's temporary folder), NEW th
   pass; the whole run's time is stated as an extrapolation (passes × seconds a pass), labelled so.
 
 Printed per case: OLD and NEW seconds, NEW ÷ OLD, and NEW's sweep (passes, copies a pass, memory budget).
-Run one case by hand: ``PYTHONPATH=benchmarks python benchmarks/targets/importance.py sweep 1024`` or ``… long 8192`` (JSON on stdout).
+Run one case by hand (JSON on stdout): ``PYTHONPATH=benchmarks python benchmarks/targets/importance.py sweep 1024``
+or ``… long 8192``.
 """
 
 from __future__ import annotations
