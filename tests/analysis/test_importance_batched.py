@@ -344,3 +344,31 @@ def test_hooked_heads_keep_the_sdpa_kernel(monkeypatch):
     batches = [(ids, torch.ones_like(ids))]
     I.ablation_objectives(hm, batches, [{1: [0]}, {0: [1]}, {1: [1, 2]}])
     assert seen and all(blocked is None and causal for blocked, causal, _ in seen)
+
+
+def test_packing_is_the_cheapest_partition():
+    """The dynamic programme against every contiguous partition of small sorted lengths."""
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        lengths = sorted(rng.integers(1, 30, size=int(rng.integers(1, 8))).tolist(), reverse=True)
+        cap = int(rng.integers(20, 80))
+
+        def cost(cuts):
+            bounds = [0, *cuts, len(lengths)]
+            parts = list(zip(bounds, bounds[1:]))
+            if any(b - a > 1 and (b - a) * lengths[a] > cap for a, b in parts):
+                return None
+            return sum((b - a) * lengths[a] + I.PART_TOKENS for a, b in parts)
+
+        costs = [
+            c
+            for k in range(len(lengths))
+            for cuts in itertools.combinations(range(1, len(lengths)), k)
+            if (c := cost(cuts)) is not None
+        ]
+        got = I._packing(lengths, cap)
+        assert got[0][0] == 0 and got[-1][1] == len(lengths)
+        assert all(a < b for a, b in got) and all(x[1] == y[0] for x, y in zip(got, got[1:]))
+        assert cost([b for _, b in got[:-1]]) == min(costs)
