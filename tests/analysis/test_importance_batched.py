@@ -355,7 +355,7 @@ def test_packing_is_the_cheapest_partition():
         lengths = sorted(rng.integers(1, 30, size=int(rng.integers(1, 8))).tolist(), reverse=True)
         cap = int(rng.integers(20, 80))
 
-        def cost(cuts):
+        def cost(cuts, lengths=lengths, cap=cap):
             bounds = [0, *cuts, len(lengths)]
             parts = list(zip(bounds, bounds[1:]))
             if any(b - a > 1 and (b - a) * lengths[a] > cap for a, b in parts):
