@@ -17,7 +17,10 @@ the layers below l run on the P input rows once and the block's input — the re
 ``layers.{l}.resid_pre`` — is copied J times there (with the batch-shaped arguments the model hands its blocks: the
 padding mask). A sweep ordered by layer runs its single-head jobs through NL − l layers instead of NL, about half the
 layer-rows of a plain batch for a sweep over every layer. Used where the model has ``resid_pre`` points (blocks in a
-layer list); elsewhere every layer runs on J·P rows, with the same values.
+layer list); elsewhere every layer runs on J·P rows, with the same values. Going further, :func:`keep_blocks` runs
+the P rows once intact keeping every block's output, and :func:`replayed` makes the blocks below l return those
+instead of computing: a pass then runs no layer below its start at all, and passes cut at start layers
+(:func:`start_groups`) carry no layer that any of their jobs does not need.
 
 **Batch size.** :func:`choose_copies` picks J from the memory free on the model's device and the rows' size (the
 forward's activations and the output of the J·P rows: a decoder's ``(N, L, V)`` logits dominate), at most
