@@ -372,3 +372,19 @@ def test_packing_is_the_cheapest_partition():
         assert got[0][0] == 0 and got[-1][1] == len(lengths)
         assert all(a < b for a, b in got) and all(x[1] == y[0] for x, y in zip(got, got[1:]))
         assert cost([b for _, b in got[:-1]]) == min(costs)
+
+
+def test_chunked_loss_with_a_gradient(monkeypatch):
+    """The gradient path of the chunked loss (logsumexp) equals ``F.cross_entropy``, values and gradients."""
+    monkeypatch.setattr(I, "LOSS_CHUNK", 5)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 30, generator=g, requires_grad=True)
+    targets = torch.randint(0, 30, (12,), generator=g)
+    got = I._token_losses(logits, targets)
+    (grad,) = torch.autograd.grad(got.sum(), logits)
+    want = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    (ref,) = torch.autograd.grad(want.sum(), logits)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, ref, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(I._token_losses(logits, targets), want.detach(), rtol=0, atol=1e-6)

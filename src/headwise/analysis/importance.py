@@ -384,10 +384,14 @@ def _token_losses(logits, targets):
     time (``logsumexp − the target's logit``, as ``F.cross_entropy``)."""
     import torch
 
+    # One formula with and without a gradient (the ablations are differences of these losses). logsumexp keeps only
+    # its input (a view of the logits) and its result for the backward pass, where cross_entropy would keep a
+    # (chunk, V) log-softmax per chunk; on 4 SmolLM2 lines it was also the closer to a float64 reference (1e-7
+    # against 8e-6 nats), for about 1.3 × cross_entropy's time on a CPU (about 10 % of a sweep).
     parts = []
     for s in range(0, logits.shape[0], LOSS_CHUNK):
-        x = logits[s : s + LOSS_CHUNK].float()
-        parts.append(torch.logsumexp(x, dim=-1) - x.gather(1, targets[s : s + LOSS_CHUNK, None])[:, 0])
+        x, t = logits[s : s + LOSS_CHUNK].float(), targets[s : s + LOSS_CHUNK]
+        parts.append(torch.logsumexp(x, dim=-1) - x.gather(1, t[:, None])[:, 0])
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
 
 
