@@ -25,7 +25,8 @@ on the text and on a probe of repeated random tokens (``--probe-length``, ``--pr
 ``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) adds Michel et al.'s
 head importance, each head's measured ablation, and ``pruning.png`` / ``pruning.csv``
 (:func:`headwise.analysis.head_importance`): next-token loss for decoders, the mean-pooled embedding's change
-for encoders.
+for encoders. ``--ablation zero|mean`` says how a head is removed: its output zeroed (Michel et al.'s ξ_h = 0, the
+default) or replaced by its mean over the batch's real positions.
 
 What happens with bad input: an empty TEXT, an empty corpus, a missing or corrupt checkpoint (no
 folder, no ``config.json``, an unknown ``model_type``, corrupt or truncated safetensors, only a pickle,
@@ -184,6 +185,9 @@ def heads(
     importance_sentences: Annotated[
         int, typer.Option("--importance-sentences", help="Corpus sentences --importance measures on.", min=1)
     ] = 64,
+    ablation: Annotated[
+        str, typer.Option("--ablation", help="How --importance removes a head: zero (its output 0) or mean.")
+    ] = "zero",
     probe_length: Annotated[
         int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)
     ] = 32,
@@ -230,6 +234,7 @@ def heads(
         batch_size=batch_size,
         importance=importance,
         importance_sentences=importance_sentences,
+        ablation=ablation,
         probe_length=probe_length,
         probe_repeats=probe_repeats,
         seed=seed,
@@ -342,7 +347,9 @@ def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: di
     result = ranked
     if result is None:
         with stage_progress() as bar:
-            result = study.run_importance(hm, batches, seed=opts.seed, progress=_importance_bar(bar))
+            result = study.run_importance(
+                hm, batches, seed=opts.seed, mode=opts.ablation, progress=_importance_bar(bar)
+            )
     try:
         paths = write_pruning(result, opts.out, title)
     except OSError as e:
@@ -581,7 +588,7 @@ def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
                 lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
                 batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
                 bar = None if stage is None else _importance_bar(stage, ", rank 0")
-                ranked = study.importance_across_ranks(hm, batches, seed=opts.seed, progress=bar)
+                ranked = study.importance_across_ranks(hm, batches, seed=opts.seed, mode=opts.ablation, progress=bar)
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     finally:
