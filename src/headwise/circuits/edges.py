@@ -74,30 +74,20 @@ class EdgeScores:
 
 def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, *, embed=None) -> Tensor:
     """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
-    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`).
+    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`); 0 where sender s does
+    not reach receiver r (no edge).
 
-    Each receiver group's input gets a zero added as a broadcast view of one scalar, and a hook on it turns the
-    group's gradient ``(P, n, L, D)`` into its scores as the backward pass reaches it: no gradient of all
-    receivers is ever held."""
-    P, L = ids.shape
-    S, D = diff.shape[1], diff.shape[-1]
-    full = diff.new_zeros(P, S, len(graph.receivers))
-    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+    The gradients come from :meth:`Wiring.receiver_gradients`: each receiver group's gradient ``(P, n, L, D)``
+    is turned into its scores as the backward pass reaches it, against the senders upstream of the group only,
+    and freed — no gradient of all receivers is ever held, nor a copy of any receiver's input."""
+    full = diff.new_zeros(diff.shape[0], diff.shape[1], len(graph.receivers))
 
-    def deltas(group, _writes):
+    def receive(group, grad: Tensor) -> None:
         sl = graph.groups[group]
-        d = zero.expand(P, sl.stop - sl.start, L, D)
+        upstream = int(graph.reaches[:, sl.start].sum())  # senders come in stage order: the upstream ones first
+        full[:, :upstream, sl] += torch.einsum("psld,pnld->psn", diff[:, :upstream], grad.to(diff.dtype))
 
-        def score(grad: Tensor) -> None:
-            full[:, :, sl] += torch.einsum("psld,pnld->psn", diff, grad.to(diff.dtype))
-
-        d.register_hook(score)
-        return d
-
-    with torch.enable_grad():
-        logits, _ = w.run(ids, deltas=deltas, embed=embed, last_only=reads_last_position(metric))
-        value = metric(logits)  # (P,)
-        torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+    w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
     return full
 
 
