@@ -179,3 +179,49 @@ def test_tapped_gradients_equal_the_edited_inputs_route(case):
         torch.testing.assert_close(new[:, s_idx, r_idx], old[:, s_idx, r_idx], atol=1e-5 * scale, rtol=1e-5)
         no_edge = ~torch.from_numpy(graph.reaches)
         assert float(new[:, no_edge].abs().max()) == 0.0
+
+
+class _MarksTheBackward:
+    """The metric, noting when it is called on logits with gradients: the pass with gradients ends there."""
+
+    def __init__(self, metric):
+        self.metric, self.position, self.backward = metric, metric.position, False
+
+    def __call__(self, logits):
+        self.backward = self.backward or logits.requires_grad
+        return self.metric(logits)
+
+
+@pytest.mark.parametrize("case", ["llama", "stack"])
+def test_no_length_squared_map_is_kept_for_the_backward_pass(case):
+    """Every tensor autograd saves in edge attribution's forward pass with gradients: none is an L × L map (the
+    attention runs on torch's kernel with the causal flag), and none holds a copy of the residual per receiver
+    (N, n, L, D: the backward hooks make theirs one group at a time and free them). Forced onto torch's math
+    path the same run keeps L × L probabilities (the check can fail)."""
+    L = 40
+    clean, corrupted = pair(P=2, L=L, where=5)
+
+    def saved_shapes(model):
+        shapes, metric = [], _MarksTheBackward(METRIC)
+
+        def pack(t):
+            if not metric.backward:
+                shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            edge_attribution(model, clean, corrupted, metric)
+        assert metric.backward
+        return shapes
+
+    model = Stack(seed=1) if case == "stack" else hf_model(case)
+    shapes = saved_shapes(model)
+    assert shapes and not [s for s in shapes if s[-2:] == (L, L)]
+    lw = wiring(model).layers[0]
+    D = lw.heads_out.shape[-1]
+    copies = [s for s in shapes if len(s) == 4 and s[0] == 2 and s[1] in (lw.num_heads, lw.num_kv) and s[-1] == D]
+    assert not copies, copies
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):  # torch's math path keeps the probabilities
+        assert [s for s in saved_shapes(model) if s[-2:] == (L, L)]
