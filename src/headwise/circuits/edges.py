@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
@@ -91,6 +92,21 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, 
     return full
 
 
+def _changes(w: Wiring, graph: Graph, base: dict, source: dict) -> Tensor:
+    """:func:`~headwise.circuits.paths.sender_changes` ``(P, S, L, D)`` a sender group at a time into one
+    tensor, each group's records dropped from ``base`` and ``source`` once used: the peak is the two runs'
+    records, not the records and the changes."""
+    first = base[next(iter(graph.sender_groups))]
+    out = first.new_empty(first.shape[0], len(graph.senders), *first.shape[2:])
+    for key, sl in graph.sender_groups.items():
+        out[:, sl] = sender_changes(w, SimpleNamespace(sender_groups={key: sl}), base, source)
+        used = [key, ("o", key[1]), ("o_heads", key[1])] if key[0] == "heads" else [key]
+        for k in used:
+            base.pop(k, None)
+            source.pop(k, None)
+    return out
+
+
 def edge_attribution(
     model,
     clean,
@@ -126,8 +142,8 @@ def edge_attribution(
         corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
-    diff = sender_changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    diff = _changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
     del clean_raw, corr_raw
     if method == "eap":
         full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)
