@@ -157,7 +157,7 @@ def test_tapped_gradients_equal_the_edited_inputs_route(case):
     """Every receiver's score, all (P, S, R) of them, from the projections' output gradients (the route edge
     attribution takes) equals the one from a zero added to each receiver's own input, with and without
     interpolated embeddings (EAP-IG's runs); entries of no edge are 0."""
-    from headwise.circuits.edges import _changes, receiver_scores
+    from headwise.circuits.edges import receiver_scores, sender_group_changes
     from headwise.circuits.paths import open_pair, sender_changes
 
     model = Stack(seed=2) if case == "stack" else hf_model(case)
@@ -168,13 +168,15 @@ def test_tapped_gradients_equal_the_edited_inputs_route(case):
         _, corr_raw = w.run(x, record=True)
     diff = sender_changes(w, graph, clean_raw, corr_raw)
     base, source = dict(clean_raw), dict(corr_raw)
-    torch.testing.assert_close(_changes(w, graph, base, source), diff, atol=0, rtol=0)  # a group at a time
+    parts = sender_group_changes(w, graph, base, source)
+    torch.testing.assert_close(torch.cat(parts, 1), diff, atol=0, rtol=0)  # a group at a time
     assert not [k for k in base if k[0] in ("heads", "mlp", "o", "o_heads")]
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]
     point = e_corr + 0.4 * (e_clean - e_corr)
     s_idx, r_idx = torch.from_numpy(graph.edge_index[:, 0]), torch.from_numpy(graph.edge_index[:, 1])
     for embed in (None, lambda _x: point):
         new = receiver_scores(w, graph, c, METRIC, diff, embed=embed)
+        torch.testing.assert_close(receiver_scores(w, graph, c, METRIC, parts, embed=embed), new, atol=0, rtol=0)
         old = _scores_by_edited_inputs(w, graph, c, METRIC, diff, embed=embed)
         assert new.shape == old.shape == (2, len(graph.senders), len(graph.receivers))
         scale = float(old[:, s_idx, r_idx].abs().max())

@@ -39,7 +39,7 @@ from headwise.circuits.paths import open_pair, sender_changes
 from headwise.circuits.wiring import Wiring
 from headwise.patching.metric import reads_last_position
 
-__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores"]
+__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores", "sender_group_changes"]
 
 EDGE_METHODS = ("eap", "eap-ig")
 Progress = Callable[[int, int], None]
@@ -73,38 +73,47 @@ class EdgeScores:
         return order[:n].tolist()
 
 
-def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, *, embed=None) -> Tensor:
+def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed=None) -> Tensor:
     """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
     pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`); 0 where sender s does
     not reach receiver r (no edge).
 
-    The gradients come from :meth:`Wiring.receiver_gradients`: each receiver group's gradient ``(P, n, L, D)``
-    is turned into its scores as the backward pass reaches it, against the senders upstream of the group only,
-    and freed — no gradient of all receivers is ever held, nor a copy of any receiver's input."""
-    full = diff.new_zeros(diff.shape[0], diff.shape[1], len(graph.receivers))
+    ``diff``: ``(P, S, L, D)``, or its sender groups' parts ``(P, n_u, L, D)`` in sender order (as
+    :func:`sender_group_changes` gives them). The gradients come from :meth:`Wiring.receiver_gradients`: each
+    receiver group's gradient ``(P, n, L, D)`` is turned into its scores as the backward pass reaches it,
+    against the senders upstream of the group only, and freed — no gradient of all receivers is ever held,
+    nor a copy of any receiver's input."""
+    groups = list(graph.sender_groups.values())
+    parts = [diff[:, sl] for sl in groups] if isinstance(diff, Tensor) else list(diff)
+    if len(parts) != len(groups):
+        raise ValueError(f"diff: expected {len(groups)} sender groups' changes, got {len(parts)}")
+    full = parts[0].new_zeros(parts[0].shape[0], len(graph.senders), len(graph.receivers))
 
     def receive(group, grad: Tensor) -> None:
         sl = graph.groups[group]
         upstream = int(graph.reaches[:, sl.start].sum())  # senders come in stage order: the upstream ones first
-        full[:, :upstream, sl] += torch.einsum("psld,pnld->psn", diff[:, :upstream], grad.to(diff.dtype))
+        grad = grad.to(full.dtype)
+        for su, part in zip(groups, parts):
+            if su.start >= upstream:
+                break
+            full[:, su, sl] += torch.einsum("psld,pnld->psn", part, grad)
 
     w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
     return full
 
 
-def _changes(w: Wiring, graph: Graph, base: dict, source: dict) -> Tensor:
-    """:func:`~headwise.circuits.paths.sender_changes` ``(P, S, L, D)`` a sender group at a time into one
-    tensor, each group's records dropped from ``base`` and ``source`` once used: the peak is the two runs'
-    records, not the records and the changes."""
-    first = base[next(iter(graph.sender_groups))]
-    out = first.new_empty(first.shape[0], len(graph.senders), *first.shape[2:])
+def sender_group_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> list[Tensor]:
+    """:func:`~headwise.circuits.paths.sender_changes` as its sender groups' parts ``(P, n_u, L, D)`` in sender
+    order, each group's records dropped from ``base`` and ``source`` once used: the freed records make room
+    for the next parts, so the peak is the two runs' records (no stacked copy)."""
+    parts = []
     for key, sl in graph.sender_groups.items():
-        out[:, sl] = sender_changes(w, SimpleNamespace(sender_groups={key: sl}), base, source)
+        parts.append(sender_changes(w, SimpleNamespace(sender_groups={key: sl}), base, source))
         used = [key, ("o", key[1]), ("o_heads", key[1])] if key[0] == "heads" else [key]
         for k in used:
             base.pop(k, None)
             source.pop(k, None)
-    return out
+    return parts
 
 
 def edge_attribution(
@@ -143,7 +152,7 @@ def edge_attribution(
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
-    diff = _changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
+    diff = sender_group_changes(w, graph, clean_raw, corr_raw)  # a_u(corrupted) − a_u(clean) per group
     del clean_raw, corr_raw
     if method == "eap":
         full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)
