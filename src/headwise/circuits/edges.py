@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -88,17 +89,34 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed
     if len(parts) != len(groups):
         raise ValueError(f"diff: expected {len(groups)} sender groups' changes, got {len(parts)}")
     full = parts[0].new_zeros(parts[0].shape[0], len(graph.senders), len(graph.receivers))
+    stages = graph.stage_r
+    pending: dict = {}  # stage -> [gradients (P, R_stage, L, D), receivers still to come]
 
     def receive(group, grad: Tensor) -> None:
+        # the receivers of one stage (a layer's q, k and v groups) are contiguous and read the same senders: their
+        # gradients are gathered and scored in one pass over the upstream senders' changes
         sl = graph.groups[group]
-        upstream = int(graph.reaches[:, sl.start].sum())  # senders come in stage order: the upstream ones first
-        grad = grad.to(full.dtype)
+        stage = stages[sl.start]
+        first = int(np.searchsorted(stages, stage, "left"))
+        last = int(np.searchsorted(stages, stage, "right"))
+        if stage not in pending:
+            pending[stage] = [grad.new_empty(grad.shape[0], last - first, *grad.shape[2:]), last - first]
+        buf = pending[stage]
+        buf[0][:, sl.start - first : sl.stop - first] = grad
+        buf[1] -= sl.stop - sl.start
+        if buf[1]:
+            return
+        grads = pending.pop(stage)[0].to(full.dtype)
+        upstream = int(graph.reaches[:, first].sum())  # senders come in stage order: the upstream ones first
         for su, part in zip(groups, parts):
             if su.start >= upstream:
                 break
-            full[:, su, sl] += torch.einsum("psld,pnld->psn", part, grad)
+            full[:, su, first:last] += torch.einsum("psld,pnld->psn", part, grads)
 
     w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
+    if pending:
+        missing = [g for g, sl in graph.groups.items() if stages[sl.start] in pending]
+        raise RuntimeError(f"circuits: the backward pass reached no gradient for part of {missing}")
     return full
 
 
