@@ -1,7 +1,7 @@
 """Circuits on SmolLM2-135M: EAP and EAP-IG over every edge, exact path patching into one key group, EAP at long
 inputs — each case a fresh process (``python benchmarks/targets/circuits.py CASE`` prints one JSON line).
 
-Cases (8 indirect-object pairs of 16 tokens, "When Mary and John went to the store, John gave a drink to" with
+Cases (8 indirect-object pairs of 14 tokens, "When Mary and John went to the store, John gave a drink to" with
 other names, places and objects; the corrupted prompt repeats the other name):
 
 - ``eap``: :func:`headwise.circuits.edge_attribution` over every edge (30 layers × 9 query heads, 3 key/value

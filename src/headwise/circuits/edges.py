@@ -107,11 +107,13 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed
         if buf[1]:
             return
         grads = pending.pop(stage)[0].to(full.dtype)
+        P = grads.shape[0]
+        g_t = grads.reshape(P, grads.shape[1], -1).transpose(1, 2)  # (P, L·D, n): a view, read in place by matmul
         upstream = int(graph.reaches[:, first].sum())  # senders come in stage order: the upstream ones first
         for su, part in zip(groups, parts):
             if su.start >= upstream:
                 break
-            full[:, su, first:last] += torch.einsum("psld,pnld->psn", part, grads)
+            full[:, su, first:last] += torch.matmul(part.reshape(P, part.shape[1], -1), g_t)  # Σ_{t,d} diff · grad
 
     w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
     if pending:
