@@ -1,7 +1,7 @@
 """Circuits on SmolLM2-135M: EAP and EAP-IG over every edge, exact path patching into one key group, EAP at long
 inputs — each case a fresh process (``python benchmarks/targets/circuits.py CASE`` prints one JSON line).
 
-Cases (8 indirect-object pairs of 16 tokens, "When Mary and John went to the store, John gave a drink to" with
+Cases (8 indirect-object pairs of 14 tokens, "When Mary and John went to the store, John gave a drink to" with
 other names, places and objects; the corrupted prompt repeats the other name):
 
 - ``eap``: :func:`headwise.circuits.edge_attribution` over every edge (30 layers × 9 query heads, 3 key/value
@@ -9,8 +9,10 @@ other names, places and objects; the corrupted prompt repeats the other name):
 - ``eap-ig``: the same with 5 integrated-gradient steps; goal ≤ 120 s;
 - ``path``: :func:`headwise.circuits.path_patch` of all 270 heads, one at a time, into one receiver's key
   group (layer 29, group 0); goal ≤ 120 s;
-- ``eap-long``: EAP on one pair of 2,048 tokens (the bundled web sentences, the token before the last
-  changed); goal: peak ≤ 8 GB, time stated.
+- ``eap-long``: EAP over every edge on one pair of 2,048 tokens (:func:`long_pairs`: the bundled web
+  sentences, then an indirect-object sentence whose second mention of a name differs); goal: peak ≤ 8 GB,
+  time stated. ``python benchmarks/targets/circuits.py eap-long 2048 P`` runs P such pairs (each its own
+  names, the same text before them).
 
 Times are wall seconds of the call after the model is loaded; peaks are the process's resident high-water mark
 (``VmHWM``, as ``benchmarks/memcase.py``).
@@ -59,7 +61,24 @@ def ioi_pairs(tok, P: int = 8):
     return torch.tensor(clean), torch.tensor(corrupted), answer, wrong
 
 
-def run_case(case: str, length: int = 2048) -> dict:
+def long_pairs(tok, length: int = 2048, P: int = 1):
+    """``(clean (P, length), corrupted, answer ids, wrong ids)``: the first tokens of the bundled web sentences,
+    then :func:`ioi_pairs`' sentences (the last 14 tokens) — a clean and a corrupted prompt differ in one name."""
+    import torch
+
+    import headwise
+
+    clean, corrupted, answer, wrong = ioi_pairs(tok, P)
+    corpus = Path(headwise.__file__).parent / "data" / "corpus" / "web_sentences.txt"
+    text = tok.encode(corpus.read_text()[:40000], add_special_tokens=False).ids
+    need = length - clean.shape[1]
+    if need < 0 or len(text) < need:
+        raise ValueError(f"length: expected {clean.shape[1]}..{clean.shape[1] + len(text)} tokens, got {length}")
+    prefix = torch.tensor(text[:need]).expand(P, need)
+    return torch.cat([prefix, clean], 1), torch.cat([prefix, corrupted], 1), answer, wrong
+
+
+def run_case(case: str, length: int = 2048, pairs: int = 1) -> dict:
     import torch
 
     from headwise.circuits import edge_attribution, path_patch, wiring
@@ -70,13 +89,7 @@ def run_case(case: str, length: int = 2048) -> dict:
     hm = open_model("smollm2")
     w = wiring(hm)
     if case == "eap-long":
-        import headwise
-
-        corpus = Path(headwise.__file__).parent / "data" / "corpus" / "web_sentences.txt"
-        ids = hm.encode([corpus.read_text()[:20000]]).ids[:, :length]
-        corrupted = ids.clone()
-        corrupted[0, -2] = (corrupted[0, -2] + 1) % hm.vocab_size
-        clean, answer, wrong = ids, [int(ids[0, -1])], [int(corrupted[0, -1]) + 1]
+        clean, corrupted, answer, wrong = long_pairs(hm.tokenizer, length, pairs)
     else:
         clean, corrupted, answer, wrong = ioi_pairs(hm.tokenizer)
     metric = logit_difference(answer, wrong)
@@ -92,7 +105,14 @@ def run_case(case: str, length: int = 2048) -> dict:
         out = path_patch(w, clean, corrupted, metric, senders, ["L29.KV0.k"], batch_size=30)
         extra = {"senders": len(senders), "passes": out.passes}
     seconds = time.perf_counter() - t0
-    return {"case": case, "seconds": seconds, "peak_mib": _peak_mib(), "tokens": int(clean.shape[1]), **extra}
+    return {
+        "case": case,
+        "seconds": seconds,
+        "peak_mib": _peak_mib(),
+        "tokens": int(clean.shape[1]),
+        "pairs": int(clean.shape[0]),
+        **extra,
+    }
 
 
 def measure_case(case: str) -> dict:
@@ -147,4 +167,4 @@ except ImportError:  # run as a script: no benchmark harness on the path
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_case(sys.argv[1] if len(sys.argv) > 1 else "eap", *map(int, sys.argv[2:3]))))
+    print(json.dumps(run_case(sys.argv[1] if len(sys.argv) > 1 else "eap", *map(int, sys.argv[2:4]))))

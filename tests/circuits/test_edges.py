@@ -126,3 +126,107 @@ def test_bad_arguments_are_named():
     w = wiring(model)
     with pytest.raises(ValueError, match="edges: .*no edge"):
         patch_edges(w, clean, corrupted, METRIC, [("L1.H0", "L1.H1.q")])
+
+
+def _scores_by_edited_inputs(w, graph, ids, metric, diff, embed=None):
+    """The reference route: a zero ``Δ (P, n, L, D)`` added to every receiver group's input by ``Wiring.run``
+    (each query/key/value receiver's projection recomputed from ``norm(r + Δ)``), the scores from its gradient."""
+    P, L = ids.shape
+    S, D = diff.shape[1], diff.shape[-1]
+    full = diff.new_zeros(P, S, len(graph.receivers))
+    zero = torch.zeros((), requires_grad=True)
+
+    def deltas(group, _writes):
+        sl = graph.groups[group]
+        d = zero.expand(P, sl.stop - sl.start, L, D)
+
+        def score(grad):
+            full[:, :, sl] += torch.einsum("psld,pnld->psn", diff, grad)
+
+        d.register_hook(score)
+        return d
+
+    with torch.enable_grad():
+        logits, _ = w.run(ids, deltas=deltas, embed=embed)
+        torch.autograd.grad(metric(logits).sum(), [zero])
+    return full
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2", "gemma2", "stack"])
+def test_tapped_gradients_equal_the_edited_inputs_route(case):
+    """Every receiver's score, all (P, S, R) of them, from the projections' output gradients (the route edge
+    attribution takes) equals the one from a zero added to each receiver's own input, with and without
+    interpolated embeddings (EAP-IG's runs); entries of no edge are 0."""
+    from headwise.circuits.edges import receiver_scores, sender_group_changes
+    from headwise.circuits.paths import open_pair, sender_changes
+
+    model = Stack(seed=2) if case == "stack" else hf_model(case)
+    clean, corrupted = pair(P=2, L=8, where=3, seed=4)
+    w, graph, c, x, _ = open_pair(model, clean, corrupted, METRIC)
+    with torch.no_grad():
+        _, clean_raw = w.run(c, record=True)
+        _, corr_raw = w.run(x, record=True)
+    diff = sender_changes(w, graph, clean_raw, corr_raw)
+    base, source = dict(clean_raw), dict(corr_raw)
+    parts = sender_group_changes(w, graph, base, source)
+    torch.testing.assert_close(torch.cat(parts, 1), diff, atol=0, rtol=0)  # a group at a time
+    assert not [k for k in base if k[0] in ("heads", "mlp", "o", "o_heads")]
+    e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]
+    point = e_corr + 0.4 * (e_clean - e_corr)
+    s_idx, r_idx = torch.from_numpy(graph.edge_index[:, 0]), torch.from_numpy(graph.edge_index[:, 1])
+    for embed in (None, lambda _x: point):
+        new = receiver_scores(w, graph, c, METRIC, diff, embed=embed)
+        torch.testing.assert_close(receiver_scores(w, graph, c, METRIC, parts, embed=embed), new, atol=0, rtol=0)
+        old = _scores_by_edited_inputs(w, graph, c, METRIC, diff, embed=embed)
+        assert new.shape == old.shape == (2, len(graph.senders), len(graph.receivers))
+        scale = float(old[:, s_idx, r_idx].abs().max())
+        assert scale > 1e-3
+        torch.testing.assert_close(new[:, s_idx, r_idx], old[:, s_idx, r_idx], atol=1e-5 * scale, rtol=1e-5)
+        no_edge = ~torch.from_numpy(graph.reaches)
+        assert float(new[:, no_edge].abs().max()) == 0.0
+
+
+class _MarksTheBackward:
+    """The metric, noting when it is called on logits with gradients: the pass with gradients ends there."""
+
+    def __init__(self, metric):
+        self.metric, self.position, self.backward = metric, metric.position, False
+
+    def __call__(self, logits):
+        self.backward = self.backward or logits.requires_grad
+        return self.metric(logits)
+
+
+@pytest.mark.parametrize("case", ["llama", "stack"])
+def test_no_length_squared_map_is_kept_for_the_backward_pass(case):
+    """Every tensor autograd saves in edge attribution's forward pass with gradients: none is an L × L map (the
+    attention runs on torch's kernel with the causal flag), and none holds a copy of the residual per receiver
+    (N, n, L, D: the backward hooks make theirs one group at a time and free them). Forced onto torch's math
+    path the same run keeps L × L probabilities (the check can fail)."""
+    L = 40
+    clean, corrupted = pair(P=2, L=L, where=5)
+
+    def saved_shapes(model):
+        shapes, metric = [], _MarksTheBackward(METRIC)
+
+        def pack(t):
+            if not metric.backward:
+                shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            edge_attribution(model, clean, corrupted, metric)
+        assert metric.backward
+        return shapes
+
+    model = Stack(seed=1) if case == "stack" else hf_model(case)
+    shapes = saved_shapes(model)
+    assert shapes and not [s for s in shapes if s[-2:] == (L, L)]
+    lw = wiring(model).layers[0]
+    D = lw.heads_out.shape[-1]
+    copies = [s for s in shapes if len(s) == 4 and s[0] == 2 and s[1] in (lw.num_heads, lw.num_kv) and s[-1] == D]
+    assert not copies, copies
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):  # torch's math path keeps the probabilities
+        assert [s for s in saved_shapes(model) if s[-2:] == (L, L)]

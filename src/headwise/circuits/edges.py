@@ -28,7 +28,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,7 +40,7 @@ from headwise.circuits.paths import open_pair, sender_changes
 from headwise.circuits.wiring import Wiring
 from headwise.patching.metric import reads_last_position
 
-__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores"]
+__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores", "sender_group_changes"]
 
 EDGE_METHODS = ("eap", "eap-ig")
 Progress = Callable[[int, int], None]
@@ -72,33 +74,66 @@ class EdgeScores:
         return order[:n].tolist()
 
 
-def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff: Tensor, *, embed=None) -> Tensor:
+def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed=None) -> Tensor:
     """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
-    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`).
+    pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`); 0 where sender s does
+    not reach receiver r (no edge).
 
-    Each receiver group's input gets a zero added as a broadcast view of one scalar, and a hook on it turns the
-    group's gradient ``(P, n, L, D)`` into its scores as the backward pass reaches it: no gradient of all
-    receivers is ever held."""
-    P, L = ids.shape
-    S, D = diff.shape[1], diff.shape[-1]
-    full = diff.new_zeros(P, S, len(graph.receivers))
-    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+    ``diff``: ``(P, S, L, D)``, or its sender groups' parts ``(P, n_u, L, D)`` in sender order (as
+    :func:`sender_group_changes` gives them). The gradients come from :meth:`Wiring.receiver_gradients`: each
+    receiver group's gradient ``(P, n, L, D)`` is turned into its scores as the backward pass reaches it,
+    against the senders upstream of the group only, and freed — no gradient of all receivers is ever held,
+    nor a copy of any receiver's input."""
+    groups = list(graph.sender_groups.values())
+    parts = [diff[:, sl] for sl in groups] if isinstance(diff, Tensor) else list(diff)
+    if len(parts) != len(groups):
+        raise ValueError(f"diff: expected {len(groups)} sender groups' changes, got {len(parts)}")
+    full = parts[0].new_zeros(parts[0].shape[0], len(graph.senders), len(graph.receivers))
+    stages = graph.stage_r
+    pending: dict = {}  # stage -> [gradients (P, R_stage, L, D), receivers still to come]
 
-    def deltas(group, _writes):
+    def receive(group, grad: Tensor) -> None:
+        # the receivers of one stage (a layer's q, k and v groups) are contiguous and read the same senders: their
+        # gradients are gathered and scored in one pass over the upstream senders' changes
         sl = graph.groups[group]
-        d = zero.expand(P, sl.stop - sl.start, L, D)
+        stage = stages[sl.start]
+        first = int(np.searchsorted(stages, stage, "left"))
+        last = int(np.searchsorted(stages, stage, "right"))
+        if stage not in pending:
+            pending[stage] = [grad.new_empty(grad.shape[0], last - first, *grad.shape[2:]), last - first]
+        buf = pending[stage]
+        buf[0][:, sl.start - first : sl.stop - first] = grad
+        buf[1] -= sl.stop - sl.start
+        if buf[1]:
+            return
+        grads = pending.pop(stage)[0].to(full.dtype)
+        P = grads.shape[0]
+        g_t = grads.reshape(P, grads.shape[1], -1).transpose(1, 2)  # (P, L·D, n): a view, read in place by matmul
+        upstream = int(graph.reaches[:, first].sum())  # senders come in stage order: the upstream ones first
+        for su, part in zip(groups, parts):
+            if su.start >= upstream:
+                break
+            full[:, su, first:last] += torch.matmul(part.reshape(P, part.shape[1], -1), g_t)  # Σ_{t,d} diff · grad
 
-        def score(grad: Tensor) -> None:
-            full[:, :, sl] += torch.einsum("psld,pnld->psn", diff, grad.to(diff.dtype))
-
-        d.register_hook(score)
-        return d
-
-    with torch.enable_grad():
-        logits, _ = w.run(ids, deltas=deltas, embed=embed, last_only=reads_last_position(metric))
-        value = metric(logits)  # (P,)
-        torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+    w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
+    if pending:
+        missing = [g for g, sl in graph.groups.items() if stages[sl.start] in pending]
+        raise RuntimeError(f"circuits: the backward pass reached no gradient for part of {missing}")
     return full
+
+
+def sender_group_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> list[Tensor]:
+    """:func:`~headwise.circuits.paths.sender_changes` as its sender groups' parts ``(P, n_u, L, D)`` in sender
+    order, each group's records dropped from ``base`` and ``source`` once used: the freed records make room
+    for the next parts, so the peak is the two runs' records (no stacked copy)."""
+    parts = []
+    for key, sl in graph.sender_groups.items():
+        parts.append(sender_changes(w, SimpleNamespace(sender_groups={key: sl}), base, source))
+        used = [key, ("o", key[1]), ("o_heads", key[1])] if key[0] == "heads" else [key]
+        for k in used:
+            base.pop(k, None)
+            source.pop(k, None)
+    return parts
 
 
 def edge_attribution(
@@ -136,8 +171,8 @@ def edge_attribution(
         corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
-    diff = sender_changes(w, graph, clean_raw, corr_raw)  # (P, S, L, D): a_u(corrupted) − a_u(clean)
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    diff = sender_group_changes(w, graph, clean_raw, corr_raw)  # a_u(corrupted) − a_u(clean) per group
     del clean_raw, corr_raw
     if method == "eap":
         full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)

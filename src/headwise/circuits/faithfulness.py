@@ -31,7 +31,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph
-from headwise.circuits.paths import open_pair, sender_writes, stack_writes
+from headwise.circuits.paths import open_pair, sender_writes
 from headwise.circuits.wiring import Wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
@@ -89,13 +89,7 @@ class _Ablator:
             m = drop[:, :upstream, sl]  # (J, S', n)
             if not bool(m.any()):
                 return None
-            cur = stack_writes(g, writes, upstream)  # (N, S', L, D)
-            if cur.shape[1] != upstream:
-                raise RuntimeError(f"circuits: {cur.shape[1]} senders wrote before {group}, expected {upstream}")
-            abl = self.ablated[:, :upstream].to(cur.dtype)  # (P or 1, S', L, D)
-            diff = cur.reshape(J, P, *cur.shape[1:]) - abl[None]  # (J, P, S', L, D)
-            out = -torch.einsum("jsn,jpsld->jpnld", m.to(cur.dtype), diff)
-            return out.reshape(J * P, *out.shape[2:])
+            return self._ablation(group, writes, m, upstream, J, P)
 
         with torch.no_grad():
             logits, _ = self.w.run(
@@ -103,6 +97,27 @@ class _Ablator:
             )
         self.passes += 1
         return self.metric(logits).detach().float().reshape(J, P).T.cpu()
+
+    def _ablation(self, group, writes: dict, m: Tensor, upstream: int, J: int, P: int) -> Tensor:
+        """``(J·P, n, L, D)``: ``−Σ_{u dropped} (a_u − ã_u)`` for the group's n receivers, a sender group at a time
+        (its ``(J, P, n_u, L, D)`` difference, never all S' senders' at once), groups with nothing dropped
+        skipped."""
+        out = None
+        for key, su in self.graph.sender_groups.items():
+            if su.start >= upstream:
+                break
+            mu = m[:, su]  # (J, n_u, n)
+            if not bool(mu.any()):
+                continue
+            if key not in writes:
+                raise RuntimeError(f"circuits: sender {key} had not written before {group}")
+            cur = writes[key]  # (N, n_u, L, D)
+            diff = cur.reshape(J, P, *cur.shape[1:]) - self.ablated[None, :, su].to(cur.dtype)  # (J, P, n_u, L, D)
+            part = torch.einsum("jsn,jpsld->jpnld", mu.to(cur.dtype), diff)
+            out = part if out is None else out.add_(part)
+        if out is None:  # unreachable: m.any() held for some group
+            raise RuntimeError(f"circuits: no dropped sender before {group}")
+        return -out.reshape(J * P, *out.shape[2:])
 
 
 def size_grid(num_edges: int) -> list[int]:

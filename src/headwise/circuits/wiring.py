@@ -24,6 +24,15 @@ values per group the same. Nothing else of the forward pass changes, so the edit
 patching), a zero tensor whose gradient is ∂metric/∂input (edge attribution), or a function of the run's
 own writes (faithfulness: every edge outside a circuit ablated).
 
+Edge attribution needs only the gradient with respect to every receiver's input, not an edited forward pass:
+:meth:`Wiring.receiver_gradients` leaves the model's projections as they are and taps their output gradient
+``∂m/∂y (N, L, out)`` in the backward pass. A receiver i of a side reads ``x = norm(r)`` through its rows
+``W_i``, so its cotangent on ``x`` is ``u_i = ∂m/∂y[..., cols of i] · W_i`` and the gradient with respect to
+its own input is the norm's vector–Jacobian product at ``r`` with ``u_i`` — recomputed in the hook from the
+norm alone (per position, transient), handed over and freed. The model's own backward carries the summed
+gradient on through ``r`` unchanged, so nothing ``(N, n, L, D)`` is kept for the backward pass (the route of
+the edited inputs keeps a normalised copy of the residual per receiver and layer).
+
 The structure is found by one recording pass, not from a list of families: the attention's input norm is the
 block's norm whose output is the attention's input, the MLP's the norm whose output is the MLP's input; the
 projections are ``q_proj / k_proj / v_proj`` (Llama, Gemma, Qwen, Mistral, …), ``Wq / Wk / Wv`` (headwise's
@@ -58,6 +67,12 @@ _FUSED_NAMES = ("c_attn",)
 #: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group is ``("q"|"k"|"v"|"mlp", layer)`` or
 #: ``("logits", NL)``; ``writes`` the sender writes recorded so far in this pass (see :meth:`Wiring.run`).
 Deltas = Callable[[tuple[str, int], dict], "Tensor | None"]
+#: ``receive(group, grad (N, n, L, D))``: the metric's gradient with respect to the n inputs of a receiver group
+#: (see :meth:`Wiring.receiver_gradients`), called once per group during the backward pass.
+Receive = Callable[[tuple[str, int], Tensor], None]
+
+#: elements of the transient ``(N, n', L, D)`` input copies one norm vector–Jacobian product is taken on
+_VJP_ELEMENTS = 1 << 23
 
 
 def _affine(module: nn.Module, what: str) -> tuple[Tensor, Tensor | None]:
@@ -220,6 +235,7 @@ class Wiring:
         record: bool = False,
         embed: Callable[[Tensor], Tensor] | None = None,
         last_only: bool = False,
+        _taps: tuple[Tensor, Receive] | None = None,
     ) -> tuple[Tensor, dict]:
         """One forward pass of ``ids (N, L)``.
 
@@ -266,6 +282,21 @@ class Wiring:
                     fn = partial(self._add, ("mlp", layer), deltas, writes)
                     handles.append(lw.mlp_norm.register_forward_pre_hook(fn))
             hooks.append(("resid_final", partial(self._add_final, ("logits", len(self.layers)), deltas, writes)))
+        if _taps is not None:  # (zero, receive): see receiver_gradients
+            zero, receive = _taps
+            residual = {}
+            for layer, lw in enumerate(self.layers):
+                handles.append(lw.attn_norm.register_forward_pre_hook(partial(self._residual, residual, layer)))
+                by_module = {}
+                for side in lw.sides.values():
+                    by_module.setdefault(id(side.module), []).append(side)
+                for sides in by_module.values():
+                    fn = partial(self._tap, residual, layer, lw, sides, zero, receive)
+                    handles.append(sides[0].module.register_forward_hook(fn))
+                if lw.mlp is not None:
+                    fn = partial(self._tap_input, ("mlp", layer), zero, receive)
+                    handles.append(lw.mlp_norm.register_forward_pre_hook(fn))
+            hooks.append(("resid_final", partial(self._tap_final, ("logits", len(self.layers)), zero, receive)))
         try:
             with tgt.hooks(hooks):
                 logits = tgt.logits(ids, last_only=last_only)
@@ -273,6 +304,40 @@ class Wiring:
             for h in handles:
                 h.remove()
         return logits, writes
+
+    def receiver_gradients(
+        self,
+        ids: Tensor,
+        metric: Callable[[Tensor], Tensor],
+        receive: Receive,
+        *,
+        embed: Callable[[Tensor], Tensor] | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """One forward pass of ``ids (N, L)`` and one backward pass of ``metric(logits).sum()`` that hands the
+        gradient with respect to every receiver group's inputs to ``receive(group, grad (N, n, L, D))`` as the
+        backward pass reaches it (groups as ``deltas`` of :meth:`run`; n = H query heads, Hkv key or value
+        groups, 1 for an MLP or the logits).
+
+        The same gradients as a zero ``Δ`` added to every receiver's input by :meth:`run` (the gradient with
+        respect to ``Δ``), without the forward pass's per-receiver copies: a query/key/value receiver's gradient
+        is the input norm's vector–Jacobian product at the residual ``r`` with ``∂m/∂y_i · W_i`` (``y_i`` its
+        columns of the projection's output), recomputed in the backward hook (see the module docstring); an
+        MLP's and the logits' input get a zero added (a broadcast view of one scalar). The model's parameters
+        get no ``.grad``.
+
+        Args:
+            metric: ``fn(logits (N, L or 1, V)) -> (N,)``, differentiable.
+            embed, last_only: as :meth:`run`.
+        Returns:
+            ``(N,)`` the metric (detached).
+        """
+        zero = torch.zeros((), dtype=self.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+        with torch.enable_grad():
+            logits, _ = self.run(ids, embed=embed, last_only=last_only, _taps=(zero, receive))
+            value = metric(logits)  # (N,)
+            torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+        return value.detach()
 
     # -- hooks ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -322,6 +387,48 @@ class Wiring:
             return None
         y = torch.cat([*parts, y[..., at:]], -1)
         return (y, *output[1:]) if isinstance(output, tuple) else y
+
+    def _tap(self, residual, layer, lw: LayerWiring, sides, zero: Tensor, receive: Receive, _module, _args, output):
+        y = _out(output) + zero  # (N, L, out): the same values, a node whose gradient is ∂m/∂y
+        y.register_hook(partial(self._side_gradients, residual[layer], layer, lw, sides, receive))
+        return (y, *output[1:]) if isinstance(output, tuple) else y
+
+    def _side_gradients(self, r: Tensor, layer: int, lw: LayerWiring, sides, receive: Receive, grad: Tensor) -> None:
+        N, L = grad.shape[:2]
+        r = r.detach()  # (N, L, D)
+        for side in sides:
+            g = grad[..., side.offset : side.offset + side.n * side.width].reshape(N, L, side.n, side.width)
+            u = torch.einsum("nliw,iwd->nild", g, side.W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
+            receive((side.name, layer), self._norm_vjp(lw.attn_norm, r, u))
+
+    def _norm_vjp(self, norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
+        """``(N, n, L, D)``: the vector–Jacobian product of ``norm`` at ``r (N, L, D)`` with each ``u[:, i]``."""
+        step = max(1, _VJP_ELEMENTS // max(1, r.numel()))
+        parts = []
+        for i in range(0, u.shape[1], step):
+            c = u[:, i : i + step]
+            with torch.enable_grad():
+                x = r[:, None].expand(c.shape).to(c.dtype).clone().requires_grad_(True)
+                self._inside = True
+                try:
+                    y = norm(x)
+                finally:
+                    self._inside = False
+                parts.append(torch.autograd.grad(y, x, c)[0])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    @staticmethod
+    def _tapped(group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:
+        """``x (N, L, D)`` plus a zero ``(N, 1, L, D)`` view of one scalar whose gradient goes to ``receive``."""
+        d = zero.to(x.dtype).expand(x.shape[0], 1, *x.shape[1:])
+        d.register_hook(partial(receive, group))
+        return x + d[:, 0]
+
+    def _tap_input(self, group, zero: Tensor, receive: Receive, _module, args, kwargs=None):
+        return (self._tapped(group, zero, receive, args[0]), *args[1:])
+
+    def _tap_final(self, group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:
+        return self._tapped(group, zero, receive, x)
 
     @staticmethod
     def _add(group, deltas: Deltas, writes, _module, args, kwargs=None):
