@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -36,7 +35,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph
-from headwise.circuits.paths import open_pair, sender_changes
+from headwise.circuits.paths import group_change, open_pair
 from headwise.circuits.wiring import Wiring
 from headwise.patching.metric import reads_last_position
 
@@ -124,11 +123,12 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed
 
 def sender_group_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> list[Tensor]:
     """:func:`~headwise.circuits.paths.sender_changes` as its sender groups' parts ``(P, n_u, L, D)`` in sender
-    order, each group's records dropped from ``base`` and ``source`` once used: the freed records make room
-    for the next parts, so the peak is the two runs' records (no stacked copy)."""
+    order (:func:`~headwise.circuits.paths.group_change`), each group's records dropped from ``base`` and
+    ``source`` once used: the freed records make room for the next parts, so the peak is the two runs' records
+    (no stacked copy)."""
     parts = []
-    for key, sl in graph.sender_groups.items():
-        parts.append(sender_changes(w, SimpleNamespace(sender_groups={key: sl}), base, source))
+    for key in graph.sender_groups:
+        parts.append(group_change(w, key, base, source))
         used = [key, ("o", key[1]), ("o_heads", key[1])] if key[0] == "heads" else [key]
         for k in used:
             base.pop(k, None)

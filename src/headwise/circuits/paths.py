@@ -119,21 +119,23 @@ def _change(w: Wiring, key, members: list[int], base: dict, source: dict) -> Ten
 
 
 def sender_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> Tensor:
-    """``(P, S, L, D)``: each sender's change of write when it alone takes the source's (:func:`_change`; the
-    difference of the writes, but under a post-norm each head's exact change with the layer's other heads at
-    the base run)."""
-    parts = []
-    for key in graph.sender_groups:
-        if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
-            layer = key[1]
-            o = base[("o", layer)][:, None]  # (P, 1, L, D)
-            delta = source[("o_heads", layer)] - base[("o_heads", layer)]  # (P, H, L, D)
-            post = w.layers[layer].attn_post
-            with torch.no_grad():
-                parts.append(post(o + delta) - post(o))
-        else:
-            parts.append(source[key] - base[key])
-    return torch.cat(parts, 1)
+    """``(P, S, L, D)``: each sender's change of write when it alone takes the source's (:func:`group_change` of
+    every sender group, in sender order)."""
+    return torch.cat([group_change(w, key, base, source) for key in graph.sender_groups], 1)
+
+
+def group_change(w: Wiring, key: tuple[str, int], base: dict, source: dict) -> Tensor:
+    """``(P, n, L, D)``: the change of write of each sender of the group ``key`` when it alone takes the source's:
+    the difference of the writes, but under a post-norm each head's exact change with the layer's other heads at
+    the base run (:func:`_change`)."""
+    if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
+        layer = key[1]
+        o = base[("o", layer)][:, None]  # (P, 1, L, D)
+        delta = source[("o_heads", layer)] - base[("o_heads", layer)]  # (P, H, L, D)
+        post = w.layers[layer].attn_post
+        with torch.no_grad():
+            return post(o + delta) - post(o)
+    return source[key] - base[key]
 
 
 def _job_deltas(graph: Graph, parts: list, receivers: Tensor):
