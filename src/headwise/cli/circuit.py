@@ -24,9 +24,10 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
 (:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
 the same top edges and rank 0 writes the one-process files (to float32 rounding). More ranks than pairs is refused.
-``--out/stages`` keeps each stage's gathered result (the edges' scores, the exact patches, the faithfulness curve,
-the circuit), so a restarted or repeated run with the same options loads the finished stages; a manifest of another
-run is refused. See ``docs/distributed.md``.
+Until the files are written, ``--out/stages`` keeps each stage's gathered result (the edges' scores, the exact
+patches, the faithfulness curve, the circuit), so a run restarted (``torchrun --max-restarts``) or started again with
+the same options loads the finished stages; a manifest of another run is refused. The finished folder holds the
+three files alone. See ``docs/distributed.md``.
 
 Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
 all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
@@ -272,8 +273,6 @@ def circuit(
             write_text_atomic(folder / "circuit.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
             plot_circuit(report, folder / "circuit.png", max_edges=max_edges, title=title)
             write_circuit_page(report, folder / "circuit.html", title=hm.title)
-            if across and (out / "stages").is_dir():  # kept: a run with the same --out and options resumes
-                os.replace(out / "stages", folder / "stages")
     except OSError as e:
         raise write_failed("--out", out, e) from None
 

@@ -29,10 +29,13 @@ by tokens: the pairs share one length, so by count), and every rank runs :func:`
 all the pairs with its share named (:class:`headwise.circuits.PairShard`): the per-pair values — EAP / EAP-IG
 scores ``(P, E)``, the exact patches of the top edges, the faithfulness curve's metrics, each bisection step's —
 are all-gathered (float32, exact) before any mean, so every rank chooses the same top edges and the same circuit,
-and rank 0 returns the one-process :class:`~headwise.circuits.Circuit`. Not resumable: each stage starts from the
-previous one's reduced result (the top edges from the scores, the curve's order from the scores, the bisection from
-the curve), so a saved shard would have to be a stage of a pair — the EAP scores of a pair are the one stage worth
-keeping, and cost one forward and one backward pass of it.
+and rank 0 returns the one-process :class:`~headwise.circuits.Circuit`. Resumable by stage: each stage starts from
+the previous one's reduced result (the top edges from the scores, the curve's order from the scores, the bisection
+from the curve), so what is kept is a stage's gathered result (:data:`CIRCUIT_STAGES`: every pair's scores
+``(P, E)``, every pair's exact patches ``(P, J)``, the faithfulness curve, the circuit's size), saved by rank 0 as it
+finishes (``OUT/stages/shard-<stage>.safetensors`` beside a manifest naming the weights' SHA-256 and the inputs' and
+options'), through :func:`~headwise.circuits.find_circuit`'s ``stages`` seam; a restarted or repeated run loads the
+stages every rank can read and computes the rest; a manifest of another run is refused with one line.
 """
 
 from __future__ import annotations
@@ -44,7 +47,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep"]
+__all__ = [
+    "CIRCUIT_STAGES",
+    "CircuitRun",
+    "PatchRun",
+    "SweepShard",
+    "circuit_across_ranks",
+    "patch_across_ranks",
+    "plan_sweep",
+]
 
 #: The patching shards' format; a manifest of another format is refused.
 PATCH_FORMAT = "headwise-patch-shards/1"
