@@ -148,3 +148,19 @@ def test_a_killed_rank_restarts_without_recomputing_and_equals(setup, tmp_path):
     assert saved and {(1, k) for k in saved} <= set(done[1][1])  # the killed rank's saved shards are resumed
     _same(np.load(out / "result.npy", allow_pickle=True).item(), want)
     assert not list(out.rglob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_an_encoder_resumes_and_equals_one_process(tmp_path, world_of_one):
+    """The bundled MiniLM (the embedding objective: the intact embeddings formed again for each batch's pruning
+    sets): one gloo rank equals the one-process call, and a second run computes nothing, bit for bit."""
+    hm = open_model(None)
+    lines = ["God saw the light.", "And it was good, very good.", "The cat sat.", "A dog ran to the tree and back."]
+    batches = [(e.ids, e.mask) for e in (hm.encode(lines[:2]), hm.encode(lines[2:]))]
+    options = {"seed": 0, "random_orders": 1, "points": 5}
+    want = head_importance(hm, batches, **options)
+    run = study.importance_across_ranks(hm, batches, out=tmp_path, **options)
+    _same(run.result, want)
+    again = study.importance_across_ranks(hm, batches, out=tmp_path, **options)
+    assert again.computed == [] and len(again.resumed) == 4
+    _same(again.result, run.result, tol=0.0)
