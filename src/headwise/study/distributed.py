@@ -813,7 +813,8 @@ def importance_across_ranks(
         hm: a :class:`~headwise.models.HeadModel`; batches: as :func:`~headwise.analysis.head_importance` (the
             objective is measured on them too).
         seed, scored, random_orders, points, mode, copies, memory, progress: as
-            :func:`~headwise.analysis.head_importance` (``progress``: this rank's share, batch by batch).
+            :func:`~headwise.analysis.head_importance` (``progress``: ``"importance"`` in this rank's batches,
+            ``"ablation"`` and ``"pruning"`` in the passes of the batch at hand).
         out: where the shards are kept (see above).
         timeout_s: the collectives' timeout (see the module's text).
     Returns:
@@ -855,12 +856,26 @@ def importance_across_ranks(
         mine = deal([float(b[0].numel()) for b in batches], world)[rank]
         run = {"computed": [], "resumed": [], "sent": 0}
 
+        def shown(k: int):
+            """``progress`` of batch ``k``'s call: the gates' pass counted in this rank's batches, the passes of the
+            ablations and the pruning sets in the batch's own."""
+            if progress is None:
+                return None
+
+            def report(stage: str, done: int, total: int) -> None:
+                if stage != "importance":
+                    progress(stage, done, total)
+                elif done == total:
+                    progress(stage, mine.index(k) + 1, len(mine))
+
+            return report
+
         def call(k: int, reduce, stages=None):
             """head_importance on batch ``k`` alone, until ``reduce`` or ``stages`` stops it (:class:`_Stop`)."""
             try:
                 return head_importance(
                     hm, [batches[k]], scored=scored, random_orders=random_orders, seed=seed, points=points,
-                    mode=mode, copies=copies, memory=memory, progress=progress, reduce=reduce, stages=stages,
+                    mode=mode, copies=copies, memory=memory, progress=shown(k), reduce=reduce, stages=stages,
                 )  # fmt: skip
             except _Stop:
                 return None
