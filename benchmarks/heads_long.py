@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/heads_long.py 1024 8192        # one row per length, each case a fresh process
     .venv/bin/python benchmarks/heads_long.py --no-sdpa 32768  # the command alone
+    .venv/bin/python benchmarks/heads_long.py --repeats 3 1024 # three rows, each the sdpa case then the command
+
+Each row names the CPU and the load average at its start, and gives the command's time ÷ the sdpa forward's and
+where the command's time went (``phases``: seconds from interpreter start to the command's first step, then each
+step in order, timed in the command's own process by wrapping its steps: opening the model, the statistics — the
+text's pass and the probe's — the table and roles lines, the files; ``heads.png`` is drawn in a forked child from
+the moment the statistics are known, and ``files`` ends when it is joined).
 
 Each case runs in its own process; its time is wall time from interpreter start to files written (the command) or
 of one forward after the load (sdpa, ``model(ids)`` with no gradient), and its peak is the process's peak resident
@@ -73,7 +80,58 @@ def stretched(hm, L: int, tmp: Path) -> str:
     return str(folder)
 
 
-def case(cmd: list[str]) -> dict:
+#: The command in a fresh process, its steps timed (``phases``, seconds in order) and its peak resident set.
+COMMAND = """
+import time
+t0, now = time.perf_counter(), time.time()
+import json, resource, sys
+START = t0 - (now - float(sys.argv[1]))  # the launch, on this process's clock
+import headwise.cli.heads as H
+import headwise.study as S
+import headwise.study.decoder as D
+import headwise.viz.report as R
+from headwise.cli import main
+phases = {}
+
+def timed(owner, name, phase):
+    f = getattr(owner, name)
+    def wrapped(*a, **k):
+        start = time.perf_counter()
+        phases.setdefault("startup and imports", start - START)  # the first step begins
+        phases.setdefault(phase, 0.0)  # in the order the steps begin
+        try:
+            return f(*a, **k)
+        finally:
+            phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - start
+    setattr(owner, name, wrapped)
+
+timed(H, "load", "model open")
+timed(S, "decoder_heads", "statistics (text pass and probe)")
+timed(D, "probe_detectors", "of which the probe")
+timed(H, "print_head_table", "table")
+timed(R, "write_heads_outputs", "files (heads.png joined)")
+timed(R, "_joined", "of which waiting for heads.png")
+code = 0
+try:
+    main(sys.argv[2:])
+except SystemExit as e:
+    code = e.code or 0
+total = time.perf_counter() - START
+phases["the rest (parsing, checks, tokens, printing)"] = total - sum(
+    v for k, v in phases.items() if not k.startswith("of which")
+)
+phases["total"] = total
+peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+print(json.dumps({"peak_mib": peak / 1024, "phases": phases}))
+sys.exit(code)
+"""
+
+
+def case(cmd: list[str], *, command: bool = False) -> dict:
+    """``cmd`` in a fresh process (``command``: the arguments of ``headwise`` run through :data:`COMMAND`): its wall
+    time, the last line it printed, or its error."""
+    if command:
+        cmd = [sys.executable, "-c", COMMAND, repr(time.time()), *cmd]
     start = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     wall = time.perf_counter() - start
@@ -83,8 +141,14 @@ def case(cmd: list[str]) -> dict:
 
 
 def measure(L: int, sdpa: bool = True) -> dict:
-    """One row: the sdpa forward and the command on the same L tokens, each in a fresh process."""
+    """One row: the sdpa forward and the command on the same L tokens, each in a fresh process, side by side (the
+    sdpa case first, the command right after it); the CPU, the load average at the start, the ratio and the
+    command's phases with them."""
+    from machine import cpu_model
+
     from headwise.models import open_model
+
+    load = os.getloadavg()[0]
 
     hm = open_model("smollm2")  # once: the tokens, and the folder past the context
     text, ids = tokens(hm, L)
@@ -101,32 +165,37 @@ def measure(L: int, sdpa: bool = True) -> dict:
         if sdpa:
             got = case([sys.executable, "-c", SDPA, str(ids_file), model])
             sdpa_out = json.loads(got["stdout_tail"][0]) if "error" not in got else got
-        cli = case(
-            [sys.executable, "-c", "import sys, resource, json; from headwise.cli import main; "
-             "code = 0\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code or 0\n"
-             "peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
-             "print(json.dumps({'peak_mib': peak / 1024}))\n"
-             "sys.exit(code)",
-             "heads", *given, "--model", model, "--out", str(Path(tmp) / "out")]
-        )  # fmt: skip
+        cli = case(["heads", *given, "--model", model, "--out", str(Path(tmp) / "out")], command=True)
         size = (Path(tmp) / "out" / "headview.html").stat().st_size if "error" not in cli else None
-    cli_peak = json.loads(cli["stdout_tail"][0])["peak_mib"] if "error" not in cli else None
+    told = json.loads(cli["stdout_tail"][0]) if "error" not in cli else {}
+    forward, heads = sdpa_out.get("time_s"), cli.get("wall_s")
     return {
         "L": L,
         "model": "smollm2" if model == "smollm2" else f"SmolLM2's weights, context raised to {L}",
-        "sdpa_forward_s": sdpa_out.get("time_s"),
+        "cpu": cpu_model(),
+        "load": round(load, 2),
+        "sdpa_forward_s": forward,
         "sdpa_peak_mib": sdpa_out.get("peak_mib"),
-        "heads_s": cli.get("wall_s"),
-        "heads_peak_mib": cli_peak,
+        "heads_s": heads,
+        "ratio": heads / forward if heads and forward else None,
+        "heads_peak_mib": told.get("peak_mib"),
+        "phases": {k: round(v, 2) for k, v in told.get("phases", {}).items()},
         "headview_bytes": size,
         "error": cli.get("error") or sdpa_out.get("error"),
     }
 
 
 def main(argv: list[str]) -> None:
-    sdpa = "--no-sdpa" not in argv
-    for L in [int(x) for x in argv if x != "--no-sdpa"] or [1024]:
-        print(json.dumps(measure(L, sdpa)), flush=True)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("lengths", nargs="*", type=int, default=[1024])
+    parser.add_argument("--no-sdpa", action="store_true", help="the command alone")
+    parser.add_argument("--repeats", type=int, default=1, help="rows per length")
+    a = parser.parse_args(argv)
+    for L in a.lengths:
+        for _ in range(a.repeats):
+            print(json.dumps(measure(L, not a.no_sdpa), ensure_ascii=False), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,23 @@ code before the batched sweep, made under the system's temporary folder), NEW th
 - ``stats_1024``: ``headwise heads --model smollm2 TEXT`` on 1,024 tokens ÷ the sdpa forward of those tokens
   (``benchmarks/heads_long.py``). Goal ≤ 4.
 
+- ``floor``: the machine's floor of the ``smollm2`` case — the FLOPs the run cannot avoid (the sweep's
+  forward-equivalents, read from heads.json, plus 3 for the gates' forward and backward, × the tokens run × 2 ×
+  the model's parameters per token, its LM head included) at the best float32 GEMM rate measured in the same run on
+  the same threads (:func:`gemm_rate`): NEW ÷ that time is how far the run is from the floor. For SmolLM2-135M
+  (2 × 134.5 M FLOP a token) and the default sample (1,299 tokens run after packing, about 295 + 3
+  forward-equivalents) at 190 GFLOP/s that is 298 × 1,299 × 269 MFLOP ÷ 190 GFLOP/s ≈ 550 s: the ≤ 3-minute
+  goal is below the machine's floor.
+- ``sweep_1024``: in one fresh process (2 threads), the importance run alone (gates' pass, ablations, curves) on
+  one 1,024-token line, beside the model's own sdpa forward of those tokens measured in the same process; goal:
+  time ≤ 1.2 × (forward-equivalents + 3) × the sdpa forward.
+- ``long`` (only with ``HEADWISE_BENCH_LONG=8192``, not run by default): in a fresh process at that many tokens,
+  the gates' pass (blocks recomputed) and two sweep passes — the peak resident memory (goal ≤ 8 GB) and seconds a
+  pass; the whole run's time is stated as an extrapolation (passes × seconds a pass), labelled so.
+
 Printed per case: OLD and NEW seconds, NEW ÷ OLD, and NEW's sweep (passes, copies a pass, memory budget).
+Run one case by hand (JSON on stdout): ``PYTHONPATH=benchmarks python benchmarks/targets/importance.py sweep 1024``
+or ``… long 8192``.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import ROOT, log
+from machine import ROOT, cpu_model, log
 from row import Row
 
 from targets.base import Mode, Target, md_row
@@ -78,6 +94,98 @@ def one_line(L: int, tmp: Path) -> Path:
     return path
 
 
+def gemm_rate(threads: int = 2, n: int = 2048, rounds: int = 5) -> float:
+    """The best float32 matrix-product rate (FLOP/s) of ``rounds`` ``n × n`` products on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def floor_seconds(sweep: dict, flop_per_token: float, rate: float) -> float:
+    """Seconds the run's unavoidable FLOPs take at ``rate``: (forward-equivalents + 3 for the gates' forward and
+    backward) × the tokens one forward runs × ``flop_per_token``."""
+    return (sweep.get("forward_equivalents", 0) + 3) * sweep.get("tokens", 0) * flop_per_token / rate
+
+
+SWEEP = """
+import json, resource, sys, time, torch
+torch.set_num_threads(2)
+sys.path.insert(0, sys.argv[3])
+import heads_long
+from transformers import AutoModelForCausalLM
+from headwise.analysis import head_importance
+from headwise.analysis import importance as I
+from headwise.models import open_model
+L, what = int(sys.argv[1]), sys.argv[2]
+hm = open_model("smollm2")
+flop = 2 * sum(p.numel() for p in hm.model.parameters())
+_, ids = heads_long.tokens(hm, L)
+ids = torch.tensor([ids])
+batches = [(ids, torch.ones_like(ids))]
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out = {"L": L, "flop_per_token": flop}
+if what == "sweep":
+    sdpa = AutoModelForCausalLM.from_pretrained(hm.model.config._name_or_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        sdpa(ids)
+        t = time.perf_counter()
+        sdpa(ids)
+        out["sdpa_forward_s"] = time.perf_counter() - t
+    del sdpa
+    t = time.perf_counter()
+    r = head_importance(hm, batches, seed=0)
+    out["importance_s"] = time.perf_counter() - t
+    out["sweep"] = r.sweep
+else:
+    t = time.perf_counter()
+    I._decoder_importance(hm, batches, "next_token", lambda *a: None)
+    out["gates_s"] = time.perf_counter() - t
+    out["gates_peak_mib"] = peak()
+    from headwise.analysis.batched import SweepCost
+
+    cost = SweepCost()
+    t = time.perf_counter()
+    I.ablation_objectives(hm, batches, [{0: [0]}, {0: [1]}], copies=1, cost=cost)
+    out["sweep_passes"] = cost.passes + cost.kept_passes
+    out["pass_s"] = (time.perf_counter() - t) / out["sweep_passes"]
+out["peak_mib"] = peak()
+print(json.dumps(out))
+"""
+
+
+def in_process(what: str, L: int) -> dict:
+    """The ``SWEEP`` script (``what``: ``"sweep"`` or ``"long"``) at L tokens in a fresh process on this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = subprocess.run(
+        [sys.executable, "-c", SWEEP, str(L), what, str(ROOT / "benchmarks")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def long_case(L: int) -> dict:
+    """Peak memory and seconds a pass at L tokens, and the whole run's time extrapolated: the gates' pass, then
+    (forward-equivalents of a one-line sweep, about 295 for SmolLM2's 426 head sets, + 1 kept forward) × a full
+    pass's seconds."""
+    d = in_process("long", L)
+    if "error" not in d:
+        d["extrapolated_total_s"] = d["gates_s"] + (295 + 1) * d["pass_s"]
+        d["extrapolation"] = "gates_s + (295 + 1 forward-equivalents) × pass_s — an extrapolation, not a run"
+    return d
+
+
 class Importance(Target):
     name = "importance"
     title = "`headwise heads --importance` before and after the batched sweep; the statistics at 1,024 tokens"
@@ -113,6 +221,49 @@ class Importance(Target):
                 drop_tree(old)
             data["stats_1024"] = heads_long.measure(1024)
             log(f"importance stats_1024: {data['stats_1024']}")
+            data["gemm_flops"] = gemm_rate()
+            data["sweep_1024"] = in_process("sweep", 1024)
+            log(f"importance sweep_1024: {data['sweep_1024']}")
+            if os.environ.get("HEADWISE_BENCH_LONG"):
+                data["long"] = long_case(int(os.environ["HEADWISE_BENCH_LONG"]))
+                log(f"importance long: {data['long']}")
+        rate = data["gemm_flops"]
+        flop = data["sweep_1024"].get("flop_per_token") or 2 * 134.5e6
+        new = data["smollm2"]["new"]
+        if new.get("seconds") and new.get("sweep"):
+            floor = floor_seconds(new["sweep"], flop, rate)
+            rows.append(
+                Row(
+                    "heads --importance, SmolLM2: time ÷ the FLOP floor (forward-equivalents + 3) × tokens × 2 × "
+                    "params ÷ best GEMM rate",
+                    new["seconds"] / floor,
+                    None,
+                    None,
+                    f"floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, {cpu_model()})",
+                )
+            )
+        s1 = data["sweep_1024"]
+        if s1.get("importance_s") and s1.get("sdpa_forward_s"):
+            needed = (s1["sweep"]["forward_equivalents"] + 3) * s1["sdpa_forward_s"]
+            rows.append(
+                Row.at_most(
+                    "importance alone, SmolLM2, one 1,024-token line: time ÷ (forward-equivalents + 3) × sdpa forward",
+                    s1["importance_s"] / needed,
+                    1.2,
+                    f"{s1['importance_s']:.0f} s; {s1['sweep']['forward_equivalents'] + 3:.0f} forwards × "
+                    f"{s1['sdpa_forward_s']:.2f} s, same process, 2 threads, {cpu_model()}",
+                )
+            )
+        if "long" in data and "peak_mib" in data["long"]:
+            d = data["long"]
+            rows.append(
+                Row.at_most(
+                    f"importance at {d['L']} tokens: peak resident memory of the gates' pass and two sweep passes, GB",
+                    d["peak_mib"] / 1024,
+                    8.0,
+                    f"{d['pass_s']:.0f} s a pass; whole run extrapolated {d['extrapolated_total_s'] / 60:.0f} min",
+                )
+            )
         goal = 180.0
         for case, label in (("smollm2", "SmolLM2"), ("minilm", "MiniLM")):
             d = data[case]
@@ -172,3 +323,9 @@ class Importance(Target):
                 )
             )
         return lines + [""]
+
+
+if __name__ == "__main__":
+    print(
+        json.dumps(in_process(sys.argv[1], int(sys.argv[2])) if sys.argv[1] == "sweep" else long_case(int(sys.argv[2])))
+    )

@@ -4,6 +4,7 @@ an encoder and the lab's model; the prefix reuse against a plain batch; the batc
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -235,3 +236,155 @@ def test_an_interrupted_sweep_leaves_the_model_unhooked(hf_decoder):
     assert all(not b._forward_pre_hooks for b in blocks)
     with torch.no_grad():
         torch.testing.assert_close(hm.forward(ids, mask), before, rtol=0, atol=0)
+
+
+def test_gradient_pass_recomputed_equals_kept(hf_decoder):
+    """Blocks recomputed in the backward pass (activation checkpointing) give the same gradients and loss."""
+    hm = hf_decoder
+    batches = [_padded(3, 9, 8), _padded(2, 6, 9)]
+    kept = I._decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=False)
+    again = I._decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=True)
+    np.testing.assert_allclose(again[0], kept[0], rtol=0, atol=1e-7)
+    assert again[1:] == kept[1:] or abs(again[2] - kept[2]) < 1e-7
+    blocks = [hm.points[f"layers.{i}.resid_pre"].module for i in range(hm.num_layers)]
+    assert all("forward" not in b.__dict__ for b in blocks)  # the blocks' own forward back
+    # and the gradient pass's importance against the reference (one full-logits loss, F.cross_entropy)
+    ids, mask = batches[0]
+    gates = torch.ones((3, hm.num_layers, hm.num_heads), requires_grad=True)
+    ids_, mask_, targets, chosen = I._targets((ids, mask), "next_token")
+    with hm.gated(gates):
+        losses, n = I._decoder_losses(hm.forward(ids_, mask_), targets, chosen)
+    losses.sum().backward()
+    one = I._decoder_importance(hm, batches[:1], "next_token", lambda *a: None, recompute=True)
+    np.testing.assert_allclose(one[0], gates.grad.abs().double().mean(dim=0).numpy(), rtol=0, atol=1e-6)
+
+
+def test_scored_rows_and_chunked_loss(monkeypatch):
+    """The LM head on the scored positions alone (Gemma 2's final soft-capping after it included) equals the full
+    logits at those positions; the loss by chunks equals ``F.cross_entropy``."""
+    hm = HeadModel(build("gemma2", attn=headwise.hf.NAME, seed=5))
+    ids, mask = _padded(3, 9, 10)
+    _, _, targets, chosen = I._targets((ids, mask), "next_token")
+    index = chosen.reshape(-1).nonzero()[:, 0]
+    with torch.no_grad():
+        full = hm.forward(ids, mask)
+        some = I._scored_logits(hm, lambda: hm.forward(ids, mask), index)
+    assert some.shape == (len(index), VOCAB)
+    torch.testing.assert_close(some, full.reshape(-1, VOCAB)[index], rtol=0, atol=1e-5)
+    monkeypatch.setattr(I, "LOSS_CHUNK", 4)
+    want = torch.nn.functional.cross_entropy(some, targets.reshape(-1)[index], reduction="none")
+    torch.testing.assert_close(I._token_losses(some, targets.reshape(-1)[index]), want, rtol=0, atol=1e-5)
+
+
+def test_rows_packed_by_length_keep_every_scored_position():
+    batches = [_padded(4, 9, 11), _padded(3, 12, 12)]
+    whole = sum(int(I._targets(b, "next_token")[3].sum()) for b in batches)
+    parts, count = I._parts(batches, "next_token", None, True, 20)
+    assert count == whole == sum(len(p.index) for p in parts)
+    lengths = [p.ids.shape[1] for p in parts]
+    assert lengths == sorted(lengths, reverse=True) and all(p.tokens <= 20 or p.ids.shape[0] == 1 for p in parts)
+    # no part runs the last token of its longest row (it has no target) nor padding past it
+    assert all(int(p.mask[:, -1].sum()) >= 1 for p in parts)
+    parts, count = I._parts(batches, "next_token", None, False, 20)  # mean ablation: the batches as given
+    assert [p.ids.shape for p in parts] == [(4, 9), (3, 12)] and count == whole
+
+
+def test_passes_start_at_their_layer_from_the_kept_stream(hf_decoder):
+    """A pass started from the blocks' kept outputs (layers below not run) equals a plain batch, for one copy and
+    several; jobs are grouped by start layer."""
+    hm = hf_decoder
+    ids, mask = _padded(3, 9, 13)
+    run = partial(_run_rep, hm, ids, mask)
+    with torch.no_grad():
+        _, kept = B.keep_blocks(hm, lambda: hm.forward(ids, mask))
+    assert len(kept) == hm.num_layers
+    calls = []
+    blocks = [hm.points[f"layers.{i}.resid_pre"].module for i in range(hm.num_layers)]
+    handle = hm.attention_modules[0].register_forward_hook(lambda *a: calls.append(1))
+    try:
+        for jobs in ([{1: [2]}], [{1: [0]}, {1: [1, 3]}]):
+            for mode in B.MODES:
+                fast, low = B.run_copies(hm, run, ids, jobs, replacement=mode, real=mask > 0, kept=kept)
+                assert low == 1 and not calls  # layer 0 did not run
+                plain, _ = B.run_copies(hm, run, ids, jobs, replacement=mode, real=mask > 0, prefix=False)
+                calls.clear()
+                real = mask.repeat(len(jobs), 1) > 0
+                torch.testing.assert_close(fast[real], plain[real], rtol=0, atol=1e-5)
+    finally:
+        handle.remove()
+    assert all("forward" not in b.__dict__ for b in blocks)
+    groups = B.start_groups(hm, [{1: [0]}, {0: [1]}, {1: [2]}, {}, {0: [0], 1: [1]}])
+    assert groups == [(1, [0, 2]), (0, [1, 3, 4])]
+    assert B.start_groups(hm, [{1: [0]}, {0: [1]}], prefix=False) == [(0, [0, 1])]
+
+
+def _run_rep(hm, ids, mask, repeat):
+    return hm.forward(ids.repeat(repeat, 1), mask.repeat(repeat, 1))
+
+
+def test_hooked_heads_keep_the_sdpa_kernel(monkeypatch):
+    """With only ``attn.heads`` hooked (the sweep), every attention call of an unpadded batch goes to the SDPA kernel
+    with the causal flag — no ``L × S`` weights nor mask formed."""
+    from headwise.core import dispatch
+
+    hm = HeadModel(build("llama", attn=headwise.hf.NAME, seed=6))
+    seen = []
+    real_sdpa = dispatch.attention_sdpa
+
+    def sdpa(q, k, v, **kw):
+        seen.append((kw.get("blocked"), kw.get("is_causal"), q.shape[0]))
+        return real_sdpa(q, k, v, **kw)
+
+    def math(*a, **k):
+        raise AssertionError("the readable path formed the weights")
+
+    monkeypatch.setattr(dispatch, "attention_sdpa", sdpa)
+    monkeypatch.setattr(dispatch, "attention_math", math)
+    ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    batches = [(ids, torch.ones_like(ids))]
+    I.ablation_objectives(hm, batches, [{1: [0]}, {0: [1]}, {1: [1, 2]}])
+    assert seen and all(blocked is None and causal for blocked, causal, _ in seen)
+
+
+def test_packing_is_the_cheapest_partition():
+    """The dynamic programme against every contiguous partition of small sorted lengths."""
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        lengths = sorted(rng.integers(1, 30, size=int(rng.integers(1, 8))).tolist(), reverse=True)
+        cap = int(rng.integers(20, 80))
+
+        def cost(cuts, lengths=lengths, cap=cap):
+            bounds = [0, *cuts, len(lengths)]
+            parts = list(zip(bounds, bounds[1:]))
+            if any(b - a > 1 and (b - a) * lengths[a] > cap for a, b in parts):
+                return None
+            return sum((b - a) * lengths[a] + I.PART_TOKENS for a, b in parts)
+
+        costs = [
+            c
+            for k in range(len(lengths))
+            for cuts in itertools.combinations(range(1, len(lengths)), k)
+            if (c := cost(cuts)) is not None
+        ]
+        got = I._packing(lengths, cap)
+        assert got[0][0] == 0 and got[-1][1] == len(lengths)
+        assert all(a < b for a, b in got) and all(x[1] == y[0] for x, y in zip(got, got[1:]))
+        assert cost([b for _, b in got[:-1]]) == min(costs)
+
+
+def test_chunked_loss_with_a_gradient(monkeypatch):
+    """The gradient path of the chunked loss (logsumexp) equals ``F.cross_entropy``, values and gradients."""
+    monkeypatch.setattr(I, "LOSS_CHUNK", 5)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 30, generator=g, requires_grad=True)
+    targets = torch.randint(0, 30, (12,), generator=g)
+    got = I._token_losses(logits, targets)
+    (grad,) = torch.autograd.grad(got.sum(), logits)
+    want = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    (ref,) = torch.autograd.grad(want.sum(), logits)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, ref, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(I._token_losses(logits, targets), want.detach(), rtol=0, atol=1e-6)

@@ -17,7 +17,10 @@ the layers below l run on the P input rows once and the block's input — the re
 ``layers.{l}.resid_pre`` — is copied J times there (with the batch-shaped arguments the model hands its blocks: the
 padding mask). A sweep ordered by layer runs its single-head jobs through NL − l layers instead of NL, about half the
 layer-rows of a plain batch for a sweep over every layer. Used where the model has ``resid_pre`` points (blocks in a
-layer list); elsewhere every layer runs on J·P rows, with the same values.
+layer list); elsewhere every layer runs on J·P rows, with the same values. Going further, :func:`keep_blocks` runs
+the P rows once intact keeping every block's output, and :func:`replayed` makes the blocks below l return those
+instead of computing: a pass then runs no layer below its start at all, and passes cut at start layers
+(:func:`start_groups`) carry no layer that any of their jobs does not need.
 
 **Batch size.** :func:`choose_copies` picks J from the memory free on the model's device and the rows' size (the
 forward's activations and the output of the J·P rows: a decoder's ``(N, L, V)`` logits dominate), at most
@@ -47,6 +50,9 @@ __all__ = [
     "run_copies",
     "start_layer",
     "copies_from",
+    "keep_blocks",
+    "replayed",
+    "start_groups",
 ]
 
 #: How a removed head's output is replaced: zeros, or its mean over the copy's real positions.
@@ -60,19 +66,27 @@ class SweepCost:
     """What a batched sweep ran.
 
     Attributes:
-        passes: forward passes (one per batch of copies and input batch).
+        passes: forward passes of copies (one per batch of copies and input batch).
+        kept_passes: intact forwards whose blocks' outputs were kept for the passes to start from
+            (:func:`keep_blocks`, one per group of input rows; their work is in ``layer_rows`` and ``layer_tokens``).
         rows: rows run through the layers that ran them (a prefix's P rows count once per pass).
         layer_rows: rows × layers computed (the work; one plain forward of P rows is NL · P).
-        forward_equivalents: ``layer_rows / (NL · rows of the input)``, the plain forwards the sweep's work equals.
+        layer_tokens: tokens × layers computed (rows × their length: the work, padding within a pass included).
+        tokens: tokens one plain forward of the rows as the passes run them holds (real tokens and the padding
+            within a pass's rows).
+        forward_equivalents: ``layer_tokens / (NL · tokens)``, the plain forwards the sweep's work equals.
         copies: J, jobs per pass (the batch size chosen).
         memory_budget: bytes J was chosen for (0 when J was given).
         seconds: wall time of the sweep.
     """
 
     passes: int = 0
+    kept_passes: int = 0
     rows: int = 0
     layer_rows: int = 0
     forward_equivalents: float = 0.0
+    layer_tokens: int = 0
+    tokens: int = 0
     copies: int = 0
     memory_budget: int = 0
     seconds: float = 0.0
@@ -218,6 +232,65 @@ def start_layer(model, jobs: Sequence[Job]) -> int:
     return low
 
 
+def start_groups(model, jobs: Sequence[Job], prefix: bool = True) -> list[tuple[int, list[int]]]:
+    """Jobs grouped by the layer their copies start at (:func:`start_layer` of the job alone; 0 for every job when
+    ``prefix`` is False): ``[(layer, [job index, …]), …]``, deepest layer first, jobs in their given order within
+    a group. A pass cut at these boundaries runs each job from its own lowest layer — none carries the layers
+    between another job's lowest layer and its own."""
+    groups: dict[int, list[int]] = {}
+    for j, job in enumerate(jobs):
+        groups.setdefault(start_layer(model, [job]) if prefix else 0, []).append(j)
+    return sorted(groups.items(), key=lambda item: -item[0])
+
+
+def keep_blocks(model, run: Callable) -> tuple[object, list]:
+    """``(run(), outputs)``: ``run()`` (one forward of the P input rows, no job) with every block's output kept —
+    ``outputs[i]`` is what the block at ``layers.{i}.resid_pre`` returned (the residual stream at layer i + 1's
+    input, in the block's own return type). Empty where the model shows no blocks."""
+    points = getattr(model, "points", None)
+    names = [f"layers.{i}.resid_pre" for i in range(model.num_layers)]
+    if points is None or any(n not in points for n in names):
+        return run(), []
+    outputs: list = [None] * model.num_layers
+    handles = []
+
+    def hook(i, _module, _args, out):
+        outputs[i] = out
+
+    try:
+        for i, n in enumerate(names):
+            handles.append(points[n].module.register_forward_hook(partial(hook, i)))
+        out = run()
+    finally:
+        for h in handles:
+            h.remove()
+    return out, outputs
+
+
+@contextlib.contextmanager
+def replayed(model, layer: int, outputs: Sequence) -> Iterator[None]:
+    """Inside the block, the blocks below ``layer`` compute nothing: each returns what it returned in the forward
+    :func:`keep_blocks` kept (the same input rows), so a forward starts at ``layers.{layer}.resid_pre`` with the
+    kept residual stream — the issue's "an ablation in layer l starts from the residual stream kept at layer l's
+    input". The model's own code around the blocks (embedding, masks, positions) still runs. ``layer`` 0 or no
+    kept outputs: nothing is replaced. Combine with :func:`copies_from` for J copies."""
+    if layer <= 0 or not outputs:
+        yield
+        return
+    blocks = [model.points[f"layers.{i}.resid_pre"].module for i in range(layer)]
+    try:
+        for block, out in zip(blocks, outputs):
+            block.forward = partial(_replay, out)
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
+
+
+def _replay(out, *_args, **_kwargs):
+    return out
+
+
 def _grow(x, J: int, P: int):
     """``x`` with its batch dimension copied J times where it is a batch-shaped tensor — at least 2-D, P first (a 1-D
     tensor such as the cache positions is left alone) — or a tuple of them."""
@@ -268,6 +341,7 @@ def run_copies(
     replacement="zero",
     real=None,
     prefix: bool = True,
+    kept: Sequence = (),
 ) -> tuple[object, int]:
     """One forward of J = ``len(jobs)`` copies of the input, copy j with job j's heads replaced.
 
@@ -279,6 +353,8 @@ def run_copies(
         jobs: J head sets ``{layer: [head, …]}``.
         replacement, real: as :func:`replace_heads`.
         prefix: start the copies at the lowest layer the jobs touch (:func:`copies_from`).
+        kept: the blocks' outputs of a forward of these rows (:func:`keep_blocks`): given, the layers below the
+            copies' start are not run again (:func:`replayed`) — else they run once on the P rows.
     Returns:
         ``(output of the J·P rows, the layer the copies started at)``.
     """
@@ -292,8 +368,8 @@ def run_copies(
         attention_point(layer, "heads"): partial(_replacing, keep, J, replacement, real)
         for layer, keep in masks.items()
     }
-    low = start_layer(model, jobs) if prefix and J > 1 else 0
-    with torch.no_grad(), model.hooks(hooks), copies_from(model, low, J, P):
+    low = start_layer(model, jobs) if prefix and (J > 1 or kept) else 0
+    with torch.no_grad(), model.hooks(hooks), replayed(model, low, kept), copies_from(model, low, J, P):
         out = run(1 if low > 0 else J)
     return out, low
 

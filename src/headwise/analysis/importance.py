@@ -41,6 +41,7 @@ The model is anything shaped as :class:`headwise.models.HeadModel` (``kind``, ``
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -204,9 +205,15 @@ def objective(hm: GatedModel, batches: Sequence, *, reference=None, scored: str 
     return total / max(count, 1), count
 
 
-def _decoder_importance(hm: GatedModel, batches, scored, progress) -> tuple[np.ndarray, int, float, int]:
+def _decoder_importance(
+    hm: GatedModel, batches, scored, progress, recompute: bool | None = None
+) -> tuple[np.ndarray, int, float, int]:
     """``(importance (NL, H), sequences, loss, tokens)``: the gates' gradients and, from the same forward at ξ = 1
-    (the gates multiply by 1: the intact model), the objective on ``batches``."""
+    (the gates multiply by 1: the intact model), the objective on ``batches``.
+
+    The LM head runs on the scored positions alone and the loss by chunks (:func:`_scored_rows`,
+    :func:`_token_losses`); columns where every row is padding are not run; past :data:`RECOMPUTE_TOKENS` tokens a
+    batch (``recompute`` None) each block is recomputed in the backward pass (:func:`_recomputed`)."""
     import torch
 
     dtype = next(hm.model.parameters()).dtype
@@ -214,10 +221,20 @@ def _decoder_importance(hm: GatedModel, batches, scored, progress) -> tuple[np.n
     total, count = 0.0, 0
     for k, batch in enumerate(batches):
         ids, mask, targets, chosen = _targets(batch, scored)
-        gates = torch.ones((ids.shape[0], hm.num_layers, hm.num_heads), dtype=dtype, requires_grad=True)  # (B, NL, H)
-        with hm.gated(gates):
-            losses, n = _decoder_losses(hm.forward(ids, mask), targets, chosen)
-        losses.sum().backward()  # sequence b's loss depends only on its own gates: per-example gradients
+        if mask is not None:  # columns where every row is padding change nothing before them (right padding)
+            L = max(1, int(_ends(mask > 0).max()))
+            ids, mask, targets, chosen = ids[:, :L], mask[:, :L], targets[:, :L], chosen[:, :L]
+        B, L = ids.shape
+        index = chosen.reshape(-1).nonzero()[:, 0]  # (m,) flat scored positions
+        n = chosen.sum(dim=1)  # (B,)
+        gates = torch.ones((B, hm.num_layers, hm.num_heads), dtype=dtype, requires_grad=True)  # (B, NL, H)
+        on = recompute if recompute is not None else B * L > RECOMPUTE_TOKENS
+        with hm.gated(gates), _no_cache(hm), _recomputed(hm, on):
+            logits = _scored_logits(hm, partial(hm.forward, ids, mask), index)  # (m, V)
+            ce = _token_losses(logits, targets.reshape(-1)[index])  # (m,)
+            per_row = torch.zeros(B, dtype=ce.dtype).index_add(0, index // L, ce)
+            losses = per_row / n.clamp(min=1)
+            losses.sum().backward()  # sequence b's loss depends only on its own gates: per-example gradients
         grads.append(gates.grad.abs()[n > 0].double())
         total += float((losses.detach() * n).sum())
         count += int(n.sum())
@@ -307,18 +324,282 @@ def _spec(heads: Sequence[int], h: int) -> dict[int, list[int]]:
 
 
 def _row_bytes(hm: GatedModel, width: int) -> int:
-    """Bytes per token of one row of a forward without gradient: the output (``width`` floats, with the loss's
-    float32 copies: 3 ×) and the layers' activations (about 40 model widths, the residual width estimated from
-    the parameters as √(parameters / (12 · NL)))."""
+    """Bytes per token of one row of a forward without gradient: the output (``width`` floats: the logits of the
+    scored positions alone, :func:`_scored_rows`) and the layers' activations (about 40 model widths, the residual
+    width estimated from the parameters as √(parameters / (12 · NL)))."""
     params = [p for p in hm.model.parameters()]
     itemsize = params[0].element_size() if params else 4
     d = math.sqrt(sum(p.numel() for p in params) / (12 * max(hm.num_layers, 1))) if params else 64
-    return int(3 * 4 * width + 40 * itemsize * d)
+    return int(4 * width + 40 * itemsize * d)
 
 
-def _run_repeated(hm: GatedModel, ids, mask, repeat: int):
-    """``hm.forward`` of ``ids`` (and ``mask``) copied ``repeat`` times along the batch."""
-    return hm.forward(ids.repeat(repeat, 1), None if mask is None else mask.repeat(repeat, 1))
+#: Positions whose log-softmax is formed at once: the loss runs by chunks of this many scored positions, so that
+#: no float32 copy of all the logits is held besides the logits themselves.
+LOSS_CHUNK = 1024
+#: Tokens of one gradient batch past which each block is recomputed in the backward pass instead of keeping its
+#: activations (:func:`_recomputed`): memory one block's activations, not NL blocks', at 8,192 tokens.
+RECOMPUTE_TOKENS = 2048
+
+
+def _output_module(hm):
+    """The decoder's output embedding (the LM head: ``(…, D) -> (…, V)``), or None."""
+    from torch import nn
+
+    get = getattr(hm.model, "get_output_embeddings", None)
+    module = get() if callable(get) else getattr(hm.model, "unembed", None)
+    return module if isinstance(module, nn.Module) else None
+
+
+@contextlib.contextmanager
+def _scored_rows(hm, index):
+    """Inside the block the decoder's LM head runs on the flat positions ``index`` ``(n,)`` of its input ``(N, L, D)``
+    alone and the forward returns ``(n, V)`` logits (the model's own code after the head, soft-capping included,
+    acts on them) — no logits of padding, of unscored positions or of the last token. Yields whether it could (a
+    model without a recognised head: False, the forward returns all logits)."""
+    module = _output_module(hm)
+    if module is None:
+        yield False
+        return
+
+    def pre(_module, args):
+        x = args[0]
+        return (x.reshape(-1, x.shape[-1])[index], *args[1:])
+
+    handle = module.register_forward_pre_hook(pre)
+    try:
+        yield True
+    finally:
+        handle.remove()
+
+
+def _scored_logits(hm, forward, index):
+    """``(n, V)`` logits of the flat positions ``index`` of ``forward()``'s ``(N, L, V)`` output."""
+    with _scored_rows(hm, index) as selected:
+        out = forward()
+    return out if selected else out.reshape(-1, out.shape[-1])[index]
+
+
+def _token_losses(logits, targets):
+    """Cross-entropy ``(n,)`` float32 of logits ``(n, V)`` against ``targets (n,)``, :data:`LOSS_CHUNK` positions at a
+    time (``logsumexp − the target's logit``, as ``F.cross_entropy``)."""
+    import torch
+
+    # One formula with and without a gradient (the ablations are differences of these losses). logsumexp keeps only
+    # its input (a view of the logits) and its result for the backward pass, where cross_entropy would keep a
+    # (chunk, V) log-softmax per chunk; on 4 SmolLM2 lines it was also the closer to a float64 reference (1e-7
+    # against 8e-6 nats), for about 1.3 × cross_entropy's time on a CPU (about 10 % of a sweep).
+    parts = []
+    for s in range(0, logits.shape[0], LOSS_CHUNK):
+        x, t = logits[s : s + LOSS_CHUNK].float(), targets[s : s + LOSS_CHUNK]
+        parts.append(torch.logsumexp(x, dim=-1) - x.gather(1, t[:, None])[:, 0])
+    return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _no_cache(hm):
+    """Inside the block a Hugging Face model builds no key/value cache (``config.use_cache`` False): a pass reads its
+    logits once, and a recomputed block must not append its keys a second time."""
+    config = getattr(hm.model, "config", None)
+    saved = getattr(config, "use_cache", None)
+    if saved is None:
+        yield
+        return
+    try:
+        config.use_cache = False
+        yield
+    finally:
+        config.use_cache = saved
+
+
+@contextlib.contextmanager
+def _recomputed(hm, on: bool):
+    """Inside the block (``on``), every block at ``layers.{i}.resid_pre`` runs under activation checkpointing
+    (``torch.utils.checkpoint``, non-reentrant): the backward recomputes each block from its input, so a gradient
+    pass keeps one block's activations instead of NL. Gradients are the same (the recomputation is the same
+    computation). Nothing where the model shows no blocks."""
+    from torch.utils.checkpoint import checkpoint
+
+    names = [f"layers.{i}.resid_pre" for i in range(hm.num_layers)]
+    points = getattr(hm, "points", None)
+    if not on or points is None or any(n not in points for n in names):
+        yield
+        return
+    blocks = [points[n].module for n in names]
+    try:
+        for block in blocks:
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
+
+
+@dataclass
+class _Part:
+    """Rows one pass runs (every copy): ``ids``, ``mask`` ``(P, L)`` (mask None: no padding), decoders' flat scored
+    positions ``index (m,)`` and their ``targets (m,)``, encoders' reference embeddings ``reference (P, D)``."""
+
+    ids: object
+    mask: object
+    index: object = None
+    targets: object = None
+    reference: object = None
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.shape[0] * self.ids.shape[1])
+
+
+def _parts(batches, scored: str, reference, repack: bool, cap: int) -> tuple[list[_Part], int]:
+    """The rows of ``batches`` as the passes run them, and the count the objective is averaged over (scored tokens;
+    sentences for encoders).
+
+    ``repack`` (rows independent: zero ablation): every row cut after the last position that matters to it (a
+    decoder's last scored position, causal attention; an encoder's last real token) and the rows, longest first,
+    packed into parts of at most ``cap`` tokens (rows × their longest) — no pass computes padding beyond its part's
+    longest row, and rows with no scored position are not run. Else (mean ablation: the mean is over the whole batch)
+    each batch is one part, only the columns where every row is padding cut."""
+    import torch
+
+    rows = []  # (length, ids (l,), mask (l,) | None, targets (l,) | None, chosen (l,) | None, reference (D,) | None)
+    parts: list[_Part] = []
+    count = 0
+    for k, batch in enumerate(batches):
+        if scored == "embedding":
+            ids, mask = batch
+            targets = chosen = None
+            count += ids.shape[0]
+            ends = _ends(mask > 0)
+        else:
+            ids, mask, targets, chosen = _targets(batch, scored)
+            count += int(chosen.sum())
+            ends = _ends(chosen) if repack else _ends(mask > 0) if mask is not None else None
+        ref = reference[k] if reference is not None else None
+        if not repack:
+            L = ids.shape[1] if ends is None else max(1, int(ends.max()))
+            parts.append(_part(ids[:, :L], None if mask is None else mask[:, :L], targets, chosen, ref, L))
+            continue
+        for p in range(ids.shape[0]):
+            length = int(ends[p])
+            if length == 0:
+                continue  # nothing scored (a decoder's one-token line): its loss terms are none
+            rows.append(
+                (
+                    length,
+                    ids[p, :length],
+                    None if mask is None else mask[p, :length],
+                    None if targets is None else targets[p, :length],
+                    None if chosen is None else chosen[p, :length],
+                    None if ref is None else ref[p],
+                )
+            )
+    if not repack:
+        return parts, count
+    rows.sort(key=lambda r: -r[0])
+    for a, b in _packing([r[0] for r in rows], cap):
+        group = rows[a:b]
+        if group:
+            L = group[0][0]
+            ids = torch.zeros((len(group), L), dtype=group[0][1].dtype)
+            has_mask = group[0][2] is not None
+            mask = torch.zeros((len(group), L), dtype=group[0][2].dtype) if has_mask else None
+            targets = torch.zeros((len(group), L), dtype=torch.long) if group[0][3] is not None else None
+            chosen = torch.zeros((len(group), L), dtype=torch.bool) if group[0][4] is not None else None
+            for p, (n, i, m, t, c, _) in enumerate(group):
+                ids[p, :n] = i
+                if has_mask:
+                    mask[p, :n] = m
+                if targets is not None:
+                    targets[p, :n], chosen[p, :n] = t, c
+            ref = torch.stack([r[5] for r in group]) if group[0][5] is not None else None
+            parts.append(_part(ids, mask, targets, chosen, ref, L))
+    return parts, count
+
+
+#: What one more part costs the packing of :func:`_packing`, in padded tokens: each part is run by every group of
+#: passes, and a pass's fixed cost (hooks, small products) is about that of a few tokens' work.
+PART_TOKENS = 16
+
+
+def _packing(lengths: Sequence[int], cap: int) -> list[tuple[int, int]]:
+    """Contiguous parts ``[(start, stop), …]`` of ``lengths`` (sorted longest first) minimising the tokens run
+    (each part: its rows × its longest) plus :data:`PART_TOKENS` a part, each part at most ``cap`` tokens (a row
+    longer than ``cap`` alone). Exact (dynamic programming over the cut points)."""
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for b in range(1, n + 1):
+        for a in range(b - 1, -1, -1):
+            if a < b - 1 and (b - a) * lengths[a] > cap:
+                break
+            cost = best[a] + (b - a) * lengths[a] + PART_TOKENS
+            if cost < best[b]:
+                best[b], cut[b] = cost, a
+    parts = []
+    b = n
+    while b > 0:
+        parts.append((cut[b], b))
+        b = cut[b]
+    return parts[::-1]
+
+
+def _ends(marked):
+    """``(B,)``: one past the last marked position of each row of ``marked (B, L)`` bool (0: none marked)."""
+    import torch
+
+    L = marked.shape[1]
+    last = torch.where(marked, torch.arange(1, L + 1), torch.zeros((), dtype=torch.long)).max(dim=1).values
+    return last
+
+
+def _part(ids, mask, targets, chosen, reference, L: int) -> _Part:
+    if targets is None:
+        return _Part(ids, mask, reference=reference)
+    chosen = chosen[:, :L]
+    index = chosen.reshape(-1).nonzero()[:, 0]
+    return _Part(ids, mask, index=index, targets=targets[:, :L].reshape(-1)[index])
+
+
+def _plan(groups, parts, J_of) -> list[tuple[int, list[int]]]:
+    """``[(part, [job, …]), …]``: each part's passes, the jobs of each start-layer group in chunks of ``J_of(part,
+    group)``."""
+    plan = []
+    for k, part in enumerate(parts):
+        for _low, members in groups:
+            J = J_of(part, members)
+            plan.extend((k, members[i : i + J]) for i in range(0, len(members), J))
+    return plan
+
+
+def _pass_objective(hm: SweptModel, part: _Part, jobs, mode: str, kept, prefix: bool, scored: str):
+    """One pass: ``(per job objective sums (c,) float64, the layer the copies started at)``."""
+    import torch
+
+    from headwise.analysis.batched import run_copies
+
+    c, P, L = len(jobs), part.ids.shape[0], part.ids.shape[1]
+    real = None if part.mask is None else part.mask > 0
+
+    def run(repeat):
+        mask = None if part.mask is None else part.mask.repeat(repeat, 1)
+        return hm.forward(part.ids.repeat(repeat, 1), mask)
+
+    if scored == "embedding":
+        out, low = run_copies(hm, run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+        e = _pooled(out, part.mask.repeat(c, 1))
+        loss = 1 - torch.nn.functional.cosine_similarity(e, part.reference.repeat(c, 1), dim=-1)
+        return loss.double().reshape(c, P).sum(dim=1), low
+    m = part.index.shape[0]
+    index = (torch.arange(c)[:, None] * (P * L) + part.index[None, :]).reshape(-1)  # (c·m,) in the c·P rows
+
+    def scored_run(repeat):
+        with _scored_rows(hm, index) as selected:
+            out = run(repeat)
+        return out if selected else out.reshape(-1, out.shape[-1])[index]
+
+    logits, low = run_copies(hm, scored_run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+    ce = _token_losses(logits, part.targets.repeat(c))  # (c·m,)
+    return ce.double().reshape(c, m).sum(dim=1), low
 
 
 def ablation_objectives(
@@ -336,7 +617,15 @@ def ablation_objectives(
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """The objective of :func:`objective` with each job's heads removed, ``(len(jobs),)``, through the batched
-    engine (:mod:`headwise.analysis.batched`): J jobs as J copies of each batch in one forward.
+    engine (:mod:`headwise.analysis.batched`): J jobs as J copies of the input rows in one forward.
+
+    The plan (``copies`` None): jobs grouped by the layer their copies start at (:func:`~headwise.analysis.batched.
+    start_groups`; a pass never holds jobs of two start layers, so none runs layers below its own); each group of
+    rows runs once intact with every block's output kept (:func:`~headwise.analysis.batched.keep_blocks`), and each
+    pass starts from the kept residual stream at its layer's input (:func:`~headwise.analysis.batched.replayed`) —
+    no layer below a job's lowest runs again. Zero ablation packs the rows by length (no pass computes padding past
+    its longest row, nor a decoder's last token, which has no target); decoders form the LM head's logits at the
+    scored positions alone and the loss by chunks of :data:`LOSS_CHUNK` positions.
 
     Args:
         hm: a :class:`~headwise.models.HeadModel` (its ``hooks`` and named points).
@@ -345,10 +634,11 @@ def ablation_objectives(
         scored, reference: as :func:`objective`.
         mode: ``"zero"`` (ξ_h = 0) or ``"mean"`` (the head's mean over the batch's real positions in the same
             forward, as :func:`headwise.hf.ablate`'s ``mode="mean"``).
-        copies: J, jobs per pass (None: as many as ``memory`` allows, at most 64 and at most
+        copies: J, exactly this many jobs per pass, in the order of their start layers, each batch as given (None:
+            the plan above, J as many as ``memory`` allows, at most 64 and at most
             :data:`~headwise.analysis.batched.PASS_TOKENS` tokens a pass).
         memory: bytes a pass may use (None: half the memory free on the model's device).
-        prefix: start each pass at the lowest layer its jobs touch (:func:`headwise.analysis.batched.copies_from`).
+        prefix: start each pass at the lowest layer its jobs touch (False: every pass runs every layer).
         cost: a :class:`~headwise.analysis.batched.SweepCost` the passes are added to.
         progress: ``progress(passes done, passes in all)``.
     Returns:
@@ -359,7 +649,15 @@ def ablation_objectives(
 
     import torch
 
-    from headwise.analysis.batched import MODES, PASS_TOKENS, SweepCost, choose_split, free_memory, run_copies
+    from headwise.analysis.batched import (
+        MODES,
+        PASS_TOKENS,
+        SweepCost,
+        free_memory,
+        keep_blocks,
+        start_groups,
+        start_layer,
+    )
 
     one_of("mode", mode, MODES)
     scored = _scoring(hm, scored)
@@ -367,77 +665,62 @@ def ablation_objectives(
     if copies is not None:
         positive_int("copies", copies)
     t0 = time.perf_counter()
-    order = sorted(range(len(jobs)), key=lambda j: -min((int(k) for k, v in jobs[j].items() if v), default=0))
+    nl = hm.num_layers
     width = getattr(hm, "vocab_size", None) if scored != "embedding" else None
     row_bytes = _row_bytes(hm, int(width or 1024))
     device = next(hm.model.parameters()).device
     budget = int(memory if memory is not None else free_memory(device) // 2)
-    tokens = PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"])
-    plan = []  # (J, P') per batch
-    for batch in batches:
-        ids = batch[0]
-        if copies is not None:
-            plan.append((copies, ids.shape[0]))
-        else:
-            plan.append(
-                choose_split(
-                    len(jobs),
-                    ids.shape[0],
-                    ids.shape[1],
-                    row_bytes,
-                    budget=budget,
-                    pass_tokens=tokens,
-                    split=mode == "zero",
-                )
-            )
-    cost.copies = max(cost.copies, max((j for j, _ in plan), default=0))
+    most = 64
+    tokens = min(PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]), max(1, budget // max(1, row_bytes)))
+    if copies is not None:
+        lowest = [min((int(k) for k, v in job.items() if v), default=0) for job in jobs]
+        groups = [(0, sorted(range(len(jobs)), key=lambda j: -lowest[j]))]
+        parts, count = _parts(batches, scored, reference, False, 0)
+        plan = _plan(groups, parts, lambda part, members: copies)
+    else:
+        groups = start_groups(hm, jobs, prefix)
+        size = min(most, max((len(m) for _, m in groups), default=1), max(hm.heads_per_layer or [hm.num_heads]))
+        parts, count = _parts(batches, scored, reference, mode == "zero", max(1, tokens // max(1, size)))
+        plan = _plan(
+            groups, parts, lambda part, members: max(1, min(len(members), most, tokens // max(1, part.tokens)))
+        )
+    cost.copies = max(cost.copies, max((len(chunk) for _, chunk in plan), default=0))
     cost.memory_budget = 0 if copies is not None else budget
-    total_passes = sum(math.ceil(len(jobs) / j) * math.ceil(b[0].shape[0] / p) for (j, p), b in zip(plan, batches))
+    deep = prefix and any(start_layer(hm, [job]) > 0 for job in jobs)
     sums = np.zeros(len(jobs))
-    count = 0
-    done = 0
-    nl = hm.num_layers
-    with torch.no_grad():
-        for k, (batch, (J, part)) in enumerate(zip(batches, plan)):
-            if scored == "embedding":
-                ids_all, mask_all = batch
-                targets_all = chosen_all = None
-            else:
-                ids_all, mask_all, targets_all, chosen_all = _targets(batch, scored)
-            for r0 in range(0, ids_all.shape[0], part):
-                rows = slice(r0, r0 + part)
-                ids = ids_all[rows]
-                mask = None if mask_all is None else mask_all[rows]
-                real = None if mask is None else mask > 0
-                P = ids.shape[0]
-                for start in range(0, len(order), J):
-                    chunk = [order[i] for i in range(start, min(start + J, len(order)))]
-                    c = len(chunk)
-                    run = partial(_run_repeated, hm, ids, mask)
-                    out, low = run_copies(
-                        hm, run, ids, [jobs[i] for i in chunk], replacement=mode, real=real, prefix=prefix
-                    )
-                    if scored == "embedding":
-                        e = _pooled(out, mask.repeat(c, 1))
-                        ref = reference[k][rows].repeat(c, 1)
-                        loss = 1 - torch.nn.functional.cosine_similarity(e, ref, dim=-1)
-                        per_job = loss.double().reshape(c, P).sum(dim=1)
-                    else:
-                        targets, chosen = targets_all[rows], chosen_all[rows]
-                        losses, n = _decoder_losses(out, targets.repeat(c, 1), chosen.repeat(c, 1))
-                        per_job = (losses.double() * n).reshape(c, P).sum(dim=1)
-                    sums[chunk] += per_job.cpu().numpy()
-                    cost.passes += 1
-                    cost.rows += P + c * P if low > 0 else c * P
-                    cost.layer_rows += low * P + (nl - low) * c * P
-                    done += 1
-                    if progress is not None:
-                        progress(done, total_passes)
-            count += ids_all.shape[0] if scored == "embedding" else int(chosen_all.sum())
-    rows_in = sum(b[0].shape[0] for b in batches)
-    cost.forward_equivalents = cost.layer_rows / max(nl * rows_in, 1)
+    kept: list = []
+    current = -1
+    none = torch.zeros(0, dtype=torch.long)  # the intact forward scores nothing: its LM head runs on no position
+    with torch.no_grad(), _no_cache(hm):
+        for done, (k, chunk) in enumerate(plan, start=1):
+            part = parts[k]
+            P = part.ids.shape[0]
+            if k != current:  # a new group of rows: run it once intact, every block's output kept
+                current, kept = k, []
+                if deep:
+                    _, kept = keep_blocks(hm, partial(_scored_logits, hm, partial(_forward, hm, part), none))
+                    if kept:
+                        cost.kept_passes += 1
+                        cost.rows += P
+                        cost.layer_rows += nl * P
+                        cost.layer_tokens += nl * part.tokens
+            per_job, low = _pass_objective(hm, part, [jobs[i] for i in chunk], mode, kept, prefix, scored)
+            sums[chunk] += per_job.cpu().numpy()
+            c = len(chunk)
+            cost.passes += 1
+            cost.rows += c * P
+            cost.layer_rows += (nl - low) * c * P
+            cost.layer_tokens += (nl - low) * c * part.tokens
+            if progress is not None:
+                progress(done, len(plan))
+    cost.tokens = sum(part.tokens for part in parts)
+    cost.forward_equivalents = cost.layer_tokens / max(nl * cost.tokens, 1)
     cost.seconds += time.perf_counter() - t0
     return sums / max(count, 1)
+
+
+def _forward(hm, part: _Part):
+    return hm.forward(part.ids, part.mask)
 
 
 def head_importance(

@@ -25,7 +25,8 @@ on the text and on a probe of repeated random tokens (``--probe-length``, ``--pr
 ``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) adds Michel et al.'s
 head importance, each head's measured ablation, and ``pruning.png`` / ``pruning.csv``
 (:func:`headwise.analysis.head_importance`): next-token loss for decoders, the mean-pooled embedding's change
-for encoders.
+for encoders. ``--ablation zero|mean`` says how a head is removed: its output zeroed (Michel et al.'s ξ_h = 0, the
+default) or replaced by its mean over the batch's real positions.
 
 What happens with bad input: an empty TEXT, an empty corpus, a missing or corrupt checkpoint (no
 folder, no ``config.json``, an unknown ``model_type``, corrupt or truncated safetensors, only a pickle,
@@ -184,6 +185,9 @@ def heads(
     importance_sentences: Annotated[
         int, typer.Option("--importance-sentences", help="Corpus sentences --importance measures on.", min=1)
     ] = 64,
+    ablation: Annotated[
+        str, typer.Option("--ablation", help="How --importance removes a head: zero (its output 0) or mean.")
+    ] = "zero",
     probe_length: Annotated[
         int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)
     ] = 32,
@@ -230,6 +234,7 @@ def heads(
         batch_size=batch_size,
         importance=importance,
         importance_sentences=importance_sentences,
+        ablation=ablation,
         probe_length=probe_length,
         probe_repeats=probe_repeats,
         seed=seed,
@@ -342,7 +347,9 @@ def _run_importance(hm, batches, opts: study.HeadsOptions, title: str, extra: di
     result = ranked
     if result is None:
         with stage_progress() as bar:
-            result = study.run_importance(hm, batches, seed=opts.seed, progress=_importance_bar(bar))
+            result = study.run_importance(
+                hm, batches, seed=opts.seed, mode=opts.ablation, progress=_importance_bar(bar)
+            )
     try:
         paths = write_pruning(result, opts.out, title)
     except OSError as e:
@@ -416,7 +423,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
-    from headwise.viz.report import write_heads_outputs
+    from headwise.viz.report import start_head_grid, write_heads_outputs
 
     plan = study.plan_decoder(hm, opts)
     probe, out, layer, text, corpus_path = plan.probe, opts.out, opts.layer, opts.text, opts.corpus_path
@@ -447,8 +454,12 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         extra["corpus"] = {"path": str(corpus_path), "sentences": report.num_sentences}
     tokens = hm.token_texts(view.ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
-    console = _console()
     title = hm.title
+    sentence = SentenceHeads(report, *_drawn(view, tokens))
+    grid = None  # with --importance / --composition, heads.png is drawn with the other files, after those runs
+    if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
+        grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)
+    console = _console()
     print_head_table(
         console, report, layer=layer, title=f"{title} — {scope}, {report.num_tokens} tokens", columns=DECODER_COLUMNS
     )
@@ -468,7 +479,6 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         columns, more = _composition(hm, out, title, extra, columns, more)
         if "composition" in extra:
             console.print(_composition_line(extra["composition"]))
-    sentence = SentenceHeads(report, *_drawn(view, tokens))
     extra["view"] = _view_note(view)
     console.print(extra["view"]["note"])
     overview, links = None, []
@@ -493,6 +503,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
             overview=overview,
             links=links,
             concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
+            grid=grid,  # or that child, forked as soon as the statistics were known, joined
         )
         if view.kept is not None:
             a, b = view.queries
@@ -577,7 +588,9 @@ def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
                 lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
                 batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
                 bar = None if stage is None else _importance_bar(stage, ", rank 0")
-                ranked = study.importance_across_ranks(hm, batches, seed=opts.seed, out=opts.out, progress=bar)
+                ranked = study.importance_across_ranks(
+                    hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=bar
+                )
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     finally:

@@ -388,6 +388,9 @@ def prune(
     random_orders: Annotated[int, typer.Option("--random-orders", help="Random removal orders to compare with.")] = 5,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the probe sequences and the random orders.")] = 0,
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+    ablation: Annotated[
+        str, typer.Option("--ablation", help="How a head is removed: zero (its output 0) or mean.")
+    ] = "zero",
 ) -> None:
     """Michel et al.'s head importance on a lab model, and the loss as heads are removed.
 
@@ -400,6 +403,8 @@ def prune(
     _positive("--threads", threads)
     if seed < 0:
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
+    if ablation not in ("zero", "mean"):
+        raise CLIError(f"--ablation: expected one of zero, mean, got {ablation!r}")
     from headwise.models import open_model
     from headwise.models.lab_checkpoint import read_config
     from headwise.study import run_importance
@@ -436,6 +441,7 @@ def prune(
                 eval_batches=batches(1),
                 random_orders=random_orders,
                 points=n_heads + 1,
+                mode=ablation,
                 progress=progress,
             )
         write_pruning(result, tmp, title)

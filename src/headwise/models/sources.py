@@ -19,7 +19,8 @@ pickle-only folders refused and never unpickled, an unknown ``model_type``, para
 - ``"gguf"`` — a GGUF file (llama.cpp, Ollama; recognised by its magic bytes) or a bundled name
   (:data:`BUNDLED`: ``"smollm2"``): its header checked (:mod:`headwise.models.gguf`), de-quantised to float32
   by transformers' GGUF loader, cached as a safetensors folder keyed by the file's SHA-256, then opened as
-  ``"hf"`` (``open_model(..., cache=False)``: in memory only).
+  ``"hf"`` (``open_model(..., cache=False)``: in memory only). Once that folder is whole, the file is only hashed:
+  the folder opens without the header read again or transformers' GGUF loader imported.
 
 :func:`inspect_source` is where a source is told apart; a new kind adds its check there, returning a
 :class:`FolderInfo` with its own ``kind``, and its loader to :func:`open_model`'s dispatch.
@@ -82,9 +83,7 @@ def inspect_source(source: str | os.PathLike) -> FolderInfo:
         FileNotFoundError / ValueError: see :func:`~headwise.models.folder.inspect_folder` and
             :func:`headwise.models.gguf.read_header`; a file that is neither a folder nor GGUF.
     """
-    if isinstance(source, str) and source in BUNDLED and not Path(source).exists():
-        source = bundled_path(source)
-    path = Path(source)
+    path = _source_path(source)
     if path.is_file():
         from headwise.models import gguf
 
@@ -98,6 +97,31 @@ def inspect_source(source: str | os.PathLike) -> FolderInfo:
             path.parent, config, header.architecture, "gguf", [path], header.num_parameters, None, path.name, header
         )
     return inspect_folder(path)
+
+
+def _source_path(source: str | os.PathLike) -> Path:
+    """The path a source names: a bundled name's file (:func:`bundled_path`; a path of that name wins), else itself."""
+    if isinstance(source, str) and source in BUNDLED and not Path(source).exists():
+        return bundled_path(source)
+    return Path(source)
+
+
+def _cached_gguf(source: str | os.PathLike) -> FolderInfo | None:
+    """A GGUF source's whole cache entry (:func:`headwise.models.gguf.cached_entry`), checked as a folder and named
+    after the file, or None (not a GGUF file, no entry yet, a damaged one, a bundled name not installed): then
+    :func:`inspect_source` and :func:`_load_gguf` take the source as before, its header read and checked."""
+    from headwise.models import gguf
+
+    try:
+        path = _source_path(source)
+    except (FileNotFoundError, ValueError):  # inspect_source names them
+        return None
+    if not gguf.is_gguf(path):
+        return None
+    info = gguf.cached_entry(path)
+    if info is not None:
+        info.name = path.name
+    return info
 
 
 def _hf_class(config: dict):
@@ -228,7 +252,9 @@ def open_model(source: str | os.PathLike | FolderInfo | None = None, *, cache: b
     """
     if source is None:
         return _load_bert(None)
-    info = source if isinstance(source, FolderInfo) else inspect_source(source)
+    # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
+    cached = _cached_gguf(source) if cache and not isinstance(source, FolderInfo) else None
+    info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source))
     if info.kind == "bert":
         return _load_bert(info.folder)
     if info.kind == "gguf":

@@ -44,6 +44,8 @@ class HeadsOptions:
         batch_size: texts per model call.
         importance: add Michel et al.'s head importance, the ablation and the pruning curves.
         importance_sentences: corpus sentences the importance is measured on.
+        ablation: how ``importance`` removes a head: ``"zero"`` (ξ_h = 0) or ``"mean"`` (its mean output over the
+            batch's real positions) — :data:`headwise.analysis.batched.MODES`.
         probe_length: decoders: random tokens in the probe's segment (shortened to fit the model).
         probe_repeats: decoders: copies of the segment in the probe.
         seed: seed of the probe and of the random pruning orders.
@@ -67,6 +69,7 @@ class HeadsOptions:
     batch_size: int = 32
     importance: bool = False
     importance_sentences: int = 64
+    ablation: str = "zero"
     probe_length: int = 32
     probe_repeats: int = 2
     seed: int = 0
@@ -106,6 +109,7 @@ class HeadsOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
                 raise ValueError(f"{self.flag(name)}: expected an integer ≥ 2, got {value!r}")
         checks.non_negative_int("--seed", self.seed)
+        checks.one_of("--ablation", self.ablation, ("zero", "mean"))
         object.__setattr__(self, "out", Path(self.out))
 
     @staticmethod

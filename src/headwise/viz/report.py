@@ -13,11 +13,21 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from headwise._io import TEMP_PREFIX, TEMP_SUFFIX, write_text_atomic
 
-__all__ = ["OUTPUTS", "report_json", "report_csv", "write_head_views", "write_heads_outputs"]
+__all__ = [
+    "OUTPUTS",
+    "HeadGrid",
+    "report_json",
+    "report_csv",
+    "start_head_grid",
+    "write_head_views",
+    "write_heads_outputs",
+]
 
 #: The files :func:`write_heads_outputs` writes, in order.
 OUTPUTS = ("heads.json", "heads.csv", "heads.png", "roles.png", "headview.html")
@@ -55,6 +65,74 @@ def report_csv(report, *, columns: dict | None = None) -> str:
     return buf.getvalue()
 
 
+@dataclass
+class HeadGrid:
+    """``heads.png`` of one sentence, being drawn (:func:`start_head_grid`) or to be drawn.
+
+    Attributes:
+        path: the picture; draw: draws it here and returns ``path``; pid: the forked child drawing it, or None
+            (drawn here when joined).
+    """
+
+    path: Path
+    draw: Callable[[], Path]
+    pid: int | None = None
+
+    def _reaped(self) -> None:
+        """The child is joined or stopped: nothing is left for the exit to stop."""
+        import atexit
+
+        atexit.unregister(self._stop_at_exit)
+        self.pid = None
+
+    def _stop_at_exit(self) -> None:
+        if self.pid is not None:
+            _stop(self.pid, self.path)
+            self.pid = None
+
+
+def _head_grid(sentence, out: Path, report, layer: int | None, title: str) -> HeadGrid:
+    """The :class:`HeadGrid` of ``sentence`` in ``out`` (labelled with ``report``'s roles), not started."""
+    from headwise.viz.heads import plot_head_grid
+
+    roles = report.roles.tolist()
+    layers = None if layer is None else [layer]
+
+    def draw() -> Path:
+        return plot_head_grid(
+            sentence.attentions,
+            sentence.tokens,
+            out / "heads.png",
+            layers=layers,
+            roles=roles,
+            title=f"{title} — attention of every head on one sentence".strip(" —"),
+        ).path
+
+    return HeadGrid(out / "heads.png", draw)
+
+
+def start_head_grid(
+    sentence, out_dir: str | os.PathLike, *, report=None, layer: int | None = None, title: str = ""
+) -> HeadGrid:
+    """Start drawing ``heads.png`` now, in a forked child (Linux), so that it is drawn while this process prints,
+    writes and draws the rest; :func:`write_heads_outputs` / :func:`write_head_views` given it as ``grid=`` (with
+    the same ``out_dir``) join it. Where nothing can be forked it is drawn when joined; the file is the same either
+    way. Should this process exit before the join (an error, Ctrl-C), the child is stopped and no temporary of its
+    is left (an ``atexit`` hook).
+
+    Args:
+        sentence, report, layer, title: as :func:`write_head_views` takes them (``report``: the roles written under
+            each panel, default the sentence's own).
+    """
+    import atexit
+
+    grid = _head_grid(sentence, Path(out_dir), report or sentence.report, layer, title)
+    grid.pid = _fork(grid.draw)
+    if grid.pid is not None:
+        atexit.register(grid._stop_at_exit)
+    return grid
+
+
 def write_head_views(
     sentence,
     out_dir: str | os.PathLike,
@@ -66,6 +144,7 @@ def write_head_views(
     overview: dict | None = None,
     links=(),
     concurrent: bool = False,
+    grid: HeadGrid | None = None,
 ) -> dict[str, Path]:
     """Write ``heads.png``, ``roles.png`` and ``headview.html`` for one sentence.
 
@@ -83,10 +162,11 @@ def write_head_views(
         concurrent: on Linux, draw ``heads.png`` in a forked child process while this one draws the rest (each
             picture is single-threaded matplotlib work; the child uses no torch); a child that fails or cannot be
             forked leaves the drawing to this process, so the files are the same either way.
+        grid: ``heads.png`` already started by :func:`start_head_grid` (for this ``out_dir``): joined here, not
+            drawn again (``concurrent`` then has no effect).
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
-    from headwise.viz.heads import plot_head_grid
     from headwise.viz.headview import write_headview
     from headwise.viz.roles import plot_role_maps
 
@@ -94,23 +174,15 @@ def write_head_views(
     report = report or sentence.report
     roles = report.roles.tolist()
     text = " ".join(sentence.tokens)
-    layers = None if layer is None else [layer]
     paths = {}
-
-    def grid():
-        return plot_head_grid(
-            sentence.attentions,
-            sentence.tokens,
-            out / "heads.png",
-            layers=layers,
-            roles=roles,
-            title=f"{title} — attention of every head on one sentence".strip(" —"),
-        ).path
-
-    child = _fork(grid) if concurrent else None
+    if grid is None:
+        grid = _head_grid(sentence, out, report, layer, title)
+        if concurrent:
+            grid.pid = _fork(grid.draw)
+    child = grid.pid
     try:
         if child is None:
-            paths["heads.png"] = grid()
+            paths["heads.png"] = grid.draw()
         scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
         title_roles = f"{title} — per-head metrics ({scope})"
         paths["roles.png"] = plot_role_maps(report, out / "roles.png", title=title_roles).path
@@ -127,12 +199,14 @@ def write_head_views(
         )
         if child is not None:
             drawn, child = _joined(child), None  # reaped
+            grid._reaped()
             if not drawn:  # a failed child (killed mid-write, it may have left its temporary): drawn here
-                _remove_temporaries(out / "heads.png")
-            paths["heads.png"] = out / "heads.png" if drawn else grid()
+                _remove_temporaries(grid.path)
+            paths["heads.png"] = grid.path if drawn else grid.draw()
     except BaseException:  # Ctrl-C or an error here: the child stops too, and no temporary of its is left
         if child is not None:
-            _stop(child, out / "heads.png")
+            _stop(child, grid.path)
+            grid._reaped()
         raise
     return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
 
@@ -227,6 +301,7 @@ def write_heads_outputs(
     overview: dict | None = None,
     links=(),
     concurrent: bool = False,
+    grid: HeadGrid | None = None,
 ) -> dict[str, Path]:
     """Write all of :data:`OUTPUTS` to ``out_dir`` (created if needed), each atomically.
 
@@ -239,7 +314,7 @@ def write_heads_outputs(
         extra: fields put first in ``heads.json`` (model, corpus, sentence …).
         causal: a decoder's maps.
         columns: more per-head values for ``heads.json`` / ``heads.csv`` (name → ``(NL, H)``).
-        overview, links, concurrent: see :func:`write_head_views`.
+        overview, links, concurrent, grid: see :func:`write_head_views`.
     Returns:
         file name → path, in the order of :data:`OUTPUTS`.
     """
@@ -260,6 +335,7 @@ def write_heads_outputs(
             overview=overview,
             links=links,
             concurrent=concurrent,
+            grid=grid,
         )  # fmt: skip
     )
     return {name: paths[name] for name in OUTPUTS}
