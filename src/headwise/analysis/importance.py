@@ -738,6 +738,7 @@ def head_importance(
     memory: int | None = None,
     progress: Progress | None = None,
     reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+    stages: Callable | None = None,
 ) -> ImportanceResult:
     """Importance, single-head ablation and pruning curves of every head of ``hm``.
 
@@ -771,6 +772,11 @@ def head_importance(
             importance's and the objective's sums and counts, then the single-head ablations' sums, then the pruning
             sets' sums (their orders depend on the reduced importance and ablation) go through it before they are
             divided (each sum this process's mean × its count, float64). Default: one process (no reduction).
+        stages: a resumable run's hold on this process's three pieces of work, ``stages(name, work, sets)`` → what
+            ``work()`` returns, computed or kept from an earlier run: ``"importance"`` (``sets`` None) →
+            ``(importance (NL, H), sequences, base loss, tokens)`` — the gates' pass and the intact objective;
+            ``"ablation"`` and ``"pruning"`` → ``(len(sets),)`` the objective with each head set of ``sets``
+            removed (:func:`headwise.study.importance_across_ranks` keeps them by batch). Default: ``work()``.
     Returns:
         :class:`ImportanceResult`; ``sweep`` says what the engine ran (passes, copies per pass, memory budget,
         forward equivalents, seconds).
@@ -806,12 +812,17 @@ def head_importance(
         cosines = [torch.nn.functional.cosine_similarity(e, e, dim=-1) for e in references]
         base = float(sum(float((1 - c).sum()) for c in cosines)) / max(sum(c.numel() for c in cosines), 1)
         tokens = sum(c.numel() for c in cosines)
-        importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
-    elif same:
-        importance, sequences, base, tokens = _decoder_importance(hm, batches, scored, progress)
-    else:
-        base, tokens = objective(hm, eval_batches, scored=scored)
-        importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
+    run = stages if stages is not None else (lambda name, work, sets: work())
+
+    def gates_and_intact() -> tuple:  # (importance (NL, H), sequences, base, tokens) of this process's share
+        if scored == "embedding":
+            return (*gate_importance(hm, batches, scored=scored, progress=progress), base, tokens)
+        if same:
+            return _decoder_importance(hm, batches, scored, progress)
+        intact = objective(hm, eval_batches, scored=scored)
+        return (*gate_importance(hm, batches, scored=scored, progress=progress), *intact)
+
+    importance, sequences, base, tokens = run("importance", gates_and_intact, None)
     local_tokens = tokens
     if reduce is not None:  # this process's sums and counts → every process's, then divided
         r = reduce(np.concatenate([importance.ravel() * sequences, [sequences, base * tokens, tokens]]))
@@ -828,6 +839,9 @@ def head_importance(
     cost = SweepCost()
 
     def measure_all(sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
+        return run(stage, lambda: measure_here(sets, stage), sets)
+
+    def measure_here(sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
         """The objective with each head set removed (``sets`` distinct, none empty)."""
         if ablate is None:
             return ablation_objectives(

@@ -157,6 +157,7 @@ def find_circuit(
     progress: Progress | None = None,
     batch_size: int | None = None,
     pairs: PairShard | None = None,
+    stages: Callable[[str, Callable[[], object]], object] | None = None,
 ) -> Circuit:
     """Find the edges that carry a behaviour from a set of prompt pairs, check them, and keep a faithful circuit.
 
@@ -186,6 +187,12 @@ def find_circuit(
             computed on its pairs and gathered before any mean, so every process holds the one-process means and
             chooses the same top edges; the result equals the one-process run's up to the float32 rounding of
             rows run in batches of another size. None: every pair here.
+        stages: a resumable run's hold on the four stages, ``stages(name, work)`` → what ``work()`` returns,
+            computed or kept from an earlier run (:func:`headwise.study.circuit_across_ranks`): ``"attribution"`` →
+            ``(P, E)`` every pair's edge scores (method ``"exact"``: patched − base), ``"exact"`` → ``(P, J)`` every
+            pair's exact patches of the top J edges (patched − base), ``"faithfulness"`` → the
+            :class:`~headwise.circuits.Faithfulness` curve, ``"circuit"`` → ``(n, recovered)`` of
+            :func:`~headwise.circuits.smallest_circuit`. Default: ``work()``.
     Returns:
         :class:`~headwise.circuits.Circuit` (``to_dict()`` is ``circuit.json``).
     Raises:
@@ -236,23 +243,29 @@ def find_circuit(
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
     exact_batch = batch_size or 16
+    keep = stages if stages is not None else (lambda name, work: work())
+    graph = build_graph(w)
+
+    def exact_patches(edges: list, name: str) -> Tensor:  # (P, J) patched − base of every pair
+        ex = patch_edges(w, c, x, fn, edges, batch_size=exact_batch, progress=stage(name))
+        return _pair_effects(ex, gather)
+
     if method == "exact":
-        graph = build_graph(w)
-        ex = patch_edges(w, c, x, fn, graph.edges, batch_size=exact_batch, progress=stage("attribution"))
-        scores = _effect(ex, gather)
+        scores = keep("attribution", lambda: exact_patches(graph.edges, "attribution")).mean(0)
         exact = {e: float(v) for e, v in enumerate(scores)}
         agreement = None
     else:
-        est = edge_attribution(w, c, x, fn, method=method, steps=steps, progress=stage("attribution"))
-        graph, scores = est.graph, gather(est.per_pair).mean(0)  # (E,): est.scores, over every pair
+
+        def attribution() -> Tensor:  # (P, E) every pair's scores
+            est = edge_attribution(w, c, x, fn, method=method, steps=steps, progress=stage("attribution"))
+            return gather(est.per_pair)
+
+        scores = keep("attribution", attribution).mean(0)  # (E,): est.scores, over every pair
         exact, agreement = {}, None
         if exact_top:
             top = torch.argsort(scores.abs(), descending=True, stable=True)[: min(exact_top, len(graph.edges))]
             top = top.tolist()  # EdgeScores.top of the scores over every pair: the same edges on every process
-            ex = patch_edges(
-                w, c, x, fn, [graph.edges[e] for e in top], batch_size=exact_batch, progress=stage("exact")
-            )
-            effect = _effect(ex, gather)
+            effect = keep("exact", lambda: exact_patches([graph.edges[e] for e in top], "exact")).mean(0)
             exact = {e: float(v) for e, v in zip(top, effect)}
             if len(top) >= 2:
                 k = max(1, min(10, len(top) // 2))
@@ -260,11 +273,17 @@ def find_circuit(
                 ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
                 tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
                 agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
-    curve = faithfulness(
-        w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
-        progress=stage("faithfulness"), gather_pairs=gather,
+    curve = keep(
+        "faithfulness",
+        lambda: faithfulness(
+            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
+            progress=stage("faithfulness"), gather_pairs=gather,
+        ),
     )  # fmt: skip
-    n, recovered = smallest_circuit(w, c, x, fn, curve, fraction, reference=reference, gather_pairs=gather)
+    n, recovered = keep(
+        "circuit",
+        lambda: smallest_circuit(w, c, x, fn, curve, fraction, reference=reference, gather_pairs=gather),
+    )
     kept = sorted(curve.order[:n])
     nodes = sorted({graph.edges[e].sender for e in kept} | {graph.edges[e].receiver for e in kept})
     edges = []
@@ -316,9 +335,10 @@ def _shard_indices(pairs: PairShard, P: int) -> list[int]:
     return mine
 
 
-def _effect(ex, gather) -> Tensor:
-    """``(J,)`` the exact patches' patched − base over every pair (:attr:`PathPatching.effect` after ``gather``)."""
-    return (gather(ex.patched) - gather(ex.base)[:, None]).mean(0)
+def _pair_effects(ex, gather) -> Tensor:
+    """``(P, J)`` the exact patches' patched − base of every pair (their mean over the pairs:
+    :attr:`PathPatching.effect` after ``gather``)."""
+    return gather(ex.patched) - gather(ex.base)[:, None]
 
 
 def _finite(v: float) -> float | None:

@@ -24,7 +24,10 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
 (:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
 the same top edges and rank 0 writes the one-process files (to float32 rounding). More ranks than pairs is refused.
-See ``docs/distributed.md``.
+Until the files are written, ``--out/stages`` keeps each stage's gathered result (the edges' scores, the exact
+patches, the faithfulness curve, the circuit), so a run restarted (``torchrun --max-restarts``) or started again with
+the same options loads the finished stages; a manifest of another run is refused. The finished folder holds the
+three files alone. See ``docs/distributed.md``.
 
 Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
 all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
@@ -247,7 +250,7 @@ def circuit(
         if across:
             try:
                 run = study.circuit_across_ranks(
-                    hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, **options
+                    hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, out=out, **options
                 )
             except study.CollectiveTimeout as e:
                 raise CLIError(str(e)) from None

@@ -588,7 +588,9 @@ def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
                 lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
                 batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
                 bar = None if stage is None else _importance_bar(stage, ", rank 0")
-                ranked = study.importance_across_ranks(hm, batches, seed=opts.seed, mode=opts.ablation, progress=bar)
+                ranked = study.importance_across_ranks(
+                    hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=bar
+                )
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     finally:

@@ -29,10 +29,13 @@ by tokens: the pairs share one length, so by count), and every rank runs :func:`
 all the pairs with its share named (:class:`headwise.circuits.PairShard`): the per-pair values — EAP / EAP-IG
 scores ``(P, E)``, the exact patches of the top edges, the faithfulness curve's metrics, each bisection step's —
 are all-gathered (float32, exact) before any mean, so every rank chooses the same top edges and the same circuit,
-and rank 0 returns the one-process :class:`~headwise.circuits.Circuit`. Not resumable: each stage starts from the
-previous one's reduced result (the top edges from the scores, the curve's order from the scores, the bisection from
-the curve), so a saved shard would have to be a stage of a pair — the EAP scores of a pair are the one stage worth
-keeping, and cost one forward and one backward pass of it.
+and rank 0 returns the one-process :class:`~headwise.circuits.Circuit`. Resumable by stage: each stage starts from
+the previous one's reduced result (the top edges from the scores, the curve's order from the scores, the bisection
+from the curve), so what is kept is a stage's gathered result (:data:`CIRCUIT_STAGES`: every pair's scores
+``(P, E)``, every pair's exact patches ``(P, J)``, the faithfulness curve, the circuit's size), saved by rank 0 as it
+finishes (``OUT/stages/shard-<stage>.safetensors`` beside a manifest naming the weights' SHA-256 and the inputs' and
+options'), through :func:`~headwise.circuits.find_circuit`'s ``stages`` seam; a restarted or repeated run loads the
+stages every rank can read and computes the rest; a manifest of another run is refused with one line.
 """
 
 from __future__ import annotations
@@ -41,10 +44,18 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep"]
+__all__ = [
+    "CIRCUIT_STAGES",
+    "CircuitRun",
+    "PatchRun",
+    "SweepShard",
+    "circuit_across_ranks",
+    "patch_across_ranks",
+    "plan_sweep",
+]
 
 #: The patching shards' format; a manifest of another format is refused.
 PATCH_FORMAT = "headwise-patch-shards/1"
@@ -118,6 +129,7 @@ class CircuitRun:
         rank, world_size: this process's place. pairs: this rank's pair indices.
         gathers: the all-gathers run; payload_bytes: bytes every rank received in them (padded rows × ranks).
         seconds: this rank's wall time in :func:`~headwise.circuits.find_circuit`.
+        computed, resumed: the stages (:data:`CIRCUIT_STAGES`) run / loaded from ``OUT/stages``.
     """
 
     circuit: object
@@ -127,6 +139,8 @@ class CircuitRun:
     gathers: int
     payload_bytes: int
     seconds: float = 0.0
+    computed: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
 
 
 def _sha(value) -> str:
@@ -166,6 +180,80 @@ class _RowGather:
         return out
 
 
+#: The circuit stages' format; a manifest of another format is refused.
+CIRCUIT_FORMAT = "headwise-circuit-stages/1"
+#: The stages of :func:`headwise.circuits.find_circuit`, in order (the store's index of each).
+CIRCUIT_STAGES = ("attribution", "exact", "faithfulness", "circuit")
+
+
+def _pack_stage(name: str, value) -> dict:
+    """A stage's value (every pair's, the same on every rank) as tensors (exact: the same dtypes, floats as float64)."""
+    import torch
+
+    if name in ("attribution", "exact"):
+        return {"values": value}
+    if name == "circuit":
+        n, recovered = value
+        return {"n": torch.tensor(int(n)), "recovered": torch.tensor(float(recovered), dtype=torch.float64)}
+    return {
+        "order": torch.tensor(list(value.order), dtype=torch.int64),
+        "sizes": torch.tensor(list(value.sizes), dtype=torch.int64),
+        "metric": value.metric,
+        "recovered": value.recovered,
+        "scalars": torch.tensor(
+            [value.clean_metric, value.corrupted_metric, value.ablated_metric, value.passes], dtype=torch.float64
+        ),
+    }
+
+
+def _unpack_stage(name: str, state: dict, ablation: str):
+    """:func:`_pack_stage` undone, or None where ``state`` is not a stage ``name`` of this run (computed again)."""
+    from headwise.circuits import Faithfulness
+
+    keys = {"attribution": {"values"}, "exact": {"values"}, "circuit": {"n", "recovered"}}
+    if set(state) != keys.get(name, {"order", "sizes", "metric", "recovered", "scalars"}):
+        return None
+    if name in ("attribution", "exact"):
+        return state["values"]
+    if name == "circuit":
+        return int(state["n"]), float(state["recovered"])
+    clean, corrupted, ablated, passes = state["scalars"].tolist()
+    return Faithfulness(
+        ablation=ablation, order=state["order"].tolist(), sizes=state["sizes"].tolist(), metric=state["metric"],
+        clean_metric=clean, corrupted_metric=corrupted, ablated_metric=ablated, recovered=state["recovered"],
+        passes=int(passes),
+    )  # fmt: skip
+
+
+class _Stages:
+    """``find_circuit``'s ``stages``: a stage kept in the store (readable on every rank: the ranks decide together)
+    is loaded; else computed, and rank 0 saves it (every rank holds the same gathered value)."""
+
+    def __init__(self, store, ablation: str, progress):
+        self.store, self.ablation, self.progress = store, ablation, progress
+        self.computed: list[str] = []
+        self.resumed: list[str] = []
+
+    def __call__(self, name: str, work):
+        import torch.distributed as dist
+
+        from headwise.study.distributed import all_gather_json
+
+        k = CIRCUIT_STAGES.index(name)
+        state = self.store.load(k) if self.store is not None else None
+        value = None if state is None else _unpack_stage(name, state, self.ablation)
+        if all(all_gather_json(value is not None)):
+            self.resumed.append(name)
+        else:
+            value = work()
+            if self.store is not None and dist.get_rank() == 0:
+                self.store.save(k, _pack_stage(name, value))
+            self.computed.append(name)
+        if self.progress is not None:
+            self.progress(name)
+        return value
+
+
 def circuit_across_ranks(
     hm,
     clean,
@@ -173,6 +261,8 @@ def circuit_across_ranks(
     *,
     answer,
     wrong,
+    out: Path | None = None,
+    stage_done: Callable[[str], None] | None = None,
     timeout_s: float | None = None,
     **options,
 ) -> CircuitRun:
@@ -182,20 +272,31 @@ def circuit_across_ranks(
     Args:
         hm: the decoder; clean, corrupted: token ids ``(P, L)`` (every rank all P pairs); answer, wrong: P ids (or
             one for every pair); options: :func:`~headwise.circuits.find_circuit`'s other keywords (``progress``
-            included); timeout_s: the collectives' timeout.
+            included); out: where the stages are kept (``OUT/stages``; None: not kept); stage_done: ``fn(stage)``
+            after each stage, computed or loaded; timeout_s: the collectives' timeout.
     Returns:
         the :class:`CircuitRun` (its ``circuit`` on rank 0).
     Raises:
         ValueError: on every rank — more ranks than pairs, ranks with different weights or pairs, an unreachable
-            rendezvous; what :func:`~headwise.circuits.find_circuit` refuses. CollectiveTimeout: a stalled rank.
+            rendezvous, a manifest of another run in ``out``; what :func:`~headwise.circuits.find_circuit` refuses.
+            CollectiveTimeout: a stalled rank.
     """
     import torch
 
     from headwise.circuits import PairShard, find_circuit
-    from headwise.study.distributed import agree, deal, rank_group, refuse_together, weights_sha256
+    from headwise.study.distributed import (
+        ShardStore,
+        _clean,
+        agree,
+        deal,
+        rank_group,
+        refuse_together,
+        weights_sha256,
+    )
 
-    if "pairs" in options:
-        raise TypeError("circuit_across_ranks: 'pairs' is chosen here (each rank's share); do not pass it")
+    for name in ("pairs", "stages"):
+        if name in options:
+            raise TypeError(f"circuit_across_ranks: '{name}' is chosen here; do not pass it")
     c = clean if isinstance(clean, torch.Tensor) else torch.tensor(clean)
     x = corrupted if isinstance(corrupted, torch.Tensor) else torch.tensor(corrupted)
     c, x = (c[None] if c.dim() == 1 else c), (x[None] if x.dim() == 1 else x)
@@ -203,21 +304,37 @@ def circuit_across_ranks(
         agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
         inputs = {"clean": c.tolist(), "corrupted": x.tolist(), "answer": _listed(answer), "wrong": _listed(wrong)}
         inputs["options"] = {k: v for k, v in sorted(options.items()) if k != "progress"}
-        agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", _sha(inputs))
+        inputs_hash = _sha(inputs)
+        agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", inputs_hash)
         P = c.shape[0]
         problem = None
         if world > P:
             problem = f"WORLD_SIZE: {world} ranks for {P} prompt pair(s); expected at most one rank a pair"
+        store = None
+        if out is not None:
+            manifest = {"format": CIRCUIT_FORMAT, "kind": "circuit", "model_sha256": weights_sha256(hm.model),
+                        "inputs_sha256": inputs_hash, "stages": list(CIRCUIT_STAGES)}  # fmt: skip
+            store = ShardStore(Path(out) / "stages", manifest)
+            if problem is None:
+                problem = store.mismatch()
         refuse_together(problem)
+        if store is not None and rank == 0:
+            store.write_manifest()
         shares = deal([c.shape[1]] * P, world)  # by tokens: one length for every pair
         gather = _RowGather(shares, P, timeout_s)
+        stages = _Stages(store, options.get("ablation", "corrupted"), stage_done)
         started = time.perf_counter()
         found = find_circuit(
-            hm, c, x, answer=answer, wrong=wrong, pairs=PairShard(tuple(shares[rank]), gather, rank == 0), **options
-        )
+            hm, c, x, answer=answer, wrong=wrong, pairs=PairShard(tuple(shares[rank]), gather, rank == 0),
+            stages=stages, **options,
+        )  # fmt: skip
         seconds = time.perf_counter() - started
         found = found if rank == 0 else None
-        return CircuitRun(found, rank, world, shares[rank], gather.gathers, gather.bytes, seconds)
+        if store is not None and rank == 0:  # the one writer: its temporary files are its own
+            _clean(store)
+        return CircuitRun(
+            found, rank, world, shares[rank], gather.gathers, gather.bytes, seconds, stages.computed, stages.resumed
+        )
 
 
 def _listed(value):
@@ -274,12 +391,12 @@ def patch_across_ranks(
     """
     import torch
 
-    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
     from headwise.checks import one_of
     from headwise.patching import DIRECTIONS, Patch, Patching, as_target, run_batch
     from headwise.patching.exact import check_pair, prepare
     from headwise.study.distributed import (
         ShardStore,
+        _clean,
         agree,
         all_gather_json,
         barrier,
@@ -361,8 +478,7 @@ def patch_across_ranks(
         longest = max(len(json.dumps(part).encode()) for part in gathered)  # each rank's bytes, padded to this
         gathered_at = time.perf_counter()
         if store is not None:
-            for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
-                stale.unlink(missing_ok=True)
+            _clean(store)
         patching = positions = None
         if rank == 0:
             every = {int(k): torch.tensor(v, dtype=torch.float32) for part in gathered for k, v in part.items()}
