@@ -35,7 +35,7 @@ PAIRS = [
 #: circuit.json split against one process: every number x to TOL · max(1, |x|). A pair's rows run in a batch of
 #: another size round differently in float32 (one thread per process, as torchrun sets: measured ≤ 1.05e-6
 #: relative on scores of size 2–5 — about ten float32 steps of 1.2e-7; with two threads a process rounds
-#: differently from itself at one thread by ~1e-5). A wrong gather or a pair counted twice moves them by ≥ 1e-2.
+#: differently from itself at one thread by ~1e-5). Without the gather of the faithfulness values these tests fail.
 TOL = 2e-6
 WAIT_S = 300
 CASES = [
