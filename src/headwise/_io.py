@@ -63,7 +63,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 
 @contextmanager
-def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_folder(path: str | os.PathLike, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
     """Fill a folder that appears at ``path`` whole or not at all.
 
     Yields a fresh temporary folder beside ``path`` (``.<name>.<random>.tmp``); write the files into it
@@ -71,7 +71,9 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     already is a folder, it is first renamed aside (``.<name>.<random>.old``) and removed once the new
     one is in place — so at every moment ``path`` is the old folder, the complete new one, or (between
     the two renames) absent with the old one kept aside. If anything goes wrong before the rename
-    (an error, Ctrl-C), the temporary folder is removed and ``path`` is untouched.
+    (an error, Ctrl-C), the temporary folder is removed and ``path`` is untouched. ``keep``: names of entries of
+    the old folder moved into the new one just before the swap (a resumable run's shards), unless the block wrote
+    its own.
 
     Raises:
         NotADirectoryError: ``path`` exists and is not a folder.
@@ -85,8 +87,13 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     tag = uuid.uuid4().hex[:12]
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{tag}{TEMP_SUFFIX}")
     tmp.mkdir()
+    moved: list[str] = []
     try:
         yield tmp
+        for name in keep:
+            if (path / name).exists() and not (tmp / name).exists():
+                os.replace(path / name, tmp / name)
+                moved.append(name)
         if path.is_dir() and any(path.iterdir()):
             old = path.with_name(f"{TEMP_PREFIX}{path.name}.{tag}.old")
             os.replace(path, old)
@@ -95,5 +102,8 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
         else:
             os.replace(tmp, path)  # onto nothing, or onto an empty folder (POSIX rename)
     except BaseException:
+        for name in moved:  # the swap failed: the kept entries go back where they were
+            if path.is_dir() and not (path / name).exists():
+                os.replace(tmp / name, path / name)
         shutil.rmtree(tmp, ignore_errors=True)
         raise

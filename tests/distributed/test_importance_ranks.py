@@ -93,10 +93,13 @@ def test_reduce_seam_over_two_thread_ranks_equals_one_process(decoder, split):
     ranks = ThreadRanks(2)
     got: list = [None, None]
     errors: list = []
+    # a rank's own model (the gates' and ablations' hooks are the module's), opened here: loading a model patches
+    # torch and transformers globals for its duration, which two threads loading at once would leave patched
+    models = [_open(folder) for _ in range(2)]
 
     def run(rank):
         try:
-            hm = _open(folder)  # a rank's own model: the gates' and ablations' hooks are the module's
+            hm = models[rank]
             mine = [batches[i] for i in split[rank]]
             got[rank] = head_importance(
                 hm, mine, seed=2, random_orders=2, points=9, copies=4, reduce=ranks.reduce(rank)

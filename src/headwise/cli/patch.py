@@ -287,7 +287,7 @@ def patch(
     title = f"{hm.title}: {answer!r} vs {wrong!r}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_folder(out) as folder:
+        with atomic_folder(out, keep=("shards",) if across else ()) as folder:  # kept: a rerun resumes
             write_text_atomic(folder / "patching.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
             write_text_atomic(folder / "patching.csv", _csv(result, dla))
             heads_dla = None
@@ -301,8 +301,6 @@ def patch(
                 method=result.method,
                 direction=direction,
             )
-            if across and (out / "shards").is_dir():  # kept: a run with the same --out and options resumes
-                os.replace(out / "shards", folder / "shards")
     except OSError as e:
         raise write_failed("--out", out, e) from None
 

@@ -286,7 +286,6 @@ def circuit_across_ranks(
     from headwise.circuits import PairShard, find_circuit
     from headwise.study.distributed import (
         ShardStore,
-        _clean,
         agree,
         deal,
         rank_group,
@@ -331,7 +330,7 @@ def circuit_across_ranks(
         seconds = time.perf_counter() - started
         found = found if rank == 0 else None
         if store is not None and rank == 0:  # the one writer: its temporary files are its own
-            _clean(store)
+            store.clean()
         return CircuitRun(
             found, rank, world, shares[rank], gather.gathers, gather.bytes, seconds, stages.computed, stages.resumed
         )
@@ -396,7 +395,6 @@ def patch_across_ranks(
     from headwise.patching.exact import check_pair, prepare
     from headwise.study.distributed import (
         ShardStore,
-        _clean,
         agree,
         all_gather_json,
         barrier,
@@ -478,7 +476,7 @@ def patch_across_ranks(
         longest = max(len(json.dumps(part).encode()) for part in gathered)  # each rank's bytes, padded to this
         gathered_at = time.perf_counter()
         if store is not None:
-            _clean(store)
+            store.clean()
         patching = positions = None
         if rank == 0:
             every = {int(k): torch.tensor(v, dtype=torch.float32) for part in gathered for k, v in part.items()}

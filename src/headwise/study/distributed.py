@@ -216,6 +216,13 @@ class ShardStore:
     def __init__(self, folder: Path, manifest: dict):
         self.folder, self.manifest = Path(folder), manifest
 
+    def clean(self) -> None:
+        """Remove the temporary files a rank killed mid-write left in the store."""
+        from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
+
+        for stale in self.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+
     def mismatch(self) -> str | None:
         """Why an existing manifest does not fit this run (one line), or None (none yet, or the same)."""
         path = self.folder / MANIFEST
@@ -522,13 +529,6 @@ def _reduce_sums(sums: _Sums, timeout_s: float) -> None:
     sums.slowest_seconds = float(slowest)
 
 
-def _clean(store: ShardStore) -> None:
-    from headwise._io import TEMP_PREFIX, TEMP_SUFFIX
-
-    for stale in store.folder.glob(f"{TEMP_PREFIX}shard-*{TEMP_SUFFIX}"):  # left by a rank killed mid-write
-        stale.unlink(missing_ok=True)
-
-
 def _open_store(model, options: HeadsOptions, docs: list[str], tokens: list[int], kind: str, extra: dict):
     """The checks every rank makes before a corpus run (the same corpus and weights on every rank, at most one rank a
     document and a shard, the store's manifest), refused together; then the store (its manifest written) and the
@@ -634,7 +634,7 @@ def corpus_heads(
         sums = _shard_sums(store, shards, mine, compute, expected, lambda st: _widen(st, longest), progress)
         vector, layout = sums.vector, sums.layout
         _reduce_sums(sums, timeout_s)
-        _clean(store)
+        store.clean()
         summed = _unpack(vector, layout)
         truncated = int(round(float(summed.pop("truncated"))))
         heads = None
@@ -708,7 +708,7 @@ def encoder_corpus(
 
         sums = _shard_sums(store, shards, mine, compute, expected, lambda state: state, progress)
         _reduce_sums(sums, timeout_s)
-        _clean(store)
+        store.clean()
         summed = _unpack(sums.vector, sums.layout)
         truncated = int(round(float(summed.pop("truncated"))))
         report = None
@@ -954,8 +954,8 @@ def importance_across_ranks(
         run["resumed"] += [(2, k) for k in two.resumed]
         _reduce_sums(two, timeout_s)
         run["sent"] += two.vector.numel() * 8
-        _clean(first)
-        _clean(second)
+        first.clean()
+        second.clean()
         g3 = _unpack(two.vector, two.layout)["pruning"]
         result = call(mine[0], replay(g1, g2, g3), skip({}))
         result.sweep = {"mode": mode, "head_sets": n + len(g3), "ranks": world,
