@@ -805,7 +805,10 @@ def head_importance(
         cosines = [torch.nn.functional.cosine_similarity(e, e, dim=-1) for e in references]
         base = float(sum(float((1 - c).sum()) for c in cosines)) / max(sum(c.numel() for c in cosines), 1)
         tokens = sum(c.numel() for c in cosines)
-        importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
+        if same:  # the intact embeddings just formed are the importance's references too
+            importance, sequences = _encoder_importance(hm, batches, references, progress)
+        else:
+            importance, sequences = gate_importance(hm, batches, scored=scored, progress=progress)
     elif same:
         importance, sequences, base, tokens = _decoder_importance(hm, batches, scored, progress)
     else:
