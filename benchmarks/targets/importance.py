@@ -26,7 +26,7 @@ code before the batched sweep, made under the system's temporary folder), NEW th
   importance's H · (NL + 1) / 2 = 42 tangent forward-equivalents (each layer's 12 tangents run from that layer up:
   12 · Σ (6 − l) / 6) + 1 for the primal) × the tokens run × :data:`MINILM_FLOP_PER_TOKEN`, at the same GEMM rate.
   For the default sample (1,510 tokens run after packing, 198 sweep forward-equivalents) at 190 GFLOP/s:
-  about 241 × 1,510 × 21.2 MFLOP ÷ 190 GFLOP/s ≈ 40 s.
+  about 241 × 1,510 × 21.2 MFLOP ÷ 190 GFLOP/s ≈ 41 s.
 - ``sweep_1024``: in one fresh process (2 threads), the importance run alone (gates' pass, ablations, curves) on
   one 1,024-token line, beside the model's own sdpa forward of those tokens measured in the same process; goal:
   time ≤ 1.2 × (forward-equivalents + 3) × the sdpa forward.
