@@ -22,6 +22,11 @@ code before the batched sweep, made under the system's temporary folder), NEW th
   (2 × 134.5 M FLOP a token) and the default sample (1,299 tokens run after packing, about 295 + 3
   forward-equivalents) at 190 GFLOP/s that is 298 × 1,299 × 269 MFLOP ÷ 190 GFLOP/s ≈ 550 s: the ≤ 3-minute
   goal is below the machine's floor.
+- ``minilm floor``: the same for the ``minilm`` case: (the sweep's forward-equivalents + the forward-mode
+  importance's H · (NL + 1) / 2 = 42 tangent forward-equivalents (each layer's 12 tangents run from that layer up:
+  12 · Σ (6 − l) / 6) + 1 for the primal) × the tokens run × :data:`MINILM_FLOP_PER_TOKEN`, at the same GEMM rate.
+  For the default sample (1,510 tokens run after packing, 198 sweep forward-equivalents) at 190 GFLOP/s:
+  about 241 × 1,510 × 21.2 MFLOP ÷ 190 GFLOP/s ≈ 41 s.
 - ``sweep_1024``: in one fresh process (2 threads), the importance run alone (gates' pass, ablations, curves) on
   one 1,024-token line, beside the model's own sdpa forward of those tokens measured in the same process; goal:
   time ≤ 1.2 × (forward-equivalents + 3) × the sdpa forward.
@@ -106,6 +111,15 @@ def gemm_rate(threads: int = 2, n: int = 2048, rounds: int = 5) -> float:
         a @ b
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
+
+
+#: all-MiniLM-L6-v2's FLOPs per token of one forward, its embedding lookup aside: 2 × 6 layers × (4 · 384² attention
+#: projections + 2 · 384 · 1,536 feed-forward) ≈ 2 × 10.6 M (attention's own products at ~30-token sentences: < 1 %).
+MINILM_FLOP_PER_TOKEN = 2 * 6 * (4 * 384**2 + 2 * 384 * 1536)
+
+#: The forward-mode importance's forward-equivalents for MiniLM: H tangents from each layer up (12 · Σ (6 − l) / 6)
+#: plus the primal.
+MINILM_IMPORTANCE_FORWARDS = 12 * 7 / 2 + 1
 
 
 def floor_seconds(sweep: dict, flop_per_token: float, rate: float) -> float:
@@ -237,6 +251,25 @@ class Importance(Target):
                     "heads --importance, SmolLM2: time ÷ the FLOP floor (forward-equivalents + 3) × tokens × 2 × "
                     "params ÷ best GEMM rate",
                     new["seconds"] / floor,
+                    None,
+                    None,
+                    f"floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, {cpu_model()})",
+                )
+            )
+        mini = data["minilm"]["new"]
+        if mini.get("seconds") and mini.get("sweep"):
+            sweep = mini["sweep"]
+            floor = (
+                (sweep.get("forward_equivalents", 0) + MINILM_IMPORTANCE_FORWARDS)
+                * sweep.get("tokens", 0)
+                * MINILM_FLOP_PER_TOKEN
+                / rate
+            )
+            rows.append(
+                Row(
+                    "heads --importance, MiniLM: time ÷ the FLOP floor (sweep forward-equivalents + 43) × tokens × "
+                    "2 × 10.6 M ÷ best GEMM rate",
+                    mini["seconds"] / floor,
                     None,
                     None,
                     f"floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, {cpu_model()})",

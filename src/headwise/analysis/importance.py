@@ -244,51 +244,50 @@ def _decoder_importance(
 
 
 def _encoder_importance(hm: SweptModel, batches, references, progress) -> tuple[np.ndarray, int]:
-    """Forward-mode ∂e/∂ξ_h: one pass per layer, the batch repeated once per head, each copy's
-    tangent on a different head (per-sequence gates), so H directional derivatives share one pass.
+    """Forward-mode ∂e/∂ξ_h of every head, per sentence: one pass per layer and part of the rows, the intact model
+    run once (the primal) and the H directional derivatives of that layer's gates carried beside it as one batch of
+    tangents (:func:`torch.func.jvp` under :func:`torch.func.vmap`: every product of the primal is formed once, not
+    once per head).
 
-    The gate of layer l alone carries a tangent (the others are 1 with none: they change nothing), so the layers
-    below l run once on the batch and the copies start at ``layers.{l}.resid_pre``
-    (:func:`headwise.analysis.batched.copies_from`) where the model has the point."""
+    The rows are packed by length (:func:`_parts`: each sentence cut after its last real token, the rows longest
+    first in parts of at most :data:`~headwise.analysis.batched.PASS_TOKENS` ÷ H tokens), so no pass carries
+    tangents of padding beyond its part's longest row. Below layer l no tangent exists (only layer l's gates move),
+    so the layers below it run on the primal alone."""
     import torch
-    import torch.autograd.forward_ad as fwad
+    from torch.func import jvp, vmap
 
-    from headwise.analysis.batched import copies_from, start_layer
+    from headwise.analysis.batched import PASS_TOKENS
     from headwise.points import attention_point
 
     nl, h = hm.num_layers, hm.num_heads
+    parameter = next(hm.model.parameters())
+    dtype, device = parameter.dtype, parameter.device
+    cap = max(1, PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]) // h)
+    parts, sequences = _parts(batches, "embedding", references, True, cap)
     total = np.zeros((nl, h))
-    sequences = 0
     done = 0
-    dtype = next(hm.model.parameters()).dtype
-    with torch.no_grad():
-        for (ids, mask), e in zip(batches, references):
-            b = ids.shape[0]
-            mask_r = mask.repeat(h, 1)  # (H·B, L): copy r is for head r
-            e_r = e.repeat(h, 1)  # (H·B, D)
-            unit = e_r / e_r.norm(dim=-1, keepdim=True)
-            tangent = torch.zeros((h * b, h), dtype=dtype)
-            for r in range(h):
-                tangent[r * b : (r + 1) * b, r] = 1.0
-            for layer in range(nl):
-                low = start_layer(hm, [{layer: [0]}])
-                with fwad.dual_level():
-                    gates = fwad.make_dual(torch.ones_like(tangent), tangent)  # (H·B, H)
+    for part in parts:
+        ids, mask, e = part.ids, part.mask, part.reference  # (P, L), (P, L), (P, D)
+        P = ids.shape[0]
+        unit = e / e.norm(dim=-1, keepdim=True)
+        ones = torch.ones((P, h), dtype=dtype, device=device)  # (P, H): one gate per sentence and head
+        tangents = torch.eye(h, dtype=dtype, device=device)[:, None, :].expand(h, P, h).contiguous()  # (H, P, H)
+        for layer in range(nl):
 
-                    def gate(out, gates=gates):  # (H·B, H, L, Dh)
-                        return out * gates[:, :, None, None].to(out.dtype)
+            def embedding(gates, layer=layer, ids=ids, mask=mask):  # (P, H) -> (P, D)
+                def gate(out):  # (P, H, L, Dh)
+                    return out * gates[:, :, None, None].to(out.dtype)
 
-                    with hm.hooks({attention_point(layer, "heads"): gate}), copies_from(hm, low, h, b):
-                        n = 1 if low > 0 else h
-                        out = hm.forward(ids.repeat(n, 1), mask.repeat(n, 1), math_path=True)
-                        pooled = _pooled(out, mask_r)
-                    de = fwad.unpack_dual(pooled).tangent  # (H·B, D): ∂e/∂ξ of copy r's head
-                turn = de - (de * unit).sum(-1, keepdim=True) * unit  # the part orthogonal to e
-                rate = (turn.norm(dim=-1) / e_r.norm(dim=-1)).reshape(h, b)  # (H, B)
-                total[layer] += rate.sum(dim=1).numpy()
-                done += 1
-                progress("importance", done, len(batches) * nl)
-            sequences += b
+                with hm.hooks({attention_point(layer, "heads"): gate}):
+                    return _pooled(hm.forward(ids, mask, math_path=True), mask)
+
+            with torch.no_grad():
+                de = vmap(lambda t, f=embedding, x=ones: jvp(f, (x,), (t,))[1])(tangents)  # (H, P, D): ∂e/∂ξ of head r
+            turn = de - (de * unit).sum(-1, keepdim=True) * unit  # the part orthogonal to e
+            rate = turn.norm(dim=-1) / e.norm(dim=-1)  # (H, P)
+            total[layer] += rate.double().sum(dim=1).cpu().numpy()
+            done += 1
+            progress("importance", done, len(parts) * nl)
     return total / max(sequences, 1), sequences
 
 
@@ -816,6 +815,8 @@ def head_importance(
 
     def gates_and_intact() -> tuple:  # (importance (NL, H), sequences, base, tokens) of this process's share
         if scored == "embedding":
+            if same:  # the intact embeddings just formed are the importance's references too
+                return (*_encoder_importance(hm, batches, references, progress), base, tokens)
             return (*gate_importance(hm, batches, scored=scored, progress=progress), base, tokens)
         if same:
             return _decoder_importance(hm, batches, scored, progress)
