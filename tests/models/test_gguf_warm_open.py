@@ -42,6 +42,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow  # two fresh interpreters (6 s): the fast suite keeps the cache tests of test_gguf_cache
 def test_a_whole_entry_opens_without_the_gguf_loader_and_equals_the_full_route(written, tmp_path):
     path, model, tok = written
     root = tmp_path / "cache"

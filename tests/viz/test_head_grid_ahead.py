@@ -31,7 +31,7 @@ def _sentence(seed: int):
     return A.SentenceHeads(stats.result(), list(TOKENS), maps.astype(np.float32))
 
 
-@pytest.mark.parametrize("layer", [None, 1])
+@pytest.mark.parametrize("layer", [None, pytest.param(1, marks=pytest.mark.slow)])
 def test_started_ahead_writes_what_the_sequential_call_writes(tmp_path, layer):
     s = _sentence(3)
     one, two = tmp_path / "one", tmp_path / "two"
