@@ -160,7 +160,9 @@ def test_an_encoder_resumes_and_equals_one_process(tmp_path, world_of_one):
     options = {"seed": 0, "random_orders": 1, "points": 5}
     want = head_importance(hm, batches, **options)
     run = study.importance_across_ranks(hm, batches, out=tmp_path, **options)
-    _same(run.result, want)
+    # the encoder's importance packs each batch's sentences by length: a rank's share packs otherwise, float32
+    # rounding of the forward-mode tangents (measured 5.2e-8 on values ≈ 0.05); the tolerance is 1e-6
+    _same(run.result, want, tol=1e-6)
     again = study.importance_across_ranks(hm, batches, out=tmp_path, **options)
     assert again.computed == [] and len(again.resumed) == 4
     _same(again.result, run.result, tol=0.0)
