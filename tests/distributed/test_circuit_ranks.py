@@ -21,17 +21,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from _corpus import free_port, max_difference  # noqa: E402
-from _decoders import save_decoder  # noqa: E402
+from _pairs import PAIRS, pairs_decoder  # noqa: E402
 from headwise import study  # noqa: E402
 from headwise.circuits import PairShard, find_circuit  # noqa: E402
 from headwise.models import open_model  # noqa: E402
 
-#: Three pairs of one length: two shares of 2 and 1 pairs (the gather pads the shorter one).
-PAIRS = [
-    ("the cat sat on the mat and the dog", "the dog sat on the mat and the dog", "cat", "dog"),
-    ("a dog ran to the tree and the cat", "a cat ran to the tree and the cat", "dog", "cat"),
-    ("a cat saw the red house and the dog", "a dog saw the red house and the dog", "cat", "dog"),
-]
 #: circuit.json split against one process: every number x to TOL · max(1, |x|). A pair's rows run in a batch of
 #: another size round differently in float32 (one thread per process, as torchrun sets: measured ≤ 1.05e-6
 #: relative on scores of size 2–5 — about ten float32 steps of 1.2e-7; with two threads a process rounds
@@ -57,13 +51,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("circuit_ranks")
-    folder = save_decoder(root / "llama", "llama", init=0.5)  # 2 layers × 4 heads, GQA
-    tok = open_model(folder).tokenizer
-    c = torch.tensor([tok.encode(p[0]).ids for p in PAIRS])
-    x = torch.tensor([tok.encode(p[1]).ids for p in PAIRS])
-    answer = [tok.token_to_id(p[2]) for p in PAIRS]
-    wrong = [tok.token_to_id(p[3]) for p in PAIRS]
+    folder, _, c, x, answer, wrong = pairs_decoder(tmp_path_factory.mktemp("circuit_ranks"))
     return folder, c, x, answer, wrong
 
 

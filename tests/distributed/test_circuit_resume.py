@@ -21,16 +21,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from _corpus import free_port, max_difference  # noqa: E402
-from _decoders import save_decoder  # noqa: E402
+from _pairs import pairs_decoder  # noqa: E402
 from headwise import study  # noqa: E402
 from headwise.circuits import find_circuit  # noqa: E402
-from headwise.models import open_model  # noqa: E402
 
-PAIRS = [
-    ("the cat sat on the mat and the dog", "the dog sat on the mat and the dog", "cat", "dog"),
-    ("a dog ran to the tree and the cat", "a cat ran to the tree and the cat", "dog", "cat"),
-    ("a cat saw the red house and the dog", "a dog saw the red house and the dog", "cat", "dog"),
-]
 #: Two ranks against one process: a pair's rows run in a batch of another size round differently in float32
 #: (as tests/distributed/test_circuit_ranks.py measures).
 TOL = 1e-6
@@ -40,14 +34,7 @@ OPTIONS = {"exact_top": 5}
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("circuit_resume")
-    folder = save_decoder(root / "llama", "llama", init=0.5)  # 2 layers × 4 heads, GQA
-    hm = open_model(folder)
-    tok = hm.tokenizer
-    c = torch.tensor([tok.encode(p[0]).ids for p in PAIRS])
-    x = torch.tensor([tok.encode(p[1]).ids for p in PAIRS])
-    answer = [tok.token_to_id(p[2]) for p in PAIRS]
-    wrong = [tok.token_to_id(p[3]) for p in PAIRS]
+    folder, hm, c, x, answer, wrong = pairs_decoder(tmp_path_factory.mktemp("circuit_resume"))
     want = find_circuit(hm, c, x, answer=answer, wrong=wrong, **OPTIONS).to_dict()
     return folder, hm, c, x, answer, wrong, want
 

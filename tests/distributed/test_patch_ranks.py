@@ -21,17 +21,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from _corpus import free_port, max_difference  # noqa: E402
-from _decoders import save_decoder  # noqa: E402
+from _pairs import PAIRS, pairs_decoder  # noqa: E402
 from headwise import study  # noqa: E402
-from headwise.models import open_model  # noqa: E402
 from headwise.patching import logit_difference, patch_heads, patch_positions  # noqa: E402
 
-#: Three pairs of one length (two ranks get 2 and 1 of them where pairs are split).
-PAIRS = [
-    ("the cat sat on the mat and the dog", "the dog sat on the mat and the dog", "cat", "dog"),
-    ("a dog ran to the tree and the cat", "a cat ran to the tree and the cat", "dog", "cat"),
-    ("a cat saw the red house and the dog", "a dog saw the red house and the dog", "cat", "dog"),
-]
 #: The files under torchrun against the one-process run's: equal to this (the shards are the one-process batches,
 #: so the values come from the same computation; measured 0).
 TOL = 1e-6
@@ -40,15 +33,7 @@ WAIT_S = 300
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("patch_ranks")
-    folder = save_decoder(root / "llama", "llama", init=0.5)  # 2 layers × 4 heads, GQA
-    hm = open_model(folder)
-    tok = hm.tokenizer
-    c = torch.tensor([tok.encode(p[0]).ids for p in PAIRS])
-    x = torch.tensor([tok.encode(p[1]).ids for p in PAIRS])
-    answer = [tok.token_to_id(p[2]) for p in PAIRS]
-    wrong = [tok.token_to_id(p[3]) for p in PAIRS]
-    return folder, hm, c, x, answer, wrong
+    return pairs_decoder(tmp_path_factory.mktemp("patch_ranks"))
 
 
 @pytest.fixture
