@@ -87,3 +87,14 @@ def launch(worker: str, world_size: int, workdir: Path, *, timeout_s: float = TI
 def launch_world():
     """The :func:`launch` function, for module-scoped fixtures that start one world per world size."""
     return launch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One thread in the test process, as torchrun gives each rank, whatever the tests before left: the ranks'
+    float32 rounding depends on the thread count (measured: 2e-7 between counts on this suite's tiny decoder), so a
+    one-process reference compared with the ranks is computed at theirs. Restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -40,13 +40,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread per process, as torchrun sets, whatever the tests before left (TOL's rounding is measured so)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # TOL's rounding is measured at one thread
 
 
 @pytest.fixture(scope="module")

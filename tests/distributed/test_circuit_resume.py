@@ -32,6 +32,9 @@ STAGES = ["attribution", "exact", "faithfulness", "circuit"]
 OPTIONS = {"exact_top": 5}
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the reference at the ranks' thread count
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder, hm, c, x, answer, wrong = pairs_decoder(tmp_path_factory.mktemp("circuit_resume"))

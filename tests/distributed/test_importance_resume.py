@@ -30,6 +30,9 @@ OPTIONS = {"seed": 1, "random_orders": 2, "points": 7, "copies": 4}
 FIELDS = ("importance", "importance_norm", "ablation", "random_curves")
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the reference at the ranks' thread count
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("imp_resume")

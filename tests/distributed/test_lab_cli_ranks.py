@@ -45,7 +45,8 @@ def _csv_without(path: Path, column: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_torchrun_lab_commands_equal_one_process(tmp_path):
+def test_torchrun_lab_commands_equal_one_process(tmp_path, one_thread):
+    """The one-process run in this process at the ranks' one thread (training's rounding depends on the count)."""
     from _corpus import free_port
 
     sys.path.insert(0, str(Path(__file__).parent))

@@ -47,7 +47,7 @@ def test_heads_vs_one_ranks_outside_a_launch_is_refused():
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_one_process(tmp_path):
+def test_two_ranks_equal_one_process(tmp_path, one_thread):
     from _corpus import free_port
     from headwise.lab.heads_vs_one import run_heads_vs_one
     from headwise.lab.induction import run_induction_seeds

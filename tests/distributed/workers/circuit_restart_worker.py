@@ -24,9 +24,15 @@ rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTAR
 hm = open_model(model)
 
 
+def say(line: str) -> None:
+    """One line in one write to the shared pipe (the ranks' lines never interleave; print writes text and newline
+    apart when the stream is unbuffered)."""
+    os.write(1, (line + "\n").encode())
+
+
 def progress(stage: str, done: int, total: int) -> None:
     if attempt == 0 and rank == 1 and stage == "faithfulness":
-        print("attempt 0 rank 1 killed in faithfulness", flush=True)
+        say("attempt 0 rank 1 killed in faithfulness")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -34,7 +40,6 @@ run = study.circuit_across_ranks(
     hm, inputs["clean"], inputs["corrupted"], answer=inputs["answer"], wrong=inputs["wrong"], out=out,
     progress=progress, **inputs["options"],
 )  # fmt: skip
-print(f"attempt {attempt} rank {rank} computed {json.dumps(run.computed)} resumed {json.dumps(run.resumed)}",
-      flush=True)  # fmt: skip
+say(f"attempt {attempt} rank {rank} computed {json.dumps(run.computed)} resumed {json.dumps(run.resumed)}")
 if rank == 0:
     (out / "circuit.json").write_text(json.dumps(run.circuit.to_dict()))

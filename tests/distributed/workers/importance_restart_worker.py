@@ -30,17 +30,22 @@ mine = study.deal([float(b[0].numel()) for b in batches], int(os.environ["WORLD_
 seen: list = []
 
 
+def say(line: str) -> None:
+    """One line in one write to the shared pipe (the ranks' lines never interleave; print writes text and newline
+    apart when the stream is unbuffered)."""
+    os.write(1, (line + "\n").encode())
+
+
 def progress(stage: str, done: int, total: int) -> None:
     if attempt == 0 and rank == 1 and stage == "importance":
         seen.append(done)
         if len(seen) == 2:  # the second batch's gates' pass: the first batch's shard is saved
             saved = [k for k in mine if (out / "importance-shards" / f"shard-{k:06d}.safetensors").is_file()]
-            print(f"attempt 0 rank 1 saved {json.dumps(saved)}", flush=True)
+            say(f"attempt 0 rank 1 saved {json.dumps(saved)}")
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 run = study.importance_across_ranks(hm, batches, out=out, progress=progress, **options)
-print(f"attempt {attempt} rank {rank} computed {json.dumps(run.computed)} resumed {json.dumps(run.resumed)}",
-      flush=True)  # fmt: skip
+say(f"attempt {attempt} rank {rank} computed {json.dumps(run.computed)} resumed {json.dumps(run.resumed)}")
 if rank == 0:
     np.save(out / "result.npy", np.array(run.result, dtype=object), allow_pickle=True)
