@@ -57,6 +57,7 @@ def test_tokens_and_vocabulary():
     assert tokenize("the cat's mat.") == ["the", "cat's", "mat", "."]
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_demo_untrained(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     outcome = run_cli("demo", "--model", "untrained")

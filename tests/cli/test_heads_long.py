@@ -47,6 +47,7 @@ def _page_data(path) -> dict:
     return json.loads(html.split('id="headview-data">', 1)[1].split("</script>", 1)[0])
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_the_pooled_head_view_holds_the_command_that_draws_chosen_queries(run_cli, tmp_path, long_model):
     text = " ".join(["a", "the"] * 150)  # 301 tokens with BOS: pooled; 599 characters: written out in the command
     out = tmp_path / "out"
@@ -98,6 +99,7 @@ def test_a_text_longer_than_the_context_is_refused(run_cli, tmp_path, long_model
     assert not out.exists()
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_queries_only_writes_the_chosen_rows_alone_as_the_full_pass_keeps_them(run_cli, tmp_path, long_model):
     """``--queries-only``: headview_queries.html from a pass over the chosen rows alone — the same page the full
     run writes for those queries — and every other file left as it was."""

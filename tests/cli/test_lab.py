@@ -13,6 +13,7 @@ from _pictures import assert_not_blank, read_png
 from headwise.lab import load
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_induction_tiny_writes_a_loadable_checkpoint(run_cli, tmp_path):
     out = tmp_path / "ind"
     outcome = run_cli("lab", "induction", "--out", str(out), "--seed", "3", "--steps", "4")

@@ -26,7 +26,9 @@ def _ink(image: np.ndarray, colour: str) -> int:
     return int(mask.sum())
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize(
+    "shape", [pytest.param(s, marks=pytest.mark.slow) if s == "many_layers" else s for s in sorted(SHAPES)]
+)
 def test_every_shape_draws_a_picture_of_the_stated_size(shape, tmp_path):
     d = make_circuit(**SHAPES[shape])
     picture = plot_circuit(d, tmp_path / "circuit.png", dpi=50)

@@ -71,6 +71,7 @@ raise RuntimeError("the command failed before writing its outputs")
 """
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_an_exit_before_the_join_stops_the_child_and_leaves_nothing(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", EXITS, str(tmp_path), str(Path(__file__).parent)],

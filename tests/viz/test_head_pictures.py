@@ -79,7 +79,10 @@ def _drawn_grid(monkeypatch, tmp_path, **kw):
     return fig, FigureCanvasAgg(fig).get_renderer()
 
 
-@pytest.mark.parametrize("layers, heads, with_roles", [(6, 12, True), (6, 12, False), (1, 4, True), (12, 12, True)])
+@pytest.mark.parametrize(
+    "layers, heads, with_roles",
+    [(6, 12, True), (6, 12, False), (1, 4, True), pytest.param(12, 12, True, marks=pytest.mark.slow)],
+)
 def test_the_title_clears_the_first_rows_labels(monkeypatch, tmp_path, layers, heads, with_roles):
     """The figure's title sits above every panel title and every panel, and inside the picture; panel titles
     sit between their panel and the row above, and no two of them meet."""
@@ -267,6 +270,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     assert (tmp_path / "heads.json").read_text() == "old"
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_concurrent_drawing_writes_the_same_files_and_survives_a_failed_child(tmp_path, monkeypatch):
     """``concurrent=True`` (heads.png from a forked child) writes byte for byte what the sequential call writes; a
     child that fails leaves heads.png to the parent."""
@@ -378,6 +382,7 @@ def test_a_child_that_ignores_sigterm_is_killed_and_its_temporary_removed(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # the fast suite keeps a lighter test of the same path
 def test_a_child_killed_mid_write_leaves_no_temporary_and_the_parent_draws(tmp_path, monkeypatch):
     import os
     import signal
