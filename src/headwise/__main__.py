@@ -1,3 +1,3 @@
-from headwise.cli import main
+from headwise.cli import entry
 
-main()
+entry()
