@@ -84,13 +84,13 @@ def stretched(hm, L: int, tmp: Path) -> str:
 COMMAND = """
 import time
 t0, now = time.perf_counter(), time.time()
-import json, resource, sys
+import atexit, json, resource, sys
 START = t0 - (now - float(sys.argv[1]))  # the launch, on this process's clock
 import headwise.cli.heads as H
 import headwise.study as S
 import headwise.study.decoder as D
 import headwise.viz.report as R
-from headwise.cli import main
+from headwise.cli import entry
 phases = {}
 
 def timed(owner, name, phase):
@@ -111,19 +111,19 @@ timed(D, "probe_detectors", "of which the probe")
 timed(H, "print_head_table", "table")
 timed(R, "write_heads_outputs", "files (heads.png joined)")
 timed(R, "_joined", "of which waiting for heads.png")
-code = 0
-try:
-    main(sys.argv[2:])
-except SystemExit as e:
-    code = e.code or 0
-total = time.perf_counter() - START
-phases["the rest (parsing, checks, tokens, printing)"] = total - sum(
-    v for k, v in phases.items() if not k.startswith("of which")
-)
-phases["total"] = total
-peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-print(json.dumps({"peak_mib": peak / 1024, "phases": phases}))
-sys.exit(code)
+
+def report():  # an exit handler: run by entry() once the command is done, before the process leaves
+    total = time.perf_counter() - START
+    phases["the rest (parsing, checks, tokens, printing)"] = total - sum(
+        v for k, v in phases.items() if not k.startswith("of which")
+    )
+    phases["total"] = total
+    peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(json.dumps({"peak_mib": peak / 1024, "phases": phases}))
+
+atexit.register(report)
+sys.argv = ["headwise", *sys.argv[2:]]
+entry()  # as the console script ends: main, then the prompt exit
 """
 
 
