@@ -29,7 +29,17 @@ from headwise import checks
 from headwise.core.attention import MultiHeadAttention
 from headwise.positional.rope import RotaryEmbedding
 
-__all__ = ["LlamaConfig", "LlamaLM", "RMSNorm", "SwiGLU", "LlamaLayer", "load_llama", "MODEL_TYPES"]
+__all__ = [
+    "LlamaConfig",
+    "LlamaLM",
+    "RMSNorm",
+    "SwiGLU",
+    "LlamaLayer",
+    "load_llama",
+    "llama_from_state_dict",
+    "supports",
+    "MODEL_TYPES",
+]
 
 #: ``model_type`` s :class:`LlamaLM` opens -> the defaults of Hugging Face's config class for that type (what a
 #: ``config.json`` that leaves a field out means). Mistral only without a sliding window (``sliding_window: null``).
@@ -353,6 +363,54 @@ def _hf_names(config: LlamaConfig) -> dict[str, str]:
     return names
 
 
+def supports(config: dict) -> bool:
+    """Whether a parsed ``config.json`` is one :class:`LlamaLM` opens (:meth:`LlamaConfig.from_dict` accepts it)."""
+    try:
+        LlamaConfig.from_dict(config)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+class _Assigner:
+    """Checkpoint tensors gathered onto a meta-device :class:`LlamaLM`: each expected one once, its shape checked."""
+
+    def __init__(self, cfg: LlamaConfig):
+        self.cfg = cfg
+        self.model = LlamaLM(cfg, device="meta", dtype=torch.float32)
+        self.expected = {name: tuple(p.shape) for name, p in self.model.state_dict().items()}
+        self.wanted = _hf_names(cfg)  # mine -> theirs
+        self.mine = {theirs: mine for mine, theirs in self.wanted.items()}
+        self.state: dict[str, Tensor] = {}
+
+    def take(self, where: str, names, shape_of, get) -> None:
+        """The tensors of one file (``where``): ``names``, ``shape_of(name)``, ``get(name) -> Tensor``."""
+        c = self.cfg
+        for theirs in names:
+            mine = self.mine.get(theirs)
+            if mine is None or mine in self.state:
+                continue
+            shape = tuple(shape_of(theirs))
+            if shape != self.expected[mine]:
+                raise ValueError(
+                    f"{where}: tensor {theirs!r} has shape {shape}; the config ({c.num_attention_heads} heads, "
+                    f"{c.num_key_value_heads} key/value heads of width {c.head_dim}, D = {c.hidden_size}, "
+                    f"F = {c.intermediate_size}, V = {c.vocab_size}) expects {self.expected[mine]}"
+                )
+            self.state[mine] = get(theirs).to(torch.float32)
+
+    def finish(self, where: str, listed: str) -> LlamaLM:
+        missing = [theirs for mine, theirs in self.wanted.items() if mine not in self.state]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ValueError(f"{where}: tensor {missing[0]!r}{more} is missing from {listed}")
+        if self.cfg.tie_word_embeddings:
+            self.state["lm_head.weight"] = self.state["embed_tokens.weight"]
+        self.model.load_state_dict(self.state, strict=True, assign=True)
+        self.model.tie_weights()
+        return self.model.eval()
+
+
 def load_llama(folder: str | os.PathLike, config: dict, *, files: Sequence[os.PathLike] | None = None) -> LlamaLM:
     """A Hugging Face Llama-family checkpoint as a :class:`LlamaLM` (eval mode, float32), without transformers.
 
@@ -365,8 +423,9 @@ def load_llama(folder: str | os.PathLike, config: dict, *, files: Sequence[os.Pa
         folder: the checkpoint folder. config: its parsed ``config.json`` (:meth:`LlamaConfig.from_dict`).
         files: the safetensors files to read (default: every ``*.safetensors`` in ``folder``, sorted).
     Raises:
-        ValueError: an unsupported config (naming the key); an expected tensor missing from every file or of the
-            wrong shape, naming the file and the tensor; a file safetensors cannot read, naming it.
+        ValueError: an unsupported config (naming the key); an expected tensor missing from every file (naming
+            the files and the tensor) or of the wrong shape (naming the file and the tensor); a file safetensors
+            cannot read, naming it.
         FileNotFoundError: no safetensors file.
     """
     from safetensors import SafetensorError, safe_open
@@ -376,35 +435,25 @@ def load_llama(folder: str | os.PathLike, config: dict, *, files: Sequence[os.Pa
     paths = [Path(p) for p in files] if files is not None else sorted(folder.glob("*.safetensors"))
     if not paths:
         raise FileNotFoundError(f"{folder}: no *.safetensors file (a checkpoint folder needs its weights)")
-    model = LlamaLM(cfg, device="meta", dtype=torch.float32)
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    wanted = _hf_names(cfg)  # mine -> theirs
-    where = {theirs: mine for mine, theirs in wanted.items()}
-    state: dict[str, Tensor] = {}
+    assigner = _Assigner(cfg)
     for path in paths:
         try:
             with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
-                for theirs in f.keys():  # noqa: SIM118 - a safe_open handle is not a mapping
-                    mine = where.get(theirs)
-                    if mine is None or mine in state:
-                        continue
-                    shape = tuple(f.get_slice(theirs).get_shape())
-                    if shape != expected[mine]:
-                        raise ValueError(
-                            f"{path}: tensor {theirs!r} has shape {shape}; the config "
-                            f"({cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads of width "
-                            f"{cfg.head_dim}, D = {cfg.hidden_size}) expects {expected[mine]}"
-                        )
-                    state[mine] = f.get_tensor(theirs).to(torch.float32)
+                names = list(f.keys())
+                assigner.take(str(path), names, lambda n, f=f: f.get_slice(n).get_shape(), f.get_tensor)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path}: cannot read the safetensors file ({' '.join(str(e).split())})") from None
-    missing = [theirs for mine, theirs in wanted.items() if mine not in state]
-    if missing:
-        listed = ", ".join(p.name for p in paths)
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ValueError(f"{folder}: tensor {missing[0]!r}{more} is missing from {listed}")
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    return model.eval()
+    return assigner.finish(str(folder), ", ".join(p.name for p in paths))
+
+
+def llama_from_state_dict(config: dict, tensors, *, source: str = "state_dict") -> LlamaLM:
+    """A :class:`LlamaLM` from tensors already in memory under Hugging Face's names (a ``LlamaForCausalLM``'s
+    ``state_dict()``, e.g. a GGUF file de-quantised by transformers), float32, eval mode.
+
+    Raises:
+        ValueError: as :func:`load_llama`, naming ``source`` where it would name a file.
+    """
+    cfg = LlamaConfig.from_dict(config, source=f"{source} config")
+    assigner = _Assigner(cfg)
+    assigner.take(source, list(tensors), lambda n: tensors[n].shape, lambda n: tensors[n].detach())
+    return assigner.finish(source, source)
