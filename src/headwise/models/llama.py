@@ -38,6 +38,7 @@ __all__ = [
     "load_llama",
     "llama_from_state_dict",
     "supports",
+    "native_parameters",
     "MODEL_TYPES",
 ]
 
@@ -370,6 +371,20 @@ def supports(config: dict) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def native_parameters(config: dict) -> int | None:
+    """The parameters of the model a parsed ``config.json`` describes, counted as ``backend="auto"`` counts them
+    (Hugging Face's base model, ``AutoModel``: no ``lm_head``), on the ``meta`` device — or None when
+    :class:`LlamaLM` does not open that config (:func:`supports`). The ``native`` argument of
+    :func:`headwise.models.folder.inspect_folder`."""
+    try:
+        cfg = LlamaConfig.from_dict(config)
+    except (TypeError, ValueError):
+        return None
+    model = LlamaLM(cfg, device="meta")
+    head = 0 if cfg.tie_word_embeddings else model.lm_head.weight.numel()
+    return sum(p.numel() for p in model.parameters()) - head  # a tied matrix counted once
 
 
 class _Assigner:

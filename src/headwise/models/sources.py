@@ -283,7 +283,8 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
 
     path, header = info.weights[0], info.header
     if cache:
-        folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=llama.supports if native else None)
+        counted = llama.native_parameters if native else None
+        folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=counted)
         folder_info.name = info.name
         return (_load_native(folder_info) if native else _load_hf(folder_info)), folder_info
     import headwise.hf
@@ -342,12 +343,12 @@ def open_model(
             raise ValueError("backend='headwise': the bundled encoder (source None) is a 'bert' model; expected a "
                              "Llama-family checkpoint")  # fmt: skip
         return _load_bert(None)
-    supports = None
+    counted = None  # backend="headwise": a Llama-family folder's parameters, counted without transformers
     if native:
-        from headwise.models.llama import supports
+        from headwise.models.llama import native_parameters as counted
     # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
-    cached = _cached_gguf(source, supports) if cache and not isinstance(source, FolderInfo) else None
-    info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source, native=supports))
+    cached = _cached_gguf(source, counted) if cache and not isinstance(source, FolderInfo) else None
+    info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source, native=counted))
     if native and info.kind != "gguf":
         _check_native(info)
     if info.kind == "bert":
