@@ -233,11 +233,13 @@ for source in sys.argv[1:]:
         hm.run_with_cache(torch.tensor([[1, 2, 3, 4]]), names="layers.1.attn.pattern")
     print(source, hm.backend, hm.family, hm.num_layers)
 print("transformers" in sys.modules, sorted(m for m in sys.modules if m.startswith("transformers"))[:3])
+print("torch._dynamo" in sys.modules)  # 1.5 s of imports (an nn.Embedding initialised on the meta device)
 """
 
 
 def test_the_native_route_never_imports_transformers(folder, tmp_path):
-    """A folder and a GGUF file's cache entry open and run in a fresh interpreter without transformers imported."""
+    """A folder and a GGUF file's cache entry open and run in a fresh interpreter without transformers (or
+    torch._dynamo) imported."""
     pytest.importorskip("gguf")
     from _gguf import write_blob
     from headwise.models import gguf
@@ -252,7 +254,7 @@ def test_the_native_route_never_imports_transformers(folder, tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[:2] == [f"{folder} headwise llama 2", f"{path} headwise llama 2"]
-    assert lines[-1] == "False []"
+    assert lines[-2:] == ["False []", "False"]
 
 
 @pytest.mark.parametrize(

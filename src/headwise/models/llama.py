@@ -282,7 +282,11 @@ class LlamaLM(nn.Module):
         self.config = config
         self.vocab_size, self.context_length = config.vocab_size, config.max_position_embeddings
         kw = {"device": device, "dtype": dtype}
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **kw)
+        # given its matrix, nn.Embedding skips its normal_ init, which on the meta device imports torch._dynamo (1.5 s)
+        table = torch.empty(config.vocab_size, config.hidden_size, **kw)  # (V, D)
+        if table.device.type != "meta":
+            nn.init.normal_(table)  # nn.Embedding's own initialisation
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         self.layers = nn.ModuleList(LlamaLayer(config, **kw) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **kw)
