@@ -428,9 +428,9 @@ def _view_command(opts: study.HeadsOptions) -> tuple[str, str]:
 def _backend(opts: study.HeadsOptions) -> str:
     """``"headwise"`` for a plain statistics run (a Llama-family decoder then runs on headwise's own modules, without
     transformers' import time), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face internals,
-    torchrun keeps the default route, and ``--no-cache`` de-quantises a GGUF file with transformers anyway."""
-    plain = not (opts.importance or opts.composition) and opts.cache
-    return "headwise" if plain and not study.launched() else "auto"
+    and ``--no-cache`` de-quantises a GGUF file with transformers anyway. Under torchrun the ranks take the same route
+    as one process does (their files equal its files, the recorded backend included)."""
+    return "headwise" if opts.cache and not (opts.importance or opts.composition) else "auto"
 
 
 def _decoder(hm, opts: study.HeadsOptions) -> None:
