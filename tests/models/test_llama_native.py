@@ -359,3 +359,16 @@ def test_smollm2_on_headwise_equals_the_default_route():
     for name, value in want.metrics.items():
         np.testing.assert_allclose(got.metrics[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
     assert np.array_equal(got.roles, want.roles)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral"])
+def test_defaults_of_a_sparse_config_are_transformers_defaults(model_type):
+    """What a config.json leaves out means what transformers' config class gives it."""
+    from transformers import AutoConfig
+
+    extra = {"sliding_window": None} if model_type == "mistral" else {}
+    theirs = AutoConfig.for_model(model_type, **extra)
+    mine = LlamaConfig.from_dict({"model_type": model_type, **extra})
+    for name, value in mine.to_dict().items():
+        want = theirs.rope_parameters["rope_theta"] if name == "rope_theta" else getattr(theirs, name)
+        assert value == want, name

@@ -44,33 +44,22 @@ __all__ = [
 
 #: ``model_type`` s :class:`LlamaLM` opens -> the defaults of Hugging Face's config class for that type (what a
 #: ``config.json`` that leaves a field out means). Mistral only without a sliding window (``sliding_window: null``).
+_LLAMA = dict(
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=None,
+    head_dim=None,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+)
 _DEFAULTS = {
-    "llama": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=None,
-        head_dim=None,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-    ),
-    "mistral": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=None,
-        max_position_embeddings=4096 * 32,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-    ),
+    "llama": _LLAMA,
+    "mistral": {**_LLAMA, "intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
 }
 MODEL_TYPES = tuple(_DEFAULTS)
 _ROPE_THETA = 10000.0  # transformers' default rope_theta for both
