@@ -94,18 +94,26 @@ def _warn(message: str) -> None:
     print(f"headwise: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
-def load(source: str | Path | None, *, cache: bool = True):
+def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto"):
     """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
-    bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line."""
+    bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line.
+
+    ``backend="headwise"``: a Llama-family checkpoint on headwise's own decoder (no transformers imported), any
+    other on the default route (checked once: :class:`~headwise.models.sources.UnsupportedBackend` carries it).
+    """
     import warnings
 
     from headwise.models import open_model
     from headwise.models.gguf import CacheHealedWarning
+    from headwise.models.sources import UnsupportedBackend
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheHealedWarning)
-            hm = open_model(source, cache=cache)
+            try:
+                hm = open_model(source, cache=cache, backend=backend)
+            except UnsupportedBackend as e:
+                hm = open_model(e.info, cache=cache)
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
@@ -245,7 +253,7 @@ def heads(
     )  # every check that needs no model, before anything is loaded
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
-        hm = load(model, cache=opts.cache)
+        hm = load(model, cache=opts.cache, backend=_backend(opts))
     if composition and (hm is None or hm.kind != "decoder"):
         raise CLIError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if queries_only and (hm is None or hm.kind != "decoder"):
@@ -415,6 +423,14 @@ def _view_command(opts: study.HeadsOptions) -> tuple[str, str]:
         ]  # fmt: skip
     args += ["--queries-only", "--out", shlex.quote(str(opts.out))]  # the chosen rows alone: a bounded pass
     return " ".join(args), note
+
+
+def _backend(opts: study.HeadsOptions) -> str:
+    """``"headwise"`` for a plain statistics run (a Llama-family decoder then runs on headwise's own modules, without
+    transformers' import time), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face internals,
+    and ``--no-cache`` de-quantises a GGUF file with transformers anyway. Under torchrun the ranks take the same route
+    as one process does (their files equal its files, the recorded backend included)."""
+    return "headwise" if opts.cache and not (opts.importance or opts.composition) else "auto"
 
 
 def _decoder(hm, opts: study.HeadsOptions) -> None:

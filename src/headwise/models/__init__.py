@@ -4,6 +4,8 @@
   family on headwise's attention backend), a GGUF file (:mod:`headwise.models.gguf`), a bundled name
   (``"smollm2"``; None: the bundled all-MiniLM-L6-v2) as a :class:`HeadModel`,
   checked once by :func:`inspect_folder` (:mod:`headwise.models.sources`, :mod:`headwise.models.folder`).
+- :class:`LlamaLM`, :func:`load_llama` — the Llama architecture on headwise's attention, a Hugging Face Llama-family
+  folder loaded onto it without transformers (:mod:`headwise.models.llama`; ``open_model(..., backend="headwise")``).
 - :class:`TransformerLM` / :class:`LMConfig` and lab checkpoints (:mod:`headwise.models.transformer_lm`,
   :mod:`headwise.models.lab_checkpoint`) — the small decoders :mod:`headwise.lab` trains.
 - :func:`load_bert` — ``model, tokenizer = load_bert(path=None)``; no path: the bundled
@@ -25,6 +27,7 @@ from headwise.models.config import BertConfig
 from headwise.models.folder import FolderInfo, inspect_folder
 from headwise.models.head_model import EncodedTexts, HeadModel
 from headwise.models.lab_checkpoint import is_lab_checkpoint
+from headwise.models.llama import LlamaLM, load_llama
 from headwise.models.sources import BUNDLED, bundled_path, inspect_source, lab_head_model, open_model
 from headwise.models.tokenizer import EncodedBatch, TruncationWarning, encode, load_tokenizer
 from headwise.models.transformer_lm import LMConfig, TransformerLM
@@ -42,6 +45,8 @@ __all__ = [
     "is_lab_checkpoint",
     "LMConfig",
     "TransformerLM",
+    "LlamaLM",
+    "load_llama",
     "load_bert",
     "default_model_path",
     "BertEncoder",

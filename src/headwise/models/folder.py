@@ -15,6 +15,7 @@ import json
 import os
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,10 +103,15 @@ def is_lab_config(config) -> bool:
     return isinstance(config, dict) and config.get("model_type") == LAB_MODEL_TYPE
 
 
-def source_kind(config: dict) -> str | None:
+def source_kind(config: dict, *, native: Callable[[dict], int | None] | None = None) -> str | None:
     """Which kind of model a folder's ``config.json`` describes: ``"lab"`` (a headwise lab checkpoint,
     :func:`is_lab_config`), ``"bert"`` (headwise's own BERT encoder), ``"hf"``
-    (a family Hugging Face transformers knows, run on headwise's attention backend), or None (unknown)."""
+    (a family Hugging Face transformers knows, run on headwise's attention backend), or None (unknown).
+
+    ``native``: a function of the config, not None for a Hugging Face checkpoint the caller opens on headwise's own
+    modules (:func:`headwise.models.llama.native_parameters`): ``"hf"`` without transformers imported to look its
+    type up.
+    """
     if is_lab_config(config):
         return "lab"
     model_type = config.get("model_type")
@@ -113,6 +119,8 @@ def source_kind(config: dict) -> str | None:
         return "bert"
     if not isinstance(model_type, str):
         return None
+    if native is not None and native(config) is not None:
+        return "hf"
     try:
         from transformers import CONFIG_MAPPING
     except ImportError:
@@ -149,8 +157,14 @@ def _config_parameters(config: dict, fallback: int, source: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def inspect_folder(path: str | os.PathLike) -> FolderInfo:
+def inspect_folder(path: str | os.PathLike, *, native: Callable[[dict], int | None] | None = None) -> FolderInfo:
     """Check a checkpoint folder without loading its weights.
+
+    ``native``: a function of the config — the parameters of the model the caller builds from it on headwise's own
+    modules, counted as transformers' ``AutoModel`` counts them, or None for a config it does not open that way
+    (:func:`headwise.models.llama.native_parameters`). For a config it opens, nothing imports transformers: the
+    kind and the parameters (compared with this machine's memory as always) come from it; every other folder is
+    checked as without it.
 
     Raises:
         FileNotFoundError: no folder, no ``config.json``, no safetensors file (naming any pickle found).
@@ -172,7 +186,7 @@ def inspect_folder(path: str | os.PathLike) -> FolderInfo:
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
     model_type = config.get("model_type")
-    kind = source_kind(config)
+    kind = source_kind(config, native=native)
     if kind is None:
         raise ValueError(
             f"{cfg_path}: unknown model_type {model_type!r}; expected a Hugging Face model type "
@@ -187,7 +201,10 @@ def inspect_folder(path: str | os.PathLike) -> FolderInfo:
         refuse_pickles(folder, "*.safetensors")
         raise FileNotFoundError(f"{folder}: no *.safetensors file (a checkpoint folder needs its weights)")
     stored = sum(safetensors_elements(w) for w in weights)
-    if kind != "hf":  # headwise's BertConfig names the bad field itself; a lab config counts its tensors
+    counted = native(config) if kind == "hf" and native is not None else None
+    if counted is not None:  # opened on headwise's own modules: counted without transformers
+        params = counted
+    elif kind != "hf":  # headwise's BertConfig names the bad field itself; a lab config counts its tensors
         params = _config_parameters(config, stored, str(cfg_path))
     else:
         try:

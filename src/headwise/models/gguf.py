@@ -376,7 +376,7 @@ def gguf_folder(path: str | os.PathLike, *, header: GGUFHeader | None = None, ro
     return folder
 
 
-def cached_entry(path: str | os.PathLike, *, root: Path | None = None):
+def cached_entry(path: str | os.PathLike, *, root: Path | None = None, native=None):
     """The cached safetensors folder of a GGUF file, checked (its :class:`~headwise.models.folder.FolderInfo`), when
     it is there and matches its manifest, else None; reads the file's bytes for its hash and nothing of its header.
 
@@ -384,12 +384,14 @@ def cached_entry(path: str | os.PathLike, *, root: Path | None = None):
     folder needs neither the header nor transformers' GGUF loader (nor the ``gguf`` package), which
     :func:`gguf_folder` imports to check the architecture (0.39–0.45 s measured at load average 9, beyond the
     imports the folder's own open needs). A missing or damaged entry is None: :func:`gguf_folder` writes or heals it.
+    ``native``: as :func:`~headwise.models.folder.inspect_folder`'s (a folder headwise opens on its own modules is
+    checked without transformers).
     """
     root = Path(root) if root is not None else cache_root()
     folder = root / "gguf" / file_sha256(Path(path).resolve())
     if not (folder / SOURCE_FILE).is_file():
         return None
-    problem, info = _entry_check(folder)
+    problem, info = _entry_check(folder, native)
     return info if problem is None else None
 
 
@@ -409,7 +411,7 @@ def entry_problem(folder: Path) -> str | None:
     return _entry_check(folder)[0]
 
 
-def _entry_check(folder: Path) -> tuple:
+def _entry_check(folder: Path, native=None) -> tuple:
     """``(problem, None)`` as :func:`entry_problem` names it, or ``(None, the folder's FolderInfo)``."""
     from headwise.models.folder import inspect_folder
 
@@ -425,7 +427,7 @@ def _entry_check(folder: Path) -> tuple:
         if p.stat().st_size != size:
             return f"{name} has {p.stat().st_size:,} bytes, the manifest {size:,}", None
     try:
-        return None, inspect_folder(folder)
+        return None, inspect_folder(folder, native=native)
     except (OSError, ValueError) as e:
         return " ".join(str(e).split())[:200], None
 

