@@ -96,9 +96,11 @@ def plot_head_grid(
     fig = Figure(figsize=figsize)
     ax = fig.add_axes((margin_l / figsize[0], margin_b / figsize[1], width / figsize[0], height / figsize[1]))
     cmap = colormaps["viridis"].with_extremes(bad="white")
-    scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=cmap)
-    # coloured here (RGBA bytes resample several times faster than floats through a colour map)
-    ax.imshow(scale.to_rgba(mosaic, bytes=True), interpolation="nearest", aspect="auto")
+    scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=cmap)  # the colour bar's
+    # coloured here (RGBA bytes resample several times faster than floats through a colour map), by the colour map
+    # itself: weights lie in [0, 1], where Normalize(0, 1) is the identity, and the bytes are those of
+    # scale.to_rgba(mosaic, bytes=True) without its masked-array pass (0.3-0.6 s for 30 × 9 heads)
+    ax.imshow(cmap(mosaic, bytes=True), interpolation="nearest", aspect="auto")
     ax.set_xlim(-0.5, cols - 0.5)
     ax.set_ylim(rows - 0.5, -0.5)
     for side in ax.spines.values():
