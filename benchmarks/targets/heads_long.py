@@ -5,7 +5,8 @@ fresh process (``benchmarks/heads_long.py``). Quick: 1,024 tokens; full: 1,024 a
 Goals: at 1,024 tokens the command takes ≤ 15 s and ≤ 4 × the sdpa forward measured beside it (each repeat the
 sdpa case, then the command: the ratio is the median of the repeats' own ratios, the CPU and the load named); at
 8,192 its time is ≤ 4 × the sdpa forward's and its peak ≤ 2 × the sdpa forward's. The sdpa case opens the model the
-same way and times one ``model(ids)`` forward (no gradient) after the load; its peak is its process's. Where the
+same way and times one ``model(ids)`` forward (no gradient) after the load, then two warm ones (a second row holds
+the command to ≤ 4 × the faster of those); its peak is its process's. Where the
 command's time went (its phases, ``benchmarks/heads_long.py``) is kept with the results and rendered.
 """
 
@@ -71,6 +72,17 @@ class HeadsLong(Target):
                 f"CPUs, load average up to {d['load']:.2f} at the starts",
             )
         )
+        warm = sorted(r["ratio_to_warm"] for r in d["runs"] if r.get("ratio_to_warm"))
+        if warm:
+            rows.append(
+                Row.at_most(
+                    "heads --model smollm2, 1,024 tokens: time ÷ a warm sdpa forward's (the faster of two)",
+                    statistics.median(warm),
+                    4.0,
+                    f"median of {len(warm)} ({warm[0]:.2f}–{warm[-1]:.2f}); the stricter yardstick: the command pays a "
+                    "first forward",
+                )
+            )
         if "8192" in data:
             d = data["8192"]
             rows.append(

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import threading
 
@@ -85,7 +86,8 @@ def entry() -> None:
     :func:`main` has returned or exited, non-daemon threads are joined, the ``atexit`` handlers run (CPython's
     ``atexit._run_exitfuncs``, as ``multiprocessing`` runs them in a forked child before ``os._exit``:
     multiprocessing's children are reaped there, temporary files removed), the streams are flushed, and the
-    process leaves with ``os._exit`` and the command's status. An exception that escaped :func:`main` (a bug, not a
+    process leaves with ``os._exit`` and the command's status (a Ctrl-C in that time ends the process by SIGINT,
+    nothing printed, as one during the interpreter's own exit did). An exception that escaped :func:`main` (a bug, not a
     user's mistake) takes Python's normal exit with its traceback. Library callers and tests call :func:`main`,
     which raises SystemExit as before.
     """
@@ -94,6 +96,8 @@ def entry() -> None:
         code = 0
     except SystemExit as e:
         code = e.code
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # the command is done: a Ctrl-C from here on
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # ends the process by the signal, nothing printed (as at exit)
     if code is None:
         code = 0
     elif not isinstance(code, int):  # SystemExit("message"): Python prints it and exits 1

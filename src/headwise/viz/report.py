@@ -159,54 +159,56 @@ def write_head_views(
         overview: the sentence's rows are the bins of a pooled overview:
             :func:`headwise.viz.headview.query_overview` (the head view lets the user choose queries).
         links: ``(file name, text)`` of pages beside ``headview.html``, linked from it.
-        concurrent: on Linux, draw ``heads.png`` in a forked child process while this one draws the rest (each
-            picture is single-threaded matplotlib work; the child uses no torch); a child that fails or cannot be
-            forked leaves the drawing to this process, so the files are the same either way.
+        concurrent: on Linux, draw ``heads.png`` and ``roles.png`` in two forked child processes while this one
+            makes the head view (each picture is single-threaded matplotlib work; the children use no torch); a
+            child that fails or cannot be forked leaves its drawing to this process, so the files are the same
+            either way. The head view is written once ``roles.png`` is whole, ``heads.png`` joined last.
         grid: ``heads.png`` already started by :func:`start_head_grid` (for this ``out_dir``): joined here, not
-            drawn again (``concurrent`` then has no effect).
+            drawn again (``roles.png`` then drawn in a second child when that one was forked).
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
-    from headwise.viz.headview import write_headview
+    from headwise.viz.headview import headview_payload, render_headview
     from headwise.viz.roles import plot_role_maps
 
     out = Path(out_dir)
     report = report or sentence.report
     roles = report.roles.tolist()
     text = " ".join(sentence.tokens)
+    scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
+    title_roles = f"{title} — per-head metrics ({scope})"
     paths = {}
     if grid is None:
         grid = _head_grid(sentence, out, report, layer, title)
         if concurrent:
             grid.pid = _fork(grid.draw)
-    child = grid.pid
+    role_maps = HeadGrid(out / "roles.png", lambda: plot_role_maps(report, out / "roles.png", title=title_roles).path)
     try:
-        if child is None:
+        if grid.pid is None:
             paths["heads.png"] = grid.draw()
-        scope = f"{report.num_sentences} sentences, {report.num_tokens} tokens"
-        title_roles = f"{title} — per-head metrics ({scope})"
-        paths["roles.png"] = plot_role_maps(report, out / "roles.png", title=title_roles).path
-        paths["headview.html"] = write_headview(
-            sentence.attentions,
-            sentence.tokens,
-            out / "headview.html",
-            roles=roles,
-            title=f"{title} head view".strip(),
-            subtitle=text if len(text) <= 600 else text[:600] + " …",
-            causal=causal,
-            overview=overview,
-            links=links,
+        else:  # heads.png is drawn in a child: roles.png in a second one beside it
+            role_maps.pid = _fork(role_maps.draw)
+        page = render_headview(  # made here while the children draw, written once roles.png is whole
+            headview_payload(
+                sentence.attentions,
+                sentence.tokens,
+                roles=roles,
+                title=f"{title} head view".strip(),
+                subtitle=text if len(text) <= 600 else text[:600] + " …",
+                causal=causal,
+                overview=overview,
+                links=links,
+            )
         )
-        if child is not None:
-            drawn, child = _joined(child), None  # reaped
-            grid._reaped()
-            if not drawn:  # a failed child (killed mid-write, it may have left its temporary): drawn here
-                _remove_temporaries(grid.path)
-            paths["heads.png"] = grid.path if drawn else grid.draw()
-    except BaseException:  # Ctrl-C or an error here: the child stops too, and no temporary of its is left
-        if child is not None:
-            _stop(child, grid.path)
-            grid._reaped()
+        paths["roles.png"] = _collected(role_maps)
+        paths["headview.html"] = write_text_atomic(out / "headview.html", page)
+        if "heads.png" not in paths:
+            paths["heads.png"] = _collected(grid)
+    except BaseException:  # Ctrl-C or an error here: the children stop too, and no temporary of theirs is left
+        for drawing in (grid, role_maps):
+            if drawing.pid is not None:
+                _stop(drawing.pid, drawing.path)
+                drawing._reaped()
         raise
     return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
 
@@ -224,18 +226,23 @@ def _fork(draw) -> int | None:
 
     import matplotlib.figure  # noqa: F401  (imported once, before the fork, for both processes)
 
+    # SIGINT held back across the fork: one landing inside os.fork's own callbacks is printed there and lost
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return None
     if pid == 0:  # the child: draw, and leave without running anything of the parent's (no flush, no atexit)
         status = 1
         try:
             signal.signal(signal.SIGTERM, _stopped)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             draw()
             status = 0
         finally:
             os._exit(status)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a Ctrl-C during the fork arrives here, as KeyboardInterrupt
     return pid
 
 
@@ -286,6 +293,19 @@ def _joined(pid: int) -> bool:
     """Wait for a child of :func:`_fork`; whether it drew what it was given."""
     _, status = os.waitpid(pid, 0)
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _collected(drawing: HeadGrid) -> Path:
+    """A drawing's file: its child joined (the picture drawn here instead when the child failed, a temporary it may
+    have left removed), or drawn here when no child draws it."""
+    if drawing.pid is None:
+        return drawing.draw()
+    drawn = _joined(drawing.pid)
+    drawing._reaped()
+    if not drawn:
+        _remove_temporaries(drawing.path)
+        return drawing.draw()
+    return drawing.path
 
 
 def write_heads_outputs(
