@@ -131,6 +131,7 @@ def test_demo_unwritable_out(run_cli, tmp_path):
     assert_user_error(run_cli("demo", "--model", "untrained", "--out", str(tmp_path / "file" / "sub")), "--out")
 
 
+@pytest.mark.slow  # loads the real all-MiniLM-L6-v2
 @pytest.mark.skipif(not real_model_available(), reason="headwise.models cannot load all-MiniLM-L6-v2 here")
 def test_demo_default_is_the_pretrained_model(run_cli, tmp_path):
     outcome = run_cli("demo", "--out", str(tmp_path), "--layer", "1")

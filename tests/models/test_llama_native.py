@@ -177,8 +177,10 @@ def _heads_files(hm, out, **options) -> dict:
     "options",
     [
         dict(text=TEXTS[0], block_size=4, queries="2:9"),
-        dict(corpus="TEXTS", batch_size=2, probe_length=8, probe_repeats=3, seed=5),
-        dict(text=" ".join([TEXTS[1]] * 24)),  # 265 tokens: the example's view pooled
+        pytest.param(
+            dict(corpus="TEXTS", batch_size=2, probe_length=8, probe_repeats=3, seed=5), marks=pytest.mark.slow
+        ),
+        pytest.param(dict(text=" ".join([TEXTS[1]] * 24)), marks=pytest.mark.slow),  # 265 tokens: the view pooled
     ],
     ids=["text", "corpus", "pooled"],
 )
