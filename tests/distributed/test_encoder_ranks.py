@@ -39,6 +39,9 @@ def save_bert(folder, *, positions: int = 24, seed: int = 0):
     return folder
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the references at the ranks' thread count
+
+
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     from headwise.models import open_model

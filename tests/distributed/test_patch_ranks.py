@@ -31,6 +31,9 @@ TOL = 1e-6
 WAIT_S = 300
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the references at the ranks' thread count
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     return pairs_decoder(tmp_path_factory.mktemp("patch_ranks"))
