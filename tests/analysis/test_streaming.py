@@ -186,6 +186,12 @@ def test_js_sums_in_torch_equal_the_numpy_sums():
     # one head's pairs larger than the chunk budget (N · n > budget): chunks of one head, the buffers grown to fit
     small = js_sums_torch(torch.as_tensor(p, dtype=torch.float32), budget=p.shape[0] * p.shape[-1] // 2)
     np.testing.assert_allclose(small, sentence_js_sums(p), atol=1e-6)
+    # the chunk changes nothing: a pair's terms are summed alone (bit for bit, any budget)
+    wide = torch.as_tensor(rng.random((40, 3, 300)), dtype=torch.float32)
+    wide /= wide.sum(-1, keepdim=True)
+    sums = [js_sums_torch(wide, budget=b) for b in (1 << 22, 1 << 18, 40 * 300 * 3, 1)]
+    for other in sums[1:]:
+        np.testing.assert_array_equal(other, sums[0])
 
 
 def test_a_block_size_below_one_is_refused():
