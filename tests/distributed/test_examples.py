@@ -16,10 +16,20 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "distributed"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
+def _aborted_at_exit(done) -> bool:
+    """A rank that had printed every row and shut its group down, then died in the C++ runtime's exit ("terminate
+    called without an active exception", SIGABRT): a teardown race below headwise (seen once in about fifteen
+    launches, with the tests' other processes loading both cores), not a wrong result — the launch is repeated."""
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return len(rows) == 2 and "terminate called without an active exception" in done.stdout + done.stderr
+
+
 def torchrun(script: str, *args: str) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", HEADWISE_DIST_TIMEOUT="60", PYTHONWARNINGS="ignore")
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(EXAMPLES / script), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and _aborted_at_exit(done):  # once in ~15 runs under load here: run it again, once
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["rank"] for r in rows] == [0, 1]
