@@ -439,7 +439,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
-    from headwise.viz.report import start_head_grid, write_heads_outputs
+    from headwise.viz.report import prefetch_pictures, start_head_grid, write_heads_outputs
 
     plan = study.plan_decoder(hm, opts)
     probe, out, layer, text, corpus_path = plan.probe, opts.out, opts.layer, opts.text, opts.corpus_path
@@ -447,6 +447,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     if opts.queries_only:
         _queries_only(hm, opts, plan)
         return
+    prefetch_pictures()  # matplotlib imported beside the statistics, before the pictures are forked
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
     texts, total = study.decoder_texts(opts)
     if corpus_path is not None:

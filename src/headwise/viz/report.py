@@ -13,6 +13,7 @@ import io
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "HeadGrid",
     "report_json",
     "report_csv",
+    "prefetch_pictures",
     "start_head_grid",
     "write_head_views",
     "write_heads_outputs",
@@ -213,6 +215,30 @@ def write_head_views(
     return {name: paths[name] for name in ("heads.png", "roles.png", "headview.html")}
 
 
+_prefetch: threading.Thread | None = None  # the import of the pictures' modules, when started ahead
+
+
+def prefetch_pictures() -> None:
+    """Import matplotlib and the picture modules in a background thread now, while this process computes what they
+    will draw (torch's kernels leave the interpreter free most of that time): the first picture forked after the
+    computation then does not wait the 0.5–0.7 s of those imports. :func:`_fork` waits for the thread first (nothing
+    is forked while it imports); an import that fails there fails again, with its error, where it is needed."""
+    global _prefetch
+    if _prefetch is not None or "headwise.viz.roles" in sys.modules:
+        return
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            import matplotlib.figure  # noqa: F401
+
+            import headwise.viz.heads  # noqa: F401
+            import headwise.viz.headview  # noqa: F401
+            import headwise.viz.roles  # noqa: F401
+
+    _prefetch = threading.Thread(target=load, name="headwise-prefetch-pictures", daemon=True)
+    _prefetch.start()
+
+
 def _fork(draw) -> int | None:
     """Run ``draw()`` in a forked child process (Linux only): its pid, or None when nothing was forked. The child
     exits at once with status 0 when ``draw`` returned, 1 otherwise (it writes through ``atomic_write`` alone).
@@ -224,6 +250,8 @@ def _fork(draw) -> int | None:
         return None
     import signal
 
+    if _prefetch is not None:
+        _prefetch.join()  # no fork while another thread imports
     import matplotlib.figure  # noqa: F401  (imported once, before the fork, for both processes)
 
     # SIGINT held back across the fork: one landing inside os.fork's own callbacks is printed there and lost
