@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _lines import say
 
 from headwise import study
 from headwise.models import open_model
@@ -22,12 +23,6 @@ from headwise.models import open_model
 model, out, inputs = sys.argv[1], Path(sys.argv[2]), torch.load(sys.argv[3], weights_only=False)
 rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 hm = open_model(model)
-
-
-def say(line: str) -> None:
-    """One line in one write to the shared pipe (the ranks' lines never interleave; print writes text and newline
-    apart when the stream is unbuffered)."""
-    os.write(1, (line + "\n").encode())
 
 
 def progress(stage: str, done: int, total: int) -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from _lines import say
 
 from headwise import study
 from headwise.models import open_model
@@ -28,12 +29,6 @@ lines = [line for line in corpus.read_text(errors="replace").splitlines() if lin
 batches = list(study.text_batches(hm, lines, 3, lambda m: None))
 mine = study.deal([float(b[0].numel()) for b in batches], int(os.environ["WORLD_SIZE"]))[rank]
 seen: list = []
-
-
-def say(line: str) -> None:
-    """One line in one write to the shared pipe (the ranks' lines never interleave; print writes text and newline
-    apart when the stream is unbuffered)."""
-    os.write(1, (line + "\n").encode())
 
 
 def progress(stage: str, done: int, total: int) -> None:

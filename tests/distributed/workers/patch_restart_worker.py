@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _lines import say
 
 from headwise import study
 from headwise.models import open_model
@@ -29,7 +30,7 @@ mine = study.deal([s.cost for s in plan], int(os.environ["WORLD_SIZE"]))[rank]
 
 def progress(done: int, total: int) -> None:
     if attempt == 0 and rank == 1 and done == 2:
-        print(f"attempt 0 rank 1 saved {mine[:2]}", flush=True)
+        say(f"attempt 0 rank 1 saved {mine[:2]}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -37,6 +38,6 @@ run = study.patch_across_ranks(
     hm, inputs["clean"], inputs["corrupted"], metric, heads=inputs["heads"], batch_size=1, out=Path(out),
     progress=progress,
 )  # fmt: skip
-print(f"attempt {attempt} rank {rank} computed {run.computed} resumed {run.resumed}", flush=True)
+say(f"attempt {attempt} rank {rank} computed {run.computed} resumed {run.resumed}")
 if rank == 0:
     torch.save({"patched": run.patching.patched, "positions": run.positions}, Path(out) / "result.pt")
