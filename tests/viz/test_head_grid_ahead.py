@@ -82,3 +82,28 @@ def test_an_exit_before_the_join_stops_the_child_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the child's temporary removed
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the child is gone (stopped and reaped, not left drawing)
+
+
+def test_the_pictures_modules_are_imported_ahead_in_one_background_thread():
+    """``prefetch_pictures`` imports matplotlib and the picture modules in one daemon thread (a second call starts
+    none); the pictures joined after it are the ones drawn without it (fresh interpreter: nothing imported before)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, threading
+        import headwise.viz.report as report
+        assert "matplotlib.figure" not in sys.modules
+        report.prefetch_pictures()
+        report.prefetch_pictures()
+        threads = [t for t in threading.enumerate() if t.name == "headwise-prefetch-pictures"]
+        assert len(threads) <= 1 and all(t.daemon for t in threads), threads
+        report._prefetched()
+        assert {"matplotlib.figure", "headwise.viz.heads", "headwise.viz.roles"} <= set(sys.modules)
+        print("ok")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

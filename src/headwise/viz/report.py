@@ -69,7 +69,8 @@ def report_csv(report, *, columns: dict | None = None) -> str:
 
 @dataclass
 class HeadGrid:
-    """``heads.png`` of one sentence, being drawn (:func:`start_head_grid`) or to be drawn.
+    """A picture being drawn in a forked child or to be drawn here: ``heads.png`` of one sentence
+    (:func:`start_head_grid`), or ``roles.png`` beside it (:func:`write_head_views`).
 
     Attributes:
         path: the picture; draw: draws it here and returns ``path``; pid: the forked child drawing it, or None
@@ -128,6 +129,7 @@ def start_head_grid(
     """
     import atexit
 
+    _prefetched()
     grid = _head_grid(sentence, Path(out_dir), report or sentence.report, layer, title)
     grid.pid = _fork(grid.draw)
     if grid.pid is not None:
@@ -170,6 +172,7 @@ def write_head_views(
     Returns:
         ``{"heads.png": path, "roles.png": path, "headview.html": path}``.
     """
+    _prefetched()
     from headwise.viz.headview import headview_payload, render_headview
     from headwise.viz.roles import plot_role_maps
 
@@ -239,6 +242,13 @@ def prefetch_pictures() -> None:
     _prefetch.start()
 
 
+def _prefetched() -> None:
+    """Wait for :func:`prefetch_pictures`' thread, if one was started: no import here races it, no fork happens beside
+    it."""
+    if _prefetch is not None:
+        _prefetch.join()
+
+
 def _fork(draw) -> int | None:
     """Run ``draw()`` in a forked child process (Linux only): its pid, or None when nothing was forked. The child
     exits at once with status 0 when ``draw`` returned, 1 otherwise (it writes through ``atomic_write`` alone).
@@ -250,8 +260,7 @@ def _fork(draw) -> int | None:
         return None
     import signal
 
-    if _prefetch is not None:
-        _prefetch.join()  # no fork while another thread imports
+    _prefetched()  # no fork while another thread imports
     import matplotlib.figure  # noqa: F401  (imported once, before the fork, for both processes)
 
     # SIGINT held back across the fork: one landing inside os.fork's own callbacks is printed there and lost
