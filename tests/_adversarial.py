@@ -62,8 +62,8 @@ def exits(id, argv, pattern, *, check=None, xfail=None):
     return Case(f"cli:{id}", argv, "exits", None, pattern, check, xfail)
 
 
-def cli_warns(id, argv, pattern, *, check=None):
-    return Case(f"cli:{id}", argv, "cli_warns", None, pattern, check)
+def cli_warns(id, argv, pattern, *, check=None, marks=()):
+    return Case(f"cli:{id}", argv, "cli_warns", None, pattern, check, marks=tuple(marks))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def params(cases):
     """``pytest.param`` per row, with its id and its strict xfail if any."""
     for case in cases:
         marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
-        yield pytest.param(case, id=case.id, marks=marks)
+        yield pytest.param(case, id=case.id, marks=[*marks, *case.marks])
 
 
 def _category(name_or_type):

@@ -76,12 +76,14 @@ COMMAND_LINE = [
         )(ws),
         r"--corpus: skipped 1 line\(s\) that are not valid UTF-8 \(line 2\)",
         check=whole_outputs,
+        marks=(pytest.mark.slow,),  # the fast suite: tests/cli/test_heads.py's undecodable-lines test
     ),
     cli_warns(
         "heads/huge-text-truncated",
         untrained("word " * 3000),
         r"TEXT: 3002 tokens, more than the model's 512 positions; truncated to the first 512",
         check=whole_outputs,
+        marks=(pytest.mark.slow,),  # the fast suite: tests/cli/test_heads.py's truncation test
     ),
     exits(
         "heads/missing-model",
