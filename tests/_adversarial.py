@@ -58,8 +58,8 @@ def warns(id, run, category, pattern, check=None):
     return Case(id, run, "warns", category, pattern, check)
 
 
-def exits(id, argv, pattern, *, check=None, xfail=None):
-    return Case(f"cli:{id}", argv, "exits", None, pattern, check, xfail)
+def exits(id, argv, pattern, *, check=None, xfail=None, marks=()):
+    return Case(f"cli:{id}", argv, "exits", None, pattern, check, xfail, tuple(marks))
 
 
 def cli_warns(id, argv, pattern, *, check=None, marks=()):

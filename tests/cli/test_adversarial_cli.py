@@ -100,6 +100,7 @@ COMMAND_LINE = [
         "heads/model-wrong-shape",
         heads_with_model(lambda ws: ws.checkpoint(tensors=reshape("encoder.layer.5.output.dense.weight", (384, 1535)))),
         r"--model: .*'encoder\.layer\.5\.output\.dense\.weight' has shape \(384, 1535\), expected \(384, 1536\)",
+        marks=(pytest.mark.slow,),  # a whole MiniLM-sized checkpoint; the fast suite: tests/models' shape checks
     ),
     exits(
         "heads/model-missing-tensor",

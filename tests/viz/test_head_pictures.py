@@ -81,7 +81,12 @@ def _drawn_grid(monkeypatch, tmp_path, **kw):
 
 @pytest.mark.parametrize(
     "layers, heads, with_roles",
-    [(6, 12, True), (6, 12, False), (1, 4, True), pytest.param(12, 12, True, marks=pytest.mark.slow)],
+    [
+        (6, 12, True),
+        pytest.param(6, 12, False, marks=pytest.mark.slow),
+        (1, 4, True),
+        pytest.param(12, 12, True, marks=pytest.mark.slow),
+    ],
 )
 def test_the_title_clears_the_first_rows_labels(monkeypatch, tmp_path, layers, heads, with_roles):
     """The figure's title sits above every panel title and every panel, and inside the picture; panel titles
