@@ -160,7 +160,9 @@ def test_ctrl_c_prints_one_line(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see when the corpus is open")
 @pytest.mark.parametrize(
-    "earlier", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["empty-out", "over-earlier-output"]
+    "earlier",
+    [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
+    ids=["empty-out", "over-earlier-output"],  # the fast suite: the Ctrl-C tests at every file write
 )
 def test_sigint_mid_corpus_leaves_the_folder_as_it_was(tmp_path, earlier):
     big = corpus(tmp_path / "big.txt", 20_000)  # minutes of work: the signal lands mid-corpus

@@ -33,6 +33,7 @@ def test_attention_png_has_the_stated_size_and_content(tmp_path):
     assert _leftovers(tmp_path) == []  # no temporary file left behind
 
 
+@pytest.mark.slow  # the fast suite keeps the attention picture's size and content test
 def test_more_heads_wrap_into_rows(tmp_path):
     tokens = ["a", "b", "c"]
     four = plot_attention_heads(_weights(4, 3), tokens, tmp_path / "four.png", dpi=40)
