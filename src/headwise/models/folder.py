@@ -103,15 +103,10 @@ def is_lab_config(config) -> bool:
     return isinstance(config, dict) and config.get("model_type") == LAB_MODEL_TYPE
 
 
-def source_kind(config: dict, *, native: Callable[[dict], int | None] | None = None) -> str | None:
+def source_kind(config: dict) -> str | None:
     """Which kind of model a folder's ``config.json`` describes: ``"lab"`` (a headwise lab checkpoint,
     :func:`is_lab_config`), ``"bert"`` (headwise's own BERT encoder), ``"hf"``
-    (a family Hugging Face transformers knows, run on headwise's attention backend), or None (unknown).
-
-    ``native``: a function of the config, not None for a Hugging Face checkpoint the caller opens on headwise's own
-    modules (:func:`headwise.models.llama.native_parameters`): ``"hf"`` without transformers imported to look its
-    type up.
-    """
+    (a family Hugging Face transformers knows, run on headwise's attention backend), or None (unknown)."""
     if is_lab_config(config):
         return "lab"
     model_type = config.get("model_type")
@@ -119,8 +114,6 @@ def source_kind(config: dict, *, native: Callable[[dict], int | None] | None = N
         return "bert"
     if not isinstance(model_type, str):
         return None
-    if native is not None and native(config) is not None:
-        return "hf"
     try:
         from transformers import CONFIG_MAPPING
     except ImportError:
@@ -186,7 +179,8 @@ def inspect_folder(path: str | os.PathLike, *, native: Callable[[dict], int | No
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
     model_type = config.get("model_type")
-    kind = source_kind(config, native=native)
+    counted = native(config) if native is not None else None  # a config opened on headwise's own modules
+    kind = "hf" if counted is not None else source_kind(config)  # (its type looked up without transformers)
     if kind is None:
         raise ValueError(
             f"{cfg_path}: unknown model_type {model_type!r}; expected a Hugging Face model type "
@@ -201,7 +195,6 @@ def inspect_folder(path: str | os.PathLike, *, native: Callable[[dict], int | No
         refuse_pickles(folder, "*.safetensors")
         raise FileNotFoundError(f"{folder}: no *.safetensors file (a checkpoint folder needs its weights)")
     stored = sum(safetensors_elements(w) for w in weights)
-    counted = native(config) if kind == "hf" and native is not None else None
     if counted is not None:  # opened on headwise's own modules: counted without transformers
         params = counted
     elif kind != "hf":  # headwise's BertConfig names the bad field itself; a lab config counts its tensors

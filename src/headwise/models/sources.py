@@ -349,14 +349,12 @@ def open_model(
     # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
     cached = _cached_gguf(source, counted) if cache and not isinstance(source, FolderInfo) else None
     info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source, native=counted))
-    if native and info.kind != "gguf":
-        _check_native(info)
-    if info.kind == "bert":
-        return _load_bert(info.folder)
     if info.kind == "gguf":
         hm, info = _load_gguf(info, cache, native)
     elif native:
-        hm = _load_native(info)  # its errors name the file and the tensor
+        hm = _load_native(info)  # refused by name unless Llama-family; its errors name the file and the tensor
+    elif info.kind == "bert":
+        return _load_bert(info.folder)
     elif info.kind == "lab":
         hm = _load_lab(info)
     else:
