@@ -52,15 +52,10 @@ def _open(folder):
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two "ranks" on a shared machine; restored after the module
+def decoder(tmp_path_factory, one_thread):  # two "ranks" on a shared machine, one thread each
     root = tmp_path_factory.mktemp("imp")
     model, corpus = make_model(root / "model"), make_corpus(root / "corpus.txt", lines=12, seed=3)
-    yield model, [line for line in corpus.read_text(errors="replace").splitlines() if line.strip()][:12]
-    torch.set_num_threads(threads)
+    return model, [line for line in corpus.read_text(errors="replace").splitlines() if line.strip()][:12]
 
 
 def _batches(hm, lines, size):
