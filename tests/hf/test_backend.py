@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import headwise.hf
-from _hf_models import CASES, DECODERS, batch, build
+from _hf_models import CASES, DECODERS, batch, build, family_calls_interface
 from headwise import functional
 from headwise.hf import backend
 
@@ -271,14 +271,22 @@ def test_masks_it_cannot_read_are_refused(mask, error, pattern):
 
 # -- families off the interface -----------------------------------------------------------------------------------
 
-OFF_INTERFACE = {
+# Candidates for a family that writes its own attention; the tests use those that still do on the installed
+# transformers (5.25 moved Falcon onto the interface: it is then a supported family, see DECODERS).
+_OFF_CANDIDATES = {
     "bloom": dict(hidden_size=32, n_head=4, n_layer=2, vocab_size=96),
     "mpt": dict(d_model=32, n_heads=4, n_layers=2, vocab_size=96),
+    "xglm": dict(d_model=32, attention_heads=4, num_layers=2, ffn_dim=48, vocab_size=96),
     "falcon": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=96),
 }
+OFF_INTERFACE = {f: kw for f, kw in _OFF_CANDIDATES.items() if not family_calls_interface(f)}
 
 
-@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_some_family_is_off_the_interface():
+    assert OFF_INTERFACE, "no candidate family writes its own attention on this transformers: add one"
+
+
+@pytest.mark.parametrize("family", sorted(OFF_INTERFACE)[:2])
 def test_a_family_off_the_interface_is_refused_when_it_runs(family):
     from transformers import AutoConfig, AutoModelForCausalLM
 
