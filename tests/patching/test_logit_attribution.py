@@ -137,7 +137,7 @@ def test_gemma_embeddings_are_scaled():
 
 def test_a_structure_it_cannot_read_is_refused():
     """Post-LN blocks (norm after the residual sum): a block's writes are not its change of the residual."""
-    with pytest.raises(ValueError, match="do not add up to its change of the residual stream"):
+    with pytest.raises(ValueError, match="^model: headwise cannot read the anatomy of this Stack model: .*post-norm"):
         direct_logit_attribution(Stack(norm_first=False), pair()[0], METRIC)
     with pytest.raises(TypeError, match="metric: expected a LogitDifference"):
         direct_logit_attribution(Stack(), pair()[0], lambda x: x)

@@ -71,7 +71,9 @@ class Graph:
     """Nodes, senders, receivers and edges of one model (build with :func:`build_graph`).
 
     Attributes:
-        num_layers: NL. heads: H per layer. kv: Hkv per layer. mlps: whether each layer has an MLP.
+        num_layers: NL. heads: H per layer. kv: Hkv per layer. mlps: whether each layer has an MLP. parallel:
+            whether each layer's MLP reads the block's input beside the attention (then no edge from the layer's
+            heads into its MLP).
         nodes: every :class:`Node`, in forward order.
         senders: sender node ids, in forward order (index s).
         receivers: ``(node id, input)`` in forward order (index r).
@@ -82,9 +84,12 @@ class Graph:
         edge_index: ``(E, 2)`` int array of (sender index, receiver index).
     """
 
-    def __init__(self, heads: list[int], kv: list[int], mlps: list[bool]):
+    def __init__(self, heads: list[int], kv: list[int], mlps: list[bool], parallel: list[bool] | None = None):
         self.num_layers = len(heads)
         self.heads, self.kv, self.mlps = list(heads), list(kv), list(mlps)
+        #: per layer, whether its MLP reads the block's input (a parallel block: its heads do not feed its MLP, as
+        #: MIB states GPT-NeoX's graph)
+        self.parallel = [False] * len(heads) if parallel is None else [bool(p) for p in parallel]
         self.nodes: list[Node] = [Node("embed", "embed")]
         self.senders: list[str] = ["embed"]
         self.sender_groups: dict = {("embed", -1): slice(0, 1)}
@@ -92,7 +97,7 @@ class Graph:
         self.groups: dict = {}
         stage_s = [-1]  # the point of the forward pass where each sender writes
         stage_r = []  # … where each receiver reads
-        for layer, (H, G, mlp) in enumerate(zip(heads, kv, mlps)):
+        for layer, (H, G, mlp, par) in enumerate(zip(heads, kv, mlps, self.parallel)):
             if H % G:
                 raise ValueError(f"kv: layer {layer} has {H} query heads, not a multiple of {G} key/value groups")
             per = H // G
@@ -111,7 +116,7 @@ class Graph:
                 self.nodes.append(Node(mlp_id(layer), "mlp", layer))
                 self.groups[("mlp", layer)] = slice(len(self.receivers), len(self.receivers) + 1)
                 self.receivers.append((mlp_id(layer), "mlp"))
-                stage_r.append(2 * layer + 1)
+                stage_r.append(2 * layer if par else 2 * layer + 1)
                 self.sender_groups[("mlp", layer)] = slice(len(self.senders), len(self.senders) + 1)
                 self.senders.append(mlp_id(layer))
                 stage_s.append(2 * layer + 1)
@@ -209,4 +214,5 @@ def build_graph(wiring) -> Graph:
         [lw.num_heads for lw in wiring.layers],
         [lw.num_kv for lw in wiring.layers],
         [lw.mlp is not None for lw in wiring.layers],
+        [lw.parallel for lw in wiring.layers],
     )

@@ -112,9 +112,9 @@ def _change(w: Wiring, key, members: list[int], base: dict, source: dict) -> Ten
         layer = key[1]
         o = base[("o", layer)]
         delta = (source[("o_heads", layer)][:, members] - base[("o_heads", layer)][:, members]).sum(1)
-        post = w.layers[layer].attn_post
+        post, scale = w.layers[layer].attn_post, w.layers[layer].scale
         with torch.no_grad():
-            return post(o + delta) - post(o)
+            return (post(o + delta) - post(o)) * scale
     return (source[key][:, members] - base[key][:, members]).sum(1)
 
 
@@ -132,9 +132,9 @@ def group_change(w: Wiring, key: tuple[str, int], base: dict, source: dict) -> T
         layer = key[1]
         o = base[("o", layer)][:, None]  # (P, 1, L, D)
         delta = source[("o_heads", layer)] - base[("o_heads", layer)]  # (P, H, L, D)
-        post = w.layers[layer].attn_post
+        post, scale = w.layers[layer].attn_post, w.layers[layer].scale
         with torch.no_grad():
-            return post(o + delta) - post(o)
+            return (post(o + delta) - post(o)) * scale
     return source[key] - base[key]
 
 

@@ -56,13 +56,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from headwise.models.anatomy import norm_epsilon, same
 from headwise.models.head_model import HeadModel
-from headwise.points import OUT_PROJ_NAMES
 
 __all__ = ["LayerWiring", "Wiring", "wiring"]
-
-_QKV_NAMES = (("q_proj", "k_proj", "v_proj"), ("Wq", "Wk", "Wv"))
-_FUSED_NAMES = ("c_attn",)
 
 #: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group is ``("q"|"k"|"v"|"mlp", layer)`` or
 #: ``("logits", NL)``; ``writes`` the sender writes recorded so far in this pass (see :meth:`Wiring.run`).
@@ -73,46 +70,19 @@ Receive = Callable[[tuple[str, int], Tensor], None]
 
 #: elements of the transient ``(N, n', L, D)`` input copies one norm vector–Jacobian product is taken on
 _VJP_ELEMENTS = 1 << 23
-
-
-def _affine(module: nn.Module, what: str) -> tuple[Tensor, Tensor | None]:
-    """``(W (out, in), b (out,) or None)`` of an ``nn.Linear`` or a GPT-2 ``Conv1D`` (weight ``(in, out)``)."""
-    if isinstance(module, nn.Linear):
-        return module.weight, module.bias
-    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
-        return module.weight.t(), module.bias
-    raise ValueError(f"model: the {what} is a {type(module).__name__}, not a linear map this tracing reads")
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
-
-
-def _first_tensor(args, kwargs) -> Tensor | None:
-    if args and isinstance(args[0], Tensor):
-        return args[0]
-    x = kwargs.get("hidden_states")
-    return x if isinstance(x, Tensor) else None
+_IDENTITY = nn.Identity()
 
 
 def _out(output) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _same(a: Tensor | None, b: Tensor | None) -> bool:
-    if a is None or b is None or a.shape != b.shape:
-        return False
-    return bool((a - b).abs().max() <= 1e-5 * max(1.0, float(b.abs().max())))
-
-
-_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
-
-
-def _rms_gain(norm: nn.Module, width: int, like: Tensor) -> tuple[Tensor, float]:
-    """``(g, ε)`` of an RMS norm ``x · g / sqrt(mean(x²) + ε)`` (its gain read by probing it with ones)."""
-    eps = next((getattr(norm, n) for n in _EPS_NAMES if isinstance(getattr(norm, n, None), float)), None)
+def _rms_gain(norm: nn.Module, width: int, like: Tensor) -> tuple[Tensor, float] | None:
+    """``(g, ε)`` of an RMS norm ``x · g / sqrt(mean(x²) + ε)`` (its gain read by probing it with ones), or None
+    when it names no epsilon."""
+    eps = norm_epsilon(norm)
     if eps is None:
-        raise ValueError(f"model: the norm on a write ({type(norm).__name__}) names no epsilon {_EPS_NAMES}")
+        return None
     with torch.no_grad():
         gain = _out(norm(torch.ones(1, width, dtype=like.dtype, device=like.device)))[0] * (1.0 + eps) ** 0.5
     return gain, eps
@@ -122,40 +92,37 @@ def _rms_scale(gain: Tensor, eps: float, x: Tensor) -> Tensor:
     return gain.to(x.dtype) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-@dataclass
-class _Side:
-    """One side (q, k or v) of a projection: n heads of Dh columns from ``offset``; ``W (n, Dh, D)``."""
-
-    name: str
-    module: nn.Module
-    offset: int
-    n: int
-    width: int
-    W: Tensor
-    b: Tensor | None
-
-
-@dataclass
+@dataclass(eq=False)
 class LayerWiring:
-    """One layer's parts: the attention's input norm, the q/k/v sides, the per-head output map, the MLP.
+    """One layer's parts as the tracing uses them, read from the model's anatomy
+    (:class:`headwise.models.anatomy.LayerAnatomy`).
 
     Attributes:
-        attn_norm: the norm whose output is the attention's input.
-        sides: ``{"q": …, "k": …, "v": …}`` each with ``n`` heads (H for q, Hkv for k and v).
-        heads_out: ``(H, Dv, D)`` each head's rows of W_O (a head's write is ``z_h · heads_out[h]``).
-        mlp, mlp_norm: the MLP and its input norm (None for an attention-only layer).
+        attn_norm: the norm whose output is the attention's input (the identity where it reads the residual).
+        sides: ``{"q": …, "k": …, "v": …}`` :class:`~headwise.models.anatomy.Side` s with ``n`` heads (H for q,
+            Hkv for k and v) and their columns of the projection's output.
+        heads_out: ``(H, Dv, D)`` each head's rows of W_O (a head's write is ``scale · z_h · heads_out[h]``).
+        mlp, mlp_norm: the MLP and its input norm (None: attention-only, or an MLP that reads the residual itself).
         attn_post, mlp_post: an RMS norm on the attention's / the MLP's write before the residual (Gemma 2/3,
             OLMo 2), or None.
+        scale: the multiplier on every write of the layer (Granite's residual multiplier; else 1).
+        parallel: the MLP reads the block's input (GPT-NeoX, Phi-2, Falcon): this layer's heads do not feed it.
+        shared_norm: the MLP reads the attention's own input norm (Phi-2, GPT-J, Cohere).
     """
 
     attn_norm: nn.Module
-    sides: dict[str, _Side]
+    sides: dict
     heads_out: Tensor
     mlp: nn.Module | None
     mlp_norm: nn.Module | None
     attn_post: nn.Module | None = None
     mlp_post: nn.Module | None = None
     post_gain: tuple | None = None
+    scale: float = 1.0
+    parallel: bool = False
+    shared_norm: bool = False
+    has_norm: bool = True
+    weights: dict | None = None
 
     def post_scale(self, o: Tensor) -> Tensor:
         """``(N, L, D)``: the attention's post-norm at ``o (N, L, D)`` as a per-element factor, its scale frozen
@@ -169,49 +136,6 @@ class LayerWiring:
     @property
     def num_kv(self) -> int:
         return self.sides["k"].n
-
-
-def _sides(attention: nn.Module, H: int) -> dict[str, _Side]:
-    for names in _QKV_NAMES:
-        mods = [getattr(attention, n, None) for n in names]
-        if all(isinstance(m, nn.Module) for m in mods):
-            Wq, bq = _affine(mods[0], "query projection")
-            Dh = Wq.shape[0] // H
-            out = {}
-            for side, m in zip("qkv", mods):
-                W, b = _affine(m, f"{side} projection")
-                n = W.shape[0] // Dh
-                out[side] = _Side(side, m, 0, n, Dh, W.reshape(n, Dh, -1), None if b is None else b.reshape(n, Dh))
-            return out
-    for name in _FUSED_NAMES:
-        m = getattr(attention, name, None)
-        if isinstance(m, nn.Module):
-            W, b = _affine(m, "fused q/k/v projection")
-            if W.shape[0] % 3:
-                raise ValueError(f"model: the fused projection {name} has {W.shape[0]} outputs, not 3 equal parts")
-            D3 = W.shape[0] // 3
-            Dh = D3 // H
-            out = {}
-            for k, side in enumerate("qkv"):
-                Ws = W[k * D3 : (k + 1) * D3].reshape(H, Dh, -1)
-                bs = None if b is None else b[k * D3 : (k + 1) * D3].reshape(H, Dh)
-                out[side] = _Side(side, m, k * D3, H, Dh, Ws, bs)
-            return out
-    raise ValueError(
-        f"model: {type(attention).__name__} has neither separate q/k/v projections ({_QKV_NAMES}) nor a fused "
-        f"{_FUSED_NAMES}: its receivers' inputs cannot be separated"
-    )
-
-
-def _heads_out(attention: nn.Module, H: int) -> Tensor:
-    proj = next(
-        (getattr(attention, n) for n in OUT_PROJ_NAMES if isinstance(getattr(attention, n, None), nn.Module)), None
-    )
-    if proj is None:
-        raise ValueError(f"model: {type(attention).__name__} has no output projection named one of {OUT_PROJ_NAMES}")
-    W, _ = _affine(proj, "output projection")  # (D, H·Dv)
-    D, width = W.shape
-    return W.t().reshape(H, width // H, D)  # (H, Dv, D)
 
 
 class Wiring:
@@ -264,38 +188,49 @@ class Wiring:
                     fn = partial(self._keep_post, writes, layer, lw)
                     handles.append(lw.attn_post.register_forward_pre_hook(fn))
                 if lw.mlp_post is not None:
-                    fn = partial(self._keep_module, writes, ("mlp", layer))
+                    fn = partial(self._keep_module, writes, ("mlp", layer), lw.scale)
                     handles.append(lw.mlp_post.register_forward_hook(fn))
                 elif lw.mlp is not None:
-                    hooks.append((f"layers.{layer}.mlp.out", partial(self._keep, writes, ("mlp", layer), None)))
+                    fn = partial(self._keep_mlp, writes, ("mlp", layer), lw.scale)
+                    hooks.append((f"layers.{layer}.mlp.out", fn))
         if deltas is not None:
             residual: dict = {}
             for layer, lw in enumerate(self.layers):
-                handles.append(lw.attn_norm.register_forward_pre_hook(partial(self._residual, residual, layer)))
-                by_module: dict[int, list[_Side]] = {}
+                handles.append(self._watch_residual(residual, layer, lw))
+                by_module: dict[int, list] = {}
                 for side in lw.sides.values():
                     by_module.setdefault(id(side.module), []).append(side)
                 for sides in by_module.values():
                     fn = partial(self._project, residual, layer, lw, sides, deltas, writes)
                     handles.append(sides[0].module.register_forward_hook(fn))
-                if lw.mlp is not None:
+                if lw.mlp is None:
+                    continue
+                if lw.shared_norm:  # the norm is the attention's too: the MLP's input recomputed from r + Δ
+                    fn = partial(self._renorm, residual, layer, lw, ("mlp", layer), deltas, writes)
+                    handles.append(lw.mlp.register_forward_pre_hook(fn))
+                else:
                     fn = partial(self._add, ("mlp", layer), deltas, writes)
-                    handles.append(lw.mlp_norm.register_forward_pre_hook(fn))
+                    handles.append((lw.mlp_norm or lw.mlp).register_forward_pre_hook(fn))
             hooks.append(("resid_final", partial(self._add_final, ("logits", len(self.layers)), deltas, writes)))
         if _taps is not None:  # (zero, receive): see receiver_gradients
             zero, receive = _taps
             residual = {}
             for layer, lw in enumerate(self.layers):
-                handles.append(lw.attn_norm.register_forward_pre_hook(partial(self._residual, residual, layer)))
+                handles.append(self._watch_residual(residual, layer, lw))
                 by_module = {}
                 for side in lw.sides.values():
                     by_module.setdefault(id(side.module), []).append(side)
                 for sides in by_module.values():
                     fn = partial(self._tap, residual, layer, lw, sides, zero, receive)
                     handles.append(sides[0].module.register_forward_hook(fn))
-                if lw.mlp is not None:
+                if lw.mlp is None:
+                    continue
+                if lw.shared_norm:
+                    fn = partial(self._tap_shared, residual, layer, lw, ("mlp", layer), zero, receive)
+                    handles.append(lw.mlp.register_forward_pre_hook(fn))
+                else:
                     fn = partial(self._tap_input, ("mlp", layer), zero, receive)
-                    handles.append(lw.mlp_norm.register_forward_pre_hook(fn))
+                    handles.append((lw.mlp_norm or lw.mlp).register_forward_pre_hook(fn))
             hooks.append(("resid_final", partial(self._tap_final, ("logits", len(self.layers)), zero, receive)))
         try:
             with tgt.hooks(hooks):
@@ -347,45 +282,79 @@ class Wiring:
             return
         heads = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))  # z (N, H, L, Dv) -> (N, H, L, D)
         if lw.attn_post is None:
-            writes[key] = heads
+            writes[key] = heads if lw.scale == 1.0 else heads * lw.scale
         else:  # the post-norm's input comes later: keep the projections, scale them there
             writes[("o_heads", key[1])] = heads
+
+    @staticmethod
+    def _keep_mlp(writes: dict, key, scale: float, x: Tensor) -> None:
+        # a copy: a family may add to the MLP's output in place (Falcon: mlp_output += attention_output)
+        writes[key] = (x * scale if scale != 1.0 else x.clone())[:, None]  # (N, 1, L, D)
 
     @staticmethod
     def _keep_post(writes: dict, layer: int, lw: LayerWiring, _module, args) -> None:
         o = args[0]  # (N, L, D): the attention's output, the post-norm's input
         writes[("o", layer)] = o
-        writes[("heads", layer)] = writes[("o_heads", layer)] * lw.post_scale(o)[:, None]
+        writes[("heads", layer)] = writes[("o_heads", layer)] * (lw.post_scale(o) * lw.scale)[:, None]
 
     @staticmethod
-    def _keep_module(writes: dict, key, _module, _args, output) -> None:
-        writes[key] = _out(output)[:, None]  # (N, 1, L, D)
+    def _keep_module(writes: dict, key, scale: float, _module, _args, output) -> None:
+        y = _out(output)
+        writes[key] = (y * scale if scale != 1.0 else y.clone())[:, None]  # (N, 1, L, D)
+
+    def _watch_residual(self, store: dict, layer: int, lw: LayerWiring):
+        """A pre-hook that keeps the residual the attention reads: its input norm's input, or the attention's own
+        input where it reads the residual stream itself."""
+        module = lw.attn_norm if lw.has_norm else self.target.attention_modules[layer]
+        return module.register_forward_pre_hook(partial(self._residual, store, layer), with_kwargs=True)
 
     def _residual(self, store: dict, layer: int, _module, args, kwargs=None) -> None:
         if not self._inside:
-            store[layer] = args[0]  # (N, L, D): the residual the attention reads
+            x = args[0] if args and isinstance(args[0], Tensor) else (kwargs or {}).get("hidden_states")
+            store[layer] = x  # (N, L, D): the residual the attention reads
+
+    def _normed(self, norm: nn.Module, x: Tensor) -> Tensor:
+        """``norm(x)`` without the residual hooks seeing it."""
+        self._inside = True
+        try:
+            return _out(norm(x))
+        finally:
+            self._inside = False
+
+    def _renorm(self, residual, layer, lw: LayerWiring, group, deltas: Deltas, writes, _module, args):
+        """The MLP's input ``norm(r + Δ)`` where its norm is the attention's (the attention's input unchanged)."""
+        delta = deltas(group, writes)
+        if delta is None:
+            return None
+        r = residual[layer]  # (N, L, D)
+        return (self._normed(lw.attn_norm, r + delta[:, 0].to(r.dtype)), *args[1:])
+
+    def _tap_shared(self, residual, layer, lw: LayerWiring, group, zero: Tensor, receive: Receive, _module, args):
+        """The MLP's input with a zero added whose cotangent goes back through the shared norm at ``r``."""
+        x = args[0]
+        y = x + zero.to(x.dtype)
+        y.register_hook(lambda g: receive(group, self._norm_vjp(lw.attn_norm, residual[layer].detach(), g[:, None])))
+        return (y, *args[1:])
 
     def _project(self, residual, layer, lw: LayerWiring, sides, deltas: Deltas, writes, _module, _args, output):
         y = _out(output)  # (N, L, out)
-        parts, at = [], 0
-        for side in sorted(sides, key=lambda s: s.offset):
+        parts = []
+        for side in sides:
             delta = deltas((side.name, layer), writes)
             if delta is None:
                 continue
             r = residual[layer]  # (N, L, D)
-            self._inside = True
-            try:
-                x = lw.attn_norm(r[:, None] + delta.to(r.dtype))  # (N, n, L, D)
-            finally:
-                self._inside = False
-            new = torch.einsum("nild,iwd->nliw", x, side.W.to(x.dtype))  # (N, L, n, Dh)
-            if side.b is not None:
-                new = new + side.b.to(x.dtype)
-            parts += [y[..., at : side.offset], new.reshape(*new.shape[:2], -1)]
-            at = side.offset + side.n * side.width
+            x = self._normed(lw.attn_norm, r[:, None] + delta.to(r.dtype))  # (N, n, L, D)
+            W, bias = lw.weights[side.name]  # (n, Dh, D), (n, Dh) or None
+            new = torch.einsum("nild,iwd->nliw", x, W.to(x.dtype))  # (N, L, n, Dh)
+            if bias is not None:
+                new = new + bias.to(x.dtype)
+            parts.append((side.columns.reshape(-1), new.reshape(*new.shape[:2], -1)))
         if not parts:
             return None
-        y = torch.cat([*parts, y[..., at:]], -1)
+        y = y.clone()
+        for columns, new in parts:
+            y[..., columns.to(y.device)] = new
         return (y, *output[1:]) if isinstance(output, tuple) else y
 
     def _tap(self, residual, layer, lw: LayerWiring, sides, zero: Tensor, receive: Receive, _module, _args, output):
@@ -397,8 +366,9 @@ class Wiring:
         N, L = grad.shape[:2]
         r = r.detach()  # (N, L, D)
         for side in sides:
-            g = grad[..., side.offset : side.offset + side.n * side.width].reshape(N, L, side.n, side.width)
-            u = torch.einsum("nliw,iwd->nild", g, side.W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
+            g = side.take(grad)  # (N, L, n, Dh)
+            W = lw.weights[side.name][0]  # (n, Dh, D)
+            u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
             receive((side.name, layer), self._norm_vjp(lw.attn_norm, r, u))
 
     def _norm_vjp(self, norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
@@ -409,11 +379,7 @@ class Wiring:
             c = u[:, i : i + step]
             with torch.enable_grad():
                 x = r[:, None].expand(c.shape).to(c.dtype).clone().requires_grad_(True)
-                self._inside = True
-                try:
-                    y = norm(x)
-                finally:
-                    self._inside = False
+                y = self._normed(norm, x)
                 parts.append(torch.autograd.grad(y, x, c)[0])
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
@@ -444,93 +410,51 @@ class Wiring:
         return None if delta is None else x + delta[:, 0].to(x.dtype)
 
 
-def _find_layer(target: HeadModel, layer: int, seen: dict) -> LayerWiring:
-    attention = target.attention_modules[layer]
-    block = target.points[f"layers.{layer}.resid_pre"].module
-    H = target.heads_per_layer[layer]
-    norms = [c for c in block.children() if _is_norm(c) and c is not attention]
-    attn_in = seen.get(("attn_in", layer))
-    attn_norm = next((n for n in norms if _same(seen.get(("out", id(n))), attn_in)), None)
-    if attn_norm is None or not _same(seen.get(("in", id(attn_norm))), seen.get(("block_in", layer))):
-        raise ValueError(
-            f"model: layer {layer}'s attention does not read the residual stream through a norm of its block "
-            "(a pre-norm block is needed to trace paths)"
-        )
-    mlp = None
-    mlp_norm = None
-    name = f"layers.{layer}.mlp.in"
-    if name in target.points:
-        mlp = target.points[name].module
-        mlp_in = seen.get(("mlp_in", layer))
-        mlp_norm = next((n for n in norms if n is not attn_norm and _same(seen.get(("out", id(n))), mlp_in)), None)
-        if mlp_norm is None:
-            raise ValueError(f"model: layer {layer}'s MLP does not read the residual stream through a norm")
-    attn_out = seen.get(("attn_out", layer))
-    mlp_out = seen.get(("mlp_out", layer))
-    attn_post = next((n for n in norms if _same(seen.get(("in", id(n))), attn_out)), None)
-    mlp_post = None
-    if mlp is not None:
-        mlp_post = next((n for n in norms if n is not attn_post and _same(seen.get(("in", id(n))), mlp_out)), None)
+def _layer(target: HeadModel, part) -> LayerWiring:
+    """A :class:`LayerWiring` of one :class:`~headwise.models.anatomy.LayerAnatomy`; an attention post-norm must
+    be an RMS norm ``x·g/rms(x)`` (its scale frozen per run), checked here on a draw of the probe's width."""
+    heads_out = part.heads_out()
     post_gain = None
-    if attn_post is not None:
-        x, y = seen[("in", id(attn_post))], seen[("out", id(attn_post))]
-        try:
-            post_gain = _rms_gain(attn_post, x.shape[-1], x)
-            ok = _same(x * _rms_scale(*post_gain, x), y)
-        except ValueError:
-            ok = False
+    if part.attn_post is not None:
+        D = heads_out.shape[-1]
+        x = torch.randn(3, D, generator=torch.Generator().manual_seed(0)).to(heads_out)
+        post_gain = _rms_gain(part.attn_post, D, x)
+        with torch.no_grad():
+            ok = post_gain is not None and same(x * _rms_scale(*post_gain, x), _out(part.attn_post(x)))
         if not ok:
-            raise ValueError(
-                f"model: layer {layer} normalises its attention's write with a {type(attn_post).__name__} that is "
-                f"not an RMS norm x·g/rms(x) (the {target.family}); the heads' writes cannot be separated"
+            raise target.anatomy.refuse(
+                f"layer {part.index} normalises its attention's write with a {type(part.attn_post).__name__} that "
+                "is not an RMS norm x·g/rms(x), so its heads' writes cannot be separated"
             )
     return LayerWiring(
-        attn_norm, _sides(attention, H), _heads_out(attention, H), mlp, mlp_norm, attn_post, mlp_post, post_gain
+        attn_norm=part.attn_norm if part.attn_norm is not None else _IDENTITY,
+        sides=part.sides,
+        heads_out=heads_out,
+        mlp=part.mlp,
+        mlp_norm=part.mlp_norm,
+        attn_post=part.attn_post,
+        mlp_post=part.mlp_post,
+        post_gain=post_gain,
+        scale=part.scale,
+        parallel=part.parallel,
+        shared_norm=part.shared_norm,
+        has_norm=part.attn_norm is not None,
+        weights={name: (side.weight(), side.bias()) for name, side in part.sides.items()},
     )
 
 
 def wiring(model) -> Wiring:
-    """Read ``model``'s residual structure (one recording pass of three tokens).
+    """Read ``model``'s residual structure from its anatomy (:attr:`HeadModel.anatomy`).
 
     Args:
         model: a :class:`HeadModel` or anything :func:`headwise.patching.as_target` accepts (a decoder with a
             language-model head).
     Raises:
-        ValueError: a structure this tracing does not read (named: the layer and what is missing).
+        ValueError: a structure headwise does not read (the anatomy's one sentence), or an encoder.
     """
     from headwise.patching import as_target
 
     target = as_target(model)
     if target.kind != "decoder":
         raise ValueError(f"model: circuits trace decoders; the {target.family} is an {target.kind}")
-    seen: dict = {}
-    handles = []
-
-    def pre(key, _m, args, kwargs):
-        seen[key] = _first_tensor(args, kwargs)
-
-    def post(key, _m, _args, output):
-        seen[key] = _out(output)
-
-    try:
-        for layer, attention in enumerate(target.attention_modules):
-            if f"layers.{layer}.resid_pre" not in target.points:
-                raise ValueError(f"model: attention layer {layer} is not in a residual block of its own")
-            block = target.points[f"layers.{layer}.resid_pre"].module
-            handles.append(block.register_forward_pre_hook(partial(pre, ("block_in", layer)), with_kwargs=True))
-            handles.append(attention.register_forward_pre_hook(partial(pre, ("attn_in", layer)), with_kwargs=True))
-            handles.append(attention.register_forward_hook(partial(post, ("attn_out", layer))))
-            for child in block.children():
-                handles.append(child.register_forward_pre_hook(partial(pre, ("in", id(child))), with_kwargs=True))
-                handles.append(child.register_forward_hook(partial(post, ("out", id(child)))))
-            name = f"layers.{layer}.mlp.in"
-            if name in target.points:
-                mlp = target.points[name].module
-                handles.append(mlp.register_forward_pre_hook(partial(pre, ("mlp_in", layer)), with_kwargs=True))
-                handles.append(mlp.register_forward_hook(partial(post, ("mlp_out", layer))))
-        with torch.no_grad():
-            target.logits(torch.zeros((1, 3), dtype=torch.long, device=target.device))
-    finally:
-        for h in handles:
-            h.remove()
-    return Wiring(target, [_find_layer(target, layer, seen) for layer in range(target.num_layers)])
+    return Wiring(target, [_layer(target, part) for part in target.anatomy.layers])

@@ -351,6 +351,22 @@ class HeadModel:
         return self.backend == "hf+headwise"
 
     @property
+    def anatomy(self):
+        """The model's parts, found once and kept (:class:`headwise.models.anatomy.Anatomy`): per layer the block,
+        its norms, the q/k/v projections with their head layouts, the output projection, the writes' norms and
+        multiplier, the MLP; the embeddings, final norm and unembedding. Every tool reads the model through it.
+
+        Raises:
+            AnatomyError: a structure headwise does not read (one sentence, the same for every tool).
+        """
+        found = self.__dict__.get("_anatomy")
+        if found is None:
+            from headwise.models.anatomy import read_anatomy
+
+            found = self.__dict__["_anatomy"] = read_anatomy(self)
+        return found
+
+    @property
     def max_heads(self) -> int:
         """The most query heads of any layer (H of the ``(…, NL, H)`` grids)."""
         return self.num_heads

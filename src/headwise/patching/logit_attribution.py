@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from headwise.models.anatomy import affine, norm_epsilon, same
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import LogitDifference
 from headwise.patching.target import as_target
-from headwise.points import MLP_NAMES, OUT_PROJ_NAMES
 
 __all__ = [
     "FrozenNorm",
@@ -52,10 +52,6 @@ __all__ = [
     "read_structure",
     "residual_parts",
 ]
-
-_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
-_UNEMBED_NAMES = ("unembed", "lm_head")
-_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 
 @dataclass
@@ -104,64 +100,45 @@ class LogitAttribution:
 # -- reading the structure -------------------------------------------------------------------------------------
 
 
-def _named_child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
-    return None
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
-
-
 @dataclass
 class _Structure:
+    """The parts this decomposition reads, per attention layer (from the model's anatomy)."""
+
     blocks: list[nn.Module]
     out_projs: list[nn.Module]
     mlps: list[nn.Module | None]
-    final_norm: nn.Module
+    attn_posts: list[nn.Module | None]
+    mlp_posts: list[nn.Module | None]
+    scales: list[float]
+    final_norm: nn.Module | None
     unembed: nn.Module
 
 
 def _structure(target: HeadModel) -> _Structure:
-    model = target.model
-    parents = {id(child): parent for parent in model.modules() for child in parent.children()}
-    blocks, out_projs, mlps = [], [], []
-    for layer, attention in enumerate(target.attention_modules):
-        block = parents.get(id(attention))
-        out_proj = _named_child(attention, OUT_PROJ_NAMES)
-        if block is None or out_proj is None:
-            raise ValueError(
-                f"model: cannot find the block and output projection of attention layer {layer} "
-                f"({type(attention).__name__}: expected a child named one of {OUT_PROJ_NAMES})"
-            )
-        blocks.append(block)
-        out_projs.append(out_proj)
-        mlps.append(_named_child(block, MLP_NAMES))
-    block_ids = {id(b) for b in blocks}
-    output_embeddings = getattr(model, "get_output_embeddings", None)  # a Hugging Face model names its own
-    unembed = output_embeddings() if callable(output_embeddings) else _named_child(model, _UNEMBED_NAMES)
-    if unembed is None or getattr(unembed, "weight", None) is None:
-        raise ValueError(f"model: cannot find the unembedding of the {target.family} (expected {_UNEMBED_NAMES})")
-    final_norm = None
-    for name, module in model.named_modules():
-        parent = parents.get(id(module))
-        if name.rsplit(".", 1)[-1] in _FINAL_NORM_NAMES and parent is not None and id(parent) not in block_ids:
-            final_norm = module
-            break
-    if final_norm is None:
-        raise ValueError(f"model: cannot find the final norm of the {target.family} (expected {_FINAL_NORM_NAMES})")
-    return _Structure(blocks, out_projs, mlps, final_norm, unembed)
+    anatomy = target.anatomy
+    if anatomy.unembed is None or affine(anatomy.unembed) is None:
+        raise anatomy.refuse("its unembedding is not a linear map")
+    layers = anatomy.layers
+    return _Structure(
+        [p.block for p in layers],
+        [p.out_proj for p in layers],
+        [p.mlp for p in layers],
+        [p.attn_post for p in layers],
+        [p.mlp_post for p in layers],
+        [p.scale for p in layers],
+        anatomy.final_norm,
+        anatomy.unembed,
+    )
 
 
 def read_structure(model) -> _Structure:
-    """The modules this decomposition reads, found by structure: ``blocks``, ``out_projs``, ``mlps`` (None for
-    attention-only blocks), per attention layer, then ``final_norm`` and ``unembed``.
+    """The modules this decomposition reads, from the model's anatomy (:attr:`HeadModel.anatomy`): ``blocks``,
+    ``out_projs``, ``mlps`` (None for attention-only blocks), ``attn_posts`` / ``mlp_posts`` (norms on the writes),
+    ``scales`` (each layer's multiplier on its writes), per attention layer, then ``final_norm`` (None: the
+    unembedding reads the last block's output) and ``unembed``.
 
     Raises:
-        ValueError: a module it cannot find (named).
+        ValueError: a structure headwise does not read (the anatomy's one sentence).
     """
     return _structure(as_target(model))
 
@@ -219,8 +196,8 @@ class _Recorder:
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
-    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
-    return bool((a - b).abs().max() <= 1e-3 * scale) if b.numel() else True
+    """The anatomy's one check (:func:`headwise.models.anatomy.same`) on sums of parts formed in float64."""
+    return same(a, b)
 
 
 @dataclass(frozen=True)
@@ -263,9 +240,9 @@ def freeze_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str) -> FrozenNorm:
         bias = norm.bias.detach().double() if norm.bias is not None else torch.zeros(D, dtype=torch.float64)
         frozen = FrozenNorm(inv, gain.to(x.device), bias.to(x.device), True)
     else:
-        eps = next((getattr(norm, n) for n in _EPS_NAMES if isinstance(getattr(norm, n, None), float)), None)
+        eps = norm_epsilon(norm)
         if eps is None:
-            raise ValueError(f"model: the {what} ({type(norm).__name__}) names no epsilon ({_EPS_NAMES})")
+            raise ValueError(f"model: the {what} ({type(norm).__name__}) names no epsilon")
         param = next(norm.parameters(), None)
         dtype = param.dtype if param is not None else x.dtype
         with torch.no_grad():  # the norm's own gain and bias, read by probes: y(0) = b, y(1) = g/√(1+ε) + b
@@ -287,17 +264,6 @@ def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):
     ``(P, …, D)`` parts. Checked against the norm's actual output ``y``."""
     frozen = freeze_norm(norm, x, y, what)
     return frozen, frozen.bias
-
-
-def _post_norm(block: nn.Module, skip: set[int], rec: _Recorder, write: Tensor, layer: int):
-    """The norm among ``block``'s children whose input is ``write`` (a post-norm), or None."""
-    for child in block.children():
-        if id(child) in skip or not _is_norm(child):
-            continue
-        x = rec.inputs.get((layer, id(child)))
-        if x is not None and x.shape == write.shape and _close(x, write):
-            return child
-    return None
 
 
 # -- the attribution -------------------------------------------------------------------------------------------
@@ -344,10 +310,12 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         for layer, (block, proj) in enumerate(zip(st.blocks, st.out_projs)):
             rec.watch(("block", layer), block, inputs=False)
             rec.watch(("proj", layer), proj)
-            for child in block.children():
-                if child is not target.attention_modules[layer]:
-                    rec.watch((layer, id(child)), child)
-        rec.watch("final", st.final_norm)
+            for part in (st.mlps[layer], st.attn_posts[layer], st.mlp_posts[layer]):
+                if part is not None:
+                    rec.watch((layer, id(part)), part)
+        rec.watch("final", st.final_norm if st.final_norm is not None else st.unembed, outputs=False)
+        if st.final_norm is not None:
+            rec.watch("final_out", st.final_norm, inputs=False)
         rec.watch("unembed", st.unembed, inputs=False)
         with torch.no_grad():
             logits = target.logits(ids)  # (P, L, V)
@@ -368,18 +336,15 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         o_out = rec.outputs[("proj", layer)].double()  # (P, D)
         if not _close(each.sum(1) + bias, o_out):
             raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-        skip = {id(target.attention_modules[layer])} | ({id(mlp)} if mlp is not None else set())
-        norm = _post_norm(block, skip, rec, rec.outputs[("proj", layer)], layer)
+        norm, post, scale = st.attn_posts[layer], st.mlp_posts[layer], st.scales[layer]
         if norm is not None:
             lin, nb = _frozen_norm(norm, o_out, rec.outputs[(layer, id(norm))], f"layer {layer}'s attention norm")
             each, bias = lin(each), lin(bias.expand(embed.shape[0], -1)) + nb  # (P, H, D), (P, D)
-            skip.add(id(norm))
         else:
             bias = bias.expand(embed.shape[0], -1)  # (P, D)
+        each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
         if mlp is not None:
-            mlp_write = rec.outputs[(layer, id(mlp))]
-            post = _post_norm(block, skip, rec, mlp_write, layer)
-            mlp_write = (rec.outputs[(layer, id(post))] if post is not None else mlp_write).double()  # (P, D)
+            mlp_write = rec.outputs[(layer, id(post if post is not None else mlp))].double() * scale  # (P, D)
         else:
             mlp_write = torch.zeros_like(embed)
         after = rec.outputs[("block", layer)].double()
@@ -395,16 +360,19 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     x_final = rec.inputs["final"].double()
     if not _close(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
-    lin, norm_bias = _frozen_norm(st.final_norm, x_final, rec.outputs["final"], "final norm")
+    if st.final_norm is not None:
+        lin, norm_bias = _frozen_norm(st.final_norm, x_final, rec.outputs["final_out"], "final norm")
+    else:
+        lin, norm_bias = (lambda v: v), torch.zeros(x_final.shape[-1], dtype=torch.float64, device=x_final.device)
 
-    U = st.unembed.weight.detach().double()  # (V, D)
+    U = affine(st.unembed)[0].detach().double()  # (V, D)
     direction = (U[a] - U[w]).to(embed.device)  # (P, D)
 
     def through(part: Tensor) -> Tensor:  # (P, …, D) -> (P, …)
         d = direction.reshape(P, *([1] * (part.dim() - 2)), -1)
         return (lin(part) * d).sum(-1)
 
-    ub = getattr(st.unembed, "bias", None)
+    ub = affine(st.unembed)[1]
     unembed_bias = (ub[a] - ub[w]).double() if ub is not None else torch.zeros(P, dtype=torch.float64)
     heads = torch.full((P, target.num_layers, target.max_heads), float("nan"), dtype=torch.float64)
     for layer, each in enumerate(head_parts):
@@ -482,9 +450,8 @@ class ResidualParts:
             H = target.heads_per_layer[layer]
             z = rec.inputs[("proj", layer)].reshape(P * L, -1)
             o_out = rec.outputs[("proj", layer)].reshape(P * L, D).double()
-            skip = {id(target.attention_modules[layer])} | ({id(mlp)} if mlp is not None else set())
             flat = _FlatRecorder(rec, P * L)
-            norm = _post_norm(block, skip, flat, flat.outputs[("proj", layer)], layer)
+            norm, post, scale = st.attn_posts[layer], st.mlp_posts[layer], st.scales[layer]
             W = affine_weight(proj) if project is not None else None
             if W is not None:  # heads formed in the projected space
                 bias = _head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
@@ -504,7 +471,6 @@ class ResidualParts:
                     heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
                     bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
                     attn_write = frozen(o_out) + frozen.bias
-                    skip.add(id(norm))
                 else:
                     heads = torch.einsum("nhd,hde->hne", zh, Wh @ M)  # (H, P·L, E)
                     bias = bias.expand(P * L, -1)
@@ -519,17 +485,16 @@ class ResidualParts:
                         norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
                     )
                     each, bias = lin(each), lin(bias.expand(P * L, -1)) + nb
-                    skip.add(id(norm))
                 else:
                     bias = bias.expand(P * L, -1)
                 attn_write = each.sum(1) + bias
                 writes = [out(each.reshape(P, L, H, D).permute(2, 0, 1, 3)), out(bias.reshape(1, P, L, D))]
+            if scale != 1.0:  # the layer's multiplier on its writes (Granite)
+                writes = [w * scale for w in writes]
             labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
-            total = attn_write.reshape(P, L, D)
+            total = attn_write.reshape(P, L, D) * scale
             if mlp is not None:
-                mlp_write = flat.outputs[(layer, id(mlp))]
-                post = _post_norm(block, skip, flat, mlp_write, layer)
-                mlp_write = (flat.outputs[(layer, id(post))] if post is not None else mlp_write).double()
+                mlp_write = flat.outputs[(layer, id(post if post is not None else mlp))].double() * scale
                 labels.append(f"L{layer}.mlp")
                 writes.append(out(mlp_write.reshape(1, P, L, D)))
                 total = total + mlp_write.reshape(P, L, D)
@@ -547,11 +512,8 @@ class ResidualParts:
 
 def affine_weight(proj: nn.Module) -> Tensor | None:
     """``W (in, out)`` float64 of ``x ↦ x W + b`` for an ``nn.Linear`` or GPT-2's ``Conv1D``, else None."""
-    if isinstance(proj, nn.Linear):
-        return proj.weight.detach().double().T
-    if type(proj).__name__ == "Conv1D":
-        return proj.weight.detach().double()
-    return None
+    found = affine(proj)
+    return None if found is None else found[0].detach().double().T
 
 
 class _FlatRecorder:
@@ -592,9 +554,9 @@ def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
             block = st.blocks[l_]
             rec.watch(("block", l_), block, inputs=False)
             rec.watch(("proj", l_), st.out_projs[l_])
-            for child in block.children():
-                if child is not target.attention_modules[l_]:
-                    rec.watch((l_, id(child)), child)
+            for part in (st.mlps[l_], st.attn_posts[l_], st.mlp_posts[l_]):
+                if part is not None:
+                    rec.watch((l_, id(part)), part)
         with torch.no_grad():
             if forward is None:
                 target.run_with_cache(ids, names=[])
