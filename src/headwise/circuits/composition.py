@@ -45,10 +45,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from headwise.circuits.qk import input_norm, projection, weights_of
-from headwise.patching import as_target, freeze_norm, read_structure
+from headwise.circuits.qk import side_weights
+from headwise.models.anatomy import affine, probe_ids
+from headwise.patching import as_target, freeze_norm
 from headwise.patching.logit_attribution import FrozenNorm
 
 __all__ = [
@@ -114,54 +115,48 @@ def _heads(W: Tensor, n: int) -> Tensor:
     return W.reshape(D, n, -1).permute(1, 0, 2)
 
 
-def _embedding(model: nn.Module) -> Tensor:
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else getattr(model, "embed", None)
-    if not isinstance(emb, nn.Embedding):
-        raise ValueError(f"model: cannot find the token embedding of {type(model).__name__}")
-    return emb.weight.detach().double()
-
-
 def head_weights(model, ids=None) -> HeadWeights:
     """Read every head's ``W_Q``, ``W_K``, ``W_V``, ``W_O`` and the embedding / unembedding, norms folded.
 
+    The parts come from the model's anatomy (:attr:`HeadModel.anatomy`: fused projections' layouts undone, a
+    side's own scale and each layer's multiplier on its writes applied, the logits' scale on the unembedding);
+    one short forward pass freezes the norms whose gains are folded: the input norm, the QK-norms, a norm on the
+    attention's write, the final norm.
+
     Args:
         model: see :func:`headwise.patching.as_target`.
-        ids: a few token ids for the one short forward pass that finds each layer's input norm, QK-norm and
-            post-norm (default: ids 0 … 7 — any ids do: only the structure is read).
+        ids: a few token ids for that pass (default: the anatomy's probe ids — any ids do: only gains are read).
     Returns:
         :class:`HeadWeights` (float64, on the model's device).
     Raises:
-        ValueError: a structure this does not read (named).
+        ValueError: a structure headwise does not read (the anatomy's one sentence).
     """
     target = as_target(model)
-    st = read_structure(target)
-    if ids is None:
-        ids = torch.arange(min(8, target.vocab_size or 8))[None]
-    ids = torch.as_tensor(ids).reshape(1, -1)
+    anatomy = target.anatomy
+    if anatomy.unembed is None or affine(anatomy.unembed) is None or anatomy.embed is None:
+        raise anatomy.refuse("it has no linear unembedding and token embedding to read")
+    ids = probe_ids(target) if ids is None else torch.as_tensor(ids).reshape(1, -1)
     seen: dict = {}
     handles = []
 
     def record(key):
-        def post(m, args, kwargs, out):
+        def post(_m, args, kwargs, out):
             x = next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
             y = out[0] if isinstance(out, (tuple, list)) else out
-            if x is not None and isinstance(y, Tensor):
+            if x is not None and isinstance(y, Tensor) and key not in seen:
                 seen[key] = (x.detach().double(), y.detach().double())
 
         return post
 
-    norms_of = []
-    for layer, (block, attn) in enumerate(zip(st.blocks, target.attention_modules)):
-        handles.append(block.register_forward_hook(record(("block", layer)), with_kwargs=True))
-        handles.append(attn.register_forward_hook(record(("attn", layer)), with_kwargs=True))
-        handles.append(st.out_projs[layer].register_forward_hook(record(("proj", layer)), with_kwargs=True))
-        norms = [c for c in block.children() if c is not attn and _is_norm(c)]
-        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if isinstance(n, nn.Module)]
-        norms_of.append(norms)
-        for norm in norms:
-            handles.append(norm.register_forward_hook(record(("norm", id(norm))), with_kwargs=True))
-    handles.append(st.final_norm.register_forward_hook(record("final"), with_kwargs=True))
+    norms = {}
+    for part in anatomy.layers:
+        for norm in (part.attn_norm, part.q.norm, part.k.norm, part.attn_post):
+            if norm is not None:
+                norms[id(norm)] = norm
+    if anatomy.final_norm is not None:
+        norms[id(anatomy.final_norm)] = anatomy.final_norm
+    for key, norm in norms.items():
+        handles.append(norm.register_forward_hook(record(key), with_kwargs=True))
     try:
         with torch.no_grad():
             target.run_with_cache(ids, names=[])
@@ -169,55 +164,43 @@ def head_weights(model, ids=None) -> HeadWeights:
         for h in handles:
             h.remove()
 
+    def frozen_of(norm, what):
+        if norm is None:
+            return None
+        x, y = seen[id(norm)]
+        return freeze_norm(norm, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]), what)
+
     W_Q, W_K, W_V, W_O = [], [], [], []
-    for layer, attn in enumerate(target.attention_modules):
-        H = target.heads_per_layer[layer]
-        block_in = seen[("block", layer)][0][0]  # (L, D)
-        attn_in = seen[("attn", layer)][0][0]
-        D = block_in.shape[-1]
-        Wo = weights_of(st.out_projs[layer])[0]  # (H·Dh, D)
-        Dh = Wo.shape[0] // H
-        captured = {"norms": [(n, *seen[("norm", id(n))]) for n in norms_of[layer] if ("norm", id(n)) in seen]}
-        frozen, _ = input_norm(captured, block_in, attn_in, layer)
-        Wq = projection(attn, "q", H, Dh, D)[0]
-        Wk, Wv = projection(attn, "k", H, Dh, D)[0], projection(attn, "v", H, Dh, D)[0]
-        Hkv = Wk.shape[1] // Dh
-        Wq, Wk, Wv = _fold(Wq, frozen), _fold(Wk, frozen), _fold(Wv, frozen)
-        for side, name in (("q", "q_norm"), ("k", "k_norm")):
-            qk_norm = getattr(attn, name, None)
-            if isinstance(qk_norm, nn.Module) and ("norm", id(qk_norm)) in seen:
-                x, y = seen[("norm", id(qk_norm))]
-                g = freeze_norm(qk_norm, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]), name).gain
-                n = H if side == "q" else Hkv
-                g = g.repeat(n) if g.shape[0] == Dh else g  # per head (Qwen 3) or over the projection (OLMo 2)
-                if side == "q":
-                    Wq = Wq * g
-                else:
-                    Wk = Wk * g
-        # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
-        out = seen[("proj", layer)][1][0]  # (L, D)
-        for norm in norms_of[layer]:
-            x, y = seen.get(("norm", id(norm)), (None, None))
-            if x is not None and x.shape[-1] == D and x[0].shape == out.shape and _close(x[0], out):
-                post = freeze_norm(norm, x[0], y[0], f"layer {layer}'s attention post-norm")
-                Wo = _fold(Wo.T, post).T  # z W_O ↦ C(z W_O)·g: the gain on W_O's columns
-                break
+    for layer, part in enumerate(anatomy.layers):
+        H, Hkv = part.num_heads, part.num_kv
+        frozen = frozen_of(part.attn_norm, f"layer {layer}'s input norm")
+        Wq, Wk, Wv = (_fold(side_weights(s)[0], frozen) for s in (part.q, part.k, part.v))  # (D, n·Dh)
+        Dh = Wq.shape[1] // H
+        for side in (part.q, part.k):
+            g = torch.ones((), dtype=torch.float64)
+            if side.norm is not None:
+                g = frozen_of(side.norm, f"layer {layer}'s {side.name}_norm").gain
+                g = g.reshape(-1).repeat(side.n) if g.numel() == Dh else g.reshape(-1)  # per head or over n·Dh
+            g = g * side.scale
+            if side.name == "q":
+                Wq = Wq * g.to(Wq)
+            else:
+                Wk = Wk * g.to(Wk)
+        Wo = part.heads_out().detach().double()  # (H, Dv, D)
+        Dv = Wo.shape[1]
+        Wo = Wo.reshape(H * Dv, -1)
+        post = frozen_of(part.attn_post, f"layer {layer}'s attention post-norm")
+        if post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
+            Wo = _fold(Wo.T, post).T
+        Wo = Wo * part.scale
         W_Q.append(_heads(Wq, H))
         W_K.append(_heads(Wk, Hkv))
         W_V.append(_heads(Wv, Hkv))
-        W_O.append(Wo.reshape(H, Dh, D))
-    x, y = seen["final"]
-    final = freeze_norm(st.final_norm, x[0], y[0], "final norm")
-    U = st.unembed.weight.detach().double().T  # (D, V)
-    return HeadWeights(W_Q, W_K, W_V, W_O, _embedding(target.model), _fold(U, final), target.name or "")
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
-
-
-def _close(a: Tensor, b: Tensor) -> bool:
-    return bool((a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(1e-30))
+        W_O.append(Wo.reshape(H, Dv, -1))
+    final = frozen_of(anatomy.final_norm, "final norm")
+    U = affine(anatomy.unembed)[0].detach().double().T * anatomy.logit_scale  # (D, V)
+    E = anatomy.embed.weight.detach().double()
+    return HeadWeights(W_Q, W_K, W_V, W_O, E, _fold(U, final), target.name or "")
 
 
 # -- composition -----------------------------------------------------------------------------------------------

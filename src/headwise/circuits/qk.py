@@ -37,25 +37,20 @@ Memory: the parts projected to one head (``(A + B) · J · Dh``) and one layer's
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from headwise.core.primitives import soft_cap, softmax
-from headwise.models.head_model import HeadModel
-from headwise.patching import affine_weight, as_target, freeze_norm, residual_parts
+from headwise.models.anatomy import TOLERANCE as _SAME
+from headwise.models.anatomy import Side, affine, same
+from headwise.patching import as_target, freeze_norm, residual_parts
 from headwise.patching.logit_attribution import FrozenNorm
 
 __all__ = ["QKAttribution", "qk_attribution"]
 
-TOLERANCE = 1e-4  # relative: the parts against the model's q, k and scores
-
-_Q_NAMES = ("q_proj", "Wq", "query")
-_K_NAMES = ("k_proj", "Wk", "key")
-_V_NAMES = ("v_proj", "Wv", "value")
-_FUSED_NAMES = ("c_attn", "qkv_proj")
+TOLERANCE = _SAME  # relative: the parts against the model's q, k and scores (the anatomy's one tolerance)
 
 
 @dataclass
@@ -174,59 +169,33 @@ class QKAttribution:
 # -- one side's affine map -------------------------------------------------------------------------------------
 
 
-def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] | None:
-    for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return name, child
-    return None
-
-
 def weights_of(proj: nn.Module) -> tuple[Tensor, Tensor]:
     """``(W (D, out), b (out,))`` float64 of an affine projection ``x ↦ x W + b`` (``nn.Linear``, GPT-2's
-    ``Conv1D``)."""
-    W = affine_weight(proj)
-    if W is None:
+    ``Conv1D``; read by :func:`headwise.models.anatomy.affine`)."""
+    found = affine(proj)
+    if found is None:
         raise ValueError(f"model: the projection {type(proj).__name__} is neither nn.Linear nor Conv1D")
-    b = proj.bias.detach().double() if getattr(proj, "bias", None) is not None else torch.zeros(W.shape[1])
+    W, b = found
+    W = W.detach().double().T
+    b = b.detach().double() if b is not None else torch.zeros(W.shape[1], dtype=torch.float64)
     return W, b.to(W.device)
 
 
-def projection(attn: nn.Module, side: str, H: int, Dh: int, D: int) -> tuple[Tensor, Tensor]:
-    """``(W (D, n·Dh), b (n·Dh,))`` float64: the query (``side="q"``, n = H), key or value (``"k"``, ``"v"``,
-    n = Hkv, read from the width) projection of an attention module, heads side by side — separate projections
-    (``q_proj``, ``Wq``, ``query``, …) or fused ones (GPT-2's ``c_attn``: q | k | v of width D each; Phi-3's
-    ``qkv_proj``)."""
-    names = {"q": _Q_NAMES, "k": _K_NAMES, "v": _V_NAMES}[side]
-    found = _child(attn, names)
-    if found is not None:
-        return weights_of(found[1])
-    fused = _child(attn, _FUSED_NAMES)
-    if fused is None:
-        raise ValueError(
-            f"model: {type(attn).__name__} has no {side} projection this reads (expected one of {names + _FUSED_NAMES})"
-        )
-    W, b = weights_of(fused[1])
-    q_width = D if fused[0] == "c_attn" else H * Dh
-    kv_width = D if fused[0] == "c_attn" else (W.shape[1] - q_width) // 2
-    start = {"q": 0, "k": q_width, "v": q_width + kv_width}[side]
-    width = q_width if side == "q" else kv_width
-    return W[:, start : start + width], b[start : start + width]
-
-
-def _columns(attn: nn.Module, side: str, index: int, Dh: int, H: int, Hkv: int, D: int):
-    """``(W (D, Dh), b (Dh,), norm)`` of query head / key group ``index``, and its QK-norm module (or None)."""
-    W, b = projection(attn, side, H, Dh, D)
-    cols = slice(index * Dh, (index + 1) * Dh)
-    norm = getattr(attn, f"{side}_norm", None)
-    return W[:, cols], b[cols], norm if isinstance(norm, nn.Module) else None
+def side_weights(side: Side) -> tuple[Tensor, Tensor]:
+    """``(W (D, n·Dh), b (n·Dh,))`` float64: one side of the anatomy (q, k or v), heads side by side, in the
+    columns the attention reads them (a fused projection's layout undone)."""
+    W = side.weight().detach().double()  # (n, Dh, D)
+    b = side.bias()
+    b = torch.zeros(W.shape[:2], dtype=torch.float64, device=W.device) if b is None else b.detach().double()
+    return W.reshape(-1, W.shape[-1]).T, b.reshape(-1)
 
 
 class _Side:
     """The affine map from the residual stream to one head's post-rotary query or key, frozen at this run."""
 
-    def __init__(self, W, b, input_norm: FrozenNorm | None, input_bias, qk_norm, rotate):
+    def __init__(self, W, b, input_norm: FrozenNorm | None, input_bias, qk_norm, rotate, scale: float = 1.0):
         self.input_norm, self.qk_norm, self.rotate = input_norm, qk_norm, rotate  # qk_norm: (FrozenNorm, cols)
+        self.scale = scale  # a factor the module puts on this side after the projection (OPT's queries)
         G = W if input_norm is None else input_norm.gain[:, None] * W  # (D, Dh): the gain folded into W
         if input_norm is not None and input_norm.centred:
             G = G - G.mean(0, keepdim=True)  # (v − mean v)·G = v·(G − mean of G's rows)
@@ -239,6 +208,8 @@ class _Side:
         if self.qk_norm is not None:
             frozen, cols = self.qk_norm
             t = t * frozen.gain[cols] * frozen.inv[pos][None, :, None]
+        if self.scale != 1.0:
+            t = t * self.scale
         return self.rotate(t, pos) if rotate else t
 
     def projected(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
@@ -258,32 +229,8 @@ class _Side:
         if self.qk_norm is not None:
             frozen, cols = self.qk_norm
             t = t.clone()
-            t[1] = t[1] + frozen.bias[cols]
+            t[1] = t[1] + frozen.bias[cols] * self.scale
         return self.rotate(t, pos) if rotate else t
-
-
-def _rotation(attn: nn.Module, captured: dict):
-    """``rotate(t (n, L', Dh), pos (L',)) -> (n, L', Dh)``: the model's RoPE at those positions (linear), or the
-    identity for a model that rotates nothing."""
-    positional = getattr(attn, "positional", None)
-    if positional is not None and hasattr(positional, "rotate_qk"):  # headwise's modules
-
-        def rotate(t: Tensor, pos: Tensor) -> Tensor:
-            t4 = t[:, None]
-            return positional.rotate_qk(t4, t4, pos, pos)[0][:, 0]
-
-        return rotate
-    pe = captured.get("position_embeddings")
-    fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
-    if pe is None or fn is None:
-        return lambda t, pos: t
-    cos, sin = (x.double() for x in pe)  # (1, L, Dh') each
-
-    def rotate(t: Tensor, pos: Tensor) -> Tensor:
-        t4 = t[:, None]  # (n, 1, L', Dh)
-        return fn(t4, t4, cos[:, pos], sin[:, pos])[0][:, 0]
-
-    return rotate
 
 
 def _qk_norm(norm, captured_in, captured_out, side, index, Dh, pre_norm: Tensor):
@@ -309,53 +256,43 @@ def _qk_norm(norm, captured_in, captured_out, side, index, Dh, pre_norm: Tensor)
 # -- the input norm --------------------------------------------------------------------------------------------
 
 
-def _with_block_children(target: HeadModel, layer: int, captured: dict, forward):
-    """``forward`` with the inputs and outputs of the norms beside layer ``layer``'s attention recorded."""
-    attn = target.attention_modules[layer]
-    block = next((p for p in target.model.modules() if any(c is attn for c in p.children())), None)
-    norms = [] if block is None else [c for c in block.children() if c is not attn and _is_norm(c)]
-    captured["norms"] = []
+def _with_input_norm(norm: nn.Module | None, captured: dict, forward):
+    """``forward`` with the input and output of the attention's input norm (the anatomy's) recorded."""
+    captured["norm"] = None
 
     def run(t, x):
-        handles = []
-        for norm in norms:
+        if norm is None:
+            return forward(t, x)
 
-            def post(m, args, out):
+        def post(_m, args, out):
+            if captured["norm"] is None:
                 y = out[0] if isinstance(out, (tuple, list)) else out
-                captured["norms"].append((m, args[0].detach().double(), y.detach().double()))
+                captured["norm"] = (args[0].detach().double(), y.detach().double())
 
-            handles.append(norm.register_forward_hook(post))
+        handle = norm.register_forward_hook(post)
         try:
             forward(t, x)
         finally:
-            for h in handles:
-                h.remove()
+            handle.remove()
 
     return run
 
 
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
-
-
 def _close(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and _relative(a, b) <= 1e-4
+    return a.shape == b.shape and _relative(a, b) <= TOLERANCE
 
 
-def input_norm(captured: dict, residual: Tensor, x_in: Tensor, layer: int):
-    """``(FrozenNorm or None, its bias or None)``: the norm between the residual stream ``(L, D)`` and the
-    attention's input ``(L, D)``, frozen per position, found among ``captured["norms"]`` (``(module, x (1, L, D),
-    y (1, L, D))`` of the norms beside the attention); None where the attention reads the residual stream."""
-    if _close(x_in, residual):
+def input_norm(norm: nn.Module | None, captured: dict, residual: Tensor, x_in: Tensor, layer: int):
+    """``(FrozenNorm or None, its bias or None)``: the anatomy's input norm of layer ``layer`` between the residual
+    stream ``(L, D)`` and the attention's input ``(L, D)``, frozen per position; None where the attention reads the
+    residual stream itself."""
+    if norm is None:
         return None, None
-    for norm, x, y in captured["norms"]:
-        if _close(x[0], residual) and _close(y[0], x_in):
-            frozen = freeze_norm(norm, residual, x_in, f"layer {layer}'s input norm")
-            return frozen, frozen.bias
-    raise ValueError(
-        f"model: layer {layer}'s attention reads neither the residual stream nor a norm of it (a structure this "
-        "attribution does not read)"
-    )
+    x, y = captured["norm"]
+    if not (same(x[0], residual) and same(y[0], x_in)):
+        raise ValueError(f"model: layer {layer}'s input norm did not read the residual stream in this run")
+    frozen = freeze_norm(norm, residual, x_in, f"layer {layer}'s input norm")
+    return frozen, frozen.bias
 
 
 # -- the attribution -------------------------------------------------------------------------------------------
@@ -401,7 +338,8 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     if key is not None and (isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= query):
         raise ValueError(f"key: expected a position 0 … {query} (a key the query can see), got {key!r}")
 
-    attn = target.attention_modules[layer]
+    part = target.anatomy[layer]
+    attn = part.attention
     captured: dict = {}
     qk_in: dict = {}
     qk_out: dict = {}
@@ -424,11 +362,11 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     def rows_hook(rows):
         captured["rows"] = rows
 
-    def forward(t: HeadModel, x):
+    def forward(t, x):
         handles.append(attn.register_forward_pre_hook(grab_input, with_kwargs=True))
         for side in ("q", "k"):
-            norm = getattr(attn, f"{side}_norm", None)
-            if isinstance(norm, nn.Module):
+            norm = part.sides[side].norm
+            if norm is not None:
                 handles.extend(watch(side, norm))
         try:
             with t.hooks({f"layers.{layer}.attn.qk": rows_hook}):
@@ -437,20 +375,29 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
             for h in handles:
                 h.remove()
 
-    parts = residual_parts(target, ids[None], layer, forward=_with_block_children(target, layer, captured, forward))
+    parts = residual_parts(target, ids[None], layer, forward=_with_input_norm(part.attn_norm, captured, forward))
     rows = captured["rows"]
     residual = parts.residual[0]  # (L, D)
     x_in = captured["input"][0].double()  # (L, D): the attention's input
-    in_norm, input_bias = input_norm(captured, residual, x_in, layer)
+    in_norm, input_bias = input_norm(part.attn_norm, captured, residual, x_in, layer)
 
     q_all, k_all = rows.q[0].double(), rows.k[0].double()  # (H, L, Dh), (Hkv, S, Dh)
-    H, Hkv, Dh, D = q_all.shape[0], k_all.shape[0], q_all.shape[-1], residual.shape[-1]
+    H, Hkv, Dh = q_all.shape[0], k_all.shape[0], q_all.shape[-1]
     group = head // (H // Hkv)
     scale = 1.0 / math.sqrt(Dh) if rows.scale is None else float(rows.scale)
-    rotate = _rotation(attn, captured)
+    pe = captured.get("position_embeddings")
+    pe = None if pe is None else tuple(x.double() for x in pe)
+
+    def rotate(t: Tensor, pos: Tensor) -> Tensor:
+        return part.rotation(t, pos, pe)
+
     sides = {}
     for side, index in (("q", head), ("k", group)):
-        W, b, norm = _columns(attn, side, index, Dh, H, Hkv, D)
+        anatomy_side = part.sides[side]
+        W, b = side_weights(anatomy_side)  # (D, n·Dh), (n·Dh,)
+        cols = slice(index * Dh, (index + 1) * Dh)
+        W, b = W[:, cols], b[cols]
+        norm = anatomy_side.norm
         sides[side] = _Side(
             W.to(residual.device),
             b.to(residual.device),
@@ -458,6 +405,7 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
             input_bias,
             _qk_norm(norm, qk_in, qk_out, side, index, Dh, x_in @ W.to(x_in.device) + b.to(x_in.device)),
             rotate,
+            anatomy_side.scale,
         )
 
     # the row: visible keys, the model's scores, logits and weights

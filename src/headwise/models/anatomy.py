@@ -172,6 +172,53 @@ class Side:
         return None
 
 
+def _rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], -1)
+
+
+def _rotate_pairs(x: Tensor) -> Tensor:
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How a layer rotates its queries and keys by position (linear at each position).
+
+    ``kind``: ``"none"``; ``"headwise"`` (the module's own part, ``part.rotate_qk``); with the ``(cos, sin)``
+    the model hands its attention (``position_embeddings``): ``"half"`` (the first ``cos.shape[-1]`` dims rotated
+    as halves, Hugging Face's ``rotate_half``: Llama, GPT-NeoX, Phi's partial rotary), ``"half-compact"`` (the
+    same with one angle per pair of halves: GPT-OSS), ``"pairs"`` (adjacent pairs, the frequencies from the first
+    half of ``cos``: GLM) or ``"pairs-interleaved"`` (adjacent pairs, ``cos`` already in that layout: Cohere).
+    """
+
+    kind: str
+    part: object | None = None
+
+    def __call__(self, t: Tensor, pos: Tensor, position_embeddings=None) -> Tensor:
+        """``t (n, L', Dh)`` at positions ``pos (L',)`` rotated; ``position_embeddings``: the ``(cos (1, L, r),
+        sin)`` of the run (for ``"half"`` / ``"pairs"``), indexed at ``pos``."""
+        if self.kind == "none":
+            return t
+        if self.kind == "headwise":
+            t4 = t[:, None]
+            return self.part.rotate_qk(t4, t4, pos, pos)[0][:, 0]
+        cos, sin = (x[0][pos].to(t.dtype) for x in position_embeddings)  # (L', r)
+        if self.kind == "half-compact":  # one angle per pair of halves (GPT-OSS): (L', r/2) -> (L', r)
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        r = cos.shape[-1]
+        rot, rest = t[..., :r], t[..., r:]
+        if self.kind in ("half", "half-compact"):
+            out = rot * cos + _rotate_half(rot) * sin
+        elif self.kind == "pairs":
+            c = cos[..., : r // 2].repeat_interleave(2, -1)
+            s_ = sin[..., : r // 2].repeat_interleave(2, -1)
+            out = rot * c + _rotate_pairs(rot) * s_
+        else:  # "pairs-interleaved": (cos, sin) already in the pairs' layout (Cohere)
+            out = rot * cos + _rotate_pairs(rot) * sin
+        return torch.cat([out, rest], -1)
+
+
 @dataclass(eq=False)
 class LayerAnatomy:
     """One layer's parts (see the module docstring).
@@ -190,7 +237,7 @@ class LayerAnatomy:
             Cohere): this layer's heads do not feed its own MLP.
         shared_norm: the MLP's norm is the attention's (Phi-2, GPT-J, Cohere).
         scale: the multiplier on each write before it joins the residual stream (Granite; else 1.0).
-        rotary: the attention's rotary part or the modeling module's ``apply_rotary_pos_emb`` (None: no RoPE).
+        rotation: how the attention rotates q and k by position (:class:`Rotation`), confirmed at every position.
     """
 
     index: int
@@ -207,7 +254,7 @@ class LayerAnatomy:
     mlp_post: nn.Module | None
     parallel: bool
     scale: float
-    rotary: object | None = None
+    rotation: Rotation = field(default_factory=lambda: Rotation("none"))
 
     @property
     def shared_norm(self) -> bool:
@@ -379,6 +426,16 @@ class _Recording:
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(module.register_forward_hook(post))
 
+    def keep_kwarg(self, key, module: nn.Module, name: str) -> None:
+        """Keep ``module``'s keyword argument ``name`` of its first call in ``inp[key]`` (a tuple of copies)."""
+
+        def pre(_m, _args, kwargs):
+            value = kwargs.get(name)
+            if key not in self.inp and value is not None:
+                self.inp[key] = tuple(v.detach().clone() for v in value) if isinstance(value, tuple) else value
+
+        self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+
     def close(self) -> None:
         for h in self.handles:
             h.remove()
@@ -520,6 +577,14 @@ def _sides(hm, layer: int, attention: nn.Module, rec: _Recording, qk, pattern, h
                         break
                 got[side] = Side(side, m, c, qk_norm, per_head, scale)
             if ok:
+                rotation = _rotation_of(attention, got, rec, layer, qk)
+                if rotation is None:
+                    raise AnatomyError(
+                        family,
+                        f"layer {layer} rotates its queries and keys by position in a way this does not read "
+                        "(neither headwise's part nor rotate_half / pairs on the (cos, sin) handed to the attention)",
+                    )
+                got["rotation"] = rotation
                 return got
             tried.append(name)
     raise AnatomyError(
@@ -529,13 +594,42 @@ def _sides(hm, layer: int, attention: nn.Module, rec: _Recording, qk, pattern, h
     )
 
 
-def _rotary(attention: nn.Module):
+def _rotation_of(attention: nn.Module, sides: dict, rec: _Recording, layer: int, qk) -> Rotation | None:
+    """The :class:`Rotation` that takes the projected (QK-normed, scaled) queries and keys to those the attention
+    used, at every position of the probe; None when no candidate does. A factor seen at position 0 may be the
+    rotation's own (YaRN's attention factor on ``cos`` and ``sin``): then the sides' scales are reset to 1."""
+    projected = {}
+    for name in ("q", "k"):
+        side = sides[name]
+        t = side.take(rec.out[("proj", layer, id(side.module))][0])  # (L, n, Dh)
+        if side.norm is not None:
+            t = _apply_norm(side.norm, t)[0]
+        projected[name] = t.double().transpose(0, 1)  # (n, L, Dh)
+    used = {"q": qk.q[0].double(), "k": qk.k[0].double()}  # (H, L, Dh), (Hkv, S, Dh)
+    L = projected["q"].shape[1]
+    pos = torch.arange(L, device=projected["q"].device)
+    pe = rec.inp.get(("position_embeddings", layer))
+    candidates = [Rotation("none")]
     positional = getattr(attention, "positional", None)
     if positional is not None and hasattr(positional, "rotate_qk"):
-        return positional
-    import sys
-
-    return getattr(sys.modules.get(type(attention).__module__), "apply_rotary_pos_emb", None)
+        candidates.append(Rotation("headwise", positional))
+    if pe is not None:
+        kinds = ("half", "half-compact", "pairs", "pairs-interleaved")
+        candidates += [Rotation(kind) for kind in kinds]
+    scalings = [{n: sides[n].scale for n in ("q", "k")}]
+    if any(v != 1.0 for v in scalings[0].values()):
+        scalings.append({"q": 1.0, "k": 1.0})
+    for scales in scalings:
+        for rotation in candidates:
+            try:
+                ok = all(same(rotation(projected[n] * scales[n], pos, pe), used[n][:, :L]) for n in ("q", "k"))
+            except (RuntimeError, ValueError, IndexError, TypeError):
+                ok = False
+            if ok:
+                for n in ("q", "k"):
+                    sides[n].scale = scales[n]
+                return rotation
+    return None
 
 
 def _config_value(hm, names) -> float | None:
@@ -587,6 +681,7 @@ def read_anatomy(hm) -> Anatomy:
         for layer, (block, attention) in enumerate(zip(blocks, hm.attention_modules)):
             rec.watch(("block", layer), block)
             rec.watch(("attn", layer), attention)
+            rec.keep_kwarg(("position_embeddings", layer), attention, "position_embeddings")
             for child in block.children():
                 rec.watch(("child", id(child)), child)
             out_proj = _child(attention, OUT_PROJ_NAMES)
@@ -713,7 +808,7 @@ def _layer(hm, layer, block, attention, rec: _Recording, qk, pattern, heads, sca
         mlp_post,
         parallel,
         scale,
-        _rotary(attention),
+        sides["rotation"],
     )
 
 
