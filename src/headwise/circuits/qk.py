@@ -207,6 +207,8 @@ class _Side:
         """``t (n, L', Dh)`` at positions ``pos (L',)``: the frozen QK-norm, then the rotation (unless not)."""
         if self.qk_norm is not None:
             frozen, cols = self.qk_norm
+            if frozen.centred:  # a LayerNorm QK-norm over each head's Dh (Persimmon): its centring is linear
+                t = t - t.mean(-1, keepdim=True)
             t = t * frozen.gain[cols] * frozen.inv[pos][None, :, None]
         if self.scale != 1.0:
             t = t * self.scale

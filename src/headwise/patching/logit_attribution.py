@@ -167,7 +167,8 @@ class _Recorder:
         self.handles = []
 
     def _at(self, x: Tensor) -> Tensor:
-        return x[:, self.position].detach()  # (P, …)
+        # a copy: a family may add to a module's output in place (Falcon: mlp_output += attention_output)
+        return x[:, self.position].detach().clone()  # (P, …)
 
     def watch(self, key, module: nn.Module, *, inputs: bool = True, outputs: bool = True) -> None:
         if inputs:
@@ -240,23 +241,55 @@ def freeze_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str) -> FrozenNorm:
         bias = norm.bias.detach().double() if norm.bias is not None else torch.zeros(D, dtype=torch.float64)
         frozen = FrozenNorm(inv, gain.to(x.device), bias.to(x.device), True)
     else:
-        eps = norm_epsilon(norm)
-        if eps is None:
-            raise ValueError(f"model: the {what} ({type(norm).__name__}) names no epsilon")
-        param = next(norm.parameters(), None)
-        dtype = param.dtype if param is not None else x.dtype
-        with torch.no_grad():  # the norm's own gain and bias, read by probes: y(0) = b, y(1) = g/√(1+ε) + b
-            bias = _output_tensor(norm(torch.zeros(1, D, dtype=dtype, device=x.device)))[0].double()
-            ones = _output_tensor(norm(torch.ones(1, D, dtype=dtype, device=x.device)))[0].double()
-        gain = (ones - bias) * math.sqrt(1.0 + eps)
-        inv = 1.0 / torch.sqrt(x64.pow(2).mean(-1) + eps)  # (N,)
-        frozen = FrozenNorm(inv, gain, bias, False)
+        frozen = next(
+            (f for centred in (False, True) if (f := _probed(norm, x64, y, centred)) is not None),
+            None,
+        )
+        if frozen is None:
+            raise ValueError(
+                f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
+                "at this run; its scale cannot be frozen"
+            )
     if not _close(frozen(x64) + frozen.bias, y.double()):
         raise ValueError(
             f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
             "at this run; its scale cannot be frozen"
         )
     return frozen
+
+
+def _zero_mean_probe(D: int) -> Tensor:
+    """``(D,)`` float64 of ±1 and 2 with mean 0 and no zero entry (every column's gain is read)."""
+    u = torch.ones(D, dtype=torch.float64)
+    u[1::2] = -1.0
+    if D % 2:
+        u[-3:] = torch.tensor([2.0, -1.0, -1.0], dtype=torch.float64) if D >= 3 else u[-3:]
+    return u
+
+
+def _probed(norm: nn.Module, x64: Tensor, y: Tensor, centred: bool) -> FrozenNorm | None:
+    """A norm of any class as ``(C(x) · g · inv) + b`` (``C`` the centring of a LayerNorm form, or nothing for an
+    RMS form): the bias read at 0, the gain at a zero-mean probe; the per-row scale from the norm's epsilon, or,
+    for a norm that names none (OLMo's), fitted to the run's rows by least squares. None when the form does not
+    reproduce ``y``."""
+    D = x64.shape[-1]
+    param = next(norm.parameters(), None)
+    dtype = param.dtype if param is not None else y.dtype
+    u = _zero_mean_probe(D)
+    with torch.no_grad():
+        bias = _output_tensor(norm(torch.zeros(1, D, dtype=dtype, device=x64.device)))[0].double()
+        at_u = _output_tensor(norm(u[None].to(dtype=dtype, device=x64.device)))[0].double()
+    eps = norm_epsilon(norm)
+    gain = (at_u - bias) / u.to(x64.device) * math.sqrt(float(u.pow(2).mean()) + (eps or 0.0))
+    v = x64 - x64.mean(-1, keepdim=True) if centred else x64
+    if eps is not None:
+        inv = 1.0 / torch.sqrt(v.pow(2).mean(-1) + eps)  # (N,)
+    else:
+        target = (y.double() - bias) / gain.where(gain.abs() > 1e-12, torch.ones_like(gain))
+        keep = gain.abs() > 1e-12
+        inv = (v * target * keep).sum(-1) / (v.pow(2) * keep).sum(-1).clamp_min(1e-30)
+    frozen = FrozenNorm(inv, gain, bias, centred)
+    return frozen if _close(frozen(x64) + frozen.bias, y.double()) else None
 
 
 def _frozen_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str):

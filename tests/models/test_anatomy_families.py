@@ -1,0 +1,207 @@
+"""One anatomy, every tool: tiny random decoders of many families on headwise's backend. On each, every tool that
+reads a model's structure — circuits (EAP with exact patches), QK attribution, composition scores, direct logit
+attribution — either works exactly, or every one of them refuses the model with the anatomy's one sentence.
+
+Exact: the QK parts add up to the score, the logit attribution's parts to the unembedding's difference (times the
+logit scale: the model's own difference), and a head patched along every path out of it equals the head patched in
+the eager twin of the model (the same weights on transformers' own attention) by a pre-hook on the output projection
+— a brute force that reads no structure but the output projection's module name.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import headwise.hf  # noqa: F401  (registers "headwise")
+from _hf_models import randomise
+from headwise.circuits import composition_scores, find_circuit, head_weights, path_patch, qk_attribution, wiring
+from headwise.models import HeadModel
+from headwise.models.anatomy import AnatomyError
+from headwise.patching import direct_logit_attribution, logit_difference
+
+V = 128
+_BASE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96, vocab_size=V)
+#: family -> config overrides; the first group is named by no test elsewhere, the second are the field's own.
+FAMILIES = {
+    "llama": dict(num_key_value_heads=2),
+    "qwen2": dict(num_key_value_heads=2),
+    "qwen3": dict(num_key_value_heads=2, head_dim=16),
+    "gemma2": dict(num_key_value_heads=2, head_dim=16, attn_logit_softcapping=20.0),
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=16),
+    "olmo2": dict(num_key_value_heads=2),
+    "helium": dict(num_key_value_heads=2, head_dim=16),
+    "glm": dict(num_key_value_heads=2, head_dim=16, pad_token_id=0),
+    "starcoder2": dict(num_key_value_heads=2),
+    "stablelm": dict(num_key_value_heads=2),
+    "persimmon": dict(),
+    "olmo": dict(),
+    "mistral": dict(num_key_value_heads=2),
+    "cohere": dict(num_key_value_heads=2),
+    "phi": dict(),
+    "gpt_bigcode": dict(n_embd=64, n_head=4, n_layer=2),
+    "falcon": dict(num_kv_heads=2, new_decoder_architecture=True),
+    # the structures the anatomy exists for: Conv1D, interleaved query_key_value with a parallel residual,
+    # a fused qkv_proj, residual / embedding / attention multipliers and a logit scale
+    "gpt2": dict(n_embd=64, n_head=4, n_layer=2),
+    "gpt_neox": dict(),
+    "phi3": dict(num_key_value_heads=2, pad_token_id=0),
+    "granite": dict(
+        num_key_value_heads=2,
+        residual_multiplier=0.5,
+        embedding_multiplier=3.0,
+        logits_scaling=4.0,
+        attention_multiplier=0.2,
+    ),
+    # refused by the anatomy: OPT's MLP is two loose linears in the block (no MLP module), GPT-J rotates inside
+    # its attention from positions the attention computes itself
+    "opt": dict(ffn_dim=96, word_embed_proj_dim=64),
+    "gptj": dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8),
+}
+REFUSED = {"opt", "gptj"}
+
+
+def _models(family: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, **{**_BASE, **FAMILIES[family]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        mine = randomise(AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="headwise"))
+        torch.manual_seed(0)
+        eager = randomise(AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager"))
+    return mine, eager
+
+
+def _pairs(hm: HeadModel, P: int = 2, L: int = 8):
+    g = torch.Generator().manual_seed(3)
+    clean = torch.randint(3, V, (P, L), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 7) % (V - 3) + 3
+    return clean, corrupted
+
+
+def _brute_patch(eager, out_proj_name: str, layer_heads: int, head: int, clean, corrupted, metric):
+    """The corrupted run of the eager twin with head ``head``'s slice of ``out_proj_name``'s input taken from the
+    clean run (denoising), the metric per pair."""
+    proj = dict(eager.named_modules())[out_proj_name]
+    kept = {}
+
+    def grab(_m, args):
+        kept["z"] = args[0].detach().clone()
+
+    def put(_m, args):
+        z = args[0].clone()
+        Dv = z.shape[-1] // layer_heads
+        z[..., head * Dv : (head + 1) * Dv] = kept["z"][..., head * Dv : (head + 1) * Dv]
+        return (z, *args[1:])
+
+    with torch.no_grad():
+        handle = proj.register_forward_pre_hook(grab)
+        try:
+            eager(input_ids=clean)
+        finally:
+            handle.remove()
+        handle = proj.register_forward_pre_hook(put)
+        try:
+            logits = eager(input_ids=corrupted).logits
+        finally:
+            handle.remove()
+    return metric(logits)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_tool_works_exactly_or_all_refuse_alike(family):
+    mine, eager = _models(family)
+    hm = HeadModel(mine)
+    clean, corrupted = _pairs(hm)
+    answer, wrong = [5, 9], [11, 17]
+    metric = logit_difference(answer, wrong)
+    tools = {
+        "find_circuit": lambda: find_circuit(hm, clean, corrupted, answer=answer, wrong=wrong, exact_top=4),
+        "qk_attribution": lambda: qk_attribution(hm, clean[0], 1, 3, 7),
+        "composition": lambda: composition_scores(head_weights(hm)),
+        "logit_attribution": lambda: direct_logit_attribution(hm, clean, metric),
+        "wiring": lambda: wiring(hm),
+    }
+    if family in REFUSED:
+        with pytest.raises(AnatomyError) as first:
+            _ = hm.anatomy
+        sentence = str(first.value)
+        assert sentence.startswith(f"model: headwise cannot read the anatomy of this {family} model: ")
+        for name, tool in tools.items():
+            with pytest.raises(ValueError) as got:
+                tool()
+            assert str(got.value) == sentence, name
+        return
+
+    anatomy = hm.anatomy
+    assert len(anatomy) == 2
+    # QK attribution: its own checks (parts against q, k and the score) passed; the terms add up to the score
+    r = qk_attribution(hm, clean[0], 1, 3, 7)
+    ci = int((r.keys == r.key).nonzero()[0, 0])
+    torch.testing.assert_close(r.terms.sum(), r.scores[ci], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r.query_terms.sum(0), r.scores, rtol=1e-5, atol=1e-5)
+    # direct logit attribution: the parts add up, and the unembedding's difference is the model's (scaled)
+    dla = direct_logit_attribution(hm, clean, metric)
+    torch.testing.assert_close(dla.total, dla.unembed_difference, rtol=0, atol=1e-4)
+    if anatomy.softcap is None:
+        torch.testing.assert_close(
+            dla.unembed_difference * anatomy.logit_scale, dla.logit_difference, rtol=1e-4, atol=1e-4
+        )
+    # composition: every layer's matrices read, every score finite
+    scores = composition_scores(head_weights(hm))
+    assert all(torch.isfinite(t[0, :, 1]).all() for t in (scores.q, scores.k, scores.v))  # layer 0 into layer 1
+    # circuits: EAP, the exact patches of the top edges and the faithfulness curve run
+    circuit = find_circuit(hm, clean, corrupted, answer=answer, wrong=wrong, exact_top=4)
+    assert circuit.to_dict()["edges"]
+    # exact: a layer-0 head patched along every path out of it (every later receiver) equals the head patched in
+    # the eager twin
+    w = wiring(hm)
+    receivers = []
+    for layer in range(1, len(anatomy)):
+        part = anatomy[layer]
+        receivers += [f"L{layer}.H{h}.q" for h in range(part.num_heads)]
+        receivers += [f"L{layer}.KV{g}.{s}" for g in range(part.num_kv) for s in "kv"]
+    receivers += [f"L{layer}.MLP" for layer in range(len(anatomy)) if anatomy[layer].mlp is not None]
+    receivers.append("logits")
+    names = {id(m): n for n, m in mine.named_modules()}
+    for head in (0, 2):
+        got = path_patch(w, clean, corrupted, metric, [f"L0.H{head}"], receivers).patched[:, 0]
+        want = _brute_patch(eager, names[id(anatomy[0].out_proj)], anatomy[0].num_heads, head, clean, corrupted, metric)
+        torch.testing.assert_close(got, want.to(got.dtype), rtol=0, atol=2e-4)
+
+
+def test_a_parallel_block_is_stated_as_mib_states_it():
+    """GPT-NeoX's parallel residual: a layer's heads do not feed its own MLP (no such edge in the graph)."""
+    mine, _ = _models("gpt_neox")
+    hm = HeadModel(mine)
+    assert all(part.parallel for part in hm.anatomy.layers)
+    from headwise.circuits import build_graph
+
+    g = build_graph(wiring(hm))
+    edges = {f"{e.sender}->{e.receiver}.{e.input}" for e in g.edges}
+    assert "L0.H0->L0.MLP.mlp" not in edges and "L0.H0->L1.MLP.mlp" in edges
+    assert "L0.MLP->L1.H0.q" in edges
+    mine, _ = _models("llama")
+    g = build_graph(wiring(HeadModel(mine)))
+    assert "L0.H0->L0.MLP.mlp" in {f"{e.sender}->{e.receiver}.{e.input}" for e in g.edges}
+
+
+def test_the_probe_avoids_special_and_zero_embedded_tokens():
+    """The structure is read on tokens that cannot hide it (token 0 is the pad token with a zero embedding in
+    these configs: a zero residual made the MLP's norm look like a norm on the attention's write)."""
+    from headwise.models.anatomy import probe_ids
+
+    mine, _ = _models("llama")
+    hm = HeadModel(mine)
+    ids = probe_ids(hm)[0].tolist()
+    emb = mine.get_input_embeddings().weight
+    assert len(set(ids)) == len(ids) >= 2
+    assert all(emb[i].abs().sum() > 0 for i in ids)
+    config = mine.config
+    assert not {config.pad_token_id, config.bos_token_id, config.eos_token_id} & set(ids)
