@@ -195,7 +195,7 @@ def test_a_parallel_block_is_stated_as_mib_states_it():
 def test_the_probe_avoids_special_and_zero_embedded_tokens():
     """The structure is read on tokens that cannot hide it (token 0 is the pad token with a zero embedding in
     these configs: a zero residual made the MLP's norm look like a norm on the attention's write)."""
-    from headwise.models.anatomy import probe_ids
+    from headwise.models.anatomy_probe import probe_ids
 
     mine, _ = _models("llama")
     hm = HeadModel(mine)

