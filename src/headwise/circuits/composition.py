@@ -51,7 +51,7 @@ from headwise.circuits.qk import side_weights
 from headwise.models.anatomy import affine
 from headwise.models.anatomy_probe import probe_ids
 from headwise.patching import as_target, freeze_norm
-from headwise.patching.logit_attribution import FrozenNorm
+from headwise.patching.frozen_norm import FrozenNorm
 
 __all__ = [
     "CompositionScores",

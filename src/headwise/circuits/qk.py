@@ -46,7 +46,7 @@ from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
 from headwise.models.anatomy import Side, affine, same
 from headwise.patching import as_target, freeze_norm, residual_parts
-from headwise.patching.logit_attribution import FrozenNorm
+from headwise.patching.frozen_norm import FrozenNorm
 
 __all__ = ["QKAttribution", "qk_attribution"]
 

@@ -37,17 +37,11 @@ from headwise.patching.exact import (
     run_with_cache,
     sweep_cost,
 )
-from headwise.patching.logit_attribution import (
-    FrozenNorm,
-    LogitAttribution,
-    ResidualParts,
-    affine_weight,
-    direct_logit_attribution,
-    freeze_norm,
-    read_structure,
-    residual_parts,
-)
+from headwise.patching.frozen_norm import FrozenNorm, freeze_norm
+from headwise.patching.logit_attribution import LogitAttribution, direct_logit_attribution
 from headwise.patching.metric import LogitDifference, logit_difference
+from headwise.patching.recording import read_structure
+from headwise.patching.residual_parts import ResidualParts, affine_weight, residual_parts
 from headwise.patching.target import as_target
 
 __all__ = [
