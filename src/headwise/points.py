@@ -43,7 +43,18 @@ from torch.utils.hooks import RemovableHandle
 
 from headwise.core.hooks import HookPoint
 
-__all__ = ["Point", "NamedPoints", "ATTENTION_POINTS", "attention_point", "MLP_NAMES", "OUT_PROJ_NAMES"]
+__all__ = [
+    "Point",
+    "ColumnsPoint",
+    "ArgumentPoint",
+    "NormedInputPoint",
+    "NamedPoints",
+    "ATTENTION_POINTS",
+    "attention_point",
+    "MLP_NAMES",
+    "OUT_PROJ_NAMES",
+    "POINT_ORDER",
+]
 
 Hook = Callable[[Tensor], "Tensor | None"]
 
@@ -55,6 +66,22 @@ MLP_NAMES = ("mlp", "ff", "feed_forward", "ffn", "block_sparse_moe")
 OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense", "Wo", "wo")
 _MLP_PAIR = ("ffn_in", "ffn_out")
 _NAME = re.compile(r"layers\.(\d+)\.(.+)")
+#: Each layer's points in forward order (the part after ``layers.{i}.``).
+POINT_ORDER = (
+    "resid_pre",
+    "attn.in",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.rotary",
+    "attn.qk",
+    "attn.pattern",
+    "attn.heads",
+    "attn.out",
+    "mlp.resid",
+    "mlp.in",
+    "mlp.out",
+)
 
 
 def attention_point(layer: int, kind: str) -> str:
@@ -116,6 +143,121 @@ def _output_hook(fn: Hook):
     return hook
 
 
+class ColumnsPoint(Point):
+    """Heads' columns of a projection's output: ``fn(t (B, L, n, Dh)) -> replacement or None``, where ``t`` are the
+    output's ``columns (n, Dh)`` (a fused projection's layout undone); a replacement is written back into those
+    columns (the others unchanged). A forward hook on ``module``."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, name: str, module: nn.Module, columns: Tensor):
+        super().__init__(name, module, "columns")
+        self.columns = columns
+
+    def add_hook(self, fn: Hook) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"{self.name}: expected a callable fn(tensor) -> tensor or None, got {type(fn).__name__}")
+        columns = self.columns
+
+        def hook(_module, _args, output):
+            y = output[0] if isinstance(output, (tuple, list)) else output
+            cols = columns.to(y.device)
+            new = fn(y[..., cols])
+            if new is None:
+                return None
+            y = y.clone()
+            y[..., cols.reshape(-1)] = new.reshape(*new.shape[:-2], -1).to(y.dtype)
+            return type(output)((y, *output[1:])) if isinstance(output, (tuple, list)) else y
+
+        return self.module.register_forward_hook(hook)
+
+
+class ArgumentPoint(Point):
+    """A keyword argument of a module's call, read-only: ``fn(value) -> None`` (the rotary ``(cos, sin)`` a family
+    hands its attention as ``position_embeddings``). A forward pre-hook on ``module``."""
+
+    __slots__ = ("argument",)
+
+    def __init__(self, name: str, module: nn.Module, argument: str):
+        super().__init__(name, module, "argument")
+        self.argument = argument
+
+    def add_hook(self, fn: Hook) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"{self.name}: expected a callable fn(value) -> None, got {type(fn).__name__}")
+        argument = self.argument
+
+        def hook(_module, _args, kwargs):
+            value = kwargs.get(argument)
+            if value is not None:
+                fn(value)
+
+        return self.module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+class NormedInputPoint(Point):
+    """The residual stream a module reads through a norm it shares with another reader (Phi-2's, GPT-J's,
+    Cohere's MLP reads the attention's input norm): ``fn(r (B, L, D)) -> replacement or None`` with ``r`` the
+    block's input; a replacement ``r'`` changes this module's input alone, to ``norm(r')``. Pre-hooks on the block
+    (which keeps ``r``) and on ``module``."""
+
+    __slots__ = ("norm", "block")
+
+    def __init__(self, name: str, module: nn.Module, norm: nn.Module, block: nn.Module):
+        super().__init__(name, module, "normed")
+        self.norm, self.block = norm, block
+
+    def add_hook(self, fn: Hook) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"{self.name}: expected a callable fn(tensor) -> tensor or None, got {type(fn).__name__}")
+        kept: dict = {}
+        norm = self.norm
+
+        def keep(_module, args, kwargs):
+            x = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
+            kept["r"] = x
+
+        def read(_module, args, kwargs):
+            new = fn(kept.pop("r"))
+            if new is None:
+                return None
+            y = norm(new)
+            y = y[0] if isinstance(y, (tuple, list)) else y
+            if args and isinstance(args[0], Tensor):
+                return (y, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": y}
+
+        handles = [
+            self.block.register_forward_pre_hook(keep, with_kwargs=True),
+            self.module.register_forward_pre_hook(read, with_kwargs=True),
+        ]
+        return _Handles(handles)
+
+
+class _Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, handles: list):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _order(names) -> list[str]:
+    """Point names in forward order: by layer, then :data:`POINT_ORDER`; ``resid_final`` last."""
+
+    def key(name: str):
+        m = _NAME.fullmatch(name)
+        if m is None:
+            return (1 << 30, 0, name)
+        kind = m.group(2)
+        return (int(m.group(1)), POINT_ORDER.index(kind) if kind in POINT_ORDER else len(POINT_ORDER), name)
+
+    return sorted(names, key=key)
+
+
 def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
     for name in names:
         child = getattr(module, name, None)
@@ -149,12 +291,21 @@ class NamedPoints(Mapping):
             HookPoints (the module itself for headwise's modules; :func:`headwise.hf.backend.hook_points`).
 
     The attention points are found at once; the block and MLP points on the first lookup of one of them or of
-    the list of names.
+    the list of names. ``more``: a callable returning further points (the model view's anatomy points:
+    ``attn.q`` …, ``mlp.resid``), asked once, on the first lookup of a name not found otherwise or on listing
+    the names; a ValueError from it (a structure the anatomy does not read) leaves those points out.
     """
 
-    def __init__(self, root: nn.Module, attention: list[nn.Module], attention_hooks: Callable[[nn.Module], object]):
+    def __init__(
+        self,
+        root: nn.Module,
+        attention: list[nn.Module],
+        attention_hooks: Callable[[nn.Module], object],
+        more: Callable[[], Mapping[str, Point]] | None = None,
+    ):
         self.root = root
         self.attention = list(attention)
+        self.more = more
         self._attention: dict[str, Point] = {}
         for layer, m in enumerate(self.attention):
             hooks = attention_hooks(m)
@@ -181,6 +332,7 @@ class NamedPoints(Mapping):
         for layer, m in enumerate(self.attention):
             block = blocks[layer] if blocks else None
             add(f"layers.{layer}.resid_pre", block, "input")
+            add(f"layers.{layer}.attn.in", m, "input")
             for kind in ATTENTION_POINTS:
                 name = attention_point(layer, kind)
                 if name in self._attention:
@@ -200,19 +352,37 @@ class NamedPoints(Mapping):
             add("resid_final", blocks[-1], "output")
         return table
 
+    def _extend(self) -> bool:
+        """Add the points of ``more`` (once); whether any were added."""
+        more, self.more = self.more, None
+        if more is None:
+            return False
+        try:
+            found = dict(more())
+        except ValueError:
+            return False
+        table = self._table()
+        table.update(found)
+        self._all = {name: table[name] for name in _order(table)}
+        return bool(found)
+
     # -- the mapping -------------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Point:
         point = self._attention.get(name) if isinstance(name, str) else None
         if point is None:
             point = self._table().get(name) if isinstance(name, str) else None
+        if point is None and isinstance(name, str) and self._extend():
+            point = self._table().get(name)
         if point is None:
             raise KeyError(name)
         return point
 
     def __iter__(self) -> Iterator[str]:
+        self._extend()
         return iter(self._table())
 
     def __len__(self) -> int:
+        self._extend()
         return len(self._table())
 
     def point(self, arg: str, name) -> Point:
@@ -238,11 +408,12 @@ class NamedPoints(Mapping):
         """Inside the block, ``fns[name]`` is hooked at each named point (``fn(tensor) -> replacement or None``);
         every hook is removed after, also on error. A list of ``(name, fn)`` pairs may name a point twice (the
         hooks run in the order given)."""
-        items = fns.items() if isinstance(fns, Mapping) else fns
+        items = list(fns.items() if isinstance(fns, Mapping) else fns)
+        points = [self.point(arg, name) for name, _ in items]  # every name resolved before any hook is registered
         handles: list[RemovableHandle] = []
         try:
-            for name, fn in items:
-                handles.append(self.point(arg, name).add_hook(fn))
+            for point, (_, fn) in zip(points, items):
+                handles.append(point.add_hook(fn))
             yield
         finally:
             for handle in handles:

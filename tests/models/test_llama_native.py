@@ -136,7 +136,9 @@ def test_head_model_fields_equal_between_the_routes(folder):
     assert (hf.backend, mine.backend) == ("hf+headwise", "headwise")
     assert {f: getattr(mine, f) for f in FIELDS} == {f: getattr(hf, f) for f in FIELDS}
     assert mine.max_length == 300 and mine.bos_id == 0 and mine.special_ids == hf.special_ids != ()
-    assert mine.point_names() == hf.point_names()
+    # the same points, but transformers hands its attention the rotary (cos, sin) as an argument (attn.rotary)
+    # where headwise's module rotates with its own part
+    assert mine.point_names() == [n for n in hf.point_names() if not n.endswith(".attn.rotary")]
     enc = hf.encode(TEXTS)  # right-padded; the native route reads the same ids from its own tokenizer
     assert torch.equal(mine.encode(TEXTS).ids, enc.ids)
     with torch.no_grad():

@@ -16,7 +16,12 @@ pytest.importorskip("transformers")
 import headwise.hf  # noqa: E402
 from _hf_models import VOCAB, build  # noqa: E402
 
-PER_LAYER = ("resid_pre", "attn.qk", "attn.pattern", "attn.heads", "attn.out", "mlp.in", "mlp.out")
+PER_LAYER = ("resid_pre", "attn.in", "attn.qk", "attn.pattern", "attn.heads", "attn.out", "mlp.in", "mlp.out")
+#: the points the anatomy adds on a pre-norm decoder (and ``attn.rotary`` where the family hands its attention
+#: the rotary (cos, sin))
+ANATOMY = ("attn.q", "attn.k", "attn.v", "mlp.resid")
+FULL = ("resid_pre", "attn.in", "attn.q", "attn.k", "attn.v", "attn.rotary", "attn.qk", "attn.pattern")
+FULL += ("attn.heads", "attn.out", "mlp.resid", "mlp.in", "mlp.out")
 FAMILIES = ["llama", "gpt2", "gemma2", "qwen3"]  # llama: GQA; gemma2: post-norms, soft-capping, windows
 
 
@@ -41,29 +46,30 @@ def _ids(B=2, L=7, seed=0):
 
 
 def test_every_point_of_a_hugging_face_family_is_named(hf):
-    _, hm = hf
-    assert hm.point_names() == _names(2)
+    family, hm = hf
+    per_layer = FULL if family != "gpt2" else tuple(p for p in FULL if p != "attn.rotary")  # GPT-2: no RoPE
+    assert hm.point_names() == _names(2, per_layer)
     assert (hm.backend, hm.num_layers, hm.num_heads, hm.heads_per_layer) == ("hf+headwise", 2, 4, [4, 4])
 
 
 def test_headwise_bert_and_a_lab_decoder_have_the_same_names(tiny_checkpoint):
     bert = M.open_model(tiny_checkpoint)
-    assert bert.point_names() == _names(2)
+    assert bert.point_names() == _names(2)  # post-norm: no anatomy, so none of its points
     assert bert.points["layers.1.mlp.in"].module is bert.model.layers[1].ffn_in
     torch.manual_seed(0)
     config = dict(vocab_size=32, context_length=16, d_model=16, num_layers=3, num_heads=2)
     lm = M.TransformerLM(M.LMConfig(**config, d_ff=24))
     lab = M.lab_head_model(lm)
-    assert lab.point_names() == _names(3)
+    assert lab.point_names() == _names(3, tuple(p for p in FULL if p != "attn.rotary"))
     assert lab.points["layers.2.attn.heads"].module is lm.layers[2].self_attn.hook_heads
     attention_only = M.lab_head_model(M.TransformerLM(M.LMConfig(**config)))  # no MLP: no MLP points
-    assert attention_only.point_names() == _names(3, PER_LAYER[:5])
+    assert attention_only.point_names() == _names(3, FULL[:5] + FULL[6:10])
 
 
 def test_a_hugging_face_bert_has_no_write_points():
     """Its output projections sit with the residual's LayerNorm (post-norm): no attention or MLP write."""
     hm = HeadModel(build("bert", attn="headwise"))
-    assert hm.point_names() == _names(2, ("resid_pre", "attn.qk", "attn.pattern", "attn.heads"))
+    assert hm.point_names() == _names(2, ("resid_pre", "attn.in", "attn.qk", "attn.pattern", "attn.heads"))
 
 
 # -- values --------------------------------------------------------------------------------------------------------
@@ -218,3 +224,63 @@ def test_patching_gets_the_same_view():
     assert isinstance(view, HeadModel) and view.model is model and as_target(view) is view
     with pytest.raises(ValueError, match="has no language-model head"):
         as_target(build("bert", attn="headwise"))
+
+
+# -- the anatomy's points ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "phi3"])
+def test_a_fused_projections_heads_are_points_of_their_own(family):
+    """``attn.q`` / ``attn.k`` / ``attn.v`` give each side's heads out of a fused projection (GPT-2's c_attn,
+    GPT-NeoX's interleaved query_key_value, Phi-3's qkv_proj); a replacement changes those columns alone —
+    against a forward hook that edits the projection's output by hand at the anatomy's columns."""
+    from _anatomy_models import tiny
+
+    hm = HeadModel(tiny(family))
+    part = hm.anatomy[0]
+    ids = _ids(B=1, L=5)
+    cache = hm.run_with_cache(ids, names=["layers.0.attn.q", "layers.0.attn.k", "layers.0.attn.v", "layers.0.attn.qk"])
+    q, k = cache["layers.0.attn.q"], cache["layers.0.attn.k"]  # (B, L, n, Dh), before rotation
+    assert q.shape[2] == part.num_heads and k.shape[2] == part.num_kv
+    torch.testing.assert_close(q[0, 0], cache["layers.0.attn.qk"].q[0, :, 0], atol=1e-5, rtol=0)  # position 0
+
+    def by_hand(_m, _args, out):
+        out = out.clone()
+        out[..., part.v.columns[1].reshape(-1)] = 0.0
+        return out
+
+    handle = part.v.module.register_forward_hook(by_hand)
+    try:
+        want = hm.logits(ids)
+    finally:
+        handle.remove()
+
+    def zero_group(t):
+        t = t.clone()
+        t[:, :, 1] = 0.0
+        return t
+
+    with hm.hooks({"layers.0.attn.v": zero_group}):
+        got = hm.logits(ids)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert not torch.allclose(got, hm.logits(ids))
+
+
+def test_the_mlps_residual_is_replaced_for_the_mlp_alone_where_the_norm_is_shared():
+    """Phi-2's MLP reads the attention's input norm: ``mlp.resid`` changes the MLP's input to norm(r') and leaves
+    the attention's input as it was."""
+    from _anatomy_models import tiny
+
+    hm = HeadModel(tiny("phi"))
+    part = hm.anatomy[1]
+    assert part.shared_norm and part.parallel
+    ids = _ids(B=1, L=5)
+    delta = torch.randn(1, 5, hm.model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    names = ["layers.1.attn.in", "layers.1.mlp.in"]
+    with hm.hooks({"layers.1.mlp.resid": lambda r: r + delta}):
+        got = hm.run_with_cache(ids, names=names)
+    plain = hm.run_with_cache(ids, names=names + ["layers.1.resid_pre"])
+    torch.testing.assert_close(got["layers.1.attn.in"], plain["layers.1.attn.in"], atol=0, rtol=0)
+    with torch.no_grad():
+        want = part.mlp_norm(plain["layers.1.resid_pre"] + delta)
+    torch.testing.assert_close(got["layers.1.mlp.in"], want, atol=1e-6, rtol=0)

@@ -25,9 +25,18 @@ from headwise.models.anatomy import (
     is_norm,
     same,
 )
-from headwise.points import OUT_PROJ_NAMES
+from headwise.points import OUT_PROJ_NAMES, ArgumentPoint, ColumnsPoint, NormedInputPoint, Point
 
-__all__ = ["FUSED", "LOGIT_SOFTCAPS", "QK_NORMS", "RESIDUAL_MULTIPLIERS", "SEPARATE", "probe_ids", "read_anatomy"]
+__all__ = [
+    "FUSED",
+    "LOGIT_SOFTCAPS",
+    "QK_NORMS",
+    "RESIDUAL_MULTIPLIERS",
+    "SEPARATE",
+    "anatomy_points",
+    "probe_ids",
+    "read_anatomy",
+]
 
 #: Separate query / key / value projections, by the attention module's child names.
 SEPARATE = (("q_proj", "k_proj", "v_proj"), ("Wq", "Wk", "Wv"), ("query", "key", "value"))
@@ -351,6 +360,17 @@ def _config_value(hm, names) -> float | None:
 
 
 def read_anatomy(hm) -> Anatomy:
+    """Find ``hm``'s anatomy (:func:`_read`); an unexpected error of the structure's own code is refused as the
+    anatomy's one sentence (never a KeyError or a shape error)."""
+    try:
+        return _read(hm)
+    except AnatomyError:
+        raise
+    except (KeyError, IndexError, RuntimeError, TypeError, AttributeError, ValueError) as e:
+        raise AnatomyError(hm.family, f"its forward pass did not run as read ({type(e).__name__}: {e})") from e
+
+
+def _read(hm) -> Anatomy:
     """Find ``hm``'s anatomy (see the module docstring): one recording pass of :func:`probe_ids`.
 
     Args:
@@ -550,3 +570,33 @@ def _head(hm, rec: _Recording, outside, unembed, logits: Tensor, layers) -> tupl
         raise AnatomyError(family, "its logits are not a scaled (or soft-capped) unembedding of the final norm")
     scale = 1.0 if abs(scale - 1.0) < TOLERANCE else scale
     return final_norm, scale, softcap
+
+
+def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
+    """The named points the anatomy adds to the model view, per layer ``i``:
+
+    - ``layers.{i}.attn.q`` / ``attn.k`` / ``attn.v`` — each side's heads as projected ``(B, L, n, Dh)``, before a
+      QK-norm, the side's scale and the rotation (TransformerLens's ``hook_q`` / ``hook_k`` / ``hook_v``);
+      replaceable (a fused projection's other columns unchanged);
+    - ``layers.{i}.attn.rotary`` — the ``(cos, sin)`` the family hands its attention (read-only; where it rotates
+      by them);
+    - ``layers.{i}.mlp.resid`` — the residual stream the MLP reads, before its norm ``(B, L, D)``
+      (TransformerLens's ``hook_mlp_in`` with ``use_hook_mlp_in``); replaceable, changing the MLP's input alone
+      (also where the MLP shares the attention's norm, or reads the block's input beside the attention).
+    """
+    points: dict[str, Point] = {}
+    for part in anatomy.layers:
+        i = part.index
+        for side in (part.q, part.k, part.v):
+            name = f"layers.{i}.attn.{side.name}"
+            points[name] = ColumnsPoint(name, side.module, side.columns)
+        if part.rotation.kind not in ("none", "headwise"):
+            name = f"layers.{i}.attn.rotary"
+            points[name] = ArgumentPoint(name, part.attention, "position_embeddings")
+        if part.mlp is not None:
+            name = f"layers.{i}.mlp.resid"
+            if part.shared_norm:
+                points[name] = NormedInputPoint(name, part.mlp, part.mlp_norm, part.block)
+            else:
+                points[name] = Point(name, part.mlp_norm if part.mlp_norm is not None else part.mlp, "input")
+    return points

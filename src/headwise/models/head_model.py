@@ -326,6 +326,7 @@ class HeadModel:
         self.backend = runner.backend
         self.attention_modules = runner.attention(model)
         self.points = runner.points(model, self.attention_modules)
+        self.points.more = self._anatomy_points
         self.heads_per_layer = [runner.num_heads(m) for m in self.attention_modules]
         self.num_layers = len(self.attention_modules)
         self.num_heads = max(self.heads_per_layer)
@@ -365,6 +366,12 @@ class HeadModel:
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
         return found
+
+    def _anatomy_points(self) -> dict:
+        """The points the anatomy adds to the view (:func:`headwise.models.anatomy_probe.anatomy_points`)."""
+        from headwise.models.anatomy_probe import anatomy_points
+
+        return anatomy_points(self.anatomy)
 
     @property
     def max_heads(self) -> int:
