@@ -148,7 +148,6 @@ class Wiring:
     def __init__(self, target: HeadModel, layers: list[LayerWiring]):
         self.target = target
         self.layers = layers
-        self._inside = False
 
     # -- the pass ------------------------------------------------------------------------------------------
     def run(
@@ -161,7 +160,7 @@ class Wiring:
         last_only: bool = False,
         _taps: tuple[Tensor, Receive] | None = None,
     ) -> tuple[Tensor, dict]:
-        """One forward pass of ``ids (N, L)``.
+        """One forward pass of ``ids (N, L)``, every edit and recording at the model view's named points.
 
         Args:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
@@ -176,68 +175,39 @@ class Wiring:
         tgt = self.target
         writes: dict = {}
         hooks: list = []
-        handles: list = []
+        NL = len(self.layers)
         if embed is not None:
             hooks.append(("layers.0.resid_pre", embed))
         if record:
             hooks.append(("layers.0.resid_pre", partial(self._keep, writes, ("embed", -1), None)))
-        for layer, lw in enumerate(self.layers):
-            if record:
+            for layer, lw in enumerate(self.layers):
                 hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, ("heads", layer), lw)))
                 if lw.attn_post is not None:
-                    fn = partial(self._keep_post, writes, layer, lw)
-                    handles.append(lw.attn_post.register_forward_pre_hook(fn))
-                if lw.mlp_post is not None:
-                    fn = partial(self._keep_module, writes, ("mlp", layer), lw.scale)
-                    handles.append(lw.mlp_post.register_forward_hook(fn))
-                elif lw.mlp is not None:
-                    fn = partial(self._keep_mlp, writes, ("mlp", layer), lw.scale)
-                    hooks.append((f"layers.{layer}.mlp.out", fn))
-        if deltas is not None:
+                    hooks.append((f"layers.{layer}.attn.out", partial(self._keep_post, writes, layer, lw)))
+                if lw.mlp is not None:
+                    hooks.append((f"layers.{layer}.mlp.out", partial(self._keep_mlp, writes, ("mlp", layer), lw)))
+        if deltas is not None or _taps is not None:
             residual: dict = {}
             for layer, lw in enumerate(self.layers):
-                handles.append(self._watch_residual(residual, layer, lw))
-                by_module: dict[int, list] = {}
+                hooks.append((f"layers.{layer}.resid_pre", partial(self._residual, residual, layer)))
                 for side in lw.sides.values():
-                    by_module.setdefault(id(side.module), []).append(side)
-                for sides in by_module.values():
-                    fn = partial(self._project, residual, layer, lw, sides, deltas, writes)
-                    handles.append(sides[0].module.register_forward_hook(fn))
-                if lw.mlp is None:
-                    continue
-                if lw.shared_norm:  # the norm is the attention's too: the MLP's input recomputed from r + Δ
-                    fn = partial(self._renorm, residual, layer, lw, ("mlp", layer), deltas, writes)
-                    handles.append(lw.mlp.register_forward_pre_hook(fn))
-                else:
-                    fn = partial(self._add, ("mlp", layer), deltas, writes)
-                    handles.append((lw.mlp_norm or lw.mlp).register_forward_pre_hook(fn))
-            hooks.append(("resid_final", partial(self._add_final, ("logits", len(self.layers)), deltas, writes)))
-        if _taps is not None:  # (zero, receive): see receiver_gradients
-            zero, receive = _taps
-            residual = {}
-            for layer, lw in enumerate(self.layers):
-                handles.append(self._watch_residual(residual, layer, lw))
-                by_module = {}
-                for side in lw.sides.values():
-                    by_module.setdefault(id(side.module), []).append(side)
-                for sides in by_module.values():
-                    fn = partial(self._tap, residual, layer, lw, sides, zero, receive)
-                    handles.append(sides[0].module.register_forward_hook(fn))
-                if lw.mlp is None:
-                    continue
-                if lw.shared_norm:
-                    fn = partial(self._tap_shared, residual, layer, lw, ("mlp", layer), zero, receive)
-                    handles.append(lw.mlp.register_forward_pre_hook(fn))
-                else:
-                    fn = partial(self._tap_input, ("mlp", layer), zero, receive)
-                    handles.append((lw.mlp_norm or lw.mlp).register_forward_pre_hook(fn))
-            hooks.append(("resid_final", partial(self._tap_final, ("logits", len(self.layers)), zero, receive)))
-        try:
-            with tgt.hooks(hooks):
-                logits = tgt.logits(ids, last_only=last_only)
-        finally:
-            for h in handles:
-                h.remove()
+                    if deltas is not None:
+                        fn = partial(self._project, residual, layer, lw, side, deltas, writes)
+                    else:
+                        fn = partial(self._tap, residual, layer, lw, side, *_taps)
+                    hooks.append((f"layers.{layer}.attn.{side.name}", fn))
+                if lw.mlp is not None:
+                    if deltas is not None:
+                        fn = partial(self._add, ("mlp", layer), deltas, writes)
+                    else:
+                        fn = partial(self._tapped, ("mlp", layer), *_taps)
+                    hooks.append((f"layers.{layer}.mlp.resid", fn))
+            if deltas is not None:
+                hooks.append(("resid_final", partial(self._add, ("logits", NL), deltas, writes)))
+            else:
+                hooks.append(("resid_final", partial(self._tapped, ("logits", NL), *_taps)))
+        with tgt.hooks(hooks):
+            logits = tgt.logits(ids, last_only=last_only)
         return logits, writes
 
     def receiver_gradients(
@@ -274,7 +244,7 @@ class Wiring:
             torch.autograd.grad(value.sum(), [zero], allow_unused=True)
         return value.detach()
 
-    # -- hooks ---------------------------------------------------------------------------------------------
+    # -- hooks (each at a named point of the view) ------------------------------------------------------------
     @staticmethod
     def _keep(writes: dict, key, lw: LayerWiring | None, x: Tensor) -> None:
         if lw is None:
@@ -283,95 +253,55 @@ class Wiring:
         heads = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))  # z (N, H, L, Dv) -> (N, H, L, D)
         if lw.attn_post is None:
             writes[key] = heads if lw.scale == 1.0 else heads * lw.scale
-        else:  # the post-norm's input comes later: keep the projections, scale them there
+        else:  # the post-norm's input comes next (attn.out): keep the projections, scale them there
             writes[("o_heads", key[1])] = heads
 
     @staticmethod
-    def _keep_mlp(writes: dict, key, scale: float, x: Tensor) -> None:
-        # a copy: a family may add to the MLP's output in place (Falcon: mlp_output += attention_output)
-        writes[key] = (x * scale if scale != 1.0 else x.clone())[:, None]  # (N, 1, L, D)
-
-    @staticmethod
-    def _keep_post(writes: dict, layer: int, lw: LayerWiring, _module, args) -> None:
-        o = args[0]  # (N, L, D): the attention's output, the post-norm's input
+    def _keep_post(writes: dict, layer: int, lw: LayerWiring, o: Tensor) -> None:
+        """At ``attn.out``: ``o (N, L, D)``, the attention's output, is the post-norm's input."""
         writes[("o", layer)] = o
         writes[("heads", layer)] = writes[("o_heads", layer)] * (lw.post_scale(o) * lw.scale)[:, None]
 
     @staticmethod
-    def _keep_module(writes: dict, key, scale: float, _module, _args, output) -> None:
-        y = _out(output)
-        writes[key] = (y * scale if scale != 1.0 else y.clone())[:, None]  # (N, 1, L, D)
+    def _keep_mlp(writes: dict, key, lw: LayerWiring, x: Tensor) -> None:
+        """At ``mlp.out``: the MLP's write, through its post-norm and the layer's multiplier. A copy: a family may
+        add to the MLP's output in place (Falcon: mlp_output += attention_output)."""
+        if lw.mlp_post is not None:
+            y = lw.mlp_post(x)
+            x = y[0] if isinstance(y, (tuple, list)) else y
+        writes[key] = (x * lw.scale if lw.scale != 1.0 else x.clone())[:, None]  # (N, 1, L, D)
 
-    def _watch_residual(self, store: dict, layer: int, lw: LayerWiring):
-        """A pre-hook that keeps the residual the attention reads: its input norm's input, or the attention's own
-        input where it reads the residual stream itself."""
-        module = lw.attn_norm if lw.has_norm else self.target.attention_modules[layer]
-        return module.register_forward_pre_hook(partial(self._residual, store, layer), with_kwargs=True)
+    @staticmethod
+    def _residual(store: dict, layer: int, x: Tensor) -> None:
+        store[layer] = x  # (N, L, D): the residual the attention reads (the block's input)
 
-    def _residual(self, store: dict, layer: int, _module, args, kwargs=None) -> None:
-        if not self._inside:
-            x = args[0] if args and isinstance(args[0], Tensor) else (kwargs or {}).get("hidden_states")
-            store[layer] = x  # (N, L, D): the residual the attention reads
-
-    def _normed(self, norm: nn.Module, x: Tensor) -> Tensor:
-        """``norm(x)`` without the residual hooks seeing it."""
-        self._inside = True
-        try:
-            return _out(norm(x))
-        finally:
-            self._inside = False
-
-    def _renorm(self, residual, layer, lw: LayerWiring, group, deltas: Deltas, writes, _module, args):
-        """The MLP's input ``norm(r + Δ)`` where its norm is the attention's (the attention's input unchanged)."""
-        delta = deltas(group, writes)
+    @staticmethod
+    def _project(residual, layer, lw: LayerWiring, side, deltas: Deltas, writes, t: Tensor):
+        """At ``attn.{q|k|v}`` (``t (N, L, n, Dh)``): each receiver's columns recomputed from ``norm(r + Δ_i)``."""
+        delta = deltas((side.name, layer), writes)
         if delta is None:
             return None
         r = residual[layer]  # (N, L, D)
-        return (self._normed(lw.attn_norm, r + delta[:, 0].to(r.dtype)), *args[1:])
+        x = _out(lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L, D)
+        W, bias = lw.weights[side.name]  # (n, Dh, D), (n, Dh) or None
+        new = torch.einsum("nild,iwd->nliw", x, W.to(x.dtype))  # (N, L, n, Dh)
+        return new if bias is None else new + bias.to(x.dtype)
 
-    def _tap_shared(self, residual, layer, lw: LayerWiring, group, zero: Tensor, receive: Receive, _module, args):
-        """The MLP's input with a zero added whose cotangent goes back through the shared norm at ``r``."""
-        x = args[0]
-        y = x + zero.to(x.dtype)
-        y.register_hook(lambda g: receive(group, self._norm_vjp(lw.attn_norm, residual[layer].detach(), g[:, None])))
-        return (y, *args[1:])
+    def _tap(self, residual, layer, lw: LayerWiring, side, zero: Tensor, receive: Receive, t: Tensor) -> Tensor:
+        """At ``attn.{q|k|v}``: the same values, a node whose gradient ``∂m/∂y (N, L, n, Dh)`` goes back to each
+        receiver's input through the input norm's vector–Jacobian product at ``r``."""
+        y = t + zero.to(t.dtype)
+        r = residual[layer].detach()
+        y.register_hook(partial(self._side_gradients, r, layer, lw, side, receive))
+        return y
 
-    def _project(self, residual, layer, lw: LayerWiring, sides, deltas: Deltas, writes, _module, _args, output):
-        y = _out(output)  # (N, L, out)
-        parts = []
-        for side in sides:
-            delta = deltas((side.name, layer), writes)
-            if delta is None:
-                continue
-            r = residual[layer]  # (N, L, D)
-            x = self._normed(lw.attn_norm, r[:, None] + delta.to(r.dtype))  # (N, n, L, D)
-            W, bias = lw.weights[side.name]  # (n, Dh, D), (n, Dh) or None
-            new = torch.einsum("nild,iwd->nliw", x, W.to(x.dtype))  # (N, L, n, Dh)
-            if bias is not None:
-                new = new + bias.to(x.dtype)
-            parts.append((side.columns.reshape(-1), new.reshape(*new.shape[:2], -1)))
-        if not parts:
-            return None
-        y = y.clone()
-        for columns, new in parts:
-            y[..., columns.to(y.device)] = new
-        return (y, *output[1:]) if isinstance(output, tuple) else y
+    def _side_gradients(self, r: Tensor, layer: int, lw: LayerWiring, side, receive: Receive, g: Tensor) -> None:
+        W = lw.weights[side.name][0]  # (n, Dh, D)
+        u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
+        receive((side.name, layer), self._norm_vjp(lw.attn_norm, r, u))
 
-    def _tap(self, residual, layer, lw: LayerWiring, sides, zero: Tensor, receive: Receive, _module, _args, output):
-        y = _out(output) + zero  # (N, L, out): the same values, a node whose gradient is ∂m/∂y
-        y.register_hook(partial(self._side_gradients, residual[layer], layer, lw, sides, receive))
-        return (y, *output[1:]) if isinstance(output, tuple) else y
-
-    def _side_gradients(self, r: Tensor, layer: int, lw: LayerWiring, sides, receive: Receive, grad: Tensor) -> None:
-        N, L = grad.shape[:2]
-        r = r.detach()  # (N, L, D)
-        for side in sides:
-            g = side.take(grad)  # (N, L, n, Dh)
-            W = lw.weights[side.name][0]  # (n, Dh, D)
-            u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
-            receive((side.name, layer), self._norm_vjp(lw.attn_norm, r, u))
-
-    def _norm_vjp(self, norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
+    @staticmethod
+    def _norm_vjp(norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
         """``(N, n, L, D)``: the vector–Jacobian product of ``norm`` at ``r (N, L, D)`` with each ``u[:, i]``."""
         step = max(1, _VJP_ELEMENTS // max(1, r.numel()))
         parts = []
@@ -379,33 +309,20 @@ class Wiring:
             c = u[:, i : i + step]
             with torch.enable_grad():
                 x = r[:, None].expand(c.shape).to(c.dtype).clone().requires_grad_(True)
-                y = self._normed(norm, x)
-                parts.append(torch.autograd.grad(y, x, c)[0])
+                parts.append(torch.autograd.grad(_out(norm(x)), x, c)[0])
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     @staticmethod
     def _tapped(group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:
-        """``x (N, L, D)`` plus a zero ``(N, 1, L, D)`` view of one scalar whose gradient goes to ``receive``."""
+        """At ``mlp.resid`` / ``resid_final``: ``x (N, L, D)`` plus a zero ``(N, 1, L, D)`` view of one scalar whose
+        gradient goes to ``receive``."""
         d = zero.to(x.dtype).expand(x.shape[0], 1, *x.shape[1:])
         d.register_hook(partial(receive, group))
         return x + d[:, 0]
 
-    def _tap_input(self, group, zero: Tensor, receive: Receive, _module, args, kwargs=None):
-        return (self._tapped(group, zero, receive, args[0]), *args[1:])
-
-    def _tap_final(self, group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:
-        return self._tapped(group, zero, receive, x)
-
     @staticmethod
-    def _add(group, deltas: Deltas, writes, _module, args, kwargs=None):
-        delta = deltas(group, writes)
-        if delta is None:
-            return None
-        x = args[0]
-        return (x + delta[:, 0].to(x.dtype), *args[1:])
-
-    @staticmethod
-    def _add_final(group, deltas: Deltas, writes, x: Tensor):
+    def _add(group, deltas: Deltas, writes, x: Tensor):
+        """At ``mlp.resid`` / ``resid_final``: the receiver's input plus its ``Δ``."""
         delta = deltas(group, writes)
         return None if delta is None else x + delta[:, 0].to(x.dtype)
 
