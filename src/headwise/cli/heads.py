@@ -185,7 +185,14 @@ def heads(
     ] = False,
     layer: Annotated[int | None, typer.Option("--layer", help="Show only this layer (0-based).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("headwise-out/heads"),
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus sentences per model call.", min=1)] = 32,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            help="Corpus sentences per model call (default 32; under torchrun at most the corpus's lines / ranks).",
+            min=1,
+        ),
+    ] = None,
     importance: Annotated[
         bool,
         typer.Option("--importance", help="Head importance (Michel et al.), ablation and the pruning curve."),
@@ -239,7 +246,8 @@ def heads(
         cache=not no_cache,
         layer=layer,
         out=out,
-        batch_size=batch_size,
+        batch_size=32 if batch_size is None else batch_size,
+        batch_size_auto=batch_size is None,
         importance=importance,
         importance_sentences=importance_sentences,
         ablation=ablation,
@@ -568,9 +576,9 @@ def _composition_line(summary: dict) -> str:
 
 
 def _first_rank() -> bool:
-    import os
+    from headwise.distributed.ranks import first_rank
 
-    return os.environ.get("RANK") == "0"
+    return first_rank()
 
 
 def _across_ranks(hm, opts: study.HeadsOptions, plan):
@@ -603,7 +611,7 @@ def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
             ranked = None
             if opts.importance:
                 lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
-                batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
+                batches = study.importance_batches(hm, lines, probe, run.batch_size, lambda m: None)
                 bar = None if stage is None else _importance_bar(stage, ", rank 0")
                 ranked = study.importance_across_ranks(
                     hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=bar
