@@ -20,6 +20,8 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   the same for an encoder; :func:`importance_across_ranks` → :class:`ImportanceRun`, ``--importance``'s batches
   split. The ranks themselves (:func:`launched`, :func:`init_group`, :func:`deal`, :func:`all_gather_json`, the
   timeout) are :mod:`headwise.distributed.ranks`', re-exported here.
+- :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
+  :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -52,6 +54,10 @@ _MODULES = {
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
         "sentence_heads",
+    ],
+    "headwise.study.heads_run": [
+        "COMMAND_TEXT_UP_TO", "RankedHeads", "drawn", "heads_across_ranks", "heads_backend", "importance_line",
+        "open_heads_model", "sweep_note", "view_command", "view_note",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
