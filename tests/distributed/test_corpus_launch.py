@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -298,3 +299,23 @@ def test_stalled_rank_is_named_by_the_timeout(tiny, tmp_path):
     assert "Ranks 1 failed to pass monitoredBarrier" in stdout or "Rank 1 failed" in stdout, stdout
     assert time.monotonic() - started < 100, "waited for the stalled rank instead of timing out"
     assert not (out / "heads.json").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_without_batch_size_splits_a_small_corpus(tmp_path):
+    """30 documents on 3 ranks without ``--batch-size`` (the default 32 would be one shard): shards of 10, the
+    one-process run's statistics; then the same ``--out`` on 2 ranks resumes every shard (none computed)."""
+    model, corpus = make_model(tmp_path / "model"), make_corpus(tmp_path / "corpus.txt")
+    one = tmp_path / "one"
+    with pytest.raises(SystemExit) as stop:
+        main(["heads", "--model", str(model), "--corpus", str(corpus), "--out", str(one), "--batch-size", "10"])
+    assert stop.value.code in (0, None)
+    out = tmp_path / "out"
+    heads = ["-m", "headwise", "heads", "--model", str(model), "--corpus", str(corpus), "--out", str(out)]
+    for ranks, log, computed in ((3, "log3", 1), (2, "log2", 0)):
+        proc = _torchrun(["--nproc-per-node", str(ranks), "--master-port", str(free_port()), *heads], tmp_path / log)
+        text = (tmp_path / log).read_text() if _watch([proc], out) == [0] else pytest.fail((tmp_path / log).read_text())
+        assert f"{ranks} ranks, 30 documents; rank 0: {computed} shard(s) computed" in text, text
+        manifest = json.loads((out / "shards" / "manifest.json").read_text())
+        assert manifest["batch_size"] == 10 and manifest["shards"] == 3
+        _assert_same_outputs(out, one)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +48,7 @@ from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
+from headwise.distributed.ranks import first_rank, launched
 
 METHODS = ("eap", "eap-ig", "exact")
 METRICS = ("logit_diff", "prob", "kl")
@@ -236,8 +236,8 @@ def circuit(
     hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
     ids = encode_pairs(hm, prompts, source)
 
-    across = study.launched()  # under torchrun: the prompt pairs split across ranks
-    first = not across or os.environ["RANK"] == "0"
+    across = launched()  # under torchrun: the prompt pairs split across ranks
+    first = first_rank()
     options = dict(
         method=method, steps=steps, metric=metric, ablation=ablation, fraction=fraction, exact_top=exact_top,
         batch_size=batch_size,

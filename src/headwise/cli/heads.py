@@ -51,7 +51,6 @@ import contextlib
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 
 from headwise import study
@@ -95,33 +94,8 @@ def _warn(message: str) -> None:
 
 
 def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto"):
-    """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
-    bundled encoder), opened once through :func:`headwise.models.open_model`; errors as one line.
-
-    ``backend="headwise"``: a Llama-family checkpoint on headwise's own decoder (no transformers imported), any
-    other on the default route (checked once: :class:`~headwise.models.sources.UnsupportedBackend` carries it).
-    """
-    import warnings
-
-    from headwise.models import open_model
-    from headwise.models.gguf import CacheHealedWarning
-    from headwise.models.sources import UnsupportedBackend
-
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", CacheHealedWarning)
-            try:
-                hm = open_model(source, cache=cache, backend=backend)
-            except UnsupportedBackend as e:
-                hm = open_model(e.info, cache=cache)
-    except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
-        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
-    for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
-        if issubclass(w.category, CacheHealedWarning):
-            _warn(f"--model: {w.message}")
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return hm
+    """:func:`headwise.study.open_heads_model` with its warnings on stderr (errors: one line, exit 2)."""
+    return study.open_heads_model(source, cache=cache, backend=backend, warn=_warn)
 
 
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=COLUMNS) -> None:
@@ -185,7 +159,14 @@ def heads(
     ] = False,
     layer: Annotated[int | None, typer.Option("--layer", help="Show only this layer (0-based).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("headwise-out/heads"),
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus sentences per model call.", min=1)] = 32,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            help="Corpus sentences per model call (default 32; under torchrun at most the corpus's lines / ranks).",
+            min=1,
+        ),
+    ] = None,
     importance: Annotated[
         bool,
         typer.Option("--importance", help="Head importance (Michel et al.), ablation and the pruning curve."),
@@ -239,7 +220,8 @@ def heads(
         cache=not no_cache,
         layer=layer,
         out=out,
-        batch_size=batch_size,
+        batch_size=32 if batch_size is None else batch_size,
+        batch_size_auto=batch_size is None,
         importance=importance,
         importance_sentences=importance_sentences,
         ablation=ablation,
@@ -253,7 +235,7 @@ def heads(
     )  # every check that needs no model, before anything is loaded
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
-        hm = load(model, cache=opts.cache, backend=_backend(opts))
+        hm = load(model, cache=opts.cache, backend=study.heads_backend(opts))
     if composition and (hm is None or hm.kind != "decoder"):
         raise CLIError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if queries_only and (hm is None or hm.kind != "decoder"):
@@ -322,7 +304,7 @@ def _encoder(hm, opts: study.HeadsOptions) -> None:
         texts = study.importance_texts(opts)
         batches = study.importance_batches(hm, texts, None, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, opts, title, extra, ranked=ranked)
-        console.print(_importance_line(result))
+        console.print(study.importance_line(result))
     try:
         paths = write_heads_outputs(
             sentence, report, out, layer=layer, title=title, extra=extra, columns=columns, concurrent=True
@@ -372,71 +354,10 @@ def _importance_bar(bar, suffix: str = ""):
     return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 
 
-def _importance_line(result) -> str:
-    top = np.unravel_index(np.argmax(result.ablation), result.ablation.shape)
-    half = result.curves["importance"][len(result.removed) // 2]
-    return (
-        f"importance ({result.objective}, {result.num_sequences} sequences): intact {result.base_loss:.4f}; "
-        f"removing L{top[0]} H{top[1]} alone costs most (+{result.ablation[top]:.4f}); "
-        f"{int(result.removed[len(result.removed) // 2])} least important heads removed: {half:.4f}"
-        + _sweep_note(result.sweep)
-    )
-
-
-def _sweep_note(sweep: dict) -> str:
-    """What the batched sweep ran, for the summary line (nothing when it did not run)."""
-    if not sweep.get("passes"):
-        return ""
-    budget = f", memory budget {sweep['memory_budget'] / 2**30:.1f} GiB" if sweep.get("memory_budget") else ""
-    return (
-        f"\n  sweep: {sweep['head_sets']} head sets in {sweep['passes']} passes of up to {sweep['copies']} copies"
-        f"{budget}; work of {sweep['forward_equivalents']:.0f} plain forwards; {sweep['seconds']:.1f} s"
-    )
-
-
-#: Longest TEXT written out in the command a pooled head view shows (longer: the placeholder TEXT).
-COMMAND_TEXT_UP_TO = 1000
-
-
-def _view_command(opts: study.HeadsOptions) -> tuple[str, str]:
-    """The command line that draws the same example's chosen queries (``--queries-only``; a pooled head view appends
-    ``--queries A:B``), and a line saying what a placeholder in it stands for. Only the options that choose the
-    example appear."""
-    import shlex
-
-    text = opts.text
-    args = ["headwise", "heads", "--model", shlex.quote(str(opts.model))]
-    note = ""
-    if not opts.cache:
-        args.append("--no-cache")
-    if text is not None and len(text) <= COMMAND_TEXT_UP_TO:
-        args.append(shlex.quote(text))
-    elif text is not None:
-        args.append("TEXT")
-        note = f"TEXT: the text this page was drawn from ({len(text):,} characters, not repeated here)."
-    elif opts.corpus is not None:  # the example is the corpus's first line
-        args += ["--corpus", shlex.quote(opts.corpus)]
-    else:  # the example is the probe
-        args += [
-            "--probe-length", str(opts.probe_length), "--probe-repeats", str(opts.probe_repeats),
-            "--seed", str(opts.seed),
-        ]  # fmt: skip
-    args += ["--queries-only", "--out", shlex.quote(str(opts.out))]  # the chosen rows alone: a bounded pass
-    return " ".join(args), note
-
-
-def _backend(opts: study.HeadsOptions) -> str:
-    """``"headwise"`` for a plain statistics run (a Llama-family decoder then runs on headwise's own modules, without
-    transformers' import time), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face internals,
-    and ``--no-cache`` de-quantises a GGUF file with transformers anyway. Under torchrun the ranks take the same route
-    as one process does (their files equal its files, the recorded backend included)."""
-    return "headwise" if opts.cache and not (opts.importance or opts.composition) else "auto"
-
-
 def _decoder(hm, opts: study.HeadsOptions) -> None:
     """The decoder flow: statistics over TEXT, the corpus or the probe (:func:`headwise.study.decoder_heads`);
-    detectors; pictures; importance. A pooled head view shows :func:`_view_command` with the queries the user
-    chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
+    detectors; pictures; importance. A pooled head view shows :func:`headwise.study.view_command` with the queries the
+    user chooses; ``--queries-only``: :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
     from headwise.analysis import SentenceHeads
     from headwise.viz.headview import query_overview, write_headview
     from headwise.viz.report import prefetch_pictures, start_head_grid, write_heads_outputs
@@ -472,7 +393,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     tokens = hm.token_texts(view.ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
     title = hm.title
-    sentence = SentenceHeads(report, *_drawn(view, tokens))
+    sentence = SentenceHeads(report, *study.drawn(view, tokens))
     grid = None  # with --importance / --composition, heads.png is drawn with the other files, after those runs
     if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
         grid = start_head_grid(sentence, out, report=report, layer=layer, title=title)
@@ -491,19 +412,19 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
         lines = study.importance_texts(opts)
         batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: _warn(f"--importance: {m}"))
         result, columns, more = _run_importance(hm, batches, opts, title, extra, ranked=ranked)
-        console.print(_importance_line(result))
+        console.print(study.importance_line(result))
     if opts.composition:
         columns, more = _composition(hm, out, title, extra, columns, more)
         if "composition" in extra:
             console.print(_composition_line(extra["composition"]))
-    extra["view"] = _view_note(view)
+    extra["view"] = study.view_note(view)
     console.print(extra["view"]["note"])
     overview, links = None, []
     if view.kept is not None:
         a, b = view.queries
         links.append(("headview_queries.html", f"queries {a}–{b - 1} at full resolution"))
     if view.pooled is not None:
-        command, note = _view_command(opts)
+        command, note = study.view_command(opts)
         overview = query_overview(
             view.bounds, command=command, note=note, max_queries=study.MAX_QUERIES, queries=view.queries
         )
@@ -568,9 +489,9 @@ def _composition_line(summary: dict) -> str:
 
 
 def _first_rank() -> bool:
-    import os
+    from headwise.distributed.ranks import first_rank
 
-    return os.environ.get("RANK") == "0"
+    return first_rank()
 
 
 def _across_ranks(hm, opts: study.HeadsOptions, plan):
@@ -592,49 +513,18 @@ def _encoder_across_ranks(hm, enc, opts: study.HeadsOptions):
 
 
 def _ranked(hm, opts: study.HeadsOptions, corpus, probe):
-    """``corpus(progress)`` (a :class:`~headwise.study.CorpusRun`), then ``--importance`` across the ranks, in one
-    gloo group initialised from torchrun's environment; rank 0 prints what the ranks did."""
-    first = _first_rank()
-    study.init_group()
+    """:func:`headwise.study.heads_across_ranks` under rank 0's bar; rank 0 prints what the ranks did. Returns
+    ``(found, importance result or None)`` on rank 0, ``(None, None)`` on the others."""
     try:
-        with stage_progress() if first else contextlib.nullcontext() as stage:
-            progress = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
-            run = corpus(progress)
-            ranked = None
-            if opts.importance:
-                lines = study.importance_texts(opts)  # rank 0 reads them again below, warning once
-                batches = study.importance_batches(hm, lines, probe, opts.batch_size, lambda m: None)
-                bar = None if stage is None else _importance_bar(stage, ", rank 0")
-                ranked = study.importance_across_ranks(
-                    hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=bar
-                )
+        with stage_progress() if _first_rank() else contextlib.nullcontext() as stage:
+            shards = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
+            bar = None if stage is None else _importance_bar(stage, ", rank 0")
+            run = study.heads_across_ranks(hm, opts, corpus, probe, progress=shards, importance_progress=bar)
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
-    finally:
-        _leave_group()
-    if run.heads is None:
-        return None, None
-    _console().print(
-        f"{run.world_size} ranks, {run.documents} documents; rank 0: {len(run.computed)} shard(s) computed, "
-        f"{len(run.resumed)} resumed from {opts.out / 'shards'}"
-    )
-    if ranked is not None:
-        _console().print(_ranked_line(ranked))
-    return run.heads, None if ranked is None else ranked.result
-
-
-def _ranked_line(ranked) -> str:
-    return (
-        f"importance across {ranked.world_size} ranks: rank 0 measured {len(ranked.batches)} of the batches; "
-        f"{ranked.payload_bytes:,} bytes all-reduced"
-    )
-
-
-def _leave_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    for line in run.lines:
+        _console().print(line)
+    return run.heads, run.importance
 
 
 def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:
@@ -661,37 +551,6 @@ def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:
     except OSError as e:
         raise write_failed("--out", out, e) from None
     _console().print(f"queries {a}–{b - 1} of {len(tokens)} tokens (one pass over those rows alone); wrote {path}")
-
-
-def _drawn(view, tokens: list[str]) -> tuple[list[str], np.ndarray]:
-    """The example's tokens and maps as drawn: every token, or one label per bin of the pooled overview."""
-    if view.maps is not None:
-        return list(tokens), view.maps
-    bounds = view.bounds
-    labels = [f"{a}–{b - 1}" for a, b in zip(bounds[:-1], bounds[1:])]
-    return labels, view.pooled.astype(np.float32)
-
-
-def _view_note(view) -> dict:
-    """What the pictures and the head view show, and what the statistics sampled, for heads.json and the terminal."""
-    from headwise.analysis.corpus import js_row_budget
-
-    n = view.n
-    rows = js_row_budget(n, 32)
-    note = (
-        f"every metric uses every query row; the Jensen–Shannon map and MDS use {min(rows, n)} evenly spaced "
-        f"query rows per sequence (of {n} in the example)"
-    )
-    data: dict = {"tokens": n, "js_rows_per_sequence": min(rows, n), "pooled": view.pooled is not None}
-    if view.pooled is not None:
-        bins = len(view.bounds) - 1
-        data["bins"] = bins
-        note += f"; heads.png and headview.html show the example pooled to {bins} × {bins} bins"
-    if view.queries is not None:
-        data["queries"] = list(view.queries)
-        note += f"; headview_queries.html: queries {view.queries[0]}–{view.queries[1] - 1} at full resolution"
-    data["note"] = note
-    return data
 
 
 @contextlib.contextmanager

@@ -95,21 +95,15 @@ class _Bar:
 
 @contextlib.contextmanager
 def _ranks():
-    """Under torchrun (``RANK`` / ``WORLD_SIZE`` set): the gloo group initialised from its environment for the block
-    (destroyed after it); yields ``(rank, world_size)``, or None outside a launch."""
-    from headwise import study
+    """Under torchrun: the ranks of the launch for the block (:func:`headwise.distributed.ranks.ranks`: the gloo group
+    from its environment, destroyed after it); yields ``(rank, world_size)``, or None outside a launch."""
+    from headwise.distributed.ranks import launched, ranks
 
-    if not study.launched():
+    if not launched():
         yield None
         return
-    import torch.distributed as dist
-
-    launch = study.init_group()
-    try:
-        yield launch.rank, launch.world_size
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with ranks() as r:
+        yield r.rank, r.world_size
 
 
 def _json(data) -> str:
@@ -146,9 +140,9 @@ def induction(
     if chosen is not None:
         _induction_seeds(out, chosen, steps, threads)
         return
-    from headwise import study
+    from headwise.distributed.ranks import launched
 
-    if study.launched():
+    if launched():
         raise CLIError("--seeds: under torchrun expected --seeds A,B,… (one run per seed, dealt across the ranks); "
                        "a single --seed runs in one process")  # fmt: skip
 

@@ -34,7 +34,6 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +44,7 @@ from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
+from headwise.distributed.ranks import first_rank, launched
 
 METHODS = ("exact", "attribution")
 DIRECTIONS = ("denoise", "noise")
@@ -165,7 +165,6 @@ def patch(
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
     import torch
 
-    from headwise import study
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.patching import (
         as_target,
@@ -203,8 +202,8 @@ def patch(
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
 
-    across = study.launched()  # under torchrun: the exact sweep's batches split across ranks
-    first = not across or os.environ["RANK"] == "0"
+    across = launched()  # under torchrun: the exact sweep's batches split across ranks
+    first = first_rank()
     if across and method != "exact" and not first:
         return  # one forward and one backward pass: rank 0 runs it alone
     with stage_progress() if first else contextlib.nullcontext() as progress:

@@ -1,4 +1,5 @@
-"""Attention beyond one device, on ``torch.distributed``: tensor-parallel heads and ring attention.
+"""Attention beyond one device, on ``torch.distributed``: tensor-parallel heads and ring attention, and the ranks of a
+launch that every split run shares.
 
 - :func:`ring_attention` — context parallelism: the sequence is sharded across ranks, key/value shards
   travel around a ring (Liu et al. 2023); exact, differentiable, causal with a zigzag layout option.
@@ -8,37 +9,40 @@
   (``ColwiseParallel`` Wq/Wk/Wv, ``RowwiseParallel`` Wo, as in Megatron-LM and torchtitan).
 - :func:`init_from_env`, :func:`attempt_store`, :func:`shutdown` — the process group from torchrun's environment,
   its keys apart for each restart attempt.
+- :mod:`headwise.distributed.ranks` — where this process stands in a launch (read from the environment there alone),
+  the collectives' one timeout, and :func:`ranks`: jobs dealt to the ranks by cost, results gathered in job order
+  (the corpus runs, the patching and circuit sweeps, the lab's runs).
 
-Tested on CPU with gloo; written for NCCL on GPUs (see docs/distributed.md).
+Tested on CPU with gloo; written for NCCL on GPUs (see docs/distributed.md). Importing the package loads nothing
+else (PEP 562): torch loads with the first name used.
 """
 
-from headwise.distributed._group import attempt_store, init_from_env, shutdown
-from headwise.distributed.context_parallel import ContextParallelAttention
-from headwise.distributed.kernels import CpuFlashKernel, CudaEfficientKernel, CudaFlashKernel, MathKernel
-from headwise.distributed.ring import (
-    LAYOUTS,
-    gather_sequence,
-    ring_attention,
-    shard_positions,
-    shard_sequence,
-    unshard_sequence,
-)
-from headwise.distributed.tensor_parallel import parallelize_attention
+from __future__ import annotations
 
-__all__ = [
-    "LAYOUTS",
-    "ContextParallelAttention",
-    "CpuFlashKernel",
-    "CudaEfficientKernel",
-    "CudaFlashKernel",
-    "MathKernel",
-    "attempt_store",
-    "gather_sequence",
-    "init_from_env",
-    "parallelize_attention",
-    "ring_attention",
-    "shard_positions",
-    "shard_sequence",
-    "shutdown",
-    "unshard_sequence",
-]
+import importlib
+
+_MODULES = {
+    "headwise.distributed._group": ["attempt_store", "init_from_env", "shutdown"],
+    "headwise.distributed.context_parallel": ["ContextParallelAttention"],
+    "headwise.distributed.kernels": ["CpuFlashKernel", "CudaEfficientKernel", "CudaFlashKernel", "MathKernel"],
+    "headwise.distributed.ring": [
+        "LAYOUTS", "gather_sequence", "ring_attention", "shard_positions", "shard_sequence", "unshard_sequence",
+    ],
+    "headwise.distributed.ranks": ["DEFAULT_TIMEOUT_S", "CollectiveTimeout", "Ranks", "launched", "ranks"],
+    "headwise.distributed.tensor_parallel": ["parallelize_attention"],
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'headwise.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

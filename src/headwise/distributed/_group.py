@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-DEFAULT_TIMEOUT_S = 120.0
+from headwise.distributed.ranks import Launch, attempt_store, resolve_timeout
 
 
 def require_group(group: dist.ProcessGroup | None, *, who: str) -> tuple[int, int]:
@@ -60,7 +60,8 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
 
     Args:
         backend: ``"gloo"`` or ``"nccl"``; None: NCCL when CUDA is available, else gloo.
-        timeout_s: seconds a collective may wait; default ``HEADWISE_DIST_TIMEOUT`` or 120.
+        timeout_s: seconds a collective may wait; default ``$HEADWISE_DIST_TIMEOUT``, else
+            :data:`headwise.distributed.ranks.DEFAULT_TIMEOUT_S` (:func:`headwise.distributed.ranks.resolve_timeout`).
     Returns:
         ``(rank, world_size)``. On NCCL the current CUDA device is set to ``LOCAL_RANK``. The group's keys live under
         the restart attempt's prefix of the launch's store (:func:`attempt_store`), so ``torchrun --max-restarts K``
@@ -76,32 +77,18 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
         )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("HEADWISE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    timeout_s = resolve_timeout(timeout_s)
     device_id = None
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        local = Launch.from_env().local_rank
         torch.cuda.set_device(local)
         device_id = torch.device("cuda", local)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    launch = Launch.from_env()
+    rank, world = launch.rank, launch.world_size
     timeout = datetime.timedelta(seconds=timeout_s)
     store = attempt_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
     return dist.get_rank(), dist.get_world_size()
-
-
-def attempt_store(host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
-    """The launch's TCP store, its keys under ``headwise/attempt-<TORCHELASTIC_RESTART_COUNT>``.
-
-    torchrun's static rendezvous (``--master-port``) keeps one store across ``--max-restarts``, where a dead
-    attempt's addresses would otherwise be read by the restarted ranks (gloo then fails to connect); each attempt's
-    group therefore keeps its keys apart. Under torchrun the agent serves the store
-    (``TORCHELASTIC_USE_AGENT_STORE=True``); launched by hand, rank 0 serves it (as ``init_method="env://"`` does).
-    """
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent, timeout=timeout)
-    return dist.PrefixStore(f"headwise/attempt-{attempt}", store)
 
 
 def shutdown() -> None:

@@ -321,21 +321,24 @@ def _run_job(job: tuple, setup: HeadsSetup, num_threads: int | None) -> dict:
 
 def _run_ranks(jobs: list[tuple], setup, *, num_threads, callback, on_run, done0, total) -> list[dict]:
     """Every job, dealt across the ranks of the initialised ``torch.distributed`` group by training cost
-    (:func:`headwise.study.deal`); each rank trains its share, then every rank gets every result (one all-gather of
-    their JSON); results in ``jobs`` order. ``on_run`` is called for this rank's runs."""
-    import torch.distributed as dist
+    (:meth:`headwise.distributed.ranks.Ranks.map`); each rank trains its share, then every rank gets every result (one
+    all-gather of their JSON); results in ``jobs`` order. ``on_run`` is called for this rank's runs."""
+    from headwise.distributed.ranks import ranks
 
-    from headwise.study.distributed import all_gather_json, deal
+    done = 0
 
-    mine = deal([setup.budget(j[0]).steps * _cost(j[0]) for j in jobs], dist.get_world_size())[dist.get_rank()]
-    local = {}
-    for i in mine:
-        task, heads, seed, lr, phase = jobs[i]
-        local[str(i)] = run_one(task, heads, seed, lr, setup, phase=phase, callback=callback, num_threads=num_threads)
+    def one(job: tuple) -> dict:
+        task, heads, seed, lr, phase = job
+        return run_one(task, heads, seed, lr, setup, phase=phase, callback=callback, num_threads=num_threads)
+
+    def finished(_, run: dict) -> None:
+        nonlocal done
+        done += 1
         if on_run is not None:
-            on_run(local[str(i)], done0 + len(local), total)
-    merged = {k: v for part in all_gather_json(local) for k, v in part.items()}
-    return [merged[str(i)] for i in range(len(jobs))]
+            on_run(run, done0 + done, total)
+
+    with ranks(alone=True) as r:
+        return r.map(jobs, lambda job: setup.budget(job[0]).steps * _cost(job[0]), one, done=finished)
 
 
 def _run_all(jobs: list[tuple], setup, *, workers, num_threads, callback, on_run, done0, total) -> list[dict]:

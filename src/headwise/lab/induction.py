@@ -226,8 +226,9 @@ def run_induction_seeds(
     setup: InductionSetup = InductionSetup(), seeds=(0,), *, num_threads: int | None = 1, on_run=None
 ) -> list[dict]:
     """:func:`run_induction` for several seeds: serially, or — inside an initialised ``torch.distributed`` group
-    (``torchrun``: one process a rank) — the seeds dealt across the ranks (:func:`headwise.study.deal`), every rank
-    returning every seed's summary (one all-gather of their JSON).
+    (``torchrun``: one process a rank) — the seeds dealt across the ranks
+    (:meth:`headwise.distributed.ranks.Ranks.map`), every rank returning every seed's summary (one all-gather of their
+    JSON).
 
     Args:
         seeds: the seeds (each ≥ 0), in the order of the result.
@@ -238,21 +239,13 @@ def run_induction_seeds(
     seeds = [checks.non_negative_int("seeds", s) for s in seeds]
     if not seeds:
         raise ValueError("seeds: expected at least one seed, got none")
-    import torch.distributed as dist
+    from headwise.distributed.ranks import ranks
 
-    ranks = dist.is_available() and dist.is_initialized()
-    mine = range(len(seeds))
-    if ranks:
-        from headwise.study.distributed import deal
-
-        mine = deal([1.0] * len(seeds), dist.get_world_size())[dist.get_rank()]
-    local = {}
-    for i in mine:
-        local[str(i)] = run_induction(setup, seed=seeds[i], num_threads=num_threads).summary
+    def one(seed: int) -> dict:
+        summary = run_induction(setup, seed=seed, num_threads=num_threads).summary
         if on_run is not None:
-            on_run(local[str(i)])
-    if ranks:
-        from headwise.study.distributed import all_gather_json
+            on_run(summary)
+        return summary
 
-        local = {k: v for part in all_gather_json(local) for k, v in part.items()}
-    return [local[str(i)] for i in range(len(seeds))]
+    with ranks(alone=True) as r:  # an initialised group: the seeds dealt (each the same cost); else this process
+        return r.map(seeds, lambda seed: 1.0, one)

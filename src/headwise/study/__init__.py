@@ -16,10 +16,12 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
 - :func:`make_probe`, :func:`probe_ids`, :func:`probe_batches`, :func:`text_batches`, :func:`check_length`,
   :func:`parse_queries`, :func:`first_lines` — what the model is fed.
 - :func:`corpus_heads` → :class:`CorpusRun` — a decoder's corpus statistics across the ranks of a ``torchrun`` launch
-  (shards dealt by tokens, saved and resumed, one all-reduce); :func:`encoder_corpus`, the same for an encoder;
-  :func:`importance_across_ranks` → :class:`ImportanceRun`, ``--importance``'s batches split; :func:`init_group`,
-  :func:`deal`,
-  :func:`all_gather_json` — the launcher's plumbing the lab shares.
+  (shards dealt by tokens, saved and resumed, one all-reduce: :mod:`headwise.study.shards`); :func:`encoder_corpus`,
+  the same for an encoder; :func:`importance_across_ranks` → :class:`ImportanceRun`, ``--importance``'s batches
+  split. The ranks themselves (:func:`launched`, :func:`init_group`, :func:`deal`, :func:`all_gather_json`, the
+  timeout) are :mod:`headwise.distributed.ranks`', re-exported here.
+- :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
+  :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -37,18 +39,25 @@ _MODULES = {
         "composition_columns",
         "decoder_report", "decoder_texts", "example_view", "plan_decoder", "probe_detectors", "query_rows",
     ],
-    "headwise.study.distributed": [
-        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "CorpusRun", "Launch", "Shard", "ShardStore", "all_gather_json",
-        "assign_shards", "corpus_heads", "deal", "init_group", "launched", "plan_shards", "weights_sha256",
-        "ImportanceRun", "encoder_corpus", "importance_across_ranks",
-        "agree", "barrier", "rank_group", "refuse_together",
+    "headwise.distributed.ranks": [
+        "DEFAULT_TIMEOUT_S", "CollectiveTimeout", "Launch", "agree", "all_gather_json", "barrier", "deal", "init_group",
+        "launched", "rank_group", "refuse_together",
     ],
+    "headwise.study.shards": ["Shard", "ShardStore", "assign_shards", "corpus_batch_size", "plan_shards",
+                              "weights_sha256"],
+    "headwise.study.corpus_ranks": ["CorpusRun", "corpus_heads"],
+    "headwise.study.encoder_ranks": ["encoder_corpus"],
+    "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
     "headwise.study.dist_sweeps": [
         "CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep",
     ],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
         "sentence_heads",
+    ],
+    "headwise.study.heads_run": [
+        "COMMAND_TEXT_UP_TO", "RankedHeads", "drawn", "heads_across_ranks", "heads_backend", "importance_line",
+        "open_heads_model", "sweep_note", "view_command", "view_note",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",

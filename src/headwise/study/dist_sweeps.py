@@ -4,7 +4,7 @@ gathered once, rank 0 holding what one process finds.
 ``torchrun --nproc-per-node P -m headwise patch …`` runs :func:`patch_across_ranks` on every rank and ``torchrun …
 -m headwise circuit …`` :func:`circuit_across_ranks` (the command line detects torchrun's ``RANK`` / ``WORLD_SIZE``);
 a library caller calls them on every rank of its own launch. The group, the timeout (``timeout_s=``, else
-``$HEADWISE_DIST_TIMEOUT``, else :data:`~headwise.study.distributed.DEFAULT_TIMEOUT_S`) and the refusals work as
+``$HEADWISE_DIST_TIMEOUT``, else :data:`~headwise.distributed.ranks.DEFAULT_TIMEOUT_S`) and the refusals work as
 in :func:`headwise.study.corpus_heads`.
 
 Shape legend: P prompt pairs, L length, NL layers, H query heads, NH = Σ H over the layers, K heads patched per
@@ -15,16 +15,16 @@ run makes — every head alone in layer order (:func:`headwise.patching.patch_he
 position at a time (:func:`headwise.patching.patch_positions`) — cut into shards of ``batch_size`` consecutive jobs:
 the very batches a one-process run forms, so each value is computed in the same batch as there and does not depend
 on the number of ranks. The shards are dealt to the ranks by their work (jobs × layers run above the batch's lowest
-layer, :func:`~headwise.study.distributed.deal`). Every rank runs the clean and corrupted inputs once (the source
-cache), then its shards; the values ``(J, P)`` of every shard are gathered once to rank 0
-(:func:`~headwise.study.distributed.all_gather_json`: floats exact). With ``out`` each shard's values are saved as
-it finishes (``OUT/shards/shard-<k>.safetensors`` beside a manifest naming the weights' SHA-256, the token ids, the
-metric and the options), so a restarted or repeated run computes only the missing shards, with any number of ranks;
-a manifest of another run is refused with one line. Splitting the jobs rather than the pairs serves the command's
-one pair as well as many, and keeps each shard's batch the one-process batch (the pairs of a patching run are one
-batch of one length, so a split by pairs would balance by count alone).
+layer, :meth:`~headwise.distributed.ranks.Ranks.map`). Every rank runs the clean and corrupted inputs once (the source
+cache), then its shards; the values ``(J, P)`` of every shard are gathered once, in shard order (the map's one
+all-gather of JSON: floats exact). With ``out`` each shard's values are saved as it finishes
+(``OUT/shards/shard-<k>.safetensors`` beside a manifest naming the weights' SHA-256, the token ids, the metric and the
+options), so a restarted or repeated run computes only the missing shards, with any number of ranks; a manifest of
+another run is refused with one line. Splitting the jobs rather than the pairs serves the command's one pair as well as
+many, and keeps each shard's batch the one-process batch (the pairs of a patching run are one batch of one length, so a
+split by pairs would balance by count alone).
 
-**Circuits** (:func:`circuit_across_ranks`): the prompt pairs are split (:func:`~headwise.study.distributed.deal`
+**Circuits** (:func:`circuit_across_ranks`): the prompt pairs are split (:func:`~headwise.distributed.ranks.deal`
 by tokens: the pairs share one length, so by count), and every rank runs :func:`headwise.circuits.find_circuit` on
 all the pairs with its share named (:class:`headwise.circuits.PairShard`): the per-pair values — EAP / EAP-IG
 scores ``(P, E)``, the exact patches of the top edges, the faithfulness curve's metrics, each bisection step's —
@@ -161,7 +161,7 @@ class _RowGather:
         import torch
         import torch.distributed as dist
 
-        from headwise.study.distributed import barrier
+        from headwise.distributed.ranks import barrier
 
         rank = dist.get_rank()
         if local.shape[0] != len(self.shares[rank]):
@@ -237,7 +237,7 @@ class _Stages:
     def __call__(self, name: str, work):
         import torch.distributed as dist
 
-        from headwise.study.distributed import all_gather_json
+        from headwise.distributed.ranks import all_gather_json
 
         k = CIRCUIT_STAGES.index(name)
         state = self.store.load(k) if self.store is not None else None
@@ -284,14 +284,8 @@ def circuit_across_ranks(
     import torch
 
     from headwise.circuits import PairShard, find_circuit
-    from headwise.study.distributed import (
-        ShardStore,
-        agree,
-        deal,
-        rank_group,
-        refuse_together,
-        weights_sha256,
-    )
+    from headwise.distributed.ranks import agree, deal, rank_group, refuse_together
+    from headwise.study.shards import ShardStore, weights_sha256
 
     for name in ("pairs", "stages"):
         if name in options:
@@ -391,18 +385,10 @@ def patch_across_ranks(
     import torch
 
     from headwise.checks import one_of
+    from headwise.distributed.ranks import agree, ranks, refuse_together
     from headwise.patching import DIRECTIONS, Patch, Patching, as_target, run_batch
     from headwise.patching.exact import check_pair, prepare
-    from headwise.study.distributed import (
-        ShardStore,
-        agree,
-        all_gather_json,
-        barrier,
-        deal,
-        rank_group,
-        refuse_together,
-        weights_sha256,
-    )
+    from headwise.study.shards import ShardStore, weights_sha256
 
     one_of("direction", direction, DIRECTIONS)
     if not callable(metric):
@@ -411,7 +397,8 @@ def patch_across_ranks(
     c, x = check_pair(target, clean, corrupted)
     chosen = [target.check_layer_head(layer, head) for layer, head in heads]
     shards = plan_sweep(target, c.shape[1], chosen, batch_size)
-    with rank_group(timeout_s) as (rank, world, timeout_s):
+    with ranks(timeout_s) as r:
+        rank, world = r.rank, r.world_size
         model_hash = weights_sha256(target.model)
         agree("--model (SHA-256 of the weights)", model_hash)
         manifest = {
@@ -444,14 +431,15 @@ def patch_across_ranks(
         refuse_together(problem)
         if store is not None:
             store.write_manifest()
-        mine = deal([s.cost for s in shards], world)[rank]
-        started = time.perf_counter()
+        started = computed_at = time.perf_counter()
         prepared = None
-        values: dict[int, list] = {}
-        computed, resumed = [], []
+        computed, resumed, mine = [], [], []
         P = c.shape[0]
-        for done, k in enumerate(mine, start=1):
-            shard, got = shards[k], store.load(k) if store is not None else None
+
+        def values(shard: SweepShard) -> list:
+            """One shard's values ``(J, P)`` as lists: loaded from the store, else patched in the one-process batch."""
+            nonlocal prepared
+            got = store.load(shard.index) if store is not None else None
             if got is not None and (set(got) != {"values"} or tuple(got["values"].shape) != (len(shard.jobs), P)):
                 got = None  # not this run's values: computed again, never trusted
             if got is None:
@@ -461,25 +449,30 @@ def patch_across_ranks(
                 jobs = [[Patch(layer, head, None if t is None else (t,))] for layer, head, t in shard.jobs]
                 got = {"values": run_batch(target, base, source, metric, jobs)}  # (J, P): a one-process batch
                 if store is not None:
-                    store.save(k, got)
-                computed.append(k)
+                    store.save(shard.index, got)
+                computed.append(shard.index)
             else:
-                resumed.append(k)
-            values[k] = got["values"].tolist()
+                resumed.append(shard.index)
+            return got["values"].tolist()
+
+        share = r.share([s.cost for s in shards])
+
+        def finished(k: int, _) -> None:
+            nonlocal computed_at
+            mine.append(k)
+            computed_at = time.perf_counter()
             if progress is not None:
-                progress(done, len(mine))
+                progress(len(mine), len(share))
+
+        every = r.map(shards, lambda s: s.cost, values, done=finished)  # every shard's values, in shard order
+        gathered_at = time.perf_counter()
         if rank == 0 and prepared is None:
             prepared = prepare(target, c, x, metric, direction)
-        computed_at = time.perf_counter()
-        barrier(timeout_s)
-        gathered = all_gather_json({str(k): v for k, v in values.items()})
-        longest = max(len(json.dumps(part).encode()) for part in gathered)  # each rank's bytes, padded to this
-        gathered_at = time.perf_counter()
         if store is not None:
             store.clean()
         patching = positions = None
         if rank == 0:
-            every = {int(k): torch.tensor(v, dtype=torch.float32) for part in gathered for k, v in part.items()}
+            every = [torch.tensor(v, dtype=torch.float32) for v in every]
             m_clean, m_corrupted = prepared[4]
             patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
             at = {}
@@ -507,6 +500,6 @@ def patch_across_ranks(
                 forward_seconds=prepared[5],
             )
         return PatchRun(
-            patching, positions, rank, world, mine, computed, resumed, longest * world,
+            patching, positions, rank, world, share, computed, resumed, r.payload_bytes,
             computed_at - started, gathered_at - computed_at,
         )  # fmt: skip

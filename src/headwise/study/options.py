@@ -42,6 +42,8 @@ class HeadsOptions:
         layer: only this layer's heads in the printed table (0-based; None: all).
         out: the output folder.
         batch_size: texts per model call.
+        batch_size_auto: ``batch_size`` is the default, not the user's: a corpus run across ranks may take fewer
+            documents a shard so that every rank gets one (:func:`headwise.study.shards.corpus_batch_size`).
         importance: add Michel et al.'s head importance, the ablation and the pruning curves.
         importance_sentences: corpus sentences the importance is measured on.
         ablation: how ``importance`` removes a head: ``"zero"`` (ξ_h = 0) or ``"mean"`` (its mean output over the
@@ -67,6 +69,7 @@ class HeadsOptions:
     layer: int | None = None
     out: Path = Path("headwise-out/heads")
     batch_size: int = 32
+    batch_size_auto: bool = False
     importance: bool = False
     importance_sentences: int = 64
     ablation: str = "zero"

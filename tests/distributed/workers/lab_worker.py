@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from headwise.distributed.ranks import init_group
 from headwise.lab.heads_vs_one import run_heads_vs_one
 from headwise.lab.induction import run_induction_seeds
-from headwise.study.distributed import init_group
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_lab_launch import HEADS, INDUCTION, SEEDS  # noqa: E402

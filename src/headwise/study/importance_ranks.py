@@ -1,0 +1,267 @@
+"""Michel et al.'s head importance across the ranks of a ``torchrun`` launch: ``--importance``'s batches dealt to the
+ranks, each batch's sums saved as a shard, reduced once per phase, resumable batch by batch
+(:func:`importance_across_ranks`).
+
+The collectives live here so that :mod:`headwise.analysis` imports no ``torch.distributed``: the analysis hands each
+batch's sums to one seam (``head_importance(reduce=)``) and each piece of work to another (``stages=``).
+
+Shape legend: NL layers, H heads, N = NL · H, B batch, L length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from headwise.distributed.ranks import agree, ranks, refuse_together
+from headwise.study.shards import ShardStore, reduce_sums, shard_sums, unpack_state, weights_sha256
+
+__all__ = ["IMPORTANCE_FORMAT", "ImportanceRun", "importance_across_ranks"]
+
+
+#: The importance shards' format; a manifest of another format is refused.
+IMPORTANCE_FORMAT = "headwise-importance-shards/1"
+
+
+@dataclass
+class ImportanceRun:
+    """What :func:`importance_across_ranks` did on this rank.
+
+    Attributes:
+        result: the :class:`~headwise.analysis.importance.ImportanceResult` of every rank's batches (the same on
+            every rank; its ``sweep`` counts this rank's passes, with ``ranks`` and ``shards`` added).
+        rank, world_size: this process's place; batches: this rank's batch indices.
+        computed, resumed: this rank's shards ``(phase, batch)`` computed / loaded from the store (phase 1: the
+            gates' pass, the intact objective and the single-head ablations of a batch; phase 2: its pruning sets).
+        payload_bytes: bytes of the two float64 vectors all-reduced (phase 1: 2 N + 3; phase 2: the distinct pruning
+            sets; N = NL · H).
+        seconds: this rank's time in the call (waiting included).
+    """
+
+    result: object
+    rank: int
+    world_size: int
+    batches: list[int]
+    payload_bytes: int
+    seconds: float
+    computed: list[tuple[int, int]] = field(default_factory=list)
+    resumed: list[tuple[int, int]] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    """Ends a :func:`~headwise.analysis.head_importance` call once the sums it was run for are taken."""
+
+
+def _tensors_sha256(batches: Sequence) -> str:
+    """SHA-256 over every tensor of every batch: its dtype, shape and bytes, in order."""
+    import torch
+
+    digest = hashlib.sha256()
+    for batch in batches:
+        for t in batch:
+            t = t.detach().to("cpu").contiguous()
+            digest.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def importance_across_ranks(
+    hm,
+    batches: Sequence,
+    *,
+    seed: int,
+    scored: str | None = None,
+    random_orders: int = 3,
+    points: int = 33,
+    mode: str = "zero",
+    copies: int | None = None,
+    memory: int | None = None,
+    out: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    timeout_s: float | None = None,
+) -> ImportanceRun:
+    """Michel et al.'s importance, each head's ablation and the pruning curves
+    (:func:`headwise.analysis.head_importance`) with ``batches`` dealt across the ranks of a torchrun launch,
+    resumable batch by batch.
+
+    Call it on every rank with the same model and the same ``batches`` (the one-process run's: each rank measures
+    whole batches, dealt by padded size ``B · L``, the largest first to the least loaded rank). Two phases, each cut
+    into one shard a batch. Phase 1: the gates' pass, the intact objective and every single-head ablation of the
+    batch, its sums (float64: importance × sequences, sequences, objective × tokens, tokens; each ablation's
+    objective × tokens) saved as the shard finishes; the ranks' shards are added and all-reduced once. Phase 2:
+    every rank orders the heads by the same reduced numbers and measures the pruning curves' distinct head sets on
+    its batches, one shard a batch, all-reduced once. Each reduction waits at a monitored barrier first (a stalled
+    rank is named: :class:`~headwise.distributed.ranks.CollectiveTimeout`). Equal to the one-process run up to the
+    order of the float64 additions (each batch's sums are added, then the ranks').
+
+    The shards are kept (each written atomically, :class:`~headwise.study.shards.ShardStore`) in
+    ``OUT/importance-shards`` beside a manifest naming the weights' and the batches' SHA-256 and the options; phase 2's
+    in ``OUT/importance-shards/pruning-<hash>`` whose manifest adds the SHA-256 of the head sets (the orders depend on
+    phase 1's reduced numbers: other orders, another folder). A finished shard is loaded, not computed again, after
+    ``torchrun --max-restarts K`` restarts a killed rank and on a second run with the same ``out`` (with any number of
+    ranks: a shard is one batch); a manifest of another run is refused with one line before anything is computed.
+    ``out`` None: each rank keeps its shards in a temporary folder for the call alone. The default gloo group is
+    initialised from torchrun's environment when none is (and destroyed at the end).
+
+    Args:
+        hm: a :class:`~headwise.models.HeadModel`; batches: as :func:`~headwise.analysis.head_importance` (the
+            objective is measured on them too).
+        seed, scored, random_orders, points, mode, copies, memory, progress: as
+            :func:`~headwise.analysis.head_importance` (``progress``: ``"importance"`` in this rank's batches,
+            ``"ablation"`` and ``"pruning"`` in the passes of the batch at hand).
+        out: where the shards are kept (see above).
+        timeout_s: the collectives' timeout (see the module's text).
+    Returns:
+        the :class:`ImportanceRun`.
+    Raises:
+        ValueError: on every rank: fewer batches than ranks, ranks that opened different weights or batches, a
+            manifest of another run in ``out``.
+    """
+    import tempfile
+
+    import torch
+
+    from headwise.analysis import head_importance
+
+    started = time.perf_counter()
+    nl, h = hm.num_layers, hm.num_heads
+    n = nl * h
+    options = {"scored": scored, "seed": seed, "random_orders": random_orders, "points": points, "mode": mode,
+               "copies": copies, "memory": memory}  # fmt: skip
+    with ranks(timeout_s) as r, contextlib.ExitStack() as stack:
+        rank, world, timeout_s = r.rank, r.world_size, r.timeout_s
+        model_hash, batches_hash = weights_sha256(hm.model), _tensors_sha256(batches)
+        agree("--model (SHA-256 of the weights)", model_hash)
+        agree("--importance-sentences / --batch-size (SHA-256 of the batches)", batches_hash)
+        problem = None
+        if len(batches) < world:
+            problem = (
+                f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {world} ranks; expected at "
+                "least one a rank (a smaller --batch-size)"
+            )
+        root = Path(out) if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        manifest = {"format": IMPORTANCE_FORMAT, "kind": "importance", "model_sha256": model_hash,
+                    "batches_sha256": batches_hash, "batches": len(batches), **options}  # fmt: skip
+        first = ShardStore(root / "importance-shards", manifest)
+        if problem is None:
+            problem = first.mismatch()
+        refuse_together(problem)
+        first.write_manifest()
+        mine = r.share([float(b[0].numel()) for b in batches])
+        run = {"computed": [], "resumed": [], "sent": 0}
+
+        def shown(k: int):
+            """``progress`` of batch ``k``'s call: the gates' pass counted in this rank's batches, the passes of the
+            ablations and the pruning sets in the batch's own."""
+            if progress is None:
+                return None
+
+            def report(stage: str, done: int, total: int) -> None:
+                if stage != "importance":
+                    progress(stage, done, total)
+                elif done == total:
+                    progress(stage, mine.index(k) + 1, len(mine))
+
+            return report
+
+        def call(k: int, reduce, stages=None):
+            """head_importance on batch ``k`` alone, until ``reduce`` or ``stages`` stops it (:class:`_Stop`)."""
+            try:
+                return head_importance(
+                    hm, [batches[k]], scored=scored, random_orders=random_orders, seed=seed, points=points,
+                    mode=mode, copies=copies, memory=memory, progress=shown(k), reduce=reduce, stages=stages,
+                )  # fmt: skip
+            except _Stop:
+                return None
+
+        def replay(*vectors):
+            """A reduce that hands back ``vectors`` (the reduced sums) in turn; past them it stops the call."""
+            given = iter(vectors)
+
+            def reduce(values):
+                got = next(given, None)
+                if got is None:
+                    raise _Stop
+                return got(values) if callable(got) else got.numpy().copy()
+
+            return reduce
+
+        def phase_one(k: int) -> dict:
+            taken: list = []
+
+            def take(values):
+                taken.append(torch.from_numpy(np.array(values, dtype=np.float64)))
+                if len(taken) == 2:  # the single-head ablations taken: the pruning sets are phase 2's
+                    raise _Stop
+                return values
+
+            call(k, replay(take, take))
+            return {"phase1": taken[0], "ablation": taken[1]}
+
+        def skip(given: dict):
+            """``stages`` that compute only the stages named in ``given`` as None, else return ``given[name]``."""
+
+            def stages(name, work, sets):
+                value = given.get(name, 0.0)
+                if value is None:
+                    return work()
+                if name == "importance":
+                    return np.zeros((nl, h)), 0, 0.0, 1  # replaced by the reduced sums (tokens 1: values as sums)
+                return np.full(len(sets), value)
+
+            return stages
+
+        one = shard_sums(first, list(range(len(batches))), mine, phase_one, {"phase1", "ablation"}, dict, None)
+        run["computed"] += [(1, k) for k in one.computed]
+        run["resumed"] += [(1, k) for k in one.resumed]
+        reduce_sums(one, timeout_s)
+        run["sent"] += one.vector.numel() * 8
+        reduced = unpack_state(one.vector, one.layout)
+        g1, g2 = reduced["phase1"], reduced["ablation"]
+
+        found: list = []
+
+        def find_sets(name, work, sets):
+            if name == "pruning":
+                found.append(sets)
+                raise _Stop
+            return skip({})(name, work, sets)
+
+        call(mine[0], replay(g1, g2), find_sets)  # the pruning sets, from the reduced numbers alone
+        orders = hashlib.sha256(json.dumps([list(s) for s in found[0]]).encode()).hexdigest()
+        second = ShardStore(first.folder / f"pruning-{orders[:16]}", manifest | {"orders_sha256": orders})
+        second.write_manifest()
+
+        def phase_two(k: int) -> dict:
+            tokens = float(first.load(k)["phase1"][n + 2])  # the batch's tokens (saved by phase 1)
+            taken: list = []
+
+            def take(values):
+                taken.append(torch.from_numpy(np.array(values, dtype=np.float64) * tokens))
+                raise _Stop
+
+            call(k, replay(g1, g2, take), skip({"pruning": None}))
+            return {"pruning": taken[0]}
+
+        two = shard_sums(second, list(range(len(batches))), mine, phase_two, {"pruning"}, dict, None)
+        run["computed"] += [(2, k) for k in two.computed]
+        run["resumed"] += [(2, k) for k in two.resumed]
+        reduce_sums(two, timeout_s)
+        run["sent"] += two.vector.numel() * 8
+        first.clean()
+        second.clean()
+        g3 = unpack_state(two.vector, two.layout)["pruning"]
+        result = call(mine[0], replay(g1, g2, g3), skip({}))
+        result.sweep = {"mode": mode, "head_sets": n + len(g3), "ranks": world,
+                        "shards": {"computed": len(run["computed"]), "resumed": len(run["resumed"])},
+                        "seconds_total": time.perf_counter() - started}  # fmt: skip
+        return ImportanceRun(
+            result, rank, world, mine, run["sent"], time.perf_counter() - started, run["computed"], run["resumed"]
+        )
