@@ -131,23 +131,10 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     if len(metric.answer) != P:
         raise ValueError(f"metric: expected one answer per prompt ({P}), got {len(metric.answer)}")
     st = structure_of(target)
-    rec = Recorder(metric.position)
-    try:
-        rec.watch("embed", st.blocks[0], outputs=False)
-        for layer, (block, proj) in enumerate(zip(st.blocks, st.out_projs)):
-            rec.watch(("block", layer), block, inputs=False)
-            rec.watch(("proj", layer), proj)
-            for part in (st.mlps[layer], st.attn_posts[layer], st.mlp_posts[layer]):
-                if part is not None:
-                    rec.watch((layer, id(part)), part)
-        rec.watch("final", st.final_norm if st.final_norm is not None else st.unembed, outputs=False)
-        if st.final_norm is not None:
-            rec.watch("final_out", st.final_norm, inputs=False)
-        rec.watch("unembed", st.unembed, inputs=False)
-        with torch.no_grad():
-            logits = target.logits(ids)  # (P, L, V)
-    finally:
-        rec.close()
+    rec = Recorder(target, st, metric.position, upto=target.num_layers, final=True)
+    with torch.no_grad(), target.hooks(rec.hooks()):
+        logits = target.logits(ids)  # (P, L, V)
+    rec.finish()
     a = torch.tensor(metric.answer, device=ids.device)
     w = torch.tensor(metric.wrong, device=ids.device)
     rows_ = torch.arange(P, device=ids.device)

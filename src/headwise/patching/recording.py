@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from headwise.models.anatomy import affine
@@ -60,51 +61,85 @@ def read_structure(model) -> Structure:
     return structure_of(as_target(model))
 
 
-def _first_tensor(args, kwargs) -> Tensor | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.is_floating_point():
-            return value
-    return None
-
-
 def output_tensor(output) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
 class Recorder:
-    """Inputs and outputs of chosen modules at one position: ``inputs[key]`` / ``outputs[key]`` ``(P, …)``."""
+    """The anatomy's parts of one pass at one position (or every position), read at the model view's named points:
+    ``inputs[key]`` / ``outputs[key]`` ``(P, …)`` (``(P, L, …)`` for ``position=slice(None)``).
 
-    def __init__(self, position: int):
-        self.position = position
+    Keys: ``"embed"`` (the first block's input), per recorded layer ``("proj", l)`` (the output projection's input,
+    the heads side by side, and its output, the attention's write), ``("block", l)`` (the block's output),
+    ``(l, id(module))`` (the MLP's output, a post-norm's output), then ``"resid"`` (the input of block ``upto``),
+    ``"final"`` / ``"final_out"`` (the final norm's input and output) and ``"unembed"`` (the unembedding's
+    output). The norms on the writes, the final norm and the unembedding are applied to what the points recorded
+    (pure functions of their input), so nothing but the named points is hooked.
+
+    Use: ``with target.hooks(rec.hooks()): …`` then ``rec.finish()``.
+    """
+
+    def __init__(self, target: HeadModel, st: Structure, position, *, upto: int, final: bool):
+        self.target, self.st, self.position = target, st, position
+        self.upto, self.final = upto, final
         self.inputs: dict[object, Tensor] = {}
         self.outputs: dict[object, Tensor] = {}
-        self.handles = []
+        self._raw: dict = {}
 
-    def _at(self, x: Tensor) -> Tensor:
+    def _keep(self, key, x: Tensor) -> None:
         # a copy: a family may add to a module's output in place (Falcon: mlp_output += attention_output)
-        return x[:, self.position].detach().clone()  # (P, …)
+        self._raw[key] = x[:, self.position].detach().clone()  # (P, …)
 
-    def watch(self, key, module: nn.Module, *, inputs: bool = True, outputs: bool = True) -> None:
-        if inputs:
+    def _keep_heads(self, key, z: Tensor) -> None:
+        z = z[:, :, self.position].detach()  # (P, H, Dv) or (P, H, L, Dv)
+        z = z.reshape(z.shape[0], -1) if z.dim() == 3 else z.permute(0, 2, 1, 3).reshape(*z.shape[:1], z.shape[2], -1)
+        self._raw[key] = z  # (P, H·Dv) or (P, L, H·Dv): the heads side by side, W_O's input
 
-            def pre(_m, args, kwargs):
-                x = _first_tensor(args, kwargs)
-                if x is not None and x.dim() >= 3:
-                    self.inputs[key] = self._at(x)
+    def hooks(self) -> list:
+        """``(name, fn)`` pairs for :meth:`HeadModel.hooks`."""
+        NL = self.target.num_layers
+        out = [("layers.0.resid_pre", lambda x: self._keep("embed", x))]
+        for layer in range(self.upto):
+            out.append((f"layers.{layer}.attn.heads", lambda z, k=("z", layer): self._keep_heads(k, z)))
+            out.append((f"layers.{layer}.attn.out", lambda x, k=("o", layer): self._keep(k, x)))
+            if self.st.mlps[layer] is not None:
+                out.append((f"layers.{layer}.mlp.out", lambda x, k=("mlp", layer): self._keep(k, x)))
+            after = f"layers.{layer + 1}.resid_pre" if layer + 1 < NL else "resid_final"
+            out.append((after, lambda x, k=("block", layer): self._keep(k, x)))
+        if self.upto < NL:
+            out.append((f"layers.{self.upto}.resid_pre", lambda x: self._keep("resid", x)))
+        if self.final:
+            out.append(("resid_final", lambda x: self._keep("final", x)))
+        return out
 
-            self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        if outputs:
-
-            def post(_m, _args, output):
-                y = output_tensor(output)
-                if isinstance(y, Tensor) and y.dim() >= 3:
-                    self.outputs[key] = self._at(y)
-
-            self.handles.append(module.register_forward_hook(post))
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
+    def finish(self) -> None:
+        """Fill :attr:`inputs` / :attr:`outputs` from what the points recorded."""
+        raw, st = self._raw, self.st
+        self.inputs["embed"] = raw["embed"]
+        with torch.no_grad():
+            for layer in range(self.upto):
+                self.inputs[("proj", layer)] = raw[("z", layer)]
+                self.outputs[("proj", layer)] = raw[("o", layer)]
+                self.outputs[("block", layer)] = raw[("block", layer)]
+                if st.attn_posts[layer] is not None:
+                    self.outputs[(layer, id(st.attn_posts[layer]))] = output_tensor(
+                        st.attn_posts[layer](raw[("o", layer)])
+                    )
+                mlp = st.mlps[layer]
+                if mlp is not None:
+                    self.outputs[(layer, id(mlp))] = raw[("mlp", layer)]
+                    if st.mlp_posts[layer] is not None:
+                        post = output_tensor(st.mlp_posts[layer](raw[("mlp", layer)]))
+                        self.outputs[(layer, id(st.mlp_posts[layer]))] = post
+            if "resid" in raw:
+                self.inputs["resid"] = raw["resid"]
+            if self.final:
+                x = raw["final"]
+                self.inputs["final"] = x
+                if st.final_norm is not None:
+                    x = output_tensor(st.final_norm(x))
+                    self.outputs["final_out"] = x
+                self.outputs["unembed"] = output_tensor(st.unembed(x))
 
 
 class FlatRecorder:

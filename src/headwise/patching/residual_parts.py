@@ -158,24 +158,13 @@ def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
     layer = layer_number("layer", layer, target.num_layers)
     ids, _ = check_pair(target, ids, ids)
     st = structure_of(target)
-    rec = Recorder(slice(None))
-    try:
-        rec.watch("embed", st.blocks[0], outputs=False)
-        rec.watch("resid", st.blocks[layer], outputs=False)
-        for l_ in range(layer):
-            block = st.blocks[l_]
-            rec.watch(("block", l_), block, inputs=False)
-            rec.watch(("proj", l_), st.out_projs[l_])
-            for part in (st.mlps[l_], st.attn_posts[l_], st.mlp_posts[l_]):
-                if part is not None:
-                    rec.watch((l_, id(part)), part)
-        with torch.no_grad():
-            if forward is None:
-                target.run_with_cache(ids, names=[])
-            else:
-                forward(target, ids)
-    finally:
-        rec.close()
+    rec = Recorder(target, st, slice(None), upto=layer, final=False)
+    with torch.no_grad(), target.hooks(rec.hooks()):
+        if forward is None:
+            target.run_with_cache(ids, names=[])
+        else:
+            forward(target, ids)
+    rec.finish()
     labels = ["embed"]
     for l_ in range(layer):
         labels += [f"L{l_}.H{h}" for h in range(target.heads_per_layer[l_])] + [f"L{l_}.attn_bias"]
