@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from headwise.circuits.qk import side_weights
-from headwise.models.anatomy import affine
+from headwise.models.anatomy import affine, apply_qk_norm
 from headwise.models.anatomy_probe import probe_ids
 from headwise.patching import as_target, freeze_norm
 from headwise.patching.frozen_norm import FrozenNorm
@@ -137,50 +137,47 @@ def head_weights(model, ids=None) -> HeadWeights:
     if anatomy.unembed is None or affine(anatomy.unembed) is None or anatomy.embed is None:
         raise anatomy.refuse("it has no linear unembedding and token embedding to read")
     ids = probe_ids(target) if ids is None else torch.as_tensor(ids).reshape(1, -1)
-    seen: dict = {}
-    handles = []
+    names = ["resid_final"]
+    for i in range(len(anatomy)):
+        names += [f"layers.{i}.resid_pre", f"layers.{i}.attn.in", f"layers.{i}.attn.q", f"layers.{i}.attn.k"]
+        names += [f"layers.{i}.attn.out"] if anatomy[i].attn_post is not None else []
+    cache = target.run_with_cache(ids, names=names)
 
-    def record(key):
-        def post(_m, args, kwargs, out):
-            x = next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
-            y = out[0] if isinstance(out, (tuple, list)) else out
-            if x is not None and isinstance(y, Tensor) and key not in seen:
-                seen[key] = (x.detach().double(), y.detach().double())
+    def rows(x: Tensor) -> Tensor:  # (1, L, …, D') -> (L·…, D')
+        return x.reshape(-1, x.shape[-1])
 
-        return post
-
-    norms = {}
-    for part in anatomy.layers:
-        for norm in (part.attn_norm, part.q.norm, part.k.norm, part.attn_post):
-            if norm is not None:
-                norms[id(norm)] = norm
-    if anatomy.final_norm is not None:
-        norms[id(anatomy.final_norm)] = anatomy.final_norm
-    for key, norm in norms.items():
-        handles.append(norm.register_forward_hook(record(key), with_kwargs=True))
-    try:
+    def frozen_at(norm, x: Tensor, what: str):
+        """The norm frozen at its input ``x`` as the points recorded it (its output: the module applied)."""
         with torch.no_grad():
-            target.run_with_cache(ids, names=[])
-    finally:
-        for h in handles:
-            h.remove()
+            y = norm(x)
+        y = y[0] if isinstance(y, (tuple, list)) else y
+        return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
 
-    def frozen_of(norm, what):
+    def frozen_of(norm, what, layer=None, name=None):
         if norm is None:
             return None
-        x, y = seen[id(norm)]
-        return freeze_norm(norm, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]), what)
+        if name == "input":  # the input norm: its input and output are both points
+            x, y = cache[f"layers.{layer}.resid_pre"], cache[f"layers.{layer}.attn.in"]
+            return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
+        if name in ("q", "k"):  # a QK-norm over each head or the whole projection, as the anatomy found it
+            t = cache[f"layers.{layer}.attn.{name}"]  # (1, L, n, Dh)
+            with torch.no_grad():
+                y, per_head = apply_qk_norm(norm, t)
+            x = t if per_head else t.flatten(-2)
+            y = y if per_head else y.flatten(-2)
+            return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
+        return frozen_at(norm, cache[name], what)
 
     W_Q, W_K, W_V, W_O = [], [], [], []
     for layer, part in enumerate(anatomy.layers):
         H, Hkv = part.num_heads, part.num_kv
-        frozen = frozen_of(part.attn_norm, f"layer {layer}'s input norm")
+        frozen = frozen_of(part.attn_norm, f"layer {layer}'s input norm", layer, "input")
         Wq, Wk, Wv = (_fold(side_weights(s)[0], frozen) for s in (part.q, part.k, part.v))  # (D, n·Dh)
         Dh = Wq.shape[1] // H
         for side in (part.q, part.k):
             g = torch.ones((), dtype=torch.float64)
             if side.norm is not None:
-                g = frozen_of(side.norm, f"layer {layer}'s {side.name}_norm").gain
+                g = frozen_of(side.norm, f"layer {layer}'s {side.name}_norm", layer, side.name).gain
                 g = g.reshape(-1).repeat(side.n) if g.numel() == Dh else g.reshape(-1)  # per head or over n·Dh
             g = g * side.scale
             if side.name == "q":
@@ -190,7 +187,7 @@ def head_weights(model, ids=None) -> HeadWeights:
         Wo = part.heads_out().detach().double()  # (H, Dv, D)
         Dv = Wo.shape[1]
         Wo = Wo.reshape(H * Dv, -1)
-        post = frozen_of(part.attn_post, f"layer {layer}'s attention post-norm")
+        post = frozen_of(part.attn_post, f"layer {layer}'s attention post-norm", layer, f"layers.{layer}.attn.out")
         if post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
             Wo = _fold(Wo.T, post).T
         Wo = Wo * part.scale
@@ -198,7 +195,7 @@ def head_weights(model, ids=None) -> HeadWeights:
         W_K.append(_heads(Wk, Hkv))
         W_V.append(_heads(Wv, Hkv))
         W_O.append(Wo.reshape(H, Dv, -1))
-    final = frozen_of(anatomy.final_norm, "final norm")
+    final = frozen_of(anatomy.final_norm, "final norm", None, "resid_final")
     U = affine(anatomy.unembed)[0].detach().double().T * anatomy.logit_scale  # (D, V)
     E = anatomy.embed.weight.detach().double()
     return HeadWeights(W_Q, W_K, W_V, W_O, E, _fold(U, final), target.name or "")

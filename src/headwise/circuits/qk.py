@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
-from headwise.models.anatomy import Side, affine, same
+from headwise.models.anatomy import Side, affine, apply_qk_norm
 from headwise.patching import as_target, freeze_norm, residual_parts
 from headwise.patching.frozen_norm import FrozenNorm
 
@@ -235,64 +235,35 @@ class _Side:
         return self.rotate(t, pos) if rotate else t
 
 
-def _qk_norm(norm, captured_in, captured_out, side, index, Dh, pre_norm: Tensor):
-    """The frozen QK-norm of one head (rows: positions) and the head's columns in the norm's gain.
-    ``pre_norm (L, Dh)``: the head's projection at this run, which tells the norm's layout apart."""
-    if norm is None:
+def _qk_norm(side: Side, projected: Tensor | None, index: int, Dh: int):
+    """The frozen QK-norm of one head (rows: positions) and the head's columns in the norm's gain, or None.
+    ``projected (1, L, n, Dh)``: the side's heads at this run (``layers.{l}.attn.{q|k}``), through the norm as the
+    anatomy found it applied (per head, or over the whole ``n·Dh``)."""
+    if side.norm is None:
         return None
-    x, y = captured_in[side], captured_out[side]
-    if x.shape[-1] == Dh:  # per head: (1, L, H, Dh) (Qwen 3) or (1, H, L, Dh) (Gemma 3, headwise's modules)
-        for xs, ys in ((x[0, :, index], y[0, :, index]), (x[0, index], y[0, index])):
-            if xs.shape == pre_norm.shape and _close(xs, pre_norm):
-                x, y = xs, ys
-                break
-        else:
-            raise ValueError(f"model: the {side}_norm's input is not the {side} projection in a layout this reads")
-        cols = slice(0, Dh)
-    else:  # over the whole projection (OLMo 2): (1, L, H·Dh)
-        x, y = x[0], y[0]
-        cols = slice(index * Dh, (index + 1) * Dh)
-    return freeze_norm(norm, x, y, f"{side}_norm"), cols
+    with torch.no_grad():
+        y, per_head = apply_qk_norm(side.norm, projected)
+    x, y = projected.double(), y.double()
+    if per_head:  # each head's Dh (Qwen 3, Gemma 3, headwise's modules)
+        return freeze_norm(side.norm, x[0, :, index], y[0, :, index], f"{side.name}_norm"), slice(0, Dh)
+    L = x.shape[1]  # over the whole projection (OLMo 2): (L, n·Dh)
+    frozen = freeze_norm(side.norm, x[0].reshape(L, -1), y[0].reshape(L, -1), f"{side.name}_norm")
+    return frozen, slice(index * Dh, (index + 1) * Dh)
 
 
 # -- the input norm --------------------------------------------------------------------------------------------
-
-
-def _with_input_norm(norm: nn.Module | None, captured: dict, forward):
-    """``forward`` with the input and output of the attention's input norm (the anatomy's) recorded."""
-    captured["norm"] = None
-
-    def run(t, x):
-        if norm is None:
-            return forward(t, x)
-
-        def post(_m, args, out):
-            if captured["norm"] is None:
-                y = out[0] if isinstance(out, (tuple, list)) else out
-                captured["norm"] = (args[0].detach().double(), y.detach().double())
-
-        handle = norm.register_forward_hook(post)
-        try:
-            forward(t, x)
-        finally:
-            handle.remove()
-
-    return run
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and _relative(a, b) <= TOLERANCE
 
 
-def input_norm(norm: nn.Module | None, captured: dict, residual: Tensor, x_in: Tensor, layer: int):
+def input_norm(norm: nn.Module | None, residual: Tensor, x_in: Tensor, layer: int):
     """``(FrozenNorm or None, its bias or None)``: the anatomy's input norm of layer ``layer`` between the residual
-    stream ``(L, D)`` and the attention's input ``(L, D)``, frozen per position; None where the attention reads the
-    residual stream itself."""
+    stream ``(L, D)`` (``layers.{l}.resid_pre``) and the attention's input ``(L, D)`` (``layers.{l}.attn.in``),
+    frozen per position (checked against them); None where the attention reads the residual stream itself."""
     if norm is None:
         return None, None
-    x, y = captured["norm"]
-    if not (same(x[0], residual) and same(y[0], x_in)):
-        raise ValueError(f"model: layer {layer}'s input norm did not read the residual stream in this run")
     frozen = freeze_norm(norm, residual, x_in, f"layer {layer}'s input norm")
     return frozen, frozen.bias
 
@@ -341,47 +312,32 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         raise ValueError(f"key: expected a position 0 … {query} (a key the query can see), got {key!r}")
 
     part = target.anatomy[layer]
-    attn = part.attention
     captured: dict = {}
-    qk_in: dict = {}
-    qk_out: dict = {}
-    handles = []
 
-    def grab_input(_m, args, kwargs):
-        x = next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
-        captured["input"] = x.detach()
-        captured["position_embeddings"] = kwargs.get("position_embeddings")
+    def keep(key):
+        def fn(x):
+            captured[key] = x
 
-    def watch(side, norm):
-        def pre(_m, args):
-            qk_in[side] = args[0].detach().double()
+        return fn
 
-        def post(_m, _args, out):
-            qk_out[side] = out.detach().double()
-
-        return [norm.register_forward_pre_hook(pre), norm.register_forward_hook(post)]
-
-    def rows_hook(rows):
-        captured["rows"] = rows
+    hooks = [
+        (f"layers.{layer}.attn.in", keep("input")),
+        (f"layers.{layer}.attn.qk", keep("rows")),
+        (f"layers.{layer}.attn.q", keep("q")),
+        (f"layers.{layer}.attn.k", keep("k")),
+    ]
+    if f"layers.{layer}.attn.rotary" in target.points:
+        hooks.append((f"layers.{layer}.attn.rotary", keep("position_embeddings")))
 
     def forward(t, x):
-        handles.append(attn.register_forward_pre_hook(grab_input, with_kwargs=True))
-        for side in ("q", "k"):
-            norm = part.sides[side].norm
-            if norm is not None:
-                handles.extend(watch(side, norm))
-        try:
-            with t.hooks({f"layers.{layer}.attn.qk": rows_hook}):
-                t.run_with_cache(x, names=[])
-        finally:
-            for h in handles:
-                h.remove()
+        with t.hooks(hooks):
+            t.run_with_cache(x, names=[])
 
-    parts = residual_parts(target, ids[None], layer, forward=_with_input_norm(part.attn_norm, captured, forward))
+    parts = residual_parts(target, ids[None], layer, forward=forward)
     rows = captured["rows"]
     residual = parts.residual[0]  # (L, D)
     x_in = captured["input"][0].double()  # (L, D): the attention's input
-    in_norm, input_bias = input_norm(part.attn_norm, captured, residual, x_in, layer)
+    in_norm, input_bias = input_norm(part.attn_norm, residual, x_in, layer)
 
     q_all, k_all = rows.q[0].double(), rows.k[0].double()  # (H, L, Dh), (Hkv, S, Dh)
     H, Hkv, Dh = q_all.shape[0], k_all.shape[0], q_all.shape[-1]
@@ -399,13 +355,12 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         W, b = side_weights(anatomy_side)  # (D, n·Dh), (n·Dh,)
         cols = slice(index * Dh, (index + 1) * Dh)
         W, b = W[:, cols], b[cols]
-        norm = anatomy_side.norm
         sides[side] = _Side(
             W.to(residual.device),
             b.to(residual.device),
             in_norm,
             input_bias,
-            _qk_norm(norm, qk_in, qk_out, side, index, Dh, x_in @ W.to(x_in.device) + b.to(x_in.device)),
+            _qk_norm(anatomy_side, captured[side].detach(), index, Dh),
             rotate,
             anatomy_side.scale,
         )
