@@ -198,11 +198,7 @@ def as_job(job) -> CopyJob:
         return job
     if isinstance(job, Mapping):
         return CopyJob(tuple((int(layer), int(h), None) for layer, heads in job.items() for h in heads))
-    return CopyJob(
-        tuple(
-            (int(p.layer), int(p.head), None if p.positions is None else tuple(p.positions)) for p in job
-        )
-    )
+    return CopyJob(tuple((int(p.layer), int(p.head), None if p.positions is None else tuple(p.positions)) for p in job))
 
 
 def _heads_of(model, layer: int) -> int:
