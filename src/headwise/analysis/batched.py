@@ -293,49 +293,42 @@ def start_groups(model, jobs: Sequence, prefix: bool = True) -> list[tuple[int, 
 def keep_blocks(model, run: Callable) -> tuple[object, list]:
     """``(run(), outputs)``: ``run()`` (one forward of the P input rows, no job) with every block's output kept —
     ``outputs[i]`` is what the block at ``layers.{i}.resid_pre`` returned (the residual stream at layer i + 1's
-    input, in the block's own return type). Empty where the model shows no blocks."""
+    input, in the block's own return type; :func:`headwise.points.call_hooks`). Empty where the model shows no
+    blocks."""
+    from headwise.points import call_hooks
+
     points = getattr(model, "points", None)
     names = [f"layers.{i}.resid_pre" for i in range(model.num_layers)]
     if points is None or any(n not in points for n in names):
         return run(), []
     outputs: list = [None] * model.num_layers
-    handles = []
 
-    def hook(i, _module, _args, out):
+    def keep(i, out):
         outputs[i] = out
 
-    try:
-        for i, n in enumerate(names):
-            handles.append(points[n].module.register_forward_hook(partial(hook, i)))
+    with call_hooks(points, names, after=keep):
         out = run()
-    finally:
-        for h in handles:
-            h.remove()
     return out, outputs
 
 
 @contextlib.contextmanager
 def replayed(model, layer: int, outputs: Sequence) -> Iterator[None]:
     """Inside the block, the blocks below ``layer`` compute nothing: each returns what it returned in the forward
-    :func:`keep_blocks` kept (the same input rows), so a forward starts at ``layers.{layer}.resid_pre`` with the
-    kept residual stream — the issue's "an ablation in layer l starts from the residual stream kept at layer l's
-    input". The model's own code around the blocks (embedding, masks, positions) still runs. ``layer`` 0 or no
-    kept outputs: nothing is replaced. Combine with :func:`copies_from` for J copies."""
+    :func:`keep_blocks` kept (the same input rows; :func:`headwise.points.replaced_calls`), so a forward starts at
+    ``layers.{layer}.resid_pre`` with the kept residual stream. The model's own code around the blocks (embedding,
+    masks, positions) still runs. ``layer`` 0 or no kept outputs: nothing is replaced. Combine with
+    :func:`copies_from` for J copies."""
+    from headwise.points import replaced_calls
+
     if layer <= 0 or not outputs:
         yield
         return
-    blocks = [model.points[f"layers.{i}.resid_pre"].module for i in range(layer)]
-    try:
-        for block, out in zip(blocks, outputs):
-            block.forward = partial(_replay, out)
+    with replaced_calls(model.points, [f"layers.{i}.resid_pre" for i in range(layer)], partial(_replay, outputs)):
         yield
-    finally:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
 
 
-def _replay(out, *_args, **_kwargs):
-    return out
+def _replay(outputs, i, _forward, *_args, **_kwargs):
+    return outputs[i]
 
 
 def _grow(x, J: int, P: int):
@@ -354,29 +347,25 @@ def _grow(x, J: int, P: int):
 def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
     """Inside the block, a forward of P rows becomes J·P rows at ``layers.{layer}.resid_pre``: the block's input
     (the residual stream) is copied J times, and every block from ``layer`` on gets the batch-shaped arguments the
-    model hands it (padding masks, per-row positions) copied alike. ``layer`` 0 or J 1: nothing is hooked.
+    model hands it (padding masks, per-row positions) copied alike (:func:`headwise.points.call_hooks`). ``layer`` 0
+    or J 1: nothing is hooked.
 
     Rows are ordered ``j·P + p`` (as ``ids.repeat(J, 1)``)."""
+    from headwise.points import call_hooks
+
     if layer <= 0 or J <= 1:
         yield
         return
-    points = model.points
-    handles = []
 
-    def hook(first: bool, _module, args, kwargs):
+    def grow(k, args, kwargs):
         # the first block copies the residual stream; every block copies the batch-shaped arguments it is handed
-        args = tuple(_grow(a, J, P) if k > 0 or first else a for k, a in enumerate(args))
-        kwargs = {k: _grow(v, J, P) if k != "hidden_states" or first else v for k, v in kwargs.items()}
+        first = k == 0
+        args = tuple(_grow(a, J, P) if i > 0 or first else a for i, a in enumerate(args))
+        kwargs = {n: _grow(v, J, P) if n != "hidden_states" or first else v for n, v in kwargs.items()}
         return args, kwargs
 
-    try:
-        for i in range(layer, model.num_layers):
-            block = points[f"layers.{i}.resid_pre"].module
-            handles.append(block.register_forward_pre_hook(partial(hook, i == layer), with_kwargs=True))
+    with call_hooks(model.points, [f"layers.{i}.resid_pre" for i in range(layer, model.num_layers)], before=grow):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def run_copies(

@@ -140,19 +140,19 @@ def recomputed(hm, on: bool):
     """Inside the block (``on``), every block at ``layers.{i}.resid_pre`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): the backward recomputes each block from its input, so a gradient
     pass keeps one block's activations instead of NL. Gradients are the same (the recomputation is the same
-    computation). Nothing where the model shows no blocks."""
-    from torch.utils.checkpoint import checkpoint
+    computation; :func:`headwise.points.replaced_calls`). Nothing where the model shows no blocks."""
+    from headwise.points import replaced_calls
 
     names = [f"layers.{i}.resid_pre" for i in range(hm.num_layers)]
     points = getattr(hm, "points", None)
     if not on or points is None or any(n not in points for n in names):
         yield
         return
-    blocks = [points[n].module for n in names]
-    try:
-        for block in blocks:
-            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+    with replaced_calls(points, names, _checkpointed):
         yield
-    finally:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
+
+
+def _checkpointed(_k, forward, *args, **kwargs):
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
