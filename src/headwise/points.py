@@ -443,3 +443,67 @@ class _Keeper:
 
     def __call__(self, x) -> None:
         self.keep(self.name, x)
+
+
+# -- a module's whole call at a point: for engines that reshape a forward (batched copies, replay, recomputation) --
+
+
+@contextmanager
+def call_hooks(points: NamedPoints, names, *, before=None, after=None, arg: str = "names") -> Iterator[None]:
+    """Inside the block, hooks that see the whole call of each named point's module, where a point's own hooks see
+    one tensor: ``before(k, args, kwargs) -> (args, kwargs) or None`` before the module runs (every argument, the
+    batch-shaped masks and positions a model hands its blocks included), ``after(k, output) -> output or None`` on
+    what it returns, in its own return type (a tuple for a Hugging Face block); ``k`` is the name's index in
+    ``names``. Removed after, also on error."""
+    modules = [points.point(arg, name).module for name in names]
+    handles: list[RemovableHandle] = []
+    try:
+        for k, module in enumerate(modules):
+            if before is not None:
+                handles.append(module.register_forward_pre_hook(_CallHook(before, k, False), with_kwargs=True))
+            if after is not None:
+                handles.append(module.register_forward_hook(_CallHook(after, k, True)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def replaced_calls(points: NamedPoints, names, call, *, arg: str = "names") -> Iterator[None]:
+    """Inside the block, calling the module of each named point runs ``call(k, forward, *args, **kwargs)`` (``forward``
+    the module's own, ``k`` the name's index in ``names``) — a forward that starts at a layer has the blocks below
+    return what they returned before; activation checkpointing recomputes a block from its input. Hooks registered
+    on the module still run around the call. Each module gets its own ``forward`` back after, also on error."""
+    modules = [points.point(arg, name).module for name in names]
+    try:
+        for k, module in enumerate(modules):
+            module.forward = _Call(call, k, module.forward)
+        yield
+    finally:
+        for module in modules:
+            module.__dict__.pop("forward", None)
+
+
+class _CallHook:
+    """A forward pre-hook (``fn(k, args, kwargs)``) or hook (``after``: ``fn(k, output)``) of :func:`call_hooks`."""
+
+    __slots__ = ("fn", "k", "after")
+
+    def __init__(self, fn, k: int, after: bool):
+        self.fn, self.k, self.after = fn, k, after
+
+    def __call__(self, _module, args, *rest):
+        return self.fn(self.k, rest[-1]) if self.after else self.fn(self.k, args, rest[0])
+
+
+class _Call:
+    """``call(k, forward, *args, **kwargs)`` in place of a module's ``forward`` (:func:`replaced_calls`)."""
+
+    __slots__ = ("call", "k", "forward")
+
+    def __init__(self, call, k: int, forward):
+        self.call, self.k, self.forward = call, k, forward
+
+    def __call__(self, *args, **kwargs):
+        return self.call(self.k, self.forward, *args, **kwargs)

@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 import headwise.hf  # noqa: E402
 from _hf_models import VOCAB, build  # noqa: E402
-from headwise.analysis import importance as I  # noqa: E402
+from headwise.analysis import gates as G  # noqa: E402
+from headwise.analysis import objective as O  # noqa: E402
 from headwise.models import BertConfig, BertEncoder, HeadModel  # noqa: E402
 from headwise.points import attention_point  # noqa: E402
 
@@ -35,7 +36,7 @@ def _one_head_at_a_time(hm, batches) -> tuple[np.ndarray, int]:
     with torch.no_grad():
         for ids, mask in batches:
             b = ids.shape[0]
-            e = I._pooled(hm.forward(ids, mask, math_path=True), mask)
+            e = O.mean_pooled(hm.forward(ids, mask, math_path=True), mask)
             unit = e / e.norm(dim=-1, keepdim=True)
             for layer in range(nl):
                 for head in range(h):
@@ -48,7 +49,7 @@ def _one_head_at_a_time(hm, batches) -> tuple[np.ndarray, int]:
                             return out * gates[:, :, None, None].to(out.dtype)
 
                         with hm.hooks({attention_point(layer, "heads"): gate}):
-                            pooled = I._pooled(hm.forward(ids, mask, math_path=True), mask)
+                            pooled = O.mean_pooled(hm.forward(ids, mask, math_path=True), mask)
                         de = fwad.unpack_dual(pooled).tangent  # (B, D)
                     turn = de - (de * unit).sum(-1, keepdim=True) * unit
                     total[layer, head] += float((turn.norm(dim=-1) / e.norm(dim=-1)).double().sum())
@@ -71,8 +72,8 @@ def test_batched_tangents_equal_one_pass_per_head(which, dtype):
     hm.model.to(dtype)
     batches = [_ragged([8, 3, 6], 8, 1), _ragged([2, 7], 9, 4)]  # padding inside and past each batch's longest
     with torch.no_grad():
-        references = [I._pooled(hm.forward(ids, mask), mask) for ids, mask in batches]
-    got, sequences = I._encoder_importance(hm, batches, references, lambda *a: None)
+        references = [O.mean_pooled(hm.forward(ids, mask), mask) for ids, mask in batches]
+    got, sequences = G.encoder_importance(hm, batches, references, lambda *a: None)
     want, want_sequences = _one_head_at_a_time(hm, batches)
     assert sequences == want_sequences == 5
     assert got.shape == (hm.num_layers, hm.num_heads) and got.min() > 0
@@ -90,6 +91,6 @@ def test_packing_does_not_change_the_importance():
     runs = []
     for batches in ([(ids, mask)], split):
         with torch.no_grad():
-            references = [I._pooled(hm.forward(i, m), m) for i, m in batches]
-        runs.append(I._encoder_importance(hm, batches, references, lambda *a: None)[0])
+            references = [O.mean_pooled(hm.forward(i, m), m) for i, m in batches]
+        runs.append(G.encoder_importance(hm, batches, references, lambda *a: None)[0])
     np.testing.assert_allclose(runs[0], runs[1], rtol=0, atol=1e-12)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from headwise.analysis import gates as G
 from headwise.analysis import importance as I
+from headwise.analysis import objective as O
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -122,8 +124,8 @@ def test_encoder_importance_is_the_embedding_turning_rate():
     hm.model.double()
     enc = hm.encode(["God saw the light, and it was good."])
     with torch.no_grad():
-        e = I._pooled(hm.forward(enc.ids, enc.mask, math_path=True), enc.mask)
-    got, sequences = I._encoder_importance(hm, [(enc.ids, enc.mask)], [e], lambda *a: None)
+        e = O.mean_pooled(hm.forward(enc.ids, enc.mask, math_path=True), enc.mask)
+    got, sequences = G.encoder_importance(hm, [(enc.ids, enc.mask)], [e], lambda *a: None)
     assert sequences == 1 and got.shape == (6, 12)
     unit = e / e.norm(dim=-1, keepdim=True)
     for layer, head in ((0, 0), (3, 7), (5, 11)):
@@ -132,7 +134,7 @@ def test_encoder_importance_is_the_embedding_turning_rate():
             g = torch.ones(6, 12, dtype=torch.float64)
             g[layer, head] = s
             with torch.no_grad(), hm.gated(g):
-                sides.append(I._pooled(hm.forward(enc.ids, enc.mask, math_path=True), enc.mask))
+                sides.append(O.mean_pooled(hm.forward(enc.ids, enc.mask, math_path=True), enc.mask))
         de = (sides[0] - sides[1]) / (2 * d)
         turn = de - (de * unit).sum(-1, keepdim=True) * unit
         assert got[layer, head] == pytest.approx(float(turn.norm() / e.norm()), rel=1e-6)

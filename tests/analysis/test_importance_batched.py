@@ -15,7 +15,10 @@ pytest.importorskip("transformers")
 import headwise.hf  # noqa: E402
 from _hf_models import VOCAB, build  # noqa: E402
 from headwise.analysis import batched as B  # noqa: E402
+from headwise.analysis import gates as G  # noqa: E402
 from headwise.analysis import importance as I  # noqa: E402
+from headwise.analysis import objective as O  # noqa: E402
+from headwise.analysis import sweep_plan as SP  # noqa: E402
 from headwise.models import HeadModel, LMConfig, TransformerLM, lab_head_model  # noqa: E402
 
 FAMILIES = ("llama", "gpt2", "gemma2")
@@ -170,7 +173,7 @@ def test_lab_model_sweep_equals_one_forward_per_head_set():
             np.testing.assert_array_equal(got.importance, reference.importance)
         # memory for 4 rows of 10 tokens a pass: zero ablation runs 4 copies of 1 row (the batch split), mean
         # ablation 1 copy of the whole batch (its mean is over the batch)
-        four_rows = 4 * 10 * I._row_bytes(hm, 20)
+        four_rows = 4 * 10 * SP.bytes_per_token(hm, 20)
         got = I.head_importance(hm, batches, mode=mode, memory=four_rows, **kw)
         _assert_same(got, reference)
         assert got.sweep["copies"] == (4 if mode == "zero" else 1)
@@ -184,7 +187,7 @@ def test_gates_forward_gives_the_intact_objective():
     model = TransformerLM(LMConfig(vocab_size=20, context_length=16, d_model=16, num_layers=2, num_heads=2)).eval()
     hm = lab_head_model(model)
     batches = _lab_batches(3)
-    _, _, loss, tokens = I._decoder_importance(hm, batches, "answers", lambda *a: None)
+    _, _, loss, tokens = G.decoder_importance(hm, batches, "answers", lambda *a: None)
     alone, count = I.objective(hm, batches, scored="answers")
     assert tokens == count and loss == pytest.approx(alone, rel=1e-6)
 
@@ -242,8 +245,8 @@ def test_gradient_pass_recomputed_equals_kept(hf_decoder):
     """Blocks recomputed in the backward pass (activation checkpointing) give the same gradients and loss."""
     hm = hf_decoder
     batches = [_padded(3, 9, 8), _padded(2, 6, 9)]
-    kept = I._decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=False)
-    again = I._decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=True)
+    kept = G.decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=False)
+    again = G.decoder_importance(hm, batches, "next_token", lambda *a: None, recompute=True)
     np.testing.assert_allclose(again[0], kept[0], rtol=0, atol=1e-7)
     assert again[1:] == kept[1:] or abs(again[2] - kept[2]) < 1e-7
     blocks = [hm.points[f"layers.{i}.resid_pre"].module for i in range(hm.num_layers)]
@@ -251,11 +254,11 @@ def test_gradient_pass_recomputed_equals_kept(hf_decoder):
     # and the gradient pass's importance against the reference (one full-logits loss, F.cross_entropy)
     ids, mask = batches[0]
     gates = torch.ones((3, hm.num_layers, hm.num_heads), requires_grad=True)
-    ids_, mask_, targets, chosen = I._targets((ids, mask), "next_token")
+    ids_, mask_, targets, chosen = O.decoder_targets((ids, mask), "next_token")
     with hm.gated(gates):
-        losses, n = I._decoder_losses(hm.forward(ids_, mask_), targets, chosen)
+        losses, n = O.decoder_losses(hm.forward(ids_, mask_), targets, chosen)
     losses.sum().backward()
-    one = I._decoder_importance(hm, batches[:1], "next_token", lambda *a: None, recompute=True)
+    one = G.decoder_importance(hm, batches[:1], "next_token", lambda *a: None, recompute=True)
     np.testing.assert_allclose(one[0], gates.grad.abs().double().mean(dim=0).numpy(), rtol=0, atol=1e-6)
 
 
@@ -264,28 +267,28 @@ def test_scored_rows_and_chunked_loss(monkeypatch):
     logits at those positions; the loss by chunks equals ``F.cross_entropy``."""
     hm = HeadModel(build("gemma2", attn=headwise.hf.NAME, seed=5))
     ids, mask = _padded(3, 9, 10)
-    _, _, targets, chosen = I._targets((ids, mask), "next_token")
+    _, _, targets, chosen = O.decoder_targets((ids, mask), "next_token")
     index = chosen.reshape(-1).nonzero()[:, 0]
     with torch.no_grad():
         full = hm.forward(ids, mask)
-        some = I._scored_logits(hm, lambda: hm.forward(ids, mask), index)
+        some = O.scored_logits(hm, lambda: hm.forward(ids, mask), index)
     assert some.shape == (len(index), VOCAB)
     torch.testing.assert_close(some, full.reshape(-1, VOCAB)[index], rtol=0, atol=1e-5)
-    monkeypatch.setattr(I, "LOSS_CHUNK", 4)
+    monkeypatch.setattr(O, "LOSS_CHUNK", 4)
     want = torch.nn.functional.cross_entropy(some, targets.reshape(-1)[index], reduction="none")
-    torch.testing.assert_close(I._token_losses(some, targets.reshape(-1)[index]), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(O.token_losses(some, targets.reshape(-1)[index]), want, rtol=0, atol=1e-5)
 
 
 def test_rows_packed_by_length_keep_every_scored_position():
     batches = [_padded(4, 9, 11), _padded(3, 12, 12)]
-    whole = sum(int(I._targets(b, "next_token")[3].sum()) for b in batches)
-    parts, count = I._parts(batches, "next_token", None, True, 20)
+    whole = sum(int(O.decoder_targets(b, "next_token")[3].sum()) for b in batches)
+    parts, count = SP.row_parts(batches, "next_token", None, True, 20)
     assert count == whole == sum(len(p.index) for p in parts)
     lengths = [p.ids.shape[1] for p in parts]
     assert lengths == sorted(lengths, reverse=True) and all(p.tokens <= 20 or p.ids.shape[0] == 1 for p in parts)
     # no part runs the last token of its longest row (it has no target) nor padding past it
     assert all(int(p.mask[:, -1].sum()) >= 1 for p in parts)
-    parts, count = I._parts(batches, "next_token", None, False, 20)  # mean ablation: the batches as given
+    parts, count = SP.row_parts(batches, "next_token", None, False, 20)  # mean ablation: the batches as given
     assert [p.ids.shape for p in parts] == [(4, 9), (3, 12)] and count == whole
 
 
@@ -360,7 +363,7 @@ def test_packing_is_the_cheapest_partition():
             parts = list(zip(bounds, bounds[1:]))
             if any(b - a > 1 and (b - a) * lengths[a] > cap for a, b in parts):
                 return None
-            return sum((b - a) * lengths[a] + I.PART_TOKENS for a, b in parts)
+            return sum((b - a) * lengths[a] + SP.PART_TOKENS for a, b in parts)
 
         costs = [
             c
@@ -368,7 +371,7 @@ def test_packing_is_the_cheapest_partition():
             for cuts in itertools.combinations(range(1, len(lengths)), k)
             if (c := cost(cuts)) is not None
         ]
-        got = I._packing(lengths, cap)
+        got = SP.packing(lengths, cap)
         assert got[0][0] == 0 and got[-1][1] == len(lengths)
         assert all(a < b for a, b in got) and all(x[1] == y[0] for x, y in zip(got, got[1:]))
         assert cost([b for _, b in got[:-1]]) == min(costs)
@@ -376,15 +379,15 @@ def test_packing_is_the_cheapest_partition():
 
 def test_chunked_loss_with_a_gradient(monkeypatch):
     """The gradient path of the chunked loss (logsumexp) equals ``F.cross_entropy``, values and gradients."""
-    monkeypatch.setattr(I, "LOSS_CHUNK", 5)
+    monkeypatch.setattr(O, "LOSS_CHUNK", 5)
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(12, 30, generator=g, requires_grad=True)
     targets = torch.randint(0, 30, (12,), generator=g)
-    got = I._token_losses(logits, targets)
+    got = O.token_losses(logits, targets)
     (grad,) = torch.autograd.grad(got.sum(), logits)
     want = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     (ref,) = torch.autograd.grad(want.sum(), logits)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(grad, ref, rtol=0, atol=1e-6)
     with torch.no_grad():
-        torch.testing.assert_close(I._token_losses(logits, targets), want.detach(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(O.token_losses(logits, targets), want.detach(), rtol=0, atol=1e-6)

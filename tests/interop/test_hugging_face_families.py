@@ -109,10 +109,10 @@ def _deepseek_layer():
 @pytest.mark.parametrize(
     "reader, layer",
     [
-        ("_from_separate_projections", lambda: from_config("llama", CONVERTIBLE["llama"]).layers[1].self_attn),
-        ("_from_latent", _deepseek_layer),
-        ("_from_gpt2", lambda: from_config("gpt2", CONVERTIBLE["gpt2"]).h[1].attn),
-        ("_from_bert", lambda: from_config("bert", CONVERTIBLE["bert"]).encoder.layer[1].attention),
+        ("from_separate_projections", lambda: from_config("llama", CONVERTIBLE["llama"]).layers[1].self_attn),
+        ("from_latent", _deepseek_layer),
+        ("from_gpt2", lambda: from_config("gpt2", CONVERTIBLE["gpt2"]).h[1].attn),
+        ("from_bert", lambda: from_config("bert", CONVERTIBLE["bert"]).encoder.layer[1].attention),
     ],
 )
 def test_every_layout_is_checked_against_its_source_and_a_wrong_conversion_refused(monkeypatch, reader, layer):
@@ -139,9 +139,9 @@ def test_every_layout_is_checked_against_its_source_and_a_wrong_conversion_refus
 
 def test_the_check_refuses_the_window_exaone4_used_to_get(monkeypatch):
     """The global layer converted with the module's own sliding_window (the config's, on every layer) is refused."""
-    import headwise.interop.hugging_face as hf
+    import headwise.interop.hf_layouts as layouts
 
-    monkeypatch.setattr(hf, "_window", lambda m, config: m.sliding_window)
+    monkeypatch.setattr(layouts, "window_of", lambda m, config: m.sliding_window)
     layers = from_config("exaone4", CONVERTIBLE["exaone4"]).layers
     from_hf(layers[0].self_attn)  # a local layer: right either way
     with pytest.raises(
@@ -154,13 +154,13 @@ def test_the_check_refuses_the_window_exaone4_used_to_get(monkeypatch):
 
 def test_the_check_refuses_rope_frequencies_that_differ_from_the_models(monkeypatch):
     """The rotation probe finds the layout on its own tables; the check runs the model's: YaRN dropped is refused."""
-    import headwise.interop.hugging_face as hf
+    import headwise.interop.hf_config as config
 
     def without_scaling(head_dim, *, scaling=None, **kwargs):
-        return hf.RotaryEmbedding.__wrapped__(head_dim, **kwargs)
+        return config.RotaryEmbedding.__wrapped__(head_dim, **kwargs)
 
-    without_scaling.__wrapped__ = hf.RotaryEmbedding
-    monkeypatch.setattr(hf, "RotaryEmbedding", without_scaling)
+    without_scaling.__wrapped__ = config.RotaryEmbedding
+    monkeypatch.setattr(config, "RotaryEmbedding", without_scaling)
     layers = from_config("olmo3", CONVERTIBLE["olmo3"]).layers
     from_hf(layers[0].self_attn)  # no scaling there
     with pytest.raises(ValueError, match=r"layer 3 of olmo3 \(Olmo3Attention\)"):

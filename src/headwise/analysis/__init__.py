@@ -28,9 +28,12 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.importance` — Michel et al.'s head importance, single-head ablation and pruning
   curves (:func:`head_importance`, with ``scored=`` for which tokens are scored), on any model shaped as
   :class:`headwise.models.HeadModel` (PyTorch, imported when called); :func:`ablation_objectives` measures any
-  head sets.
-- :mod:`~headwise.analysis.batched` — the batched head engine: head sets as copies of a batch in one forward
-  (zero or mean ablation, another run's heads for patching), started at the lowest layer's ``resid_pre``.
+  head sets. Its parts: :mod:`~headwise.analysis.objective` (what is scored), :mod:`~headwise.analysis.gates`
+  (the gates' importance), :mod:`~headwise.analysis.sweep_plan` (the passes' rows), :mod:`~headwise.analysis.ablation`
+  (measured ablation).
+- :mod:`~headwise.analysis.batched` — the one engine of batched copies: jobs of heads (at every position or chosen
+  ones; zero or mean ablation, another run's heads for patching) or of a caller's edits (circuits' paths) as copies
+  of a batch in one forward, started at the lowest touched layer's ``resid_pre``.
 
 The package draws nothing on the terminal: :func:`analyze_texts` reports progress to a callback.
 The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).

@@ -41,6 +41,8 @@ from functools import partial
 __all__ = [
     "MODES",
     "PASS_TOKENS",
+    "CopyJob",
+    "as_job",
     "SweepCost",
     "choose_copies",
     "choose_split",
@@ -165,25 +167,69 @@ def choose_split(
     return J, max(1, min(rows, fit // J))
 
 
-def job_masks(jobs: Sequence[Job], num_heads: int, device=None) -> dict:
-    """``{layer: keep (J, H) bool}``: True where copy j's job replaces that head (layers no job touches are absent)."""
+@dataclass(frozen=True)
+class CopyJob:
+    """One job of :func:`run_copies`, as the engine reads it.
+
+    Attributes:
+        heads: ``((layer, head, positions or None), …)``: the heads this copy replaces, each at ``positions`` (a
+            tuple of positions) or at every position (None).
+        edits: the lowest layer at which the caller's own ``run`` edits this copy's rows (path patching's deltas on a
+            receiver's input, added by :meth:`headwise.circuits.Wiring.run`), or None; ``num_layers`` for an edit
+            after the last block (the logits' input). The copies start no higher than it.
+    """
+
+    heads: tuple[tuple[int, int, tuple[int, ...] | None], ...] = ()
+    edits: int | None = None
+
+    @property
+    def lowest(self) -> int | None:
+        """The lowest layer this job touches (None: none)."""
+        layers = [layer for layer, _, _ in self.heads]
+        if self.edits is not None:
+            layers.append(self.edits)
+        return min(layers) if layers else None
+
+
+def as_job(job) -> CopyJob:
+    """A job as :class:`CopyJob`: itself; ``{layer: [head, …]}`` (every position); or a sequence of patches with
+    ``layer``, ``head`` and ``positions`` (None: every position; :class:`headwise.patching.Patch`)."""
+    if isinstance(job, CopyJob):
+        return job
+    if isinstance(job, Mapping):
+        return CopyJob(tuple((int(layer), int(h), None) for layer, heads in job.items() for h in heads))
+    return CopyJob(tuple((int(p.layer), int(p.head), None if p.positions is None else tuple(p.positions)) for p in job))
+
+
+def _heads_of(model, layer: int) -> int:
+    per_layer = getattr(model, "heads_per_layer", None)
+    return int(per_layer[layer]) if per_layer else int(model.num_heads)
+
+
+def job_masks(model, jobs: Sequence, length: int, device=None) -> dict:
+    """``{layer: keep}``: True where copy j's job replaces that head — ``(J, H)`` bool, or ``(J, H, L)`` where some
+    job of the layer names positions (layers no job touches are absent; H the layer's query heads)."""
     import torch
 
+    jobs = [as_job(job) for job in jobs]
+    timed = {layer for job in jobs for layer, _, pos in job.heads if pos is not None}
     masks: dict[int, torch.Tensor] = {}
     for j, job in enumerate(jobs):
-        for layer, heads in job.items():
-            heads = list(heads)
-            if not heads:
-                continue
-            mask = masks.get(int(layer))
+        for layer, head, positions in job.heads:
+            mask = masks.get(layer)
             if mask is None:
-                mask = masks[int(layer)] = torch.zeros(len(jobs), num_heads, dtype=torch.bool)
-            mask[j, heads] = True
+                shape = (len(jobs), _heads_of(model, layer)) + ((length,) if layer in timed else ())
+                mask = masks[layer] = torch.zeros(shape, dtype=torch.bool)
+            if positions is None:
+                mask[j, head] = True
+            else:
+                mask[j, head, list(positions)] = True
     return {layer: m.to(device) if device is not None else m for layer, m in masks.items()}
 
 
 def replace_heads(out, keep, J: int, replacement="zero", real=None):
-    """Copy j's heads where ``keep[j]`` is True, replaced; the other heads and copies as they are.
+    """Copy j's heads where ``keep[j]`` is True, replaced; the other heads and copies as they are — the one place
+    heads are zeroed, mean-ablated or patched.
 
     Args:
         out: the per-head outputs ``(J·P, H, L, Dh)`` of one layer (row ``j·P + p`` is input p of copy j).
@@ -219,20 +265,21 @@ def replace_heads(out, keep, J: int, replacement="zero", real=None):
     return torch.where(mask, src[None], x).reshape(N, H, L, Dh)
 
 
-def start_layer(model, jobs: Sequence[Job]) -> int:
-    """The lowest layer any job touches where the model has its ``layers.{l}.resid_pre`` point — the layer the
-    copies start at (0 where the model shows no blocks, or a job has no head)."""
-    layers = [int(layer) for job in jobs for layer, heads in job.items() if list(heads)]
+def start_layer(model, jobs: Sequence) -> int:
+    """The lowest layer any job touches (:class:`CopyJob`'s ``lowest``; an edit past the last block counts as the
+    last block) where the model has its ``layers.{l}.resid_pre`` point — the layer the copies start at (0 where the
+    model shows no blocks, or a job touches nothing)."""
+    layers = [low for low in (as_job(job).lowest for job in jobs) if low is not None]
     if not layers:
         return 0
-    low = min(layers)
+    low = min(min(layers), model.num_layers - 1)
     points = getattr(model, "points", None)
-    if low == 0 or points is None or f"layers.{low}.resid_pre" not in points:
+    if low <= 0 or points is None or f"layers.{low}.resid_pre" not in points:
         return 0
     return low
 
 
-def start_groups(model, jobs: Sequence[Job], prefix: bool = True) -> list[tuple[int, list[int]]]:
+def start_groups(model, jobs: Sequence, prefix: bool = True) -> list[tuple[int, list[int]]]:
     """Jobs grouped by the layer their copies start at (:func:`start_layer` of the job alone; 0 for every job when
     ``prefix`` is False): ``[(layer, [job index, …]), …]``, deepest layer first, jobs in their given order within
     a group. A pass cut at these boundaries runs each job from its own lowest layer — none carries the layers
@@ -246,49 +293,42 @@ def start_groups(model, jobs: Sequence[Job], prefix: bool = True) -> list[tuple[
 def keep_blocks(model, run: Callable) -> tuple[object, list]:
     """``(run(), outputs)``: ``run()`` (one forward of the P input rows, no job) with every block's output kept —
     ``outputs[i]`` is what the block at ``layers.{i}.resid_pre`` returned (the residual stream at layer i + 1's
-    input, in the block's own return type). Empty where the model shows no blocks."""
+    input, in the block's own return type; :func:`headwise.points.call_hooks`). Empty where the model shows no
+    blocks."""
+    from headwise.points import call_hooks
+
     points = getattr(model, "points", None)
     names = [f"layers.{i}.resid_pre" for i in range(model.num_layers)]
     if points is None or any(n not in points for n in names):
         return run(), []
     outputs: list = [None] * model.num_layers
-    handles = []
 
-    def hook(i, _module, _args, out):
+    def keep(i, out):
         outputs[i] = out
 
-    try:
-        for i, n in enumerate(names):
-            handles.append(points[n].module.register_forward_hook(partial(hook, i)))
+    with call_hooks(points, names, after=keep):
         out = run()
-    finally:
-        for h in handles:
-            h.remove()
     return out, outputs
 
 
 @contextlib.contextmanager
 def replayed(model, layer: int, outputs: Sequence) -> Iterator[None]:
     """Inside the block, the blocks below ``layer`` compute nothing: each returns what it returned in the forward
-    :func:`keep_blocks` kept (the same input rows), so a forward starts at ``layers.{layer}.resid_pre`` with the
-    kept residual stream — the issue's "an ablation in layer l starts from the residual stream kept at layer l's
-    input". The model's own code around the blocks (embedding, masks, positions) still runs. ``layer`` 0 or no
-    kept outputs: nothing is replaced. Combine with :func:`copies_from` for J copies."""
+    :func:`keep_blocks` kept (the same input rows; :func:`headwise.points.replaced_calls`), so a forward starts at
+    ``layers.{layer}.resid_pre`` with the kept residual stream. The model's own code around the blocks (embedding,
+    masks, positions) still runs. ``layer`` 0 or no kept outputs: nothing is replaced. Combine with
+    :func:`copies_from` for J copies."""
+    from headwise.points import replaced_calls
+
     if layer <= 0 or not outputs:
         yield
         return
-    blocks = [model.points[f"layers.{i}.resid_pre"].module for i in range(layer)]
-    try:
-        for block, out in zip(blocks, outputs):
-            block.forward = partial(_replay, out)
+    with replaced_calls(model.points, [f"layers.{i}.resid_pre" for i in range(layer)], partial(_replay, outputs)):
         yield
-    finally:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
 
 
-def _replay(out, *_args, **_kwargs):
-    return out
+def _replay(outputs, i, _forward, *_args, **_kwargs):
+    return outputs[i]
 
 
 def _grow(x, J: int, P: int):
@@ -307,65 +347,71 @@ def _grow(x, J: int, P: int):
 def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
     """Inside the block, a forward of P rows becomes J·P rows at ``layers.{layer}.resid_pre``: the block's input
     (the residual stream) is copied J times, and every block from ``layer`` on gets the batch-shaped arguments the
-    model hands it (padding masks, per-row positions) copied alike. ``layer`` 0 or J 1: nothing is hooked.
+    model hands it (padding masks, per-row positions) copied alike (:func:`headwise.points.call_hooks`). ``layer`` 0
+    or J 1: nothing is hooked.
 
     Rows are ordered ``j·P + p`` (as ``ids.repeat(J, 1)``)."""
+    from headwise.points import call_hooks
+
     if layer <= 0 or J <= 1:
         yield
         return
-    points = model.points
-    handles = []
 
-    def hook(first: bool, _module, args, kwargs):
+    def grow(k, args, kwargs):
         # the first block copies the residual stream; every block copies the batch-shaped arguments it is handed
-        args = tuple(_grow(a, J, P) if k > 0 or first else a for k, a in enumerate(args))
-        kwargs = {k: _grow(v, J, P) if k != "hidden_states" or first else v for k, v in kwargs.items()}
+        first = k == 0
+        args = tuple(_grow(a, J, P) if i > 0 or first else a for i, a in enumerate(args))
+        kwargs = {n: _grow(v, J, P) if n != "hidden_states" or first else v for n, v in kwargs.items()}
         return args, kwargs
 
-    try:
-        for i in range(layer, model.num_layers):
-            block = points[f"layers.{i}.resid_pre"].module
-            handles.append(block.register_forward_pre_hook(partial(hook, i == layer), with_kwargs=True))
+    with call_hooks(model.points, [f"layers.{i}.resid_pre" for i in range(layer, model.num_layers)], before=grow):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def run_copies(
     model,
     run: Callable,
     ids,
-    jobs: Sequence[Job],
+    jobs: Sequence,
     *,
     replacement="zero",
     real=None,
     prefix: bool = True,
     kept: Sequence = (),
 ) -> tuple[object, int]:
-    """One forward of J = ``len(jobs)`` copies of the input, copy j with job j's heads replaced.
+    """One forward of J = ``len(jobs)`` copies of the input, copy j with job j's heads replaced (and the caller's
+    edits of its rows, made by ``run``) — the one engine of batched copies: importance's ablations and pruning sets,
+    patching's sweep, circuits' path and edge patching.
 
     Args:
-        model: the model view (``hooks(fns)`` by point name, ``num_heads``, ``num_layers``, ``points``).
+        model: the model view (``hooks(fns)`` by point name, ``num_heads``, ``num_layers``, ``points``; its
+            ``heads_per_layer`` where layers differ).
         run: ``run(repeat) -> output``: runs the model on the input, copied ``repeat`` times along the batch (the
-            caller's own forward: logits, last hidden states); ``repeat`` is 1 when the prefix copies it.
+            caller's own forward: logits, last hidden states, a forward that edits receivers' inputs); ``repeat`` is
+            1 when the prefix copies it.
         ids: the input ids ``(P, L)`` (only their shape and device are read).
-        jobs: J head sets ``{layer: [head, …]}``.
-        replacement, real: as :func:`replace_heads`.
+        jobs: J jobs, each a :class:`CopyJob`, a head set ``{layer: [head, …]}`` or a list of patches with
+            ``layer``, ``head``, ``positions`` (:func:`as_job`).
+        replacement: ``"zero"``, ``"mean"`` (:func:`replace_heads`) or another run's heads, one ``(P, H, L, Dh)``
+            tensor per layer (indexed by layer).
+        real: as :func:`replace_heads`.
         prefix: start the copies at the lowest layer the jobs touch (:func:`copies_from`).
         kept: the blocks' outputs of a forward of these rows (:func:`keep_blocks`): given, the layers below the
             copies' start are not run again (:func:`replayed`) — else they run once on the P rows.
     Returns:
         ``(output of the J·P rows, the layer the copies started at)``.
+    Raises:
+        RuntimeError: a source's heads that do not fit the layer's (named).
     """
     import torch
 
     from headwise.points import attention_point
 
+    jobs = [as_job(job) for job in jobs]
     J, P = len(jobs), ids.shape[0]
-    masks = job_masks(jobs, model.num_heads, ids.device)
+    masks = job_masks(model, jobs, ids.shape[1], ids.device)
     hooks = {
-        attention_point(layer, "heads"): partial(_replacing, keep, J, replacement, real)
+        attention_point(layer, "heads"): partial(_replacing, layer, keep, J, replacement, real)
         for layer, keep in masks.items()
     }
     low = start_layer(model, jobs) if prefix and (J > 1 or kept) else 0
@@ -374,5 +420,9 @@ def run_copies(
     return out, low
 
 
-def _replacing(keep, J, replacement, real, out):
-    return replace_heads(out, keep, J, replacement, real)
+def _replacing(layer, keep, J, replacement, real, out):
+    source = replacement if isinstance(replacement, str) else replacement[layer]
+    try:
+        return replace_heads(out, keep, J, source, real)
+    except RuntimeError as e:
+        raise RuntimeError(f"layer {layer}: {e}") from None

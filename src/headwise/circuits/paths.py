@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from headwise.analysis.batched import CopyJob, run_copies
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph, build_graph
 from headwise.circuits.wiring import Wiring, wiring
@@ -182,16 +183,23 @@ def _jobs(w: Wiring, graph: Graph, senders: list[list[int]], base: dict, source:
 
 
 def _run_jobs(w: Wiring, graph: Graph, base_ids: Tensor, parts: list, receivers: Tensor, metric, batch_size, progress):
-    """The metric ``(P, J)`` of every job, ``batch_size`` jobs per forward pass."""
+    """The metric ``(P, J)`` of every job, ``batch_size`` jobs per forward pass of the batched engine
+    (:func:`headwise.analysis.batched.run_copies`): each job's edits start at its lowest receiver's layer, so a pass
+    runs the layers below its jobs' lowest receiver once on the P rows."""
     P = base_ids.shape[0]
     last_only = reads_last_position(metric)
     values, passes = [], 0
     J = len(parts)
+    layer_of = graph.stage_r // 2  # (R,): the layer each receiver reads in (the logits': NL)
     for start in range(0, J, batch_size):
         chunk, r = parts[start : start + batch_size], receivers[start : start + batch_size]
         deltas = _job_deltas(graph, chunk, r)
-        with torch.no_grad():
-            logits, _ = w.run(base_ids.repeat(len(chunk), 1), deltas=deltas, last_only=last_only)
+        jobs = [CopyJob(edits=int(layer_of[m.cpu().numpy()].min()) if bool(m.any()) else None) for m in r]
+
+        def run(repeat: int, deltas=deltas) -> Tensor:
+            return w.run(base_ids.repeat(repeat, 1), deltas=deltas, last_only=last_only)[0]
+
+        logits, _ = run_copies(w.target, run, base_ids, jobs)
         values.append(metric(logits).detach().float().reshape(len(chunk), P).cpu())
         passes += 1
         if progress is not None:

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import copies_from, replace_heads, start_layer
+from headwise.analysis.batched import run_copies
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -177,22 +177,14 @@ def run_with_cache(target, ids: Tensor) -> HeadCache:
     return HeadCache(logits.detach(), heads)  # type: ignore[arg-type]
 
 
-def _replace(layer: int, masks: Mapping[int, Tensor], source: HeadCache, J: int, out: Tensor) -> Tensor:
-    """A ``hook_heads`` hook: rows of copy j take the source's heads where ``masks[layer][j]`` is True (the batched
-    engine's :func:`headwise.analysis.batched.replace_heads`)."""
-    try:
-        return replace_heads(out, masks[layer], J, source.heads[layer])
-    except RuntimeError as e:
-        raise RuntimeError(f"patching: layer {layer}: {e}") from None
-
-
 def run_patched(
     target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]], *, last_only: bool = False
 ) -> Tensor:
-    """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``.
+    """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``
+    (the batched engine, :func:`headwise.analysis.batched.run_copies`).
 
     The layers below the lowest one any job patches run once on the P rows and the residual stream is copied J
-    times at that layer's input (:func:`headwise.analysis.batched.copies_from`; where the model shows its blocks).
+    times at that layer's input (where the model shows its blocks).
 
     Returns:
         logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]`` (``last_only``: a Hugging Face
@@ -201,26 +193,24 @@ def run_patched(
         ValueError / TypeError: a layer, head or position out of range (named).
     """
     target = as_target(target)
-    J, L = len(jobs), base.shape[1]
-    masks: dict[int, Tensor] = {}
-    for j, job in enumerate(jobs):
+    L = base.shape[1]
+    for job in jobs:
         for patch in job:
             target.check_layer_head(patch.layer, patch.head)
-            mask = masks.get(patch.layer)
-            if mask is None:
-                mask = masks[patch.layer] = torch.zeros(J, target.heads_per_layer[patch.layer], L, dtype=torch.bool)
-            if patch.positions is None:
-                mask[j, patch.head, :] = True
-            else:
-                for pos in patch.positions:
-                    if isinstance(pos, bool) or not isinstance(pos, int) or not -L <= pos < L:
-                        raise ValueError(f"positions: {pos!r} is out of range for inputs of {L} tokens")
-                    mask[j, patch.head, pos] = True
-    masks = {layer: m.to(base.device) for layer, m in masks.items()}
-    hooks = {attention_point(layer, "heads"): partial(_replace, layer, masks, source, J) for layer in masks}
-    low = start_layer(target, [{layer: [0]} for layer in masks]) if J > 1 else 0
-    with torch.no_grad(), target.hooks(hooks), copies_from(target, low, J, base.shape[0]):
-        return target.logits(base if low > 0 else base.repeat(J, 1), last_only=last_only)  # (J·P, L, V)
+            for pos in patch.positions or ():
+                if isinstance(pos, bool) or not isinstance(pos, int) or not -L <= pos < L:
+                    raise ValueError(f"positions: {pos!r} is out of range for inputs of {L} tokens")
+
+    def run(repeat: int) -> Tensor:
+        return target.logits(base.repeat(repeat, 1), last_only=last_only)  # (J·P, L, V)
+
+    try:
+        logits, _ = run_copies(target, run, base, jobs, replacement=source.heads)
+    except RuntimeError as e:
+        if str(e).startswith("layer "):
+            raise RuntimeError(f"patching: {e}") from None
+        raise
+    return logits
 
 
 def run_batch(target, base: Tensor, source: HeadCache, metric: Metric, jobs: Sequence[Sequence[Patch]]) -> Tensor:

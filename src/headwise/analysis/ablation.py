@@ -1,0 +1,179 @@
+"""Measured ablation: the objective with each head set removed, through the batched engine
+(:func:`headwise.analysis.batched.run_copies`) — J sets as J copies of the rows in one forward, the passes planned
+by :mod:`headwise.analysis.sweep_plan`.
+
+Shape legend: c jobs in a pass, P rows of a part, L its length, m scored positions, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
+
+from headwise.analysis.objective import (
+    mean_pooled,
+    no_cache,
+    scored_logits,
+    scored_rows,
+    scoring,
+    token_losses,
+)
+from headwise.analysis.protocol import SweptModel
+from headwise.analysis.sweep_plan import Part, bytes_per_token, pass_plan, row_parts
+from headwise.checks import one_of, positive_int
+
+__all__ = ["ablation_objectives"]
+
+
+def _pass_objective(hm: SweptModel, part: Part, jobs, mode: str, kept, prefix: bool, scored: str):
+    """One pass: ``(per job objective sums (c,) float64, the layer the copies started at)``."""
+    import torch
+
+    from headwise.analysis.batched import run_copies
+
+    c, P, L = len(jobs), part.ids.shape[0], part.ids.shape[1]
+    real = None if part.mask is None else part.mask > 0
+
+    def run(repeat):
+        mask = None if part.mask is None else part.mask.repeat(repeat, 1)
+        return hm.forward(part.ids.repeat(repeat, 1), mask)
+
+    if scored == "embedding":
+        out, low = run_copies(hm, run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+        e = mean_pooled(out, part.mask.repeat(c, 1))
+        loss = 1 - torch.nn.functional.cosine_similarity(e, part.reference.repeat(c, 1), dim=-1)
+        return loss.double().reshape(c, P).sum(dim=1), low
+    m = part.index.shape[0]
+    index = (torch.arange(c)[:, None] * (P * L) + part.index[None, :]).reshape(-1)  # (c·m,) in the c·P rows
+
+    def scored_run(repeat):
+        with scored_rows(hm, index) as selected:
+            out = run(repeat)
+        return out if selected else out.reshape(-1, out.shape[-1])[index]
+
+    logits, low = run_copies(hm, scored_run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+    ce = token_losses(logits, part.targets.repeat(c))  # (c·m,)
+    return ce.double().reshape(c, m).sum(dim=1), low
+
+
+def ablation_objectives(
+    hm: SweptModel,
+    batches: Sequence,
+    jobs: Sequence[dict],
+    *,
+    scored: str | None = None,
+    reference=None,
+    mode: str = "zero",
+    copies: int | None = None,
+    memory: int | None = None,
+    prefix: bool = True,
+    cost=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """The objective of :func:`objective` with each job's heads removed, ``(len(jobs),)``, through the batched
+    engine (:mod:`headwise.analysis.batched`): J jobs as J copies of the input rows in one forward.
+
+    The plan (``copies`` None): jobs grouped by the layer their copies start at (:func:`~headwise.analysis.batched.
+    start_groups`; a pass never holds jobs of two start layers, so none runs layers below its own); each group of
+    rows runs once intact with every block's output kept (:func:`~headwise.analysis.batched.keep_blocks`), and each
+    pass starts from the kept residual stream at its layer's input (:func:`~headwise.analysis.batched.replayed`) —
+    no layer below a job's lowest runs again. Zero ablation packs the rows by length (no pass computes padding past
+    its longest row, nor a decoder's last token, which has no target); decoders form the LM head's logits at the
+    scored positions alone and the loss by chunks of :data:`LOSS_CHUNK` positions.
+
+    Args:
+        hm: a :class:`~headwise.models.HeadModel` (its ``hooks`` and named points).
+        batches: as :func:`objective`.
+        jobs: head sets ``{layer: [head, …]}`` (an empty one: the intact model).
+        scored, reference: as :func:`objective`.
+        mode: ``"zero"`` (ξ_h = 0) or ``"mean"`` (the head's mean over the batch's real positions in the same
+            forward, as :func:`headwise.hf.ablate`'s ``mode="mean"``).
+        copies: J, exactly this many jobs per pass, in the order of their start layers, each batch as given (None:
+            the plan above, J as many as ``memory`` allows, at most 64 and at most
+            :data:`~headwise.analysis.batched.PASS_TOKENS` tokens a pass).
+        memory: bytes a pass may use (None: half the memory free on the model's device).
+        prefix: start each pass at the lowest layer its jobs touch (False: every pass runs every layer).
+        cost: a :class:`~headwise.analysis.batched.SweepCost` the passes are added to.
+        progress: ``progress(passes done, passes in all)``.
+    Returns:
+        ``(len(jobs),)`` float64: the objective (decoders: cross-entropy over every scored token; encoders: mean
+        ``1 − cos`` against ``reference``) with that job's heads removed.
+    """
+    import time
+
+    import torch
+
+    from headwise.analysis.batched import (
+        MODES,
+        PASS_TOKENS,
+        SweepCost,
+        free_memory,
+        keep_blocks,
+        start_groups,
+        start_layer,
+    )
+
+    one_of("mode", mode, MODES)
+    scored = scoring(hm, scored)
+    cost = cost if cost is not None else SweepCost()
+    if copies is not None:
+        positive_int("copies", copies)
+    t0 = time.perf_counter()
+    nl = hm.num_layers
+    width = getattr(hm, "vocab_size", None) if scored != "embedding" else None
+    row_bytes = bytes_per_token(hm, int(width or 1024))
+    device = next(hm.model.parameters()).device
+    budget = int(memory if memory is not None else free_memory(device) // 2)
+    most = 64
+    tokens = min(PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]), max(1, budget // max(1, row_bytes)))
+    if copies is not None:
+        lowest = [min((int(k) for k, v in job.items() if v), default=0) for job in jobs]
+        groups = [(0, sorted(range(len(jobs)), key=lambda j: -lowest[j]))]
+        parts, count = row_parts(batches, scored, reference, False, 0)
+        plan = pass_plan(groups, parts, lambda part, members: copies)
+    else:
+        groups = start_groups(hm, jobs, prefix)
+        size = min(most, max((len(m) for _, m in groups), default=1), max(hm.heads_per_layer or [hm.num_heads]))
+        parts, count = row_parts(batches, scored, reference, mode == "zero", max(1, tokens // max(1, size)))
+        plan = pass_plan(
+            groups, parts, lambda part, members: max(1, min(len(members), most, tokens // max(1, part.tokens)))
+        )
+    cost.copies = max(cost.copies, max((len(chunk) for _, chunk in plan), default=0))
+    cost.memory_budget = 0 if copies is not None else budget
+    deep = prefix and any(start_layer(hm, [job]) > 0 for job in jobs)
+    sums = np.zeros(len(jobs))
+    kept: list = []
+    current = -1
+    none = torch.zeros(0, dtype=torch.long)  # the intact forward scores nothing: its LM head runs on no position
+    with torch.no_grad(), no_cache(hm):
+        for done, (k, chunk) in enumerate(plan, start=1):
+            part = parts[k]
+            P = part.ids.shape[0]
+            if k != current:  # a new group of rows: run it once intact, every block's output kept
+                current, kept = k, []
+                if deep:
+                    _, kept = keep_blocks(hm, partial(scored_logits, hm, partial(_forward, hm, part), none))
+                    if kept:
+                        cost.kept_passes += 1
+                        cost.rows += P
+                        cost.layer_rows += nl * P
+                        cost.layer_tokens += nl * part.tokens
+            per_job, low = _pass_objective(hm, part, [jobs[i] for i in chunk], mode, kept, prefix, scored)
+            sums[chunk] += per_job.cpu().numpy()
+            c = len(chunk)
+            cost.passes += 1
+            cost.rows += c * P
+            cost.layer_rows += (nl - low) * c * P
+            cost.layer_tokens += (nl - low) * c * part.tokens
+            if progress is not None:
+                progress(done, len(plan))
+    cost.tokens = sum(part.tokens for part in parts)
+    cost.forward_equivalents = cost.layer_tokens / max(nl * cost.tokens, 1)
+    cost.seconds += time.perf_counter() - t0
+    return sums / max(count, 1)
+
+
+def _forward(hm, part: Part):
+    return hm.forward(part.ids, part.mask)
