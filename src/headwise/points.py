@@ -15,7 +15,15 @@ The names follow TransformerLens's (``blocks.{i}.hook_resid_pre`` …), in the l
 - ``layers.{i}.attn.out`` — the attention's write ``(B, L, D)`` (``hook_attn_out``; the attention module's output);
 - ``layers.{i}.mlp.in`` / ``layers.{i}.mlp.out`` — the MLP's input and write ``(B, L, D)`` (``hook_mlp_in`` /
   ``hook_mlp_out``; a pre-hook and a hook on the MLP);
-- ``resid_final`` — the last block's output ``(B, L, D)``, the final norm's input (``blocks.{NL-1}.hook_resid_post``).
+- ``resid_final`` — the last block's output ``(B, L, D)``, the final norm's input (``blocks.{NL-1}.hook_resid_post``);
+- ``unembed.in`` — the unembedding's input ``(B, L, D)``, the final norm's output (``ln_final.hook_normalized``);
+  replaceable (a replacement of other rows — the scored positions alone — gives logits of those rows only);
+- ``layers.{i}.attn.in`` — the attention module's input ``(B, L, D)``, after its input norm (``hook_attn_in``'s
+  normalised form);
+- the anatomy's points, where the model view reads one (:func:`headwise.models.anatomy_probe.anatomy_points`):
+  ``layers.{i}.attn.q`` / ``attn.k`` / ``attn.v`` (each side's heads as projected, ``hook_q`` / ``hook_k`` /
+  ``hook_v``), ``layers.{i}.attn.rotary`` (the rotary ``(cos, sin)`` handed to the attention) and
+  ``layers.{i}.mlp.resid`` (the residual the MLP reads, before its norm; ``hook_mlp_in``).
 
 The three attention points are the :class:`~headwise.core.hooks.HookPoint` s every attention module has
 (headwise's own; :func:`headwise.hf.backend.hook_points` for Hugging Face modules). The others exist where the
@@ -258,6 +266,20 @@ def _order(names) -> list[str]:
     return sorted(names, key=key)
 
 
+def _unembedding(root: nn.Module) -> nn.Module | None:
+    """A language model's output embedding (``get_output_embeddings()``, or a child named ``unembed`` /
+    ``lm_head``), or None."""
+    get = getattr(root, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            found = get()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module):
+            return found
+    return _child(root, ("unembed", "lm_head"))
+
+
 def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
     for name in names:
         child = getattr(module, name, None)
@@ -350,6 +372,7 @@ class NamedPoints(Mapping):
                 add(f"layers.{layer}.mlp.out", mlp, "output")
         if blocks:
             add("resid_final", blocks[-1], "output")
+        add("unembed.in", _unembedding(self.root), "input")
         return table
 
     def _extend(self) -> bool:

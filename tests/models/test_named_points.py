@@ -25,8 +25,9 @@ FULL += ("attn.heads", "attn.out", "mlp.resid", "mlp.in", "mlp.out")
 FAMILIES = ["llama", "gpt2", "gemma2", "qwen3"]  # llama: GQA; gemma2: post-norms, soft-capping, windows
 
 
-def _names(layers: int, per_layer=PER_LAYER) -> list[str]:
-    return [f"layers.{i}.{p}" for i in range(layers) for p in per_layer] + ["resid_final"]
+def _names(layers: int, per_layer=PER_LAYER, *, head: bool = True) -> list[str]:
+    """The names in forward order; ``head``: a language model's ``unembed.in`` last."""
+    return [f"layers.{i}.{p}" for i in range(layers) for p in per_layer] + ["resid_final"] + ["unembed.in"] * head
 
 
 def _hooks_registered(model: torch.nn.Module) -> int:
@@ -54,7 +55,7 @@ def test_every_point_of_a_hugging_face_family_is_named(hf):
 
 def test_headwise_bert_and_a_lab_decoder_have_the_same_names(tiny_checkpoint):
     bert = M.open_model(tiny_checkpoint)
-    assert bert.point_names() == _names(2)  # post-norm: no anatomy, so none of its points
+    assert bert.point_names() == _names(2, head=False)  # post-norm: no anatomy, so none of its points
     assert bert.points["layers.1.mlp.in"].module is bert.model.layers[1].ffn_in
     torch.manual_seed(0)
     config = dict(vocab_size=32, context_length=16, d_model=16, num_layers=3, num_heads=2)
@@ -69,7 +70,7 @@ def test_headwise_bert_and_a_lab_decoder_have_the_same_names(tiny_checkpoint):
 def test_a_hugging_face_bert_has_no_write_points():
     """Its output projections sit with the residual's LayerNorm (post-norm): no attention or MLP write."""
     hm = HeadModel(build("bert", attn="headwise"))
-    assert hm.point_names() == _names(2, ("resid_pre", "attn.in", "attn.qk", "attn.pattern", "attn.heads"))
+    assert hm.point_names() == _names(2, ("resid_pre", "attn.in", "attn.qk", "attn.pattern", "attn.heads"), head=False)
 
 
 # -- values --------------------------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ __all__ = [
     "mean_pooled",
     "no_cache",
     "objective",
-    "output_module",
     "scored_logits",
     "scored_rows",
     "scoring",
@@ -121,35 +120,18 @@ def objective(hm: GatedModel, batches: Sequence, *, reference=None, scored: str 
 LOSS_CHUNK = 1024
 
 
-def output_module(hm):
-    """The decoder's output embedding (the LM head: ``(…, D) -> (…, V)``), or None."""
-    from torch import nn
-
-    get = getattr(hm.model, "get_output_embeddings", None)
-    module = get() if callable(get) else getattr(hm.model, "unembed", None)
-    return module if isinstance(module, nn.Module) else None
-
-
 @contextlib.contextmanager
 def scored_rows(hm, index):
     """Inside the block the decoder's LM head runs on the flat positions ``index`` ``(n,)`` of its input ``(N, L, D)``
-    alone and the forward returns ``(n, V)`` logits (the model's own code after the head, soft-capping included,
-    acts on them) — no logits of padding, of unscored positions or of the last token. Yields whether it could (a
-    model without a recognised head: False, the forward returns all logits)."""
-    module = output_module(hm)
-    if module is None:
+    alone (a replacement at the view's ``unembed.in`` point) and the forward returns ``(n, V)`` logits (the model's
+    own code after the head, soft-capping included, acts on them) — no logits of padding, of unscored positions or
+    of the last token. Yields whether it could (a model without a recognised head: False, the forward returns all
+    logits)."""
+    if "unembed.in" not in getattr(hm, "points", {}):
         yield False
         return
-
-    def pre(_module, args):
-        x = args[0]
-        return (x.reshape(-1, x.shape[-1])[index], *args[1:])
-
-    handle = module.register_forward_pre_hook(pre)
-    try:
+    with hm.hooks({"unembed.in": lambda x: x.reshape(-1, x.shape[-1])[index]}):
         yield True
-    finally:
-        handle.remove()
 
 
 def scored_logits(hm, forward, index):

@@ -496,17 +496,19 @@ class HeadModel:
     def run_with_cache(self, ids, mask=None, *, names: Sequence[str] | str | None = None) -> dict:
         """One forward pass (no gradient; a Hugging Face model's base model, without the language-model head)
         recording the tensor at each named point: ``{name: tensor}`` (detached; ``layers.{i}.attn.qk`` gives its
-        :class:`~headwise.core.rows.AttentionRows`). ``names`` None: every point (the patterns form ``L × S``
-        weights per head).
+        :class:`~headwise.core.rows.AttentionRows`). ``names`` None: every point of the pass (the patterns form
+        ``L × S`` weights per head; ``unembed.in`` is not in it: the language-model head does not run).
 
         Raises:
             ValueError: an unknown name (the closest ones listed); RuntimeError: a point that did not run.
         """
         import torch
 
+        if names is None:  # every point of this pass: the language-model head does not run in it
+            names = [n for n in self.points if n != "unembed.in"]
         with torch.no_grad(), self.points.cached(names) as cache:
             self._runner.read(self.model, ids, mask)
-        wanted = list(self.points) if names is None else [names] if isinstance(names, str) else list(names)
+        wanted = [names] if isinstance(names, str) else list(names)
         missing = [n for n in wanted if n not in cache]
         if missing:
             raise RuntimeError(f"{self.name}: the points {missing} did not run in the forward pass")

@@ -23,7 +23,6 @@ __all__ = [
     "Run",
     "check_layer",
     "check_sizes",
-    "llama_attention_modules",
     "real_model_available",
     "run_minilm",
     "run_smollm2",
@@ -264,13 +263,6 @@ def smollm2_source(layer: int | None):
     return info, layer
 
 
-def llama_attention_modules(model) -> tuple[object, list]:
-    """A Hugging Face Llama-style causal LM's decoder (``model.model``) and its attention modules in layer order
-    (``model.model.layers[i].self_attn``) — the one place the demo walks the module tree by its names."""
-    decoder = model.model
-    return decoder, [lay.self_attn for lay in decoder.layers]
-
-
 def run_smollm2(text: str, info, layer: int) -> Run:
     """The bundled SmolLM2-135M-Instruct (a Llama-style decoder, read from its GGUF file through the one door,
     de-quantised once into the user's cache) on ``text``; layer ``layer``'s heads (:func:`smollm2_source`).
@@ -298,11 +290,13 @@ def run_smollm2(text: str, info, layer: int) -> Run:
     tokens = hm.token_texts(ids[0].tolist())
     L, H, D = len(tokens), config.num_attention_heads, config.hidden_size
     Hkv, Dh = config.num_key_value_heads, getattr(config, "head_dim", None) or D // H
-    decoder, attentions = llama_attention_modules(model)
+    anatomy = hm.anatomy  # the model's parts, as every tool reads them
+    attentions = [part.attention for part in anatomy.layers]
     attn = attentions[layer]
     attention = sum(_count(a) for a in attentions)
-    embed = _count(decoder.embed_tokens)
-    angles = torch.arange(max(PE_ROWS, L))[:, None] * decoder.rotary_emb.inv_freq[None, :].float()  # (P, Dh/2)
+    embed = _count(anatomy.embed)
+    inv_freq = next(m.inv_freq for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor))
+    angles = torch.arange(max(PE_ROWS, L))[:, None] * inv_freq[None, :].float()  # (P, Dh/2)
     return Run(
         title=f"pretrained SmolLM2-135M-Instruct (GGUF, headwise.models.open_model), layer {layer} of {layers}",
         tokens=tokens,
