@@ -20,7 +20,7 @@ The names follow TransformerLens's (``blocks.{i}.hook_resid_pre`` …), in the l
   replaceable (a replacement of other rows — the scored positions alone — gives logits of those rows only);
 - ``layers.{i}.attn.in`` — the attention module's input ``(B, L, D)``, after its input norm (``hook_attn_in``'s
   normalised form);
-- the anatomy's points, where the model view reads one (:func:`headwise.models.anatomy_probe.anatomy_points`):
+- the anatomy's points, where the model view reads one (:func:`headwise.models.anatomy.anatomy_points`):
   ``layers.{i}.attn.q`` / ``attn.k`` / ``attn.v`` (each side's heads as projected, ``hook_q`` / ``hook_k`` /
   ``hook_v``), ``layers.{i}.attn.rotary`` (the rotary ``(cos, sin)`` handed to the attention) and
   ``layers.{i}.mlp.resid`` (the residual the MLP reads, before its norm; ``hook_mlp_in``).

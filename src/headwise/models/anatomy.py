@@ -43,6 +43,8 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
+from headwise.points import ArgumentPoint, ColumnsPoint, NormedInputPoint, Point
+
 __all__ = [
     "TOLERANCE",
     "Anatomy",
@@ -50,6 +52,7 @@ __all__ = [
     "LayerAnatomy",
     "Side",
     "affine",
+    "anatomy_points",
     "is_norm",
     "norm_epsilon",
     "apply_qk_norm",
@@ -318,3 +321,33 @@ def apply_qk_norm(norm: nn.Module, t: Tensor) -> tuple[Tensor, bool] | None:
         if isinstance(y, Tensor) and y.shape == t.shape:
             return y, per_head
     return None
+
+
+def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
+    """The named points the anatomy adds to the model view, per layer ``i``:
+
+    - ``layers.{i}.attn.q`` / ``attn.k`` / ``attn.v`` — each side's heads as projected ``(B, L, n, Dh)``, before a
+      QK-norm, the side's scale and the rotation (TransformerLens's ``hook_q`` / ``hook_k`` / ``hook_v``);
+      replaceable (a fused projection's other columns unchanged);
+    - ``layers.{i}.attn.rotary`` — the ``(cos, sin)`` the family hands its attention (read-only; where it rotates
+      by them);
+    - ``layers.{i}.mlp.resid`` — the residual stream the MLP reads, before its norm ``(B, L, D)``
+      (TransformerLens's ``hook_mlp_in`` with ``use_hook_mlp_in``); replaceable, changing the MLP's input alone
+      (also where the MLP shares the attention's norm, or reads the block's input beside the attention).
+    """
+    points: dict[str, Point] = {}
+    for part in anatomy.layers:
+        i = part.index
+        for side in (part.q, part.k, part.v):
+            name = f"layers.{i}.attn.{side.name}"
+            points[name] = ColumnsPoint(name, side.module, side.columns)
+        if part.rotation.kind not in ("none", "headwise"):
+            name = f"layers.{i}.attn.rotary"
+            points[name] = ArgumentPoint(name, part.attention, "position_embeddings")
+        if part.mlp is not None:
+            name = f"layers.{i}.mlp.resid"
+            if part.shared_norm:
+                points[name] = NormedInputPoint(name, part.mlp, part.mlp_norm, part.block)
+            else:
+                points[name] = Point(name, part.mlp_norm if part.mlp_norm is not None else part.mlp, "input")
+    return points

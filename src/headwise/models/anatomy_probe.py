@@ -25,7 +25,7 @@ from headwise.models.anatomy import (
     is_norm,
     same,
 )
-from headwise.points import OUT_PROJ_NAMES, ArgumentPoint, ColumnsPoint, NormedInputPoint, Point
+from headwise.points import OUT_PROJ_NAMES
 
 __all__ = [
     "FUSED",
@@ -33,7 +33,6 @@ __all__ = [
     "QK_NORMS",
     "RESIDUAL_MULTIPLIERS",
     "SEPARATE",
-    "anatomy_points",
     "probe_ids",
     "read_anatomy",
 ]
@@ -570,33 +569,3 @@ def _head(hm, rec: _Recording, outside, unembed, logits: Tensor, layers) -> tupl
         raise AnatomyError(family, "its logits are not a scaled (or soft-capped) unembedding of the final norm")
     scale = 1.0 if abs(scale - 1.0) < TOLERANCE else scale
     return final_norm, scale, softcap
-
-
-def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
-    """The named points the anatomy adds to the model view, per layer ``i``:
-
-    - ``layers.{i}.attn.q`` / ``attn.k`` / ``attn.v`` — each side's heads as projected ``(B, L, n, Dh)``, before a
-      QK-norm, the side's scale and the rotation (TransformerLens's ``hook_q`` / ``hook_k`` / ``hook_v``);
-      replaceable (a fused projection's other columns unchanged);
-    - ``layers.{i}.attn.rotary`` — the ``(cos, sin)`` the family hands its attention (read-only; where it rotates
-      by them);
-    - ``layers.{i}.mlp.resid`` — the residual stream the MLP reads, before its norm ``(B, L, D)``
-      (TransformerLens's ``hook_mlp_in`` with ``use_hook_mlp_in``); replaceable, changing the MLP's input alone
-      (also where the MLP shares the attention's norm, or reads the block's input beside the attention).
-    """
-    points: dict[str, Point] = {}
-    for part in anatomy.layers:
-        i = part.index
-        for side in (part.q, part.k, part.v):
-            name = f"layers.{i}.attn.{side.name}"
-            points[name] = ColumnsPoint(name, side.module, side.columns)
-        if part.rotation.kind not in ("none", "headwise"):
-            name = f"layers.{i}.attn.rotary"
-            points[name] = ArgumentPoint(name, part.attention, "position_embeddings")
-        if part.mlp is not None:
-            name = f"layers.{i}.mlp.resid"
-            if part.shared_norm:
-                points[name] = NormedInputPoint(name, part.mlp, part.mlp_norm, part.block)
-            else:
-                points[name] = Point(name, part.mlp_norm if part.mlp_norm is not None else part.mlp, "input")
-    return points

@@ -368,8 +368,8 @@ class HeadModel:
         return found
 
     def _anatomy_points(self) -> dict:
-        """The points the anatomy adds to the view (:func:`headwise.models.anatomy_probe.anatomy_points`)."""
-        from headwise.models.anatomy_probe import anatomy_points
+        """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""
+        from headwise.models.anatomy import anatomy_points
 
         return anatomy_points(self.anatomy)
 
