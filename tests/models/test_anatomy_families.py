@@ -1,6 +1,7 @@
 """One anatomy, every tool: tiny random decoders of many families on headwise's backend. On each, every tool that
 reads a model's structure — circuits (EAP with exact patches), QK attribution, composition scores, direct logit
 attribution — either works exactly, or every one of them refuses the model with the anatomy's one sentence.
+Activation patching at the heads' point reads no structure: it works on every family, exactly.
 
 Exact: the QK parts add up to the score, the logit attribution's parts to the unembedding's difference (times the
 logit scale: the model's own difference), and a head patched along every path out of it equals the head patched in
@@ -17,7 +18,8 @@ from _anatomy_models import FAMILIES, REFUSED, V, tiny
 from headwise.circuits import composition_scores, find_circuit, head_weights, path_patch, qk_attribution, wiring
 from headwise.models import HeadModel
 from headwise.models.anatomy import AnatomyError
-from headwise.patching import direct_logit_attribution, logit_difference
+from headwise.patching import direct_logit_attribution, logit_difference, patch_heads
+from headwise.points import OUT_PROJ_NAMES
 
 
 def _models(family: str):
@@ -84,6 +86,12 @@ def test_every_tool_works_exactly_or_all_refuse_alike(family):
             with pytest.raises(ValueError) as got:
                 tool()
             assert str(got.value) == sentence, name
+        heads = patch_heads(hm, clean, corrupted, metric, heads={0: [2]}).patched[:, 0, 2]
+        attention = hm.attention_modules[0]
+        out_proj = next(getattr(attention, n) for n in OUT_PROJ_NAMES if hasattr(attention, n))
+        name = next(n for n, m in mine.named_modules() if m is out_proj)
+        want = _brute_patch(eager, name, hm.heads_per_layer[0], 2, clean, corrupted, metric)
+        torch.testing.assert_close(heads, want.to(heads.dtype), rtol=0, atol=2e-4)
         return
 
     anatomy = hm.anatomy
@@ -117,10 +125,12 @@ def test_every_tool_works_exactly_or_all_refuse_alike(family):
     receivers += [f"L{layer}.MLP" for layer in range(len(anatomy)) if anatomy[layer].mlp is not None]
     receivers.append("logits")
     names = {id(m): n for n, m in mine.named_modules()}
+    heads = patch_heads(hm, clean, corrupted, metric, heads={0: [0, 2]}).patched  # (P, NL, H)
     for head in (0, 2):
         got = path_patch(w, clean, corrupted, metric, [f"L0.H{head}"], receivers).patched[:, 0]
         want = _brute_patch(eager, names[id(anatomy[0].out_proj)], anatomy[0].num_heads, head, clean, corrupted, metric)
         torch.testing.assert_close(got, want.to(got.dtype), rtol=0, atol=2e-4)
+        torch.testing.assert_close(heads[:, 0, head], want.to(heads.dtype), rtol=0, atol=2e-4)
 
 
 def test_a_parallel_block_is_stated_as_mib_states_it():
