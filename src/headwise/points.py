@@ -62,6 +62,10 @@ __all__ = [
     "MLP_NAMES",
     "OUT_PROJ_NAMES",
     "POINT_ORDER",
+    "HIDDEN",
+    "hidden_argument",
+    "with_hidden",
+    "output_tensor",
 ]
 
 Hook = Callable[[Tensor], "Tensor | None"]
@@ -127,16 +131,39 @@ class Point:
         return self.module.register_forward_hook(_output_hook(fn))
 
 
+#: The keyword a module may be handed its hidden state by (Hugging Face blocks and attention modules).
+HIDDEN = "hidden_states"
+
+
+def hidden_argument(args, kwargs) -> Tensor | None:
+    """The hidden state a module is called with — its first positional tensor, else its ``hidden_states`` keyword —
+    or None: the one rule of which argument is the hidden state."""
+    if args and isinstance(args[0], Tensor):
+        return args[0]
+    x = kwargs.get(HIDDEN)
+    return x if isinstance(x, Tensor) else None
+
+
+def with_hidden(args, kwargs, new: Tensor) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with the hidden state (:func:`hidden_argument`) replaced by ``new``."""
+    if args and isinstance(args[0], Tensor):
+        return (new, *args[1:]), kwargs
+    return args, {**kwargs, HIDDEN: new}
+
+
+def output_tensor(output) -> Tensor | None:
+    """A module's output tensor: the output itself, or its first item when it returns a tuple or list."""
+    y = output[0] if isinstance(output, (tuple, list)) else output
+    return y if isinstance(y, Tensor) else None
+
+
 def _input_hook(fn: Hook):
     def hook(_module, args, kwargs):
-        if args and isinstance(args[0], Tensor):
-            new = fn(args[0])
-            return None if new is None else ((new, *args[1:]), kwargs)
-        x = kwargs.get("hidden_states")
-        if isinstance(x, Tensor):
-            new = fn(x)
-            return None if new is None else (args, {**kwargs, "hidden_states": new})
-        return None
+        x = hidden_argument(args, kwargs)
+        if x is None:
+            return None
+        new = fn(x)
+        return None if new is None else with_hidden(args, kwargs, new)
 
     return hook
 
@@ -222,18 +249,11 @@ class NormedInputPoint(Point):
         norm = self.norm
 
         def keep(_module, args, kwargs):
-            x = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
-            kept["r"] = x
+            kept["r"] = hidden_argument(args, kwargs)
 
         def read(_module, args, kwargs):
             new = fn(kept.pop("r"))
-            if new is None:
-                return None
-            y = norm(new)
-            y = y[0] if isinstance(y, (tuple, list)) else y
-            if args and isinstance(args[0], Tensor):
-                return (y, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": y}
+            return None if new is None else with_hidden(args, kwargs, output_tensor(norm(new)))
 
         handles = [
             self.block.register_forward_pre_hook(keep, with_kwargs=True),

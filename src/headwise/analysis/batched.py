@@ -351,7 +351,7 @@ def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
     or J 1: nothing is hooked.
 
     Rows are ordered ``j·P + p`` (as ``ids.repeat(J, 1)``)."""
-    from headwise.points import call_hooks
+    from headwise.points import HIDDEN, call_hooks
 
     if layer <= 0 or J <= 1:
         yield
@@ -361,7 +361,7 @@ def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
         # the first block copies the residual stream; every block copies the batch-shaped arguments it is handed
         first = k == 0
         args = tuple(_grow(a, J, P) if i > 0 or first else a for i, a in enumerate(args))
-        kwargs = {n: _grow(v, J, P) if n != "hidden_states" or first else v for n, v in kwargs.items()}
+        kwargs = {n: _grow(v, J, P) if n != HIDDEN or first else v for n, v in kwargs.items()}
         return args, kwargs
 
     with call_hooks(model.points, [f"layers.{i}.resid_pre" for i in range(layer, model.num_layers)], before=grow):

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from headwise.models.anatomy import norm_epsilon, same
 from headwise.models.head_model import HeadModel
+from headwise.points import output_tensor
 
 __all__ = ["LayerWiring", "Wiring", "wiring"]
 
@@ -73,8 +74,7 @@ _VJP_ELEMENTS = 1 << 23
 _IDENTITY = nn.Identity()
 
 
-def _out(output) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
+_out = output_tensor
 
 
 def _rms_gain(norm: nn.Module, width: int, like: Tensor) -> tuple[Tensor, float] | None:

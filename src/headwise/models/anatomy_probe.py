@@ -25,7 +25,7 @@ from headwise.models.anatomy import (
     is_norm,
     same,
 )
-from headwise.points import OUT_PROJ_NAMES
+from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor
 
 __all__ = [
     "FUSED",
@@ -54,17 +54,14 @@ _PROBE_LENGTH = 7
 
 
 def _first_tensor(args, kwargs) -> Tensor | None:
-    if args and isinstance(args[0], Tensor):
-        return args[0]
-    x = kwargs.get("hidden_states")
-    if isinstance(x, Tensor):
+    """The hidden state (:func:`headwise.points.hidden_argument`), else the first floating-point argument."""
+    x = hidden_argument(args, kwargs)
+    if x is not None:
         return x
     return next((v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_floating_point()), None)
 
 
-def _out(output) -> Tensor | None:
-    y = output[0] if isinstance(output, (tuple, list)) else output
-    return y if isinstance(y, Tensor) else None
+_out = output_tensor
 
 
 def _child(module: nn.Module, names) -> nn.Module | None:

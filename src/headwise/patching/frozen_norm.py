@@ -19,12 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from headwise.models.anatomy import norm_epsilon, same
+from headwise.points import output_tensor
 
 __all__ = ["FrozenNorm", "freeze_norm", "frozen_parts"]
-
-
-def output_tensor(output) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 def _close(a: Tensor, b: Tensor) -> bool:

@@ -14,8 +14,9 @@ from torch import Tensor, nn
 from headwise.models.anatomy import affine
 from headwise.models.head_model import HeadModel
 from headwise.patching.target import as_target
+from headwise.points import output_tensor
 
-__all__ = ["FlatRecorder", "Recorder", "Structure", "output_tensor", "read_structure", "structure_of"]
+__all__ = ["FlatRecorder", "Recorder", "Structure", "read_structure", "structure_of"]
 
 
 @dataclass
@@ -59,10 +60,6 @@ def read_structure(model) -> Structure:
         ValueError: a structure headwise does not read (the anatomy's one sentence).
     """
     return structure_of(as_target(model))
-
-
-def output_tensor(output) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 class Recorder:
