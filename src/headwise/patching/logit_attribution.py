@@ -40,8 +40,9 @@ from torch import Tensor, nn
 from headwise.models.anatomy import affine, same
 from headwise.patching.frozen_norm import frozen_parts
 from headwise.patching.metric import LogitDifference
-from headwise.patching.recording import Recorder, output_tensor, structure_of
+from headwise.patching.recording import Recorder, structure_of
 from headwise.patching.target import as_target
+from headwise.points import output_tensor
 
 __all__ = ["LogitAttribution", "direct_logit_attribution", "head_writes"]
 
