@@ -66,6 +66,7 @@ __all__ = [
     "hidden_argument",
     "with_hidden",
     "output_tensor",
+    "unembedding",
 ]
 
 Hook = Callable[[Tensor], "Tensor | None"]
@@ -286,7 +287,7 @@ def _order(names) -> list[str]:
     return sorted(names, key=key)
 
 
-def _unembedding(root: nn.Module) -> nn.Module | None:
+def unembedding(root: nn.Module) -> nn.Module | None:
     """A language model's output embedding (``get_output_embeddings()``, or a child named ``unembed`` /
     ``lm_head``), or None."""
     get = getattr(root, "get_output_embeddings", None)
@@ -392,7 +393,7 @@ class NamedPoints(Mapping):
                 add(f"layers.{layer}.mlp.out", mlp, "output")
         if blocks:
             add("resid_final", blocks[-1], "output")
-        add("unembed.in", _unembedding(self.root), "input")
+        add("unembed.in", unembedding(self.root), "input")
         return table
 
     def _extend(self) -> bool:

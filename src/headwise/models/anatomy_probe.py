@@ -25,7 +25,7 @@ from headwise.models.anatomy import (
     is_norm,
     same,
 )
-from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor
+from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor, unembedding
 
 __all__ = [
     "FUSED",
@@ -76,7 +76,7 @@ def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
     """``(1, length)`` token ids that cannot hide a structure: distinct, none special (the model's special ids,
     its config's pad / bos / eos ids), none whose embedding row is zero; drawn with a fixed seed."""
     emb = _embedding(hm.model)
-    out = _unembedding(hm.model)
+    out = unembedding(hm.model)
     V = hm.vocab_size or (emb.weight.shape[0] if isinstance(getattr(emb, "weight", None), Tensor) else 0)
     if not V and isinstance(getattr(out, "weight", None), Tensor):
         V = out.weight.shape[0]
@@ -121,18 +121,6 @@ def _embedding(model: nn.Module) -> nn.Module | None:
         if isinstance(inner, nn.Embedding):
             return inner
     return None
-
-
-def _unembedding(model: nn.Module) -> nn.Module | None:
-    get = getattr(model, "get_output_embeddings", None)
-    if callable(get):
-        try:
-            out = get()
-        except (NotImplementedError, AttributeError):
-            out = None
-        if isinstance(out, nn.Module):
-            return out
-    return _child(model, ("unembed", "lm_head"))
 
 
 class _Recording:
@@ -398,7 +386,7 @@ def _read(hm) -> Anatomy:
         hooks.append((f"layers.{layer}.attn.pattern", lambda t, layer=layer: pattern.__setitem__(layer, t.detach())))
         hooks.append((f"layers.{layer}.attn.heads", lambda t, layer=layer: heads.__setitem__(layer, t.detach())))
     embed = _embedding(hm.model)
-    unembed = _unembedding(hm.model) if hm.kind == "decoder" else None
+    unembed = unembedding(hm.model) if hm.kind == "decoder" else None
     outside = [m for m in hm.model.modules() if is_norm(m) and not _inside(m, blocks)]
     ids = probe_ids(hm)
     try:
