@@ -22,6 +22,10 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   timeout) are :mod:`headwise.distributed.ranks`', re-exported here.
 - :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
   :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
+- :func:`encoder_model`, :func:`encoder_study`, :func:`decoder_study` → :class:`HeadsFound` (progress through
+  :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition` and the table's
+  :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) — ``headwise heads``'s flow, on one process or across
+  ranks, everything it prints and draws computed.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -58,6 +62,11 @@ _MODULES = {
     "headwise.study.heads_run": [
         "COMMAND_TEXT_UP_TO", "RankedHeads", "drawn", "heads_across_ranks", "heads_backend", "importance_line",
         "open_heads_model", "sweep_note", "view_command", "view_note",
+    ],
+    "headwise.study.heads_flow": [
+        "COLUMNS", "DECODER_COLUMNS", "Bars", "HeadsFound", "check_opened", "composition_line", "decoder_study",
+        "encoder_model", "encoder_study", "head_row", "heads_composition", "heads_importance", "positional_line",
+        "probe_line", "roles_line",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
