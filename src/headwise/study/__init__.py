@@ -26,6 +26,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition` and the table's
   :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) — ``headwise heads``'s flow, on one process or across
   ranks, everything it prints and draws computed.
+- :func:`patch_study` → :class:`PatchFound`, :func:`patch_target`, :func:`parse_heads`, :func:`patching_json`,
+  :func:`patch_csv`, :func:`top_line` — ``headwise patch``'s flow: the sweep on one process or across ranks, the
+  direct logit attribution, ``patching.json`` / ``patching.csv`` assembled.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -52,9 +55,8 @@ _MODULES = {
     "headwise.study.corpus_ranks": ["CorpusRun", "corpus_heads"],
     "headwise.study.encoder_ranks": ["encoder_corpus"],
     "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
-    "headwise.study.dist_sweeps": [
-        "CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep",
-    ],
+    "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
+    "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
         "sentence_heads",
@@ -76,6 +78,10 @@ _MODULES = {
         "text_batches",
     ],
     "headwise.study.options": ["HeadsOptions", "sample_corpus"],
+    "headwise.study.patch_report": [
+        "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "parse_heads", "patch_csv", "patching_json", "patch_study",
+        "patch_target", "top_line",
+    ],
 }  # fmt: skip
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
