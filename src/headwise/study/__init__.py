@@ -1,4 +1,4 @@
-"""A model's heads studied end to end — the pipelines behind ``headwise heads`` and ``headwise lab prune``.
+"""A model's heads studied end to end — the flows behind ``headwise heads``, ``demo``, ``patch`` and ``circuit``.
 
 The floor between the pictures and the metrics: it opens nothing itself but drives an opened model
 (:class:`headwise.models.HeadModel`) through :mod:`headwise.analysis`, and may import ``analysis/``, ``models/``,
