@@ -6,7 +6,7 @@ from pathlib import Path
 
 from headwise.cli._app import CLIError
 
-__all__ = ["prepare_output", "prepare_folder", "write_failed", "write_pruning"]
+__all__ = ["prepare_output", "prepare_folder", "table_console", "write_failed", "write_pruning"]
 
 
 def prepare_output(path: Path, option: str) -> Path:
@@ -58,3 +58,12 @@ def write_pruning(result, out: Path, title: str) -> dict[str, Path]:
         "pruning.png": plot_pruning(result, out / "pruning.png", title=f"{title} — {result.objective}").path,
         "pruning.csv": write_pruning_csv(result, out / "pruning.csv"),
     }
+
+
+def table_console():
+    """The rich console that tables are printed on: the terminal's, or 140 columns when piped or captured (a table
+    is not squeezed into 80 columns)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=140)

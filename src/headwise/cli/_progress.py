@@ -77,3 +77,19 @@ def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
             bar.update(tasks[stage], completed=done, total=total)
 
         yield progress
+
+
+@contextmanager
+def row_progress(hm, n: int) -> Iterator[Callable[[int, int, int], None] | None]:
+    """A bar over layers × rows for a long example (≥ 2,048 tokens) of ``hm``; yields ``rows(layer, done, length)``
+    (the streaming pass's ``row_progress``), or None for a shorter one."""
+    if n < 2048:
+        yield None
+        return
+    with stage_progress() as stage:
+        total = hm.num_layers * n
+
+        def rows(layer: int, done: int, length: int) -> None:
+            stage(f"rows of {hm.num_layers} layers", min(total, layer * length + done), hm.num_layers * length)
+
+        yield rows

@@ -37,30 +37,23 @@ anything is written.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
-from headwise.distributed.ranks import first_rank, launched
 
 METHODS = ("eap", "eap-ig", "exact")
 METRICS = ("logit_diff", "prob", "kl")
 ABLATIONS = ("corrupted", "mean")
 OUTPUTS = ("circuit.json", "circuit.png", "circuit.html")
 FIELDS = ("clean", "corrupted", "answer", "wrong")
-STAGES = {
-    "attribution": "edges scored",
-    "exact": "top edges patched exactly",
-    "faithfulness": "faithfulness curve",
-    "circuit": "smallest circuit",
-}
 
 
 def read_pairs(path: Path) -> list[dict]:
@@ -209,9 +202,7 @@ def circuit(
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
     import torch
 
-    from headwise import study
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.circuits import find_circuit
     from headwise.viz.circuit import plot_circuit
     from headwise.viz.circuit_page import write_circuit_page
 
@@ -236,36 +227,25 @@ def circuit(
     hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
     ids = encode_pairs(hm, prompts, source)
 
-    across = launched()  # under torchrun: the prompt pairs split across ranks
-    first = first_rank()
     options = dict(
         method=method, steps=steps, metric=metric, ablation=ablation, fraction=fraction, exact_top=exact_top,
         batch_size=batch_size,
     )  # fmt: skip
-    with stage_progress() if first else contextlib.nullcontext() as progress:
-        shown = None
-        if progress is not None:
-            shown = lambda stage, done, total: progress(STAGES.get(stage, stage), done, total)  # noqa: E731
-        args = (torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"]))  # (P, L), encoded and checked above
-        if across:
-            try:
-                run = study.circuit_across_ranks(
-                    hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, out=out, **options
-                )
-            except study.CollectiveTimeout as e:
-                raise CLIError(str(e)) from None
-            if run.circuit is None:  # not rank 0: rank 0 writes
-                return
-            found = run.circuit
-            typer.echo(
-                f"{run.world_size} ranks, {len(prompts)} prompt pairs; {run.gathers} gathers, {run.payload_bytes} "
-                "bytes received by each rank"
-            )
-        else:
-            found = find_circuit(hm, *args, answer=ids["answer"], wrong=ids["wrong"], progress=shown, **options)
+    args = (torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"]))  # (P, L), encoded and checked above
+    try:
+        run = study.circuit_study(hm, *args, answer=ids["answer"], wrong=ids["wrong"], out=out, stages=stage_progress,
+                                  **options)  # fmt: skip
+    except study.CollectiveTimeout as e:
+        raise CLIError(str(e)) from None
+    if run is None:  # not rank 0: rank 0 writes
+        return
+    for line in run.lines:
+        typer.echo(line)
+    found = run.circuit
     report = found.to_dict()
     report["prompts"] = prompts  # the texts as typed (the library, handed ids, lists the ids)
-    _add_qk(hm, report, ids["clean"][0], qk_heads)
+    with stage_progress() as progress:
+        study.add_qk(hm, report, ids["clean"][0], qk_heads, warn=lambda m: typer.echo(m, err=True), progress=progress)
     title = f"{hm.title}: {len(prompts)} prompt pair{'s' if len(prompts) > 1 else ''}, {method}, {metric}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,60 +256,9 @@ def circuit(
     except OSError as e:
         raise write_failed("--out", out, e) from None
 
-    faith, chosen = report["faithfulness"], report["circuit"]
     typer.echo(hm.title)
-    typer.echo(
-        f"metric ({metric}) clean {faith['clean_metric']:+.3f}, corrupted {faith['corrupted_metric']:+.3f}; "
-        f"{len(report['edges'])} edges scored by {method}"
-    )
-    recovered = chosen.get("recovered")
-    typer.echo(
-        f"circuit: {len(chosen['edges'])} edges, {len(chosen['nodes'])} nodes, recovering "
-        + ("—" if recovered is None else f"{recovered:.3f}")
-        + f" of the metric (asked {chosen['fraction']:g}, {ablation} ablation)"
-    )
-    agreement = report.get("agreement")
-    if agreement:
-        typer.echo(
-            f"estimate vs exact on the top {exact_top}: Spearman {agreement['spearman']:.2f}, "
-            f"top-{agreement['top_k']} overlap {agreement['overlap']:.2f}"
-        )
-    top = found.top_edges(5)
-    typer.echo(
-        "strongest edges: "
-        + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
-    )
+    for line in study.circuit_lines(
+        found, report, method=method, metric=metric, ablation=ablation, exact_top=exact_top
+    ):
+        typer.echo(line)
     typer.echo(f"{found.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")
-
-
-def circuit_heads(report: dict, n: int) -> list[dict]:
-    """The circuit's head nodes, the ``n`` whose circuit edges (sent or received, the method's scores) weigh most."""
-    method, edges = report["method"], report["edges"]
-    weight: dict[str, float] = {}
-    for index in report["circuit"]["edges"]:
-        edge = edges[index]
-        score = abs(edge["scores"].get(method) or 0.0)
-        for end in (edge["sender"], edge["receiver"]):
-            weight[end] = weight.get(end, 0.0) + score
-    heads = [node for node in report["nodes"] if node["kind"] == "head" and node["id"] in weight]
-    return sorted(heads, key=lambda node: -weight[node["id"]])[:n]
-
-
-def _add_qk(hm, report: dict, ids: list[int], n: int) -> None:
-    """``node_details[head]["qk"]``: the QK attribution (:func:`headwise.circuits.qk_attribution`) of the circuit's
-    ``n`` strongest heads at the first clean prompt's last position (its top key), what the page shows on a click.
-    A structure the attribution does not read leaves the page without it, said in one line."""
-    from headwise.circuits import qk_attribution
-
-    heads = circuit_heads(report, n)
-    details = report.setdefault("node_details", {})
-    with stage_progress() as progress:
-        for done, node in enumerate(heads):
-            progress("QK attribution of the circuit's heads", done, len(heads))
-            try:
-                found = qk_attribution(hm, ids, node["layer"], node["head"], len(ids) - 1)
-            except ValueError as e:
-                typer.echo(f"circuit.html without QK attribution: {' '.join(str(e).split())}", err=True)
-                return
-            details.setdefault(node["id"], {})["qk"] = found.to_page()
-        progress("QK attribution of the circuit's heads", len(heads), len(heads))

@@ -21,9 +21,6 @@ half-written. The progress bars live here; the lab reports through callbacks.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -106,10 +103,6 @@ def _ranks():
         yield r.rank, r.world_size
 
 
-def _json(data) -> str:
-    return json.dumps(data, indent=2, default=lambda o: list(o) if isinstance(o, tuple) else str(o)) + "\n"
-
-
 @lab_app.command("induction")
 def induction(
     out: Annotated[Path, typer.Option("--out", help="Folder for the checkpoint, summary.json and training.png.")],
@@ -147,7 +140,8 @@ def induction(
                        "a single --seed runs in one process")  # fmt: skip
 
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.induction import InductionSetup, run_induction
+    from headwise.lab.induction import InductionSetup, run_induction, summary_lines
+    from headwise.lab.records import json_text
     from headwise.models.lab_checkpoint import write_checkpoint_files
     from headwise.viz.lab import plot_training
 
@@ -161,27 +155,16 @@ def induction(
             tmp,
             training={"experiment": "induction", "seed": seed, "steps": setup.steps, "passed": s["passed"]},
         )
-        write_text_atomic(tmp / "summary.json", _json(s))
+        write_text_atomic(tmp / "summary.json", json_text(s))
         plot_training(
             run.history, tmp / "training.png", ln_v=s["ln_v"], bound=s["bound"], title=f"Induction, seed {seed}"
         )
-    final = s["final"]
     typer.echo(
         f"wrote {out}/ (model.safetensors, config.json, summary.json, training.png) in {s['seconds']:.0f} s "
         f"({s['tokens_per_s'] / 1000:.1f}k tokens/s)"
     )
-    typer.echo(
-        f"held-out loss on the second copy (tokens 2…n): {final['loss_repeated']:.3f} nats "
-        f"= {final['repeated_over_ln_v']:.3f} · ln V "
-        f"(target ≤ {s['bound']} · ln V = {s['bound_nats']:.3f}): {'pass' if s['passed'] else 'FAIL'}; "
-        f"whole copy with its unpredictable first token {final['loss_whole_copy']:.3f}; "
-        f"unrepeated tokens {final['loss_unrepeated']:.3f} (ln V = {s['ln_v']:.3f})"
-    )
-    typer.echo(
-        f"previous-token heads: {', '.join(s['previous_token_heads']) or 'none'}; "
-        f"induction heads: {', '.join(s['induction_heads']) or 'none'} (score ≥ {s['head_threshold']}); "
-        f"phase change by step {s['phase_change_step']}"
-    )
+    for line in summary_lines(s):
+        typer.echo(line)
     if not s["passed"]:
         raise typer.Exit(1)
 
@@ -201,17 +184,12 @@ def _seed_list(seeds: str | None, seed: int) -> list[int] | None:
     return chosen
 
 
-_SEED_COLUMNS = [
-    "seed", "passed", "loss_repeated", "repeated_over_ln_v", "phase_change_step", "previous_token_heads",
-    "induction_heads", "seconds",
-]  # fmt: skip
-
-
 def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: int) -> None:
     """``lab induction --seeds``: one run per seed (:func:`headwise.lab.induction.run_induction_seeds`; under
     torchrun dealt across the ranks), the summaries written by rank 0; exit status 1 when a seed misses the target."""
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.induction import InductionSetup, run_induction_seeds
+    from headwise.lab.induction import SEED_COLUMNS, InductionSetup, run_induction_seeds, seed_rows
+    from headwise.lab.records import csv_text, json_text
 
     setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
     with _ranks() as place:
@@ -227,16 +205,11 @@ def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: in
             runs = run_induction_seeds(setup, seeds, num_threads=threads, on_run=on_run if first else None)
     if not first:
         return
-    rows = [
-        {**{k: s[k] for k in ("seed", "passed", "phase_change_step", "seconds")},
-         "loss_repeated": s["final"]["loss_repeated"], "repeated_over_ln_v": s["final"]["repeated_over_ln_v"],
-         "previous_token_heads": " ".join(s["previous_token_heads"]), "induction_heads": " ".join(s["induction_heads"])}
-        for s in runs
-    ]  # fmt: skip
+    rows = seed_rows(runs)
     with atomic_folder(out) as tmp:
         data = {"experiment": "induction", "steps": setup.steps, "seeds": seeds, "runs": runs}
-        write_text_atomic(tmp / "induction_seeds.json", _json(data))
-        write_text_atomic(tmp / "induction_seeds.csv", _csv(rows, _SEED_COLUMNS))
+        write_text_atomic(tmp / "induction_seeds.json", json_text(data))
+        write_text_atomic(tmp / "induction_seeds.csv", csv_text(rows, SEED_COLUMNS))
     shown = f"{place[1]} ranks" if place else "one process"
     typer.echo(f"wrote {out}/ (induction_seeds.json, induction_seeds.csv): {len(seeds)} seeds, {shown}")
     for r in rows:
@@ -246,30 +219,6 @@ def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: in
         )
     if not all(r["passed"] for r in rows):
         raise typer.Exit(1)
-
-
-def _csv(rows: list[dict], columns: list[str]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
-_HEADS_COLUMNS = [
-    "task",
-    "phase",
-    "heads",
-    "seed",
-    "lr",
-    "accuracy",
-    "loss",
-    "steps_to_target",
-    "solved",
-    "diverged",
-    "parameters",
-    "seconds",
-]
 
 
 @lab_app.command("heads-vs-one")
@@ -296,45 +245,28 @@ def heads_vs_one(
 
     A task whose best head count does not solve it in 80% of the seeds gets the verdict "void".
     """
-    from headwise.lab.heads_vs_one import TASKS, HeadsSetup, run_heads_vs_one
+    from headwise.lab.heads_setup import setup_from_options
+    from headwise.lab.heads_vs_one import run_heads_vs_one
 
     _positive("--seeds", seeds)
     _positive("--steps", steps)
     _positive("--threads", threads)
     _positive("--workers", workers)
-    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    unknown = [t for t in names if t not in TASKS]
-    if not names or unknown:
-        raise CLIError(f"--tasks: expected some of {', '.join(TASKS)}, got {tasks!r}")
-    try:
-        counts = tuple(int(h) for h in heads.split(",") if h.strip())
-    except ValueError:
-        raise CLIError(f"--heads: expected comma-separated positive integers, got {heads!r}") from None
-    if not counts or min(counts) <= 0:
-        raise CLIError(f"--heads: expected comma-separated positive integers, got {heads!r}")
-    options = {"tasks": names, "heads": counts}
-    if seeds is not None:
-        options["seeds"] = seeds
-    if steps is not None:
-        options["steps"] = steps
-    try:
-        setup = HeadsSetup.full(**options) if full else HeadsSetup(**options)
-    except ValueError as e:
-        message = str(e)
-        raise CLIError("--" + message if message.startswith("heads: ") else message) from None
+    setup = setup_from_options(tasks, heads, seeds=seeds, steps=steps, full=full)
     out = _out_folder(out)
 
     from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.heads_verdict import CSV_COLUMNS, result_lines
+    from headwise.lab.records import csv_text, json_text
     from headwise.viz.lab import plot_heads_vs_one
 
-    n_tune = sum(len(setup.budget(t).lrs) for t in setup.tasks) * len(setup.heads) * setup.tuning_seeds
-    total = n_tune + len(setup.tasks) * len(setup.heads) * setup.seeds
+    n_tune, n_eval = setup.run_counts()
     with _ranks() as place:  # torchrun: the runs dealt across the ranks, rank 0 draws its share and writes
         mode, shown = ("ranks", f"{place[1]} ranks") if place else (workers, f"{workers} worker(s)")
         first = place is None or place[0] == 0
         note = f", rank 0's share of {place[1]} ranks" if place else ""
-        title = f"heads vs one: {n_tune} tuning + {total - n_tune} evaluation runs{note}"
-        with _Bar(title, total, unit="runs") if first else contextlib.nullcontext() as bar:
+        title = f"heads vs one: {n_tune} tuning + {n_eval} evaluation runs{note}"
+        with _Bar(title, n_tune + n_eval, unit="runs") if first else contextlib.nullcontext() as bar:
 
             def on_run(run, done, total_runs):
                 what = run["accuracy"] if run["task"] != "language" else run["loss"]
@@ -343,10 +275,9 @@ def heads_vs_one(
             result = run_heads_vs_one(setup, on_run=on_run if first else None, num_threads=threads, workers=mode)
     if not first:
         return
-    table = result["table"]
     with atomic_folder(out) as tmp:
-        write_text_atomic(tmp / "heads_vs_one.json", _json(result))
-        write_text_atomic(tmp / "heads_vs_one.csv", _csv(result["tuning_runs"] + result["runs"], _HEADS_COLUMNS))
+        write_text_atomic(tmp / "heads_vs_one.json", json_text(result))
+        write_text_atomic(tmp / "heads_vs_one.csv", csv_text(result["tuning_runs"] + result["runs"], CSV_COLUMNS))
         plot_heads_vs_one(
             result,
             tmp / "heads_vs_one.png",
@@ -357,17 +288,8 @@ def heads_vs_one(
         f"wrote {out}/ (heads_vs_one.json, .csv, .png) in {result['wall_seconds']:.0f} s "
         f"(training time summed over the runs: {result['seconds']:.0f} s, {shown})"
     )
-    for task, by in table.items():
-        key = "loss" if task == "language" else "accuracy"
-        typer.echo(f"{task} ({result['parameters'][task]:,} parameters for every H):")
-        for h, s in by.items():
-            m, st = s[key], s["steps"]
-            typer.echo(
-                f"  H={h}: lr {s['lr']:g}, {key} {m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}], "
-                f"steps to target {st['mean']:.0f} [{st['ci95'][0]:.0f}, {st['ci95'][1]:.0f}] "
-                f"({s['not_reached']} never), solved {s['solved']}/{s['seeds']}"
-            )
-        typer.echo(f"  verdict: {result['verdict'][task]['text']}")
+    for line in result_lines(result):
+        typer.echo(line)
 
 
 @lab_app.command("prune")
@@ -399,52 +321,27 @@ def prune(
         raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
     if ablation not in ("zero", "mean"):
         raise CLIError(f"--ablation: expected one of zero, mean, got {ablation!r}")
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.prune import prune_model
+    from headwise.lab.records import json_text
+    from headwise.lab.trainer import threads as torch_threads
     from headwise.models import open_model
     from headwise.models.lab_checkpoint import read_config
-    from headwise.study import run_importance
 
     read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
     hm = open_model(model)  # the one door: the folder's checks, then the weights, once
-    lm = hm.model
     out = _out_folder(model / "pruning" if out is None else out)
-
-    import numpy as np
-
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.tasks import induction_probe
-    from headwise.lab.trainer import threads as torch_threads
-
-    def batches(stream: int):
-        ids, copy, first = induction_probe(
-            np.random.default_rng([seed, 1000 + stream]), sequences, length=lm.context_length, vocab_size=lm.vocab_size
-        )
-        targets = ids.roll(-1, dims=1)  # position t predicts token t + 1
-        scored = copy.roll(-1, dims=1)  # … scored where token t + 1 is in the second copy (tokens 2…n)
-        scored[:, -1] = False
-        return [(ids[i : i + 64], targets[i : i + 64], scored[i : i + 64]) for i in range(0, sequences, 64)]
-
     n_heads = hm.num_layers * hm.num_heads
-    title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(lm.vocab_size):.2f})"
+    title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(hm.model.vocab_size):.2f})"
     with torch_threads(threads), atomic_folder(out) as tmp:
         with stage_progress() as progress:
-            result = run_importance(
-                hm,
-                batches(0),
-                seed=seed,
-                scored="answers",
-                eval_batches=batches(1),
-                random_orders=random_orders,
-                points=n_heads + 1,
-                mode=ablation,
-                progress=progress,
+            run = prune_model(
+                hm, sequences=sequences, random_orders=random_orders, seed=seed, ablation=ablation, progress=progress
             )
-        write_pruning(result, tmp, title)
-        names = [f"L{i // hm.num_heads}H{i % hm.num_heads}" for i in range(n_heads)]
-        importance = dict(zip(names, result.importance_norm.ravel().tolist()))
-        order = [names[i] for i in result.order]
-        write_text_atomic(tmp / "importance.json", _json({"importance": importance, "order": order}))
-    ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(importance.items(), key=lambda kv: -kv[1]))
-    curves, half = result.curves, n_heads // 2
+        write_pruning(run.result, tmp, title)
+        write_text_atomic(tmp / "importance.json", json_text({"importance": run.importance, "order": run.order}))
+    ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(run.importance.items(), key=lambda kv: -kv[1]))
+    curves, half = run.result.curves, n_heads // 2
     typer.echo(f"wrote {out}/ (pruning.csv, pruning.png, importance.json)")
     typer.echo(f"importance (normalised per layer): {ranked}")
     typer.echo(

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from headwise.cli._app import CLIError, app
+from headwise.cli._output import table_console
 
 _SEQ_HELP = "Cached positions per sequence (default: the model's context length)."
 
@@ -34,13 +35,9 @@ def size(
     ] = None,
 ) -> None:
     """Attention parameters (Q, K, V, O), their share of the model, and the KV cache, GQA vs MHA."""
-    from rich.console import Console
-
     from headwise import sizing
 
-    console = Console()
-    if not console.is_terminal:  # files and pipes: wide enough that no number is cut
-        console = Console(width=140)
+    console = table_console()  # files and pipes: wide enough that no number is cut
     given = [flag for flag, value in (("NAME", name), ("--config", config), ("--all", all_ or None)) if value]
     if len(given) != 1:
         raise CLIError(

@@ -10,8 +10,10 @@
   :func:`run_heads_vs_one` (one head against many at equal parameters: learnable tasks and a
   character-level language model on the bundled corpus, learning rates swept per head count on tuning
   seeds, intervals and rank tests over evaluation seeds, a void verdict when nothing is learnt;
-  :mod:`headwise.lab.heads_vs_one`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves`
-  (Michel et al.'s importance through :func:`headwise.analysis.head_importance`, :mod:`headwise.lab.prune`);
+  :mod:`headwise.lab.heads_vs_one` with its plan :mod:`headwise.lab.heads_setup` and verdict
+  :mod:`headwise.lab.heads_verdict`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves` and
+  ``headwise lab prune``'s run (Michel et al.'s importance through :func:`headwise.analysis.head_importance`,
+  :mod:`headwise.lab.prune`); the result files' text in :mod:`headwise.lab.records`;
   tasks in :mod:`headwise.lab.tasks`.
 
 The lab draws nothing on the terminal; the ``headwise lab`` commands do.

@@ -24,16 +24,20 @@ answers that several heads give a "genuine representational advantage". This exp
   task's comparisons) and a bootstrap interval of the difference; the smallest difference the design
   could detect is stated (:func:`headwise.lab.stats.detectable_difference`).
 
+The plan (tasks, budgets, :class:`HeadsSetup`) is :mod:`headwise.lab.heads_setup`'s, the statistics and the
+verdict :mod:`headwise.lab.heads_verdict`'s (both re-exported here); this module trains the runs — one arm
+(:func:`run_one`: a task, a head count, a seed, a learning rate) and all of them, serially, in worker processes or
+across ranks (:func:`run_heads_vs_one`).
+
 Shape legend: B batch, L sequence length, V vocabulary (= number of classes), D width, H heads.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -41,184 +45,47 @@ import torch
 from headwise import checks
 from headwise.lab import stats
 from headwise.lab.char_lm import load_corpus
-from headwise.lab.tasks import RELATIONS, relation_classes, relation_task
+from headwise.lab.heads_setup import (
+    ALPHA,
+    BUDGETS,
+    DEFAULT_TASKS,
+    HEAD_COUNTS,
+    LEARNABLE,
+    MEASURES,
+    SOLVED,
+    TARGET_ACCURACY,
+    TASKS,
+    TUNING_SEED,
+    HeadsSetup,
+    TaskBudget,
+    baselines,
+)
+from headwise.lab.heads_verdict import compare, summarise, sweep_choice, verdict
+from headwise.lab.tasks import relation_task
 from headwise.lab.trainer import TrainConfig, masked_loss, train
-from headwise.models.transformer_lm import LMConfig, TransformerLM
+from headwise.models.transformer_lm import TransformerLM
 
 __all__ = [
+    "ALPHA",
     "BUDGETS",
     "DEFAULT_TASKS",
     "HEAD_COUNTS",
     "HeadsSetup",
     "LEARNABLE",
+    "MEASURES",
     "SOLVED",
+    "TARGET_ACCURACY",
     "TASKS",
+    "TUNING_SEED",
     "TaskBudget",
+    "baselines",
+    "compare",
     "run_heads_vs_one",
     "run_one",
     "summarise",
+    "sweep_choice",
     "verdict",
 ]
-
-HEAD_COUNTS = (1, 2, 4, 8)
-#: accuracy at which a run counts as having solved a synthetic task
-SOLVED = 0.95
-#: accuracy at which steps-to-target is counted on a synthetic task
-TARGET_ACCURACY = 0.9
-#: share of evaluation seeds the best H must solve for the task to count as learnable
-LEARNABLE = 0.8
-#: the first tuning seed; tuning seeds are TUNING_SEED, TUNING_SEED + 1, … (never evaluation seeds)
-TUNING_SEED = 1000
-#: the comparisons' level (family-wise, Holm over a task's comparisons)
-ALPHA = 0.05
-TASKS = (*RELATIONS, "language")
-DEFAULT_TASKS = ("pair", "triple", "language")
-MEASURES = ("accuracy", "loss", "steps")
-
-
-@dataclass(frozen=True)
-class TaskBudget:
-    """How one task is set up and trained (the same for every H).
-
-    Attributes:
-        vocab_size: input tokens V of a synthetic task (the language task uses the corpus's characters).
-        length: sequence length L.
-        d_model, d_ff, num_layers: the model (pre-LN decoder layers with RoPE).
-        steps, batch_size, warmup: AdamW steps, sequences per step, warmup steps (cosine decay after).
-        lrs: the learning rates swept for every H.
-        eval_every: steps between probe evaluations (the resolution of steps-to-target).
-    """
-
-    vocab_size: int
-    length: int
-    d_model: int
-    d_ff: int
-    num_layers: int
-    steps: int
-    batch_size: int
-    warmup: int
-    lrs: tuple[float, ...]
-    eval_every: int
-
-
-_RELATION = dict(d_model=32, d_ff=64, num_layers=1, batch_size=32, lrs=(1e-3, 3e-3, 1e-2))
-#: every task's budget (measured on 2 cores: see docs/lab.md)
-BUDGETS = {
-    "pair": TaskBudget(vocab_size=8, length=16, steps=600, warmup=50, eval_every=25, **_RELATION),
-    "triple": TaskBudget(vocab_size=4, length=16, steps=600, warmup=50, eval_every=25, **_RELATION),
-    "difference": TaskBudget(vocab_size=16, length=32, steps=1500, warmup=100, eval_every=50, **_RELATION),
-    "sum": TaskBudget(vocab_size=16, length=32, steps=1500, warmup=100, eval_every=50, **_RELATION),
-    "previous": TaskBudget(vocab_size=16, length=32, steps=600, warmup=50, eval_every=25, **_RELATION),
-    "language": TaskBudget(
-        vocab_size=0,
-        length=64,
-        d_model=64,
-        d_ff=256,
-        num_layers=1,
-        steps=500,
-        batch_size=16,
-        warmup=50,
-        lrs=(5e-3, 1e-2, 2e-2, 4e-2),
-        eval_every=25,
-    ),
-}
-
-
-@dataclass(frozen=True)
-class HeadsSetup:
-    """What to run.
-
-    Attributes:
-        tasks: names from :data:`TASKS`.
-        heads: head counts compared (each must divide every task's D with an even head width).
-        seeds: evaluation seeds 0 … seeds − 1 per (task, H).
-        tuning_seeds: seeds per (task, H, learning rate) of the sweep: ``TUNING_SEED`` + 0 … .
-        steps: every task's steps (None: each task's budget).
-        step_scale: multiplies every task's steps (``full()``: 2).
-        lrs: the swept learning rates for every task (None: each task's grid).
-        eval_size: held-out sequences of a synthetic task for the final measurement.
-        probe_size: held-out sequences evaluated every ``eval_every`` steps (steps-to-target).
-    """
-
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    heads: tuple[int, ...] = HEAD_COUNTS
-    seeds: int = 8
-    tuning_seeds: int = 1
-    steps: int | None = None
-    step_scale: float = 1.0
-    lrs: tuple[float, ...] | None = None
-    eval_size: int = 1024
-    probe_size: int = 256
-
-    def __post_init__(self):
-        if not self.tasks:
-            raise ValueError("tasks: expected at least one task, got none")
-        for task in self.tasks:
-            checks.one_of("task", task, TASKS)
-        if not self.heads:
-            raise ValueError("heads: expected at least one head count, got none")
-        for h in self.heads:
-            checks.positive_int("heads", h)
-            for task in self.tasks:
-                d = BUDGETS[task].d_model
-                if d % h or (d // h) % 2:
-                    raise ValueError(
-                        f"heads: expected divisors of d_model={d} ({task}) with an even head width, got {h}"
-                    )
-        for name in ("seeds", "tuning_seeds", "eval_size", "probe_size"):
-            checks.positive_int(name, getattr(self, name))
-        if self.steps is not None:
-            checks.positive_int("steps", self.steps)
-        checks.positive_number("step_scale", self.step_scale)
-        if self.lrs is not None:
-            if not self.lrs:
-                raise ValueError("lrs: expected at least one learning rate, got none")
-            for lr in self.lrs:
-                checks.positive_number("lrs", lr)
-
-    @classmethod
-    def full(cls, **overrides) -> HeadsSetup:
-        """The long version: 16 evaluation seeds, 2 tuning seeds, twice the steps."""
-        return cls(**{"seeds": 16, "tuning_seeds": 2, "step_scale": 2.0, **overrides})
-
-    def budget(self, task: str) -> TaskBudget:
-        """``task``'s budget with this setup's steps and learning rates applied."""
-        b = BUDGETS[task]
-        steps = self.steps if self.steps is not None else max(1, round(b.steps * self.step_scale))
-        return dataclasses.replace(
-            b,
-            steps=steps,
-            warmup=min(b.warmup, steps // 2),
-            eval_every=min(b.eval_every, steps),
-            lrs=self.lrs if self.lrs is not None else b.lrs,
-        )
-
-    def model_config(self, task: str, heads: int) -> LMConfig:
-        b = BUDGETS[task]
-        vocab = load_corpus().vocab_size if task == "language" else relation_classes(task, b.vocab_size)
-        return LMConfig(
-            vocab_size=max(vocab, b.vocab_size),
-            context_length=b.length,
-            d_model=b.d_model,
-            num_layers=b.num_layers,
-            num_heads=heads,
-            d_ff=b.d_ff,
-            positional="rope",
-        )
-
-
-def baselines(task: str) -> dict:
-    """What a model that learnt nothing reaches: chance accuracy and loss (synthetic: uniform over the
-    classes; language: the unigram and bigram models' test losses)."""
-    if task == "language":
-        c = load_corpus()
-        return {"unigram_loss": c.unigram_loss(), "bigram_loss": c.bigram_loss(), "target": "loss ≤ bigram loss"}
-    classes = relation_classes(task, BUDGETS[task].vocab_size)
-    return {
-        "chance_accuracy": 1 / classes,
-        "chance_loss": math.log(classes),
-        "target": f"accuracy ≥ {TARGET_ACCURACY} (steps), ≥ {SOLVED} (solved)",
-    }
 
 
 def _data(task: str, setup: HeadsSetup, seed: int, split: str):
@@ -381,172 +248,8 @@ def _cost(task: str) -> float:
     return b.batch_size * b.length * b.d_model**2
 
 
-def sweep_choice(tuning: list[dict], setup: HeadsSetup) -> dict:
-    """Per task and H, the learning rate with the lowest mean final validation loss over the tuning seeds
-    (ties: the smaller rate): ``{task: {H: {"lr", "validation_loss": {lr: mean}}}}``."""
-    out: dict = {}
-    for task in setup.tasks:
-        out[task] = {}
-        for h in setup.heads:
-            losses = {}
-            for lr in setup.budget(task).lrs:
-                mine = [r["loss"] for r in tuning if r["task"] == task and r["heads"] == h and r["lr"] == lr]
-                if mine:
-                    losses[lr] = float(np.mean(mine))
-            best = min(sorted(losses), key=lambda lr: losses[lr])
-            out[task][h] = {"lr": best, "validation_loss": {str(lr): v for lr, v in losses.items()}}
-    return out
-
-
-def _measure_values(runs: list[dict], measure: str, steps: int) -> list[float]:
-    if measure == "steps":  # never reached: counted as the budget (a lower bound on the true value)
-        return [float(r["steps_to_target"] if r["steps_to_target"] is not None else steps) for r in runs]
-    return [r[measure] for r in runs]
-
-
-def _describe(values: list[float], seed: int) -> dict:
-    a = np.asarray(values, dtype=np.float64)
-    lo, hi = stats.bootstrap_ci(values, seed=seed)
-    return {
-        "mean": float(a.mean()),
-        "ci95": [lo, hi],
-        "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
-        "min": float(a.min()),
-        "max": float(a.max()),
-        "values": [float(v) for v in a],
-    }
-
-
-def summarise(runs: list[dict], setup: HeadsSetup) -> dict:
-    """Per task and head count: every measure's mean, bootstrap interval, spread and values; solved and
-    censored counts (``{task: {H: {...}}}``)."""
-    table: dict = {}
-    for task in setup.tasks:
-        steps = setup.budget(task).steps
-        table[task] = {}
-        for h in setup.heads:
-            mine = [r for r in runs if r["task"] == task and r["heads"] == h]
-            if not mine:
-                continue
-            row = {m: _describe(_measure_values(mine, m, steps), seed=h) for m in MEASURES}
-            row["solved"] = sum(r["solved"] for r in mine)
-            row["not_reached"] = sum(r["steps_to_target"] is None for r in mine)
-            row["seeds"] = len(mine)
-            row["lr"] = mine[0]["lr"]
-            table[task][h] = row
-    return table
-
-
-def _better(measure: str, diff: float) -> bool:
-    """Whether a difference (H minus the reference) favours H."""
-    return diff > 0 if measure == "accuracy" else diff < 0
-
-
-def compare(table: dict, setup: HeadsSetup) -> dict:
-    """Per task: whether it is learnable, every H against the reference (one head, else the smallest H) on
-    every measure (difference of means, its bootstrap interval, the rank test's p-value, Holm-adjusted
-    over the task's comparisons), and the smallest difference the design detects per measure."""
-    out = {}
-    for task, by_heads in table.items():
-        if not by_heads:
-            continue
-        n = min(r["seeds"] for r in by_heads.values())
-        best = max(by_heads, key=lambda h: (by_heads[h]["solved"], -by_heads[h]["loss"]["mean"]))
-        need = math.ceil(LEARNABLE * by_heads[best]["seeds"] - 1e-9)
-        learnable = by_heads[best]["solved"] >= need
-        ref = 1 if 1 in by_heads else min(by_heads)
-        rows = []
-        for h in sorted(by_heads):
-            if h == ref:
-                continue
-            for m in MEASURES:
-                a, b = by_heads[h][m]["values"], by_heads[ref][m]["values"]
-                diff = float(np.mean(a) - np.mean(b))
-                rows.append(
-                    {
-                        "heads": h,
-                        "measure": m,
-                        "difference": diff,
-                        "ci95": list(stats.bootstrap_diff_ci(a, b, seed=h)),
-                        "p": stats.rank_test(a, b),
-                    }
-                )
-        for row, p in zip(rows, stats.holm([r["p"] for r in rows]) if rows else []):
-            row["p_holm"] = p
-            lo, hi = row["ci95"]
-            row["significant"] = p < ALPHA and (lo > 0 or hi < 0)
-            row["favours"] = (
-                ("more heads" if _better(row["measure"], row["difference"]) else "reference")
-                if row["significant"]
-                else None
-            )
-        k = max(1, len(rows))
-        detectable = {}
-        for m in MEASURES:
-            sd = math.sqrt(float(np.mean([by_heads[h][m]["std"] ** 2 for h in by_heads])))
-            detectable[m] = stats.detectable_difference(sd, n, alpha=ALPHA / k)
-        out[task] = {
-            "learnable": learnable,
-            "best_heads": best,
-            "best_solved": by_heads[best]["solved"],
-            "needed": need,
-            "reference": ref,
-            "comparisons": rows,
-            "detectable": detectable,
-        }
-    return out
-
-
-_UNITS = {"accuracy": "{:+.3f}", "loss": "{:+.3f} nats", "steps": "{:+.0f} steps"}
-
-
-def verdict(table: dict, comparison: dict) -> dict[str, dict]:
-    """Per task ``{"outcome", "text"}``, written from the numbers. ``outcome`` is one of ``"void"`` (the best
-    H did not solve the task in enough seeds: nothing is compared), ``"more heads better"``, ``"one head
-    better"`` (the reference), ``"mixed"``, ``"no detectable difference"``."""
-    out = {}
-    for task, c in comparison.items():
-        by_heads = table[task]
-        ref = c["reference"]
-        name = "one head" if ref == 1 else f"{ref} heads"
-        if not c["learnable"]:
-            out[task] = {
-                "outcome": "void",
-                "text": f"void: the best head count (H={c['best_heads']}) solved {task} in {c['best_solved']} of "
-                f"{by_heads[c['best_heads']]['seeds']} seeds, fewer than the {c['needed']} needed — models that "
-                "did not learn the task cannot say whether heads help",
-            }
-            continue
-        wins = [r for r in c["comparisons"] if r["favours"] == "more heads"]
-        losses = [r for r in c["comparisons"] if r["favours"] == "reference"]
-        outcome = "mixed" if wins and losses else "more heads better" if wins else f"{name} better" if losses else None
-        detect = ", ".join(
-            f"{_UNITS[m].format(v).lstrip('+')} {m}" if m != "steps" else f"{v:.0f} steps"
-            for m, v in c["detectable"].items()
-        )
-
-        def said(r):
-            lo, hi = r["ci95"]
-            fmt = _UNITS[r["measure"]]
-            return (
-                f"H={r['heads']} {r['measure']} {fmt.format(r['difference'])} "
-                f"[{fmt.format(lo)}, {fmt.format(hi)}] (p={r['p_holm']:.2g})"
-            )
-
-        best = c["best_heads"]
-        head = f"learnable (H={best} solved {c['best_solved']}/{by_heads[best]['seeds']}); against {name}: "
-        if outcome is None:
-            text = head + f"no difference detectable; the design detects about {detect} (80% power, α {ALPHA} Holm)"
-            outcome = "no detectable difference"
-        else:
-            parts = [said(r) for r in wins + losses]
-            text = head + f"{outcome}: " + "; ".join(parts)
-        out[task] = {"outcome": outcome, "text": text}
-    return out
-
-
 def run_heads_vs_one(
-    setup: HeadsSetup = HeadsSetup(),
+    setup: HeadsSetup = HeadsSetup(),  # noqa: B008 - a frozen dataclass
     *,
     on_run: Callable[[dict, int, int], None] | None = None,
     callback=None,

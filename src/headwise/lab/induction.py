@@ -48,6 +48,9 @@ __all__ = [
     "run_induction_seeds",
     "evaluate_induction",
     "probe_stream",
+    "SEED_COLUMNS",
+    "seed_rows",
+    "summary_lines",
 ]
 
 #: the target: loss on the second copy at most BOUND · ln V
@@ -249,3 +252,36 @@ def run_induction_seeds(
 
     with ranks(alone=True) as r:  # an initialised group: the seeds dealt (each the same cost); else this process
         return r.map(seeds, lambda seed: 1.0, one)
+
+
+#: The columns of ``induction_seeds.csv``.
+SEED_COLUMNS = [
+    "seed", "passed", "loss_repeated", "repeated_over_ln_v", "phase_change_step", "previous_token_heads",
+    "induction_heads", "seconds",
+]  # fmt: skip
+
+
+def seed_rows(runs: list[dict]) -> list[dict]:
+    """One flat row per seed's summary (:func:`run_induction_seeds`), the columns of :data:`SEED_COLUMNS`."""
+    return [
+        {**{k: s[k] for k in ("seed", "passed", "phase_change_step", "seconds")},
+         "loss_repeated": s["final"]["loss_repeated"], "repeated_over_ln_v": s["final"]["repeated_over_ln_v"],
+         "previous_token_heads": " ".join(s["previous_token_heads"]), "induction_heads": " ".join(s["induction_heads"])}
+        for s in runs
+    ]  # fmt: skip
+
+
+def summary_lines(s: dict) -> list[str]:
+    """What one run's summary (:func:`run_induction`) says, for the terminal: the held-out losses against the target,
+    and the heads found."""
+    final = s["final"]
+    return [
+        f"held-out loss on the second copy (tokens 2…n): {final['loss_repeated']:.3f} nats "
+        f"= {final['repeated_over_ln_v']:.3f} · ln V "
+        f"(target ≤ {s['bound']} · ln V = {s['bound_nats']:.3f}): {'pass' if s['passed'] else 'FAIL'}; "
+        f"whole copy with its unpredictable first token {final['loss_whole_copy']:.3f}; "
+        f"unrepeated tokens {final['loss_unrepeated']:.3f} (ln V = {s['ln_v']:.3f})",
+        f"previous-token heads: {', '.join(s['previous_token_heads']) or 'none'}; "
+        f"induction heads: {', '.join(s['induction_heads']) or 'none'} (score ≥ {s['head_threshold']}); "
+        f"phase change by step {s['phase_change_step']}",
+    ]

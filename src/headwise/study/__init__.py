@@ -1,4 +1,4 @@
-"""A model's heads studied end to end — the pipelines behind ``headwise heads`` and ``headwise lab prune``.
+"""A model's heads studied end to end — the flows behind ``headwise heads``, ``demo``, ``patch`` and ``circuit``.
 
 The floor between the pictures and the metrics: it opens nothing itself but drives an opened model
 (:class:`headwise.models.HeadModel`) through :mod:`headwise.analysis`, and may import ``analysis/``, ``models/``,
@@ -22,6 +22,15 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   timeout) are :mod:`headwise.distributed.ranks`', re-exported here.
 - :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
   :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
+- :func:`encoder_model`, :func:`encoder_study`, :func:`decoder_study` → :class:`HeadsFound` (progress through
+  :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition` and the table's
+  :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) — ``headwise heads``'s flow, on one process or across
+  ranks, everything it prints and draws computed.
+- :func:`patch_study` → :class:`PatchFound`, :func:`patch_target`, :func:`parse_heads`, :func:`patching_json`,
+  :func:`patch_csv`, :func:`top_line` — ``headwise patch``'s flow: the sweep on one process or across ranks, the
+  direct logit attribution, ``patching.json`` / ``patching.csv`` assembled.
+- :func:`circuit_study` → :class:`CircuitFound`, :func:`add_qk`, :func:`circuit_heads`, :func:`circuit_lines` —
+  ``headwise circuit``'s flow: the circuit on one process or across ranks, the QK attribution of its strongest heads.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -48,9 +57,11 @@ _MODULES = {
     "headwise.study.corpus_ranks": ["CorpusRun", "corpus_heads"],
     "headwise.study.encoder_ranks": ["encoder_corpus"],
     "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
-    "headwise.study.dist_sweeps": [
-        "CircuitRun", "PatchRun", "SweepShard", "circuit_across_ranks", "patch_across_ranks", "plan_sweep",
+    "headwise.study.circuit_run": [
+        "CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study",
     ],
+    "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
+    "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
         "sentence_heads",
@@ -58,6 +69,11 @@ _MODULES = {
     "headwise.study.heads_run": [
         "COMMAND_TEXT_UP_TO", "RankedHeads", "drawn", "heads_across_ranks", "heads_backend", "importance_line",
         "open_heads_model", "sweep_note", "view_command", "view_note",
+    ],
+    "headwise.study.heads_flow": [
+        "COLUMNS", "DECODER_COLUMNS", "Bars", "HeadsFound", "check_opened", "composition_line", "decoder_study",
+        "encoder_model", "encoder_study", "head_row", "heads_composition", "heads_importance", "positional_line",
+        "probe_line", "roles_line",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
@@ -67,6 +83,10 @@ _MODULES = {
         "text_batches",
     ],
     "headwise.study.options": ["HeadsOptions", "sample_corpus"],
+    "headwise.study.patch_report": [
+        "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "parse_heads", "patch_csv", "patching_json", "patch_study",
+        "patch_target", "top_line",
+    ],
 }  # fmt: skip
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}
 

@@ -46,6 +46,7 @@ __all__ = [
     "reduce_sums",
     "shard_sums",
     "unpack_state",
+    "json_sha256",
     "weights_sha256",
 ]
 
@@ -89,6 +90,11 @@ def assign_shards(shards: Sequence[Shard], world_size: int) -> list[list[int]]:
     from headwise.distributed.ranks import deal
 
     return deal([s.tokens for s in shards], world_size)
+
+
+def json_sha256(value) -> str:
+    """The SHA-256 of ``value`` as sorted JSON: what a manifest names of a run's inputs and options."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def weights_sha256(module) -> str:

@@ -1,0 +1,134 @@
+"""The flow of ``headwise circuit``: the circuit found on one process or across the ranks of a ``torchrun`` launch,
+``circuit.json``'s report with the prompts as typed, and the QK attribution of the circuit's strongest heads that
+``circuit.html`` shows on a click — everything the command writes but the pictures.
+
+Shape legend: P prompt pairs, L tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study"]
+
+#: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
+CIRCUIT_STEPS = {
+    "attribution": "edges scored",
+    "exact": "top edges patched exactly",
+    "faithfulness": "faithfulness curve",
+    "circuit": "smallest circuit",
+}
+
+
+@dataclass
+class CircuitFound:
+    """What :func:`circuit_study` found (rank 0): the :class:`~headwise.circuits.Circuit`, and under torchrun what
+    the ranks did (``lines``, for the terminal)."""
+
+    circuit: object
+    lines: list[str] = field(default_factory=list)
+
+
+def circuit_study(
+    hm, clean, corrupted, *, answer, wrong, out: Path, stages: Callable = contextlib.nullcontext, **options
+) -> CircuitFound | None:
+    """:func:`headwise.circuits.find_circuit` on the prompt pairs ``clean`` / ``corrupted`` ``(P, L)`` (``answer``,
+    ``wrong``: P ids; ``options``: its method, metric, ablation, …) — under torchrun the pairs split across the ranks
+    (:func:`~headwise.study.circuit_across_ranks`, resumable from ``out``'s stages). ``stages()``: a context manager
+    yielding rank 0's ``progress(stage, done, total)`` (the stages named as :data:`CIRCUIT_STEPS`). Returns None on
+    ranks other than 0.
+
+    Raises:
+        ValueError: more ranks than pairs, a manifest of another run (one line); CollectiveTimeout: a stalled rank.
+    """
+    from headwise.circuits import find_circuit
+    from headwise.distributed.ranks import first_rank, launched
+
+    with stages() if first_rank() else contextlib.nullcontext() as progress:
+        shown = None
+        if progress is not None:
+            shown = lambda stage, done, total: progress(CIRCUIT_STEPS.get(stage, stage), done, total)  # noqa: E731
+        if not launched():
+            return CircuitFound(
+                find_circuit(hm, clean, corrupted, answer=answer, wrong=wrong, progress=shown, **options)
+            )
+        from headwise.study.circuit_ranks import circuit_across_ranks
+
+        run = circuit_across_ranks(hm, clean, corrupted, answer=answer, wrong=wrong, progress=shown, out=out, **options)
+        if run.circuit is None:  # not rank 0: rank 0 writes
+            return None
+        said = (
+            f"{run.world_size} ranks, {clean.shape[0]} prompt pairs; {run.gathers} gathers, {run.payload_bytes} "
+            "bytes received by each rank"
+        )
+        return CircuitFound(run.circuit, [said])
+
+
+def circuit_heads(report: dict, n: int) -> list[dict]:
+    """The circuit's head nodes, the ``n`` whose circuit edges (sent or received, the method's scores) weigh most."""
+    method, edges = report["method"], report["edges"]
+    weight: dict[str, float] = {}
+    for index in report["circuit"]["edges"]:
+        edge = edges[index]
+        score = abs(edge["scores"].get(method) or 0.0)
+        for end in (edge["sender"], edge["receiver"]):
+            weight[end] = weight.get(end, 0.0) + score
+    heads = [node for node in report["nodes"] if node["kind"] == "head" and node["id"] in weight]
+    return sorted(heads, key=lambda node: -weight[node["id"]])[:n]
+
+
+def add_qk(
+    hm,
+    report: dict,
+    ids: list[int],
+    n: int,
+    *,
+    warn: Callable[[str], None],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> None:
+    """``node_details[head]["qk"]``: the QK attribution (:func:`headwise.circuits.qk_attribution`) of the circuit's
+    ``n`` strongest heads at the first clean prompt's last position (its top key), what the page shows on a click.
+    A structure the attribution does not read leaves the page without it, said to ``warn`` in one line."""
+    from headwise.circuits import qk_attribution
+
+    say = progress or (lambda stage, done, total: None)
+    heads = circuit_heads(report, n)
+    details = report.setdefault("node_details", {})
+    for done, node in enumerate(heads):
+        say("QK attribution of the circuit's heads", done, len(heads))
+        try:
+            found = qk_attribution(hm, ids, node["layer"], node["head"], len(ids) - 1)
+        except ValueError as e:
+            warn(f"circuit.html without QK attribution: {' '.join(str(e).split())}")
+            return
+        details.setdefault(node["id"], {})["qk"] = found.to_page()
+    say("QK attribution of the circuit's heads", len(heads), len(heads))
+
+
+def circuit_lines(found, report: dict, *, method: str, metric: str, ablation: str, exact_top: int) -> list[str]:
+    """What the circuit says, for the terminal: both metrics, the circuit's size and what it recovers, the agreement of
+    estimate and exact patch, the strongest edges (``method``, ``metric``, ``ablation``, ``exact_top``: the options)."""
+    faith, chosen = report["faithfulness"], report["circuit"]
+    recovered = chosen.get("recovered")
+    lines = [
+        f"metric ({metric}) clean {faith['clean_metric']:+.3f}, corrupted {faith['corrupted_metric']:+.3f}; "
+        f"{len(report['edges'])} edges scored by {method}",
+        f"circuit: {len(chosen['edges'])} edges, {len(chosen['nodes'])} nodes, recovering "
+        + ("—" if recovered is None else f"{recovered:.3f}")
+        + f" of the metric (asked {chosen['fraction']:g}, {ablation} ablation)",
+    ]
+    agreement = report.get("agreement")
+    if agreement:
+        lines.append(
+            f"estimate vs exact on the top {exact_top}: Spearman {agreement['spearman']:.2f}, "
+            f"top-{agreement['top_k']} overlap {agreement['overlap']:.2f}"
+        )
+    top = found.top_edges(5)
+    lines.append(
+        "strongest edges: "
+        + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
+    )
+    return lines
