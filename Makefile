@@ -70,12 +70,12 @@ test-deep: $(VENV)/.dev
 	HYPOTHESIS_PROFILE=deep $(PYTEST) -q tests/properties
 
 lint: $(VENV)/.dev
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/ruff format --check src tests benchmarks tools
 
 format: $(VENV)/.dev
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks tools
+	$(VENV)/bin/ruff check --fix src tests benchmarks tools
 
 bench: $(VENV)/.dev
 	$(PY) benchmarks/run.py --quick
