@@ -410,6 +410,11 @@ class NamedPoints(Mapping):
         self._all = {name: table[name] for name in _order(table)}
         return bool(found)
 
+    def found(self, name: str) -> Point | None:
+        """The point ``name`` among those found from the structure itself, or None — never asks ``more`` (what the
+        anatomy reads while it is being found)."""
+        return self._attention.get(name) or self._table().get(name)
+
     # -- the mapping -------------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Point:
         point = self._attention.get(name) if isinstance(name, str) else None

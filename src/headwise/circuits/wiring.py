@@ -33,11 +33,16 @@ norm alone (per position, transient), handed over and freed. The model's own bac
 gradient on through ``r`` unchanged, so nothing ``(N, n, L, D)`` is kept for the backward pass (the route of
 the edited inputs keeps a normalised copy of the residual per receiver and layer).
 
-The structure is found by one recording pass, not from a list of families: the attention's input norm is the
-block's norm whose output is the attention's input, the MLP's the norm whose output is the MLP's input; the
-projections are ``q_proj / k_proj / v_proj`` (Llama, Gemma, Qwen, Mistral, …), ``Wq / Wk / Wv`` (headwise's
-modules) or GPT-2's fused ``c_attn``; the output projection an ``nn.Linear`` or a GPT-2 ``Conv1D``. Blocks
-without pre-norms and fused projections of other layouts are refused (named).
+The parts are the model's anatomy (:attr:`headwise.models.HeadModel.anatomy`): the attention's input norm (the
+identity where the attention reads the residual stream), each side's heads' columns of whatever projection holds
+them (separate, GPT-2's ``c_attn``, Phi-3's ``qkv_proj``, GPT-NeoX's interleaved ``query_key_value``, Falcon's
+grouped one), the output projection, the MLP and its norm, the layer's multiplier on its writes (Granite: every
+write recorded times it) and whether the block is parallel (GPT-NeoX, Phi-2, Falcon: the MLP reads the block's
+input, so a layer's heads do not feed its own MLP — the graph states it). Every edit and recording acts at the
+model view's named points: the residual at ``layers.{l}.resid_pre``, a receiver's projection at
+``layers.{l}.attn.{q|k|v}`` (its columns replaced by ``W_i · norm(r + Δ_i)``), an MLP's input at
+``layers.{l}.mlp.resid`` (the residual before its norm; ``norm(r + Δ)`` for the MLP alone where it shares the
+attention's norm), the logits' input at ``resid_final``.
 
 An RMS norm on the attention's write (Gemma 2/3, OLMo 2: ``r + norm(o_proj(z))``) makes the heads' writes
 interact through its scale ``1/rms(o)``. Each head's write is then ``o_h · g / rms(o)`` with the scale of

@@ -368,9 +368,9 @@ def _read(hm) -> Anatomy:
     blocks = []
     for layer in range(NL):
         name = f"layers.{layer}.resid_pre"
-        if name not in points:
+        if points.found(name) is None:
             raise AnatomyError(family, f"attention layer {layer} is not in a residual block of its own")
-        blocks.append(points[name].module)
+        blocks.append(points.found(name).module)
     from headwise.core.latent import LatentAttention
 
     for layer, attention in enumerate(hm.attention_modules):
@@ -402,7 +402,7 @@ def _read(hm) -> Anatomy:
             for _kind, mods in _candidates(attention, hm.heads_per_layer[layer], None):
                 for m in mods:
                     rec.watch(("proj", layer, id(m)), m)
-            mlp = points.get(f"layers.{layer}.mlp.in")
+            mlp = points.found(f"layers.{layer}.mlp.in")
             if mlp is not None:
                 rec.watch(("mlp", layer), mlp.module)
         for norm in outside:
@@ -466,7 +466,7 @@ def _layer(hm, layer, block, attention, rec: _Recording, qk, pattern, heads, sca
         raise AnatomyError(family, f"layer {layer}'s attention output is not its output projection's")
     attn_post = next((n for n in norms if n is not attn_norm and same(child_in(n), attn_out)), None)
     attn_write = child_out(attn_post) if attn_post is not None else attn_out
-    mlp_point = hm.points.get(f"layers.{layer}.mlp.in")
+    mlp_point = hm.points.found(f"layers.{layer}.mlp.in")
     mlp = mlp_point.module if mlp_point is not None else None
     mlp_norm = mlp_post = None
     parallel = False
