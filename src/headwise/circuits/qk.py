@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
-from headwise.models.anatomy import Side, affine, apply_qk_norm
+from headwise.models.anatomy import Side, apply_qk_norm
 from headwise.patching import as_target, freeze_norm, residual_parts
 from headwise.patching.frozen_norm import FrozenNorm
 
@@ -169,18 +169,6 @@ class QKAttribution:
 # -- one side's affine map -------------------------------------------------------------------------------------
 
 
-def weights_of(proj: nn.Module) -> tuple[Tensor, Tensor]:
-    """``(W (D, out), b (out,))`` float64 of an affine projection ``x ↦ x W + b`` (``nn.Linear``, GPT-2's
-    ``Conv1D``; read by :func:`headwise.models.anatomy.affine`)."""
-    found = affine(proj)
-    if found is None:
-        raise ValueError(f"model: the projection {type(proj).__name__} is neither nn.Linear nor Conv1D")
-    W, b = found
-    W = W.detach().double().T
-    b = b.detach().double() if b is not None else torch.zeros(W.shape[1], dtype=torch.float64)
-    return W, b.to(W.device)
-
-
 def side_weights(side: Side) -> tuple[Tensor, Tensor]:
     """``(W (D, n·Dh), b (n·Dh,))`` float64: one side of the anatomy (q, k or v), heads side by side, in the
     columns the attention reads them (a fused projection's layout undone)."""
@@ -252,10 +240,6 @@ def _qk_norm(side: Side, projected: Tensor | None, index: int, Dh: int):
 
 
 # -- the input norm --------------------------------------------------------------------------------------------
-
-
-def _close(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and _relative(a, b) <= TOLERANCE
 
 
 def input_norm(norm: nn.Module | None, residual: Tensor, x_in: Tensor, layer: int):

@@ -38,7 +38,6 @@ rules miss gets one entry in one table of :mod:`headwise.models.anatomy_probe` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -152,14 +151,6 @@ class Side:
         """``y (…, out)`` the module's output -> ``(…, n, Dh)`` this side's heads."""
         return y[..., self.columns.to(y.device)]
 
-    def contiguous(self) -> tuple[int, int] | None:
-        """``(start, stop)`` when the columns are one run ``start … stop − 1`` in head order, else None."""
-        flat = self.columns.reshape(-1)
-        start = int(flat[0])
-        if torch.equal(flat, torch.arange(start, start + flat.numel(), device=flat.device)):
-            return start, start + flat.numel()
-        return None
-
 
 def _rotate_half(x: Tensor) -> Tensor:
     h = x.shape[-1] // 2
@@ -269,10 +260,6 @@ class LayerAnatomy:
         D, width = W.shape
         return W.t().reshape(self.num_heads, width // self.num_heads, D)
 
-    def out_bias(self) -> Tensor | None:
-        """``(D,)`` the output projection's bias, or None."""
-        return affine(self.out_proj)[1]
-
 
 @dataclass(eq=False)
 class Anatomy:
@@ -288,7 +275,6 @@ class Anatomy:
     unembed: nn.Module | None
     logit_scale: float = 1.0
     softcap: float | None = None
-    notes: dict = field(default_factory=dict)
 
     def __getitem__(self, layer: int) -> LayerAnatomy:
         return self.layers[layer]
@@ -299,10 +285,6 @@ class Anatomy:
     def refuse(self, what: str) -> AnatomyError:
         """The one error for a structure a tool cannot use (raise it)."""
         return AnatomyError(self.family, what)
-
-    @cached_property
-    def sequential(self) -> bool:
-        return not any(lay.parallel for lay in self.layers)
 
 
 def apply_qk_norm(norm: nn.Module, t: Tensor) -> tuple[Tensor, bool] | None:

@@ -24,11 +24,6 @@ from headwise.points import output_tensor
 __all__ = ["FrozenNorm", "freeze_norm", "frozen_parts"]
 
 
-def _close(a: Tensor, b: Tensor) -> bool:
-    """The anatomy's one check (:func:`headwise.models.anatomy.same`) on sums of parts formed in float64."""
-    return same(a, b)
-
-
 @dataclass(frozen=True)
 class FrozenNorm:
     """A norm at one run as ``y = lin(x) + bias`` with its scale frozen per row: ``lin(v) = C(v) · gain · inv``.
@@ -55,11 +50,11 @@ class FrozenNorm:
 
 def freeze_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str) -> FrozenNorm:
     """The norm ``norm`` at inputs ``x (N, D)`` frozen as a :class:`FrozenNorm`, checked against its actual
-    outputs ``y (N, D)`` (a LayerNorm, or an RMS norm ``x·g/rms(x) + b`` of any layout — the gain and bias
-    are read by probing the module at 0 and 1).
+    outputs ``y (N, D)``: a ``nn.LayerNorm`` read from its parameters, a norm of any other class in the LayerNorm or
+    the RMS form read by probing it (:func:`_probed`).
 
     Raises:
-        ValueError: the norm is neither (``what`` names it), or names no epsilon.
+        ValueError: the norm is neither form at this run (``what`` names it).
     """
     D = x.shape[-1]
     x64 = x.double()
@@ -68,17 +63,10 @@ def freeze_norm(norm: nn.Module, x: Tensor, y: Tensor, what: str) -> FrozenNorm:
         gain = norm.weight.detach().double() if norm.weight is not None else torch.ones(D, dtype=torch.float64)
         bias = norm.bias.detach().double() if norm.bias is not None else torch.zeros(D, dtype=torch.float64)
         frozen = FrozenNorm(inv, gain.to(x.device), bias.to(x.device), True)
-    else:
-        frozen = next(
-            (f for centred in (False, True) if (f := _probed(norm, x64, y, centred)) is not None),
-            None,
-        )
-        if frozen is None:
-            raise ValueError(
-                f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
-                "at this run; its scale cannot be frozen"
-            )
-    if not _close(frozen(x64) + frozen.bias, y.double()):
+        frozen = frozen if same(frozen(x64) + frozen.bias, y.double()) else None
+    else:  # each form checked against y by _probed
+        frozen = next((f for centred in (False, True) if (f := _probed(norm, x64, y, centred)) is not None), None)
+    if frozen is None:
         raise ValueError(
             f"model: the {what} ({type(norm).__name__}) is neither a LayerNorm nor an RMS norm x·g/rms(x) + b "
             "at this run; its scale cannot be frozen"
@@ -117,7 +105,7 @@ def _probed(norm: nn.Module, x64: Tensor, y: Tensor, centred: bool) -> FrozenNor
         keep = gain.abs() > 1e-12
         inv = (v * target * keep).sum(-1) / (v.pow(2) * keep).sum(-1).clamp_min(1e-30)
     frozen = FrozenNorm(inv, gain, bias, centred)
-    return frozen if _close(frozen(x64) + frozen.bias, y.double()) else None
+    return frozen if same(frozen(x64) + frozen.bias, y.double()) else None
 
 
 def frozen_parts(norm: nn.Module, x: Tensor, y: Tensor, what: str):

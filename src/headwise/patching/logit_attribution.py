@@ -47,10 +47,6 @@ from headwise.points import output_tensor
 __all__ = ["LogitAttribution", "direct_logit_attribution", "head_writes"]
 
 
-def _close(a: Tensor, b: Tensor) -> bool:
-    return same(a, b)
-
-
 @dataclass
 class LogitAttribution:
     """Direct contributions to ``logit(answer) − logit(wrong)`` at one position, per prompt (leading P).
@@ -149,7 +145,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         H = target.heads_per_layer[layer]
         each, bias = head_writes(proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
         o_out = rec.outputs[("proj", layer)].double()  # (P, D)
-        if not _close(each.sum(1) + bias, o_out):
+        if not same(each.sum(1) + bias, o_out):
             raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
         norm, post, scale = st.attn_posts[layer], st.mlp_posts[layer], st.scales[layer]
         if norm is not None:
@@ -163,7 +159,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         else:
             mlp_write = torch.zeros_like(embed)
         after = rec.outputs[("block", layer)].double()
-        if not _close(residual + each.sum(1) + bias + mlp_write, after):
+        if not same(residual + each.sum(1) + bias + mlp_write, after):
             raise ValueError(
                 f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
                 f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
@@ -173,7 +169,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
         bias_parts.append(bias)
         mlp_parts.append(mlp_write)
     x_final = rec.inputs["final"].double()
-    if not _close(residual, x_final):
+    if not same(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
     if st.final_norm is not None:
         lin, norm_bias = frozen_parts(st.final_norm, x_final, rec.outputs["final_out"], "final norm")
@@ -199,7 +195,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     total = heads.nansum((1, 2)) + head_bias.sum(1) + mlp.sum(1) + embed_part + norm_part + unembed_bias.cpu()
     out = rec.outputs["unembed"].double()  # (P, V)
     unembed_difference = (out[rows_, a] - out[rows_, w]).cpu()
-    if not _close(total, unembed_difference):
+    if not same(total, unembed_difference):
         raise ValueError(
             f"model: the parts add up to {total.tolist()}, the unembedding's difference is "
             f"{unembed_difference.tolist()} (a path this decomposition does not see)"

@@ -22,10 +22,6 @@ from headwise.patching.target import as_target
 __all__ = ["ResidualParts", "affine_weight", "residual_parts"]
 
 
-def _close(a: Tensor, b: Tensor) -> bool:
-    return same(a, b)
-
-
 @dataclass
 class ResidualParts:
     """The residual stream entering block ``layer`` at every position of one forward pass, as the sum of its
@@ -76,7 +72,7 @@ class ResidualParts:
             if W is not None:  # heads formed in the projected space
                 bias = head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
                 rows = slice(0, min(P * L, 64))
-                if not _close(z[rows].double() @ W + bias, o_out[rows]):
+                if not same(z[rows].double() @ W + bias, o_out[rows]):
                     raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
                 Wh = W.reshape(H, -1, D)  # (H, Dv, D)
                 zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
@@ -98,7 +94,7 @@ class ResidualParts:
                 writes = [heads.reshape(H, P, L, E), out(bias).reshape(1, P, L, E)]
             else:
                 each, bias = head_writes(proj, z, H)  # (P·L, H, D), (D,)
-                if not _close(each.sum(1) + bias, o_out):
+                if not same(each.sum(1) + bias, o_out):
                     raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
                 if norm is not None:
                     lin, nb = frozen_parts(
@@ -119,14 +115,14 @@ class ResidualParts:
                 writes.append(out(mlp_write.reshape(1, P, L, D)))
                 total = total + mlp_write.reshape(P, L, D)
             after = rec.outputs[("block", layer)].double()
-            if not _close(residual + total, after):
+            if not same(residual + total, after):
                 raise ValueError(
                     f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
                     f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
                 )
             residual = after
             yield labels, torch.cat(writes, 0)
-        if not _close(residual, self.residual):
+        if not same(residual, self.residual):
             raise ValueError(f"model: the parts do not add up to block {self.layer}'s input")
 
 
