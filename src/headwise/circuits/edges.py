@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
+from headwise.circuits.atp import AttentionTaps, atp_scores, head_use_gradients
 from headwise.circuits.graph import Graph
 from headwise.circuits.paths import group_change, open_pair
 from headwise.circuits.wiring import Wiring
@@ -41,7 +42,7 @@ from headwise.patching.metric import reads_last_position
 
 __all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution", "receiver_scores", "sender_group_changes"]
 
-EDGE_METHODS = ("eap", "eap-ig")
+EDGE_METHODS = ("eap", "eap-ig", "atp*")
 Progress = Callable[[int, int], None]
 
 
@@ -56,6 +57,10 @@ class EdgeScores:
         per_pair: ``(P, E)`` the same per pair.
         metric_clean, metric_corrupted: ``(P,)``.
         seconds: wall time.
+        shares: ``(E, G)`` (``shares=True``; G the most query heads per key/value group): for an edge into a
+            group's keys or values, its score split over the group's query heads (``node.heads`` order) — each
+            head's use of the shared keys or values — adding up to the score; for any other edge the score in
+            column 0 and zeros. None unless asked for. per_pair_shares: ``(P, E, G)`` the same per pair.
     """
 
     method: str
@@ -66,6 +71,8 @@ class EdgeScores:
     metric_clean: Tensor
     metric_corrupted: Tensor
     seconds: float = 0.0
+    shares: Tensor | None = None
+    per_pair_shares: Tensor | None = None
 
     def top(self, n: int) -> list[int]:
         """The indices of the ``n`` edges of largest ``|score|`` (ties in edge order)."""
@@ -73,7 +80,7 @@ class EdgeScores:
         return order[:n].tolist()
 
 
-def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed=None) -> Tensor:
+def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed=None, extra=()) -> Tensor:
     """``(P, S, R)``: ``Σ_{t,d} diff[p, s] · ∂metric_p/∂in_r`` from one run of ``ids (P, L)`` and its backward
     pass (``embed``: a replacement of the first block's input, as :meth:`Wiring.run`); 0 where sender s does
     not reach receiver r (no edge).
@@ -82,7 +89,7 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed
     :func:`sender_group_changes` gives them). The gradients come from :meth:`Wiring.receiver_gradients`: each
     receiver group's gradient ``(P, n, L, D)`` is turned into its scores as the backward pass reaches it,
     against the senders upstream of the group only, and freed — no gradient of all receivers is ever held,
-    nor a copy of any receiver's input."""
+    nor a copy of any receiver's input. ``extra``: more hooks for the pass (:meth:`Wiring.run`)."""
     groups = list(graph.sender_groups.values())
     parts = [diff[:, sl] for sl in groups] if isinstance(diff, Tensor) else list(diff)
     if len(parts) != len(groups):
@@ -114,7 +121,7 @@ def receiver_scores(w: Wiring, graph: Graph, ids: Tensor, metric, diff, *, embed
                 break
             full[:, su, first:last] += torch.matmul(part.reshape(P, part.shape[1], -1), g_t)  # Σ_{t,d} diff · grad
 
-    w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric))
+    w.receiver_gradients(ids, metric, receive, embed=embed, last_only=reads_last_position(metric), extra=extra)
     if pending:
         missing = [g for g, sl in graph.groups.items() if stages[sl.start] in pending]
         raise RuntimeError(f"circuits: the backward pass reached no gradient for part of {missing}")
@@ -144,9 +151,10 @@ def edge_attribution(
     *,
     method: str = "eap",
     steps: int = 5,
+    shares: bool = False,
     progress: Progress | None = None,
 ) -> EdgeScores:
-    """Score every edge of the model's graph by EAP or EAP-IG.
+    """Score every edge of the model's graph by EAP, EAP-IG or AtP*.
 
     Args:
         model: a :class:`~headwise.models.HeadModel`, anything :func:`headwise.patching.as_target` accepts, or a
@@ -154,8 +162,10 @@ def edge_attribution(
         clean, corrupted: token ids ``(L,)`` or ``(P, L)`` of the same shape.
         metric: ``fn(logits (N, L, V)) -> (N,)``, differentiable (:mod:`headwise.circuits.metrics`). KL to the
             clean run has no gradient on the clean run: use ``"eap-ig"`` with it.
-        method: ``"eap"`` or ``"eap-ig"``.
-        steps: EAP-IG's interpolation steps (ignored by EAP).
+        method: ``"eap"``, ``"eap-ig"`` or ``"atp*"`` (EAP with every query and key receiver's pattern
+            recomputed exactly: :mod:`headwise.circuits.atp`).
+        steps: EAP-IG's interpolation steps (ignored otherwise).
+        shares: also split every key/value group edge over the group's query heads (:attr:`EdgeScores.shares`).
         progress: ``fn(done, total)`` after each gradient pass.
     Returns:
         :class:`EdgeScores`.
@@ -174,22 +184,43 @@ def edge_attribution(
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
     diff = sender_group_changes(w, graph, clean_raw, corr_raw)  # a_u(corrupted) − a_u(clean) per group
     del clean_raw, corr_raw
-    if method == "eap":
-        full = receiver_scores(w, graph, c, metric, diff)  # (P, S, R)
+    P = c.shape[0]
+    heads = None  # per layer (P, S, H): each query head's share of its key and value groups' edges
+    if shares:
+        heads = {
+            side: [diff[0].new_zeros(P, len(graph.senders), graph.heads[layer]) for layer in range(graph.num_layers)]
+            for side in ("k", "v")
+        }
+    if method in ("eap", "atp*"):
+        taps = AttentionTaps(w) if heads is not None or method == "atp*" else None
+        full = receiver_scores(w, graph, c, metric, diff, extra=taps.hooks() if taps else ())
+        if heads is not None:
+            _head_shares(taps, graph, diff, heads, sides=("k", "v") if method == "eap" else ("v",))
+        if method == "atp*":
+            atp_scores(taps, graph, diff, full, None if heads is None else heads["k"])
         if progress is not None:
             progress(1, 1)
     else:  # the scores are linear in the gradient: the mean of the steps' scores is the mean gradient's
         full = None
         for k in range(1, steps + 1):
             point = e_corr + (k / steps) * (e_clean - e_corr)
-            f = receiver_scores(w, graph, c, metric, diff, embed=lambda _x, point=point: point.to(_x.dtype))
+            taps = AttentionTaps(w) if heads is not None else None
+            f = receiver_scores(
+                w, graph, c, metric, diff, embed=lambda _x, point=point: point.to(_x.dtype),
+                extra=taps.hooks() if taps else (),
+            )  # fmt: skip
+            if taps is not None:
+                _head_shares(taps, graph, diff, heads, sides=("k", "v"))
             full = f if full is None else full + f
             if progress is not None:
                 progress(k, steps)
         full = full / steps
+        if heads is not None:
+            heads = {side: [t / steps for t in parts] for side, parts in heads.items()}
     s_idx = torch.from_numpy(graph.edge_index[:, 0]).to(full.device)
     r_idx = torch.from_numpy(graph.edge_index[:, 1]).to(full.device)
     per_pair = full[:, s_idx, r_idx].float().cpu()  # (P, E)
+    pair_shares = _edge_shares(graph, per_pair, heads) if shares else None
     return EdgeScores(
         method=method,
         steps=steps,
@@ -199,4 +230,45 @@ def edge_attribution(
         metric_clean=m_clean,
         metric_corrupted=m_corr,
         seconds=time.perf_counter() - t0,
+        shares=None if pair_shares is None else pair_shares.mean(0),
+        per_pair_shares=pair_shares,
     )
+
+
+def _head_shares(taps: AttentionTaps, graph: Graph, diff: list, heads: dict, sides: tuple) -> None:
+    """Add each sender's change times each query head's use of its key/value group (:func:`head_use_gradients`)
+    to ``heads[side][layer] (P, S, H)``."""
+    groups = list(graph.sender_groups.values())
+    for layer in range(graph.num_layers):
+        first = graph.groups[("q", layer)].start
+        for side in sides:
+            grad = head_use_gradients(taps, layer, side)  # (P, H, L, D)
+            P, H = grad.shape[:2]
+            g_t = grad.reshape(P, H, -1).transpose(1, 2).to(heads[side][layer].dtype)  # (P, L·D, H)
+            for su, part in zip(groups, diff):
+                if not graph.reaches[su.start, first]:
+                    break
+                heads[side][layer][:, su] += torch.matmul(part.reshape(P, part.shape[1], -1).to(g_t.dtype), g_t)
+
+
+def _edge_shares(graph: Graph, per_pair: Tensor, heads: dict) -> Tensor:
+    """``(P, E, G)``: every edge's score split over the query heads of its receiver (see :attr:`EdgeScores.shares`)."""
+    G = max(h // k for h, k in zip(graph.heads, graph.kv))
+    P, E = per_pair.shape
+    out = per_pair.new_zeros(P, E, G)
+    out[:, :, 0] = per_pair
+    s_idx, r_idx = graph.edge_index[:, 0], graph.edge_index[:, 1]
+    for layer in range(graph.num_layers):
+        per = graph.heads[layer] // graph.kv[layer]
+        for side in ("k", "v"):
+            sl = graph.groups[(side, layer)]
+            e = np.nonzero((r_idx >= sl.start) & (r_idx < sl.stop))[0]
+            if not len(e):
+                continue
+            g = r_idx[e] - sl.start  # the edge's group
+            cols = torch.from_numpy(g[:, None] * per + np.arange(per)[None, :])  # (e, per): the group's heads
+            t = heads[side][layer].float().cpu()  # (P, S, H)
+            out[:, torch.from_numpy(e), :per] = t[:, torch.from_numpy(s_idx[e])[:, None], cols]
+            if per < G:
+                out[:, torch.from_numpy(e), per:] = 0
+    return out

@@ -25,7 +25,7 @@ from headwise.patching.metric import LogitDifference
 
 __all__ = ["CIRCUIT_METHODS", "PairShard", "find_circuit", "spearman"]
 
-CIRCUIT_METHODS = ("eap", "eap-ig", "exact")
+CIRCUIT_METHODS = ("eap", "eap-ig", "atp*", "exact")
 #: ``progress(stage, done, total)``, stage one of "attribution", "exact", "faithfulness", "circuit"
 Progress = Callable[[str, int, int], None]
 
@@ -174,7 +174,8 @@ def find_circuit(
         clean, corrupted: P prompt texts each (the same number of tokens everywhere), or token ids ``(P, L)``.
         answer, wrong: the answer and the wrong token per pair (texts of one token each, or ids; one value
             for every pair).
-        method: ``"eap"``, ``"eap-ig"`` or ``"exact"``. steps: EAP-IG's interpolation steps.
+        method: ``"eap"``, ``"eap-ig"``, ``"atp*"`` (EAP with the query and key receivers' patterns recomputed
+            exactly: :mod:`headwise.circuits.atp`) or ``"exact"``. steps: EAP-IG's interpolation steps.
         metric: ``"logit_diff"``, ``"prob"`` (the answer's probability) or ``"kl"`` (to the clean run; not with
             ``"eap"``, whose gradient vanishes there) at the last position.
         ablation: ``"corrupted"`` or ``"mean"`` (over the clean and corrupted prompts) for the edges left out.
@@ -204,8 +205,10 @@ def find_circuit(
     one_of("method", method, CIRCUIT_METHODS)
     one_of("metric", metric, METRICS)
     one_of("ablation", ablation, ABLATIONS)
-    if metric == "kl" and method == "eap":
-        raise ValueError("metric: 'kl' has no gradient on the clean run, so EAP scores it 0; use method='eap-ig'")
+    if metric == "kl" and method in ("eap", "atp*"):
+        raise ValueError(
+            f"metric: 'kl' has no gradient on the clean run, so {method} scores it 0; use method='eap-ig' or 'exact'"
+        )
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ValueError(f"fraction: expected a number in (0, 1], got {fraction!r}")
     if isinstance(exact_top, bool) or not isinstance(exact_top, int) or exact_top < 0:

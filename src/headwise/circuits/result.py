@@ -16,7 +16,7 @@ class Circuit:
 
     ``to_dict()`` keys (every float a JSON number, NaN as null):
 
-    - ``"model"`` (the model's name), ``"method"`` (``"eap"``, ``"eap-ig"`` or ``"exact"``), ``"metric"``
+    - ``"model"`` (the model's name), ``"method"`` (``"eap"``, ``"eap-ig"``, ``"atp*"`` or ``"exact"``), ``"metric"``
       (``"logit_diff"``, ``"prob"`` or ``"kl"``), ``"ablation"`` (``"corrupted"`` or ``"mean"``), ``"steps"``
       (EAP-IG's steps, else null);
     - ``"prompts"``: one ``{"clean", "corrupted", "answer", "wrong"}`` per pair (texts, or token ids as lists
@@ -26,7 +26,7 @@ class Circuit:
       ``kv`` (a key/value group; ``heads`` the query heads that read it), ``mlp`` or ``logits``
       (:mod:`headwise.circuits.graph`);
     - ``"edges"``: ``{"sender", "receiver", "input", "scores"}`` each — input ``q``, ``k``, ``v``, ``mlp`` or
-      ``logits``; ``scores`` ``{method: value}``: the estimate (``"eap"`` / ``"eap-ig"``: metric(edge
+      ``logits``; ``scores`` ``{method: value}``: the estimate (``"eap"`` / ``"eap-ig"`` / ``"atp*"``: metric(edge
       corrupted) − metric(clean), mean over pairs) and ``"exact"`` where the edge was patched exactly;
     - ``"agreement"``: ``{"spearman", "top_k", "overlap"}`` between the estimate and the exact patch over the
       exactly patched edges (Spearman's rank correlation; the share of the top ``top_k`` by ``|score|`` that

@@ -163,6 +163,7 @@ class Wiring:
         record: bool = False,
         embed: Callable[[Tensor], Tensor] | None = None,
         last_only: bool = False,
+        extra: list | tuple = (),
         _taps: tuple[Tensor, Receive] | None = None,
     ) -> tuple[Tensor, dict]:
         """One forward pass of ``ids (N, L)``, every edit and recording at the model view's named points.
@@ -174,6 +175,7 @@ class Wiring:
                 (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it).
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
+            extra: more ``(point name, hook)`` pairs registered for the pass (after this pass's own).
         Returns:
             ``(logits (N, L or 1, V), writes)``.
         """
@@ -211,7 +213,7 @@ class Wiring:
                 hooks.append(("resid_final", partial(self._add, ("logits", NL), deltas, writes)))
             else:
                 hooks.append(("resid_final", partial(self._tapped, ("logits", NL), *_taps)))
-        with tgt.hooks(hooks):
+        with tgt.hooks([*hooks, *extra]):
             logits = tgt.logits(ids, last_only=last_only)
         return logits, writes
 
@@ -223,6 +225,7 @@ class Wiring:
         *,
         embed: Callable[[Tensor], Tensor] | None = None,
         last_only: bool = False,
+        extra: list | tuple = (),
     ) -> Tensor:
         """One forward pass of ``ids (N, L)`` and one backward pass of ``metric(logits).sum()`` that hands the
         gradient with respect to every receiver group's inputs to ``receive(group, grad (N, n, L, D))`` as the
@@ -238,13 +241,14 @@ class Wiring:
 
         Args:
             metric: ``fn(logits (N, L or 1, V)) -> (N,)``, differentiable.
-            embed, last_only: as :meth:`run`.
+            embed, last_only, extra: as :meth:`run` (``extra``: hooks that also read the pass, e.g.
+                :class:`~headwise.circuits.atp.AttentionTaps`; a gradient hook they register fires in the backward).
         Returns:
             ``(N,)`` the metric (detached).
         """
         zero = torch.zeros((), dtype=self.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
         with torch.enable_grad():
-            logits, _ = self.run(ids, embed=embed, last_only=last_only, _taps=(zero, receive))
+            logits, _ = self.run(ids, embed=embed, last_only=last_only, extra=extra, _taps=(zero, receive))
             value = metric(logits)  # (N,)
             torch.autograd.grad(value.sum(), [zero], allow_unused=True)
         return value.detach()

@@ -1,7 +1,7 @@
 """``headwise circuit``: the circuit of heads that carries an answer — edges scored, checked, kept while faithful.
 
 ``headwise circuit --model M --clean TEXT --corrupted TEXT --answer A --wrong W --out DIR
-[--pairs FILE] [--method eap|eap-ig|exact] [--steps N] [--metric logit_diff|prob|kl]
+[--pairs FILE] [--method eap|eap-ig|atp*|exact] [--steps N] [--metric logit_diff|prob|kl]
 [--ablation corrupted|mean] [--fraction F] [--exact-top N] [--batch-size N] [--max-edges N]``
 
 :func:`headwise.circuits.find_circuit` scores every edge of the model's graph — from the embeddings, each query
@@ -49,7 +49,7 @@ from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
 
-METHODS = ("eap", "eap-ig", "exact")
+METHODS = ("eap", "eap-ig", "atp*", "exact")
 METRICS = ("logit_diff", "prob", "kl")
 ABLATIONS = ("corrupted", "mean")
 OUTPUTS = ("circuit.json", "circuit.png", "circuit.html")
@@ -171,7 +171,9 @@ def circuit(
         Path | None,
         typer.Option("--pairs", help="JSON Lines of {clean, corrupted, answer, wrong} (instead of the four options)."),
     ] = None,
-    method: Annotated[str, typer.Option("--method", help="eap, eap-ig or exact (every edge patched).")] = "eap",
+    method: Annotated[
+        str, typer.Option("--method", help="eap, eap-ig, atp* (patterns recomputed exactly) or exact (every edge).")
+    ] = "eap",
     steps: Annotated[int, typer.Option("--steps", min=1, help="EAP-IG's integrated-gradient steps.")] = 5,
     metric: Annotated[
         str, typer.Option("--metric", help="logit_diff, prob (the answer's) or kl (to the clean run; eap-ig, exact).")
@@ -211,9 +213,9 @@ def circuit(
     _choice("--ablation", ablation, ABLATIONS)
     if not 0 < fraction <= 1:
         raise CLIError(f"--fraction: expected a number in (0, 1], got {fraction!r}")
-    if metric == "kl" and method == "eap":
+    if metric == "kl" and method in ("eap", "atp*"):
         raise CLIError(
-            "--metric: 'kl' has no gradient on the clean run, so EAP scores every edge 0; use --method eap-ig"
+            f"--metric: 'kl' has no gradient on the clean run, so {method} scores every edge 0; use --method eap-ig"
         )
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out: '{out}' exists and is not a folder")

@@ -1,0 +1,332 @@
+"""Attention-aware attribution (AtP*, Kramár et al. 2024): the change of a head's attention pattern computed
+exactly for a changed query or key, linear from the pattern onwards.
+
+Shape legend: N rows (P prompt pairs), L length, S keys, D model width, H query heads, Hkv key/value groups,
+G = H / Hkv, Dh head width, Dv value width, n senders of one group, R receivers.
+
+EAP's first-order estimate goes through the softmax: where a head's attention is saturated (an induction head
+sure of its key) the gradient with respect to a key is near zero, while replacing the key moves the attention
+elsewhere entirely. AtP*'s fix: for a change ``Δ (N, L, D)`` of the residual that a query or key receiver reads,
+recompute the receiving head's pattern exactly and linearise only after it::
+
+    q'_h = rot(qknorm(W_Q[h] · norm(r + Δ)))            (the clean keys; GQA: head h reads group g(h))
+    A'_h = softmax(scale · q'_h k_g^T, masks, soft-cap, sinks as the model's)
+    score = Σ_{t, s} ∂m/∂A_h[t, s] · (A'_h − A_h)[t, s]                        (mean over pairs)
+
+and for a key/value group's keys ``k'_g = rot(qknorm(W_K[g] · norm(r + Δ)))`` with every query head of the group
+recomputed on them — the group's score the sum of its heads' terms, each a **share** (MIB counts a group's keys
+per query head). The gradient with respect to the pattern is exact where the head's output is ``z_h = A_h V_g``:
+``∂m/∂A_h = ∂m/∂z_h · V_g^T`` from the clean run's backward pass (checked: ``A_h V_g`` must equal the head's
+output, or the layer is refused). Value, MLP and logit receivers keep EAP's gradient (linear in the pattern's
+inputs already). Everything is read from the model's anatomy (:mod:`headwise.models.anatomy`): the input norm,
+the sides' columns, QK-norms and scales, the rotation, at the named points ``layers.{l}.resid_pre``,
+``attn.qk``, ``attn.v``, ``attn.rotary``, ``attn.heads``; the recomputed queries and keys are checked against
+the model's own at Δ = 0.
+
+:class:`AttentionTaps` records a clean gradient pass's per-layer parts; :class:`LayerPatterns` recomputes one
+layer's patterns and scores changes; :func:`atp_scores` fills the q/k columns of edge scores;
+:func:`head_use_gradients` splits a key or value group's input gradient into its query heads' shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from headwise.core.rows import AttentionRows
+from headwise.models.anatomy import same
+from headwise.points import output_tensor
+
+__all__ = ["AttentionTaps", "LayerPatterns", "atp_scores", "head_use_gradients"]
+
+#: elements of the transient ``(N, n, L, D)`` inputs / ``(N·n, H, L, S)`` patterns of n senders taken at once
+_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(eq=False)
+class _LayerRecord:
+    r: Tensor | None = None  # (N, L, D): the block's input
+    rows: AttentionRows | None = None
+    v: Tensor | None = None  # (N, L, Hkv, Dv): the values as projected
+    z: Tensor | None = None  # (N, H, L, Dv)
+    gz: Tensor | None = None  # (N, H, L, Dv): ∂m/∂z from the backward pass
+    pe: tuple | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class AttentionTaps:
+    """Hooks that record, in one clean forward-and-backward pass, what the attention-aware scores need at each
+    layer: the block's input, the attention's rows (post-rotary q and k with the call), the values, the heads'
+    outputs and their gradient. Pass :meth:`hooks` as ``extra`` to
+    :meth:`~headwise.circuits.wiring.Wiring.receiver_gradients`, then read :meth:`layer`."""
+
+    def __init__(self, w):
+        self.w = w
+        self.records = [_LayerRecord() for _ in w.layers]
+
+    def hooks(self) -> list:
+        hooks = []
+        anatomy = self.w.target.anatomy
+        for layer, rec in enumerate(self.records):
+            hooks.append((f"layers.{layer}.resid_pre", partial(self._keep, rec, "r")))
+            hooks.append((f"layers.{layer}.attn.qk", partial(self._keep_rows, rec)))
+            hooks.append((f"layers.{layer}.attn.v", partial(self._keep, rec, "v")))
+            hooks.append((f"layers.{layer}.attn.heads", partial(self._tap_heads, rec)))
+            if anatomy[layer].rotation.kind not in ("none", "headwise"):
+                hooks.append((f"layers.{layer}.attn.rotary", partial(self._keep_pe, rec)))
+        return hooks
+
+    @staticmethod
+    def _keep(rec: _LayerRecord, name: str, x: Tensor) -> None:
+        setattr(rec, name, x.detach())
+
+    @staticmethod
+    def _keep_rows(rec: _LayerRecord, rows: AttentionRows) -> None:
+        rec.rows = AttentionRows(rows.q.detach(), rows.k.detach(), rows.call)
+
+    @staticmethod
+    def _keep_pe(rec: _LayerRecord, pe) -> None:
+        rec.pe = tuple(x.detach() for x in pe)
+
+    @staticmethod
+    def _tap_heads(rec: _LayerRecord, z: Tensor) -> None:
+        rec.z = z.detach()
+        if z.requires_grad:
+            z.register_hook(partial(AttentionTaps._keep_grad, rec))
+
+    @staticmethod
+    def _keep_grad(rec: _LayerRecord, g: Tensor) -> None:
+        rec.gz = g.detach() if rec.gz is None else rec.gz + g.detach()
+
+    def layer(self, layer: int) -> LayerPatterns:
+        """The :class:`LayerPatterns` of ``layer`` (after the pass)."""
+        return LayerPatterns(self.w, layer, self.records[layer])
+
+
+class LayerPatterns:
+    """One layer's clean attention, and its patterns recomputed for changes of what its queries and keys read.
+
+    Attributes:
+        A: ``(N, H, L, S)`` the clean weights; GA: ``(N, H, L, S)`` ``∂m/∂A`` (``∂m/∂z_h · V_g^T``).
+    Raises:
+        AnatomyError (a ValueError): the layer's parts do not reproduce its queries, keys or outputs.
+    """
+
+    def __init__(self, w, layer: int, rec: _LayerRecord):
+        self.w, self.layer, self.rec = w, layer, rec
+        self.part = w.target.anatomy[layer]
+        self.lw = w.layers[layer]
+        missing = [n for n in ("r", "rows", "v", "z") if getattr(rec, n) is None]
+        if missing:
+            raise RuntimeError(f"circuits: layer {layer}'s {missing} were not recorded in the gradient pass")
+        rows = rec.rows
+        N, H, L, Dh = rows.q.shape
+        self.N, self.H, self.L = N, H, L
+        self.Hkv = rows.k.shape[1]
+        self.pos = torch.arange(L, device=rows.q.device)
+        with torch.no_grad():
+            self.A = rows.weights(0, L, keys=rows.k.shape[-2]).float()  # (N, H, L, S)
+            v = rec.v
+            if self.part.v.norm is not None:
+                v = self._side_norm(self.part.v, v)
+            v = (v * self.part.v.scale).transpose(1, 2).float()  # (N, Hkv, S, Dv)
+            self.V = v.repeat_interleave(H // self.Hkv, 1)  # (N, H, S, Dv)
+            z = torch.einsum("nhls,nhsd->nhld", self.A, self.V)
+            if not same(z, rec.z.float()):
+                raise self._refuse("its heads' outputs are not their patterns times their values")
+            gz = rec.gz if rec.gz is not None else torch.zeros_like(rec.z)
+            self.GA = torch.einsum("nhld,nhsd->nhls", gz.float(), self.V)  # (N, H, L, S)
+            zero = rec.r.new_zeros(N, 1, L, rec.r.shape[-1])
+            q0, k0 = self.sides(zero)
+            if not (same(q0[:, 0], rows.q.float()) and same(k0[:, 0], rows.k[:, :, :L].float())):
+                raise self._refuse("its queries and keys are not recomputed from its parts")
+
+    def _refuse(self, what: str):
+        return self.w.target.anatomy.refuse(f"layer {self.layer}: {what}")
+
+    @staticmethod
+    def _side_norm(side, t: Tensor) -> Tensor:
+        """``t (…, n, Dh)`` through the side's QK-norm, per head or over ``n·Dh``."""
+        if side.norm_per_head:
+            return output_tensor(side.norm(t))
+        return output_tensor(side.norm(t.flatten(-2))).reshape(t.shape)
+
+    def _project(self, x: Tensor, first: int = 0) -> tuple[Tensor, Tensor]:
+        """``x (N, n, L', D)`` normalised, at positions ``first … L − 1`` -> the post-rotary queries
+        ``(N, n, H, L', Dh)`` and keys ``(N, n, Hkv, L', Dh)``: both sides' columns in one product."""
+        if not hasattr(self, "_W"):
+            parts = [self.lw.weights[name] for name in ("q", "k")]  # (m, Dh, D), (m, Dh) each
+            self._W = torch.cat([W.reshape(-1, W.shape[-1]) for W, _ in parts]).t().contiguous()  # (D, (H+Hkv)·Dh)
+            biases = [torch.zeros(W.shape[:2]) if b is None else b for W, b in parts]
+            self._b = None if all(b is None for _, b in parts) else torch.cat([b.reshape(-1) for b in biases])
+        N, n, L, D = x.shape
+        y = x.reshape(-1, D) @ self._W.to(x.dtype)
+        if self._b is not None:
+            y = y + self._b.to(y)
+        y = y.reshape(N, n, L, -1)
+        Hq = self.H * self.part.q.width
+        return self._finish("q", y[..., :Hq], self.H, first), self._finish("k", y[..., Hq:], self.Hkv, first)
+
+    def _finish(self, name: str, y: Tensor, m: int, first: int) -> Tensor:
+        """One side's columns ``y (N, n, L', m·Dh)`` at positions ``first …`` -> ``(N, n, m, L', Dh)``: QK-norm,
+        scale, rotation."""
+        side = self.part.sides[name]
+        N, n, L, _ = y.shape
+        y = y.reshape(N, n, L, m, -1)
+        if side.norm is not None:
+            y = self._side_norm(side, y)
+        if side.scale != 1.0:
+            y = y * side.scale
+        t = y.permute(0, 1, 3, 2, 4)  # (N, n, m, L, Dh)
+        if self.part.rotation.kind == "none":
+            return t.float()
+        Dh = t.shape[-1]
+        t = self.part.rotation(t.reshape(N * n * m, L, Dh), self.pos[first:], self.rec.pe)
+        return t.reshape(N, n, m, L, Dh).float()
+
+    def sides(self, delta: Tensor, first: int = 0) -> tuple[Tensor, Tensor]:
+        """``delta (N, n, L', D)`` added to the residual the layer reads at positions ``first … L − 1`` -> the
+        post-rotary queries ``(N, n, H, L', Dh)`` and keys ``(N, n, Hkv, L', Dh)`` there (exact: the input norm at
+        ``r + Δ``)."""
+        r = self.rec.r[:, first:]
+        x = output_tensor(self.lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L', D)
+        return self._project(x, first)
+
+    def _weights(self, q: Tensor, k: Tensor, n: int, start: int) -> Tensor:
+        """Rows ``start … L − 1`` of the patterns of ``q (N·n, H, L, Dh)`` over ``k (N·n, Hkv, S, Dh)`` with the
+        layer's call (its masks tiled over the n copies of each row) -> ``(N, n, H, L − start, S)``."""
+        call = self.rec.rows.call
+        changes = {}
+        for name in ("blocked", "bias"):
+            t = getattr(call, name)
+            if isinstance(t, Tensor) and t.dim() == 4 and t.shape[0] == self.N and self.N > 1:
+                changes[name] = t.repeat_interleave(n, 0)
+        rows = AttentionRows(q, k, call.replace(**changes) if changes else call)
+        w = rows.weights(start, self.L, keys=k.shape[-2]).float()
+        return w.reshape(self.N, n, self.H, self.L - start, -1)
+
+    def chunk(self, n: int) -> int:
+        """How many of ``n`` senders' changes are taken at once (their inputs, projections and patterns)."""
+        D = self.rec.r.shape[-1]
+        per = self.N * self.L * max(D, self.H * self.L)
+        return max(1, min(n, _CHUNK_ELEMENTS // max(1, per)))
+
+    def scores(self, delta: Tensor, *, queries: bool = True, keys: bool = True, both: bool = False) -> dict:
+        """The attention-aware terms of the changes ``delta (N, n, L, D)`` (one per sender):
+        ``{"q": (N, n, H), "k": (N, n, H)}`` — head h's ``Σ ∂m/∂A_h · (A'_h − A_h)`` with the change in its
+        queries alone (the clean keys) or in its group's keys alone (the clean queries; a group's score is the sum
+        over its heads), and with ``both``: ``"qk"`` the change in queries and keys at once.
+
+        Positions where every change is exactly zero (before the first token a corrupted prompt changes, in a
+        causal model) keep their clean queries and keys: only the positions from the first changed one are
+        projected, and only the query rows that can see a changed key are recomputed."""
+        rows = self.rec.rows
+        N, n = delta.shape[:2]
+        changed = delta.ne(0).flatten(3).any(-1).any(1).any(0).nonzero()  # (k, 1) positions any change reaches
+        zeros = delta.new_zeros(N, n, self.H).float()
+        if changed.numel() == 0:
+            return {name: zeros for name, on in (("q", queries), ("k", keys), ("qk", both)) if on}
+        first = int(changed[0, 0])
+        call = rows.call
+        # rows before `first` see no changed key when the call is causal over keys in slot order
+        k_rows = first if call.is_causal and call.key_slots is None and call.q_offset == 0 else 0
+        out: dict = {}
+        step = self.chunk(n)
+        for start in range(0, n, step):
+            d = delta[:, start : start + step, first:]
+            m = d.shape[1]
+            q1, k1 = self.sides(d, first)  # (N, m, H, L', Dh), (N, m, Hkv, L', Dh)
+            q0 = rows.q.float().repeat_interleave(m, 0)
+            k0 = rows.k[:, :, : self.L].float().repeat_interleave(m, 0)
+            jobs = {}
+            if queries or both:
+                qn = q0.clone()
+                qn[:, :, first:] = q1.reshape(N * m, self.H, self.L - first, -1)
+            if keys or both:
+                kn = k0.clone()
+                kn[:, :, first:] = k1.reshape(N * m, self.Hkv, self.L - first, -1)
+            if queries:
+                jobs["q"] = (qn, k0, first)
+            if keys:
+                jobs["k"] = (q0, kn, k_rows)
+            if both:
+                jobs["qk"] = (qn, kn, k_rows)
+            for name, (q, k, row) in jobs.items():
+                dA = self._weights(q, k, m, row) - self.A[:, None, :, row:]  # (N, m, H, L − row, S)
+                term = (dA * self.GA[:, None, :, row:]).sum((-1, -2))  # (N, m, H)
+                out.setdefault(name, []).append(term)
+        return {name: torch.cat(parts, 1) for name, parts in out.items()}
+
+
+def atp_scores(taps: AttentionTaps, graph, diff: list, full: Tensor, shares: list | None = None) -> Tensor:
+    """Replace the query and key receivers' columns of EAP's ``full (P, S, R)`` by the attention-aware terms of
+    the senders' changes ``diff`` (their groups' parts ``(P, n_u, L, D)`` in sender order). With ``shares`` (a
+    list of NL ``(P, S, H)`` tensors) each key group's per-query-head terms are written there too. Returns
+    ``full``."""
+    changes = torch.cat(diff, 1) if len(diff) > 1 else diff[0]  # (P, S, L, D): senders in stage order
+    for layer in range(graph.num_layers):
+        lp = taps.layer(layer)
+        sq, sk = graph.groups[("q", layer)], graph.groups[("k", layer)]
+        upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
+        t = lp.scores(changes[:, :upstream].to(lp.rec.r.dtype))
+        full[:, :upstream, sq] = t["q"].to(full.dtype)
+        k_heads = t["k"].to(full.dtype)  # (P, S_l, H)
+        full[:, :upstream, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
+        if shares is not None:
+            shares[layer][:, :upstream] = k_heads
+    return full
+
+
+def head_use_gradients(taps: AttentionTaps, layer: int, name: str) -> Tensor:
+    """``(N, H, L, D)``: the gradient of the metric with respect to the input of key/value group g(h)'s ``name``
+    side (``"k"`` or ``"v"``) through query head h's use of it alone — the group's input gradient split over its
+    query heads (they add up to it). Local: the layer's keys or values recomputed from ``r + d_h`` with one
+    ``d_h`` per query head, the objective ``Σ_h ∂m/∂z_h · z_h(d_h)`` (exact: ``∂m/∂z`` is the clean run's)."""
+    lp = taps.layer(layer)
+    rec = lp.rec
+    N, H, L = lp.N, lp.H, lp.L
+    gz = rec.gz.float() if rec.gz is not None else torch.zeros_like(rec.z).float()
+    r = rec.r
+    with torch.enable_grad():
+        d = r.new_zeros(N, H, L, r.shape[-1]).float().requires_grad_(True)
+        x = output_tensor(lp.lw.attn_norm(r[:, None] + d.to(r.dtype))).float()  # (N, H, L, D)
+        y = _per_head_side(lp, name, x)  # (N, L, H, Dh): head h's copy of its group's side
+        if name == "v":
+            z = torch.einsum("nhls,nhsd->nhld", lp.A, y.transpose(1, 2))
+        else:
+            k = lp.part.rotation(y.permute(0, 2, 1, 3).reshape(N * H, L, -1), lp.pos, rec.pe).reshape(N, H, L, -1)
+            # each query head over its own copy of its group's keys: H key heads, one per query head
+            A = AttentionRows(rec.rows.q.float(), k, rec.rows.call).weights(0, L, keys=L).float()
+            z = torch.einsum("nhls,nhsd->nhld", A, lp.V)
+        (grad,) = torch.autograd.grad((z * gz).sum(), d)
+    return grad
+
+
+def _per_head_side(lp: LayerPatterns, name: str, x: Tensor) -> Tensor:
+    """``x (N, H, L, D)`` normalised, one copy per query head -> ``(N, L, H, Dh)``: head h's copy of its group's
+    side (projected, QK-normed, scaled; not rotated). A QK-norm over the whole projection (OLMo 2) normalises each
+    copy with the other groups' columns at their clean values."""
+    side = lp.part.sides[name]
+    G = lp.H // lp.Hkv
+    W, b = lp.lw.weights[name]  # (Hkv, Dh, D), (Hkv, Dh)
+    Wh = W.float().repeat_interleave(G, 0)  # (H, Dh, D)
+    y = torch.einsum("nhld,hwd->nlhw", x, Wh)
+    if b is not None:
+        y = y + b.float().repeat_interleave(G, 0)
+    if side.norm is not None and side.norm_per_head:
+        y = LayerPatterns._side_norm(side, y)
+    elif side.norm is not None:
+        r = lp.rec.r
+        xc = output_tensor(lp.lw.attn_norm(r)).float()  # (N, L, D)
+        clean = torch.einsum("nld,gwd->nlgw", xc, W.float())  # (N, L, Hkv, Dh)
+        if b is not None:
+            clean = clean + b.float()
+        heads, groups = torch.arange(lp.H), torch.arange(lp.H) // G
+        full = clean[:, :, None].expand(*clean.shape[:2], lp.H, *clean.shape[2:]).clone()  # (N, L, H, Hkv, Dh)
+        full[:, :, heads, groups] = y
+        full = output_tensor(side.norm(full.flatten(-2))).reshape(full.shape)
+        y = full[:, :, heads, groups]
+    return y * side.scale if side.scale != 1.0 else y
