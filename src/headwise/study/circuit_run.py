@@ -20,6 +20,7 @@ CIRCUIT_STEPS = {
     "exact": "top edges patched exactly",
     "faithfulness": "faithfulness curve",
     "circuit": "smallest circuit",
+    "mib": "MIB's curve",
 }
 
 
