@@ -83,7 +83,7 @@ class Circuit:
         }
 
     def scores(self, method: str | None = None):
-        """``(E,)`` float tensor of every edge's ``method`` score (default: this circuit's method); NaN where missing."""
+        """``(E,)`` every edge's ``method`` score (default: this circuit's method); NaN where missing."""
         import torch
 
         method = method or self.method
