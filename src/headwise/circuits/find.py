@@ -274,8 +274,11 @@ def find_circuit(
             "ablated_metric": curve.ablated_metric,
         },
         circuit={"fraction": float(fraction), "edges": kept, "nodes": nodes, "recovered": _finite(recovered)},
-        mib={**mib_report(mib_curve, len(graph.edges)), "clean_metric": mib_curve.clean_metric,
-             "ablated_metric": mib_curve.ablated_metric},  # fmt: skip
+        mib={
+            **mib_report(mib_curve, len(graph.edges)),
+            "clean_metric": mib_curve.clean_metric,
+            "ablated_metric": mib_curve.ablated_metric,
+        },  # fmt: skip
         node_details=_node_details(target, graph, c_all[:1], a_all[0], w_all[0]) if main else {},
         seconds=time.perf_counter() - t0,
     )

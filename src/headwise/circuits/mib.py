@@ -257,9 +257,9 @@ def from_mib(data, graph: Graph, *, source: str = "data") -> Tensor:
     return torch.from_numpy(total).float()
 
 
-def read_mib(path, graph: Graph, *, option: str | None = None) -> Tensor:
-    """:func:`from_mib` of a JSON file (errors name ``option`` and the file); ``(E,)``."""
-    source = f"{option + ' ' if option else ''}'{path}'"
+def read_mib(path, graph: Graph, *, source: str | None = None) -> Tensor:
+    """:func:`from_mib` of a JSON file; ``(E,)``. Errors (one line) start with ``source`` (default: the file's name)."""
+    source = source or f"'{path}'"
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -384,14 +384,15 @@ def evaluate_mib(
     ablation: str = "corrupted",
     batch_size: int = 8,
     progress: Callable[[int, int], None] | None = None,
-    source: str = "data",
+    source: str | None = None,
 ) -> dict:
     """Score a MIB-format importance file (from any tool) with headwise's faithfulness on a model and prompt pairs.
 
     Args:
         hm, clean, corrupted, answer, wrong, metric, ablation, batch_size: as :func:`~headwise.circuits.find_circuit`.
         data: MIB's graph JSON of this model (parsed; :func:`from_mib`), or a path to it.
-        progress: ``fn(done, total)`` after each batch of circuits. source: what errors call ``data``.
+        progress: ``fn(done, total)`` after each batch of circuits. source: what errors call ``data`` (default: the
+            file's name, or "data").
     Returns:
         ``{"model", "metric", "ablation", "num_edges", "clean_metric", "corrupted_metric", "ablated_metric", "mib"}``
         — ``"mib"`` as :func:`mib_report` (the curve at MIB's fractions, CPR, CMD).
@@ -403,9 +404,9 @@ def evaluate_mib(
     w = _wiring(hm)
     target, graph = w.target, build_graph(w)
     if isinstance(data, (str, os.PathLike)):
-        scores = read_mib(data, graph)
+        scores = read_mib(data, graph, source=source)
     else:
-        scores = from_mib(data, graph, source=source)
+        scores = from_mib(data, graph, source=source or "data")
     c, _ = prompt_ids("clean", clean, target)
     x, _ = prompt_ids("corrupted", corrupted, target)
     if c.shape != x.shape:

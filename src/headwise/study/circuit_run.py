@@ -12,7 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study"]
+__all__ = [
+    "CIRCUIT_STEPS",
+    "CircuitFound",
+    "add_qk",
+    "circuit_heads",
+    "circuit_lines",
+    "circuit_study",
+    "mib_evaluation",
+    "mib_lines",
+    "write_mib",
+]
 
 #: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
 CIRCUIT_STEPS = {
@@ -127,9 +137,48 @@ def circuit_lines(found, report: dict, *, method: str, metric: str, ablation: st
             f"estimate vs exact on the top {exact_top}: Spearman {agreement['spearman']:.2f}, "
             f"top-{agreement['top_k']} overlap {agreement['overlap']:.2f}"
         )
+    if report.get("mib"):
+        lines += mib_lines(report["mib"])
     top = found.top_edges(5)
     lines.append(
         "strongest edges: "
         + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
     )
     return lines
+
+
+def mib_lines(mib: dict) -> list[str]:
+    """MIB's curve for the terminal: the faithfulness at each fraction, CPR and CMD (``mib``: ``circuit.json``'s)."""
+    shown = ", ".join(
+        f"{100 * f:g}% {'—' if v is None else f'{v:.2f}'}" for f, v in zip(mib["fractions"], mib["faithfulness"])
+    )
+    areas = "—" if mib["cpr"] is None else f"CPR {mib['cpr']:.3f}, CMD {mib['cmd']:.3f}"
+    return [f"MIB's curve (faithfulness at the fractions of the edges kept): {shown}; {areas}"]
+
+
+def write_mib(hm, circuit, folder: Path) -> list[str]:
+    """The run's MIB files in ``folder`` (:func:`headwise.circuits.write_mib_dir`): its edges' scores as
+    ``importances.json`` (``in_graph``: the circuit chosen) and the circuits at MIB's fractions. Returns the names."""
+    import torch
+
+    from headwise.circuits import build_graph, wiring, write_mib_dir
+    from headwise.circuits.mib import model_width
+
+    graph = build_graph(wiring(hm))
+    chosen = torch.zeros(len(graph.edges), dtype=torch.bool)
+    chosen[circuit.circuit["edges"]] = True
+    scores = circuit.scores()
+    return write_mib_dir(folder, graph, scores, circuit.shares, d_model=model_width(hm), in_graph=chosen)
+
+
+def mib_evaluation(hm, clean, corrupted, *, answer, wrong, path: Path, option: str, progress=None, **options) -> dict:
+    """:func:`headwise.circuits.evaluate_mib` of the MIB-format file ``path`` on the prompt pairs ``clean`` /
+    ``corrupted`` ``(P, L)`` (``answer``, ``wrong``: P ids; ``options``: metric, ablation, batch_size), errors naming
+    ``option`` and the file; the report gains ``"file"``."""
+    from headwise.circuits import evaluate_mib
+
+    found = evaluate_mib(
+        hm, clean, corrupted, answer=answer, wrong=wrong, data=str(path), source=f"{option} '{path}'",
+        progress=progress, **options,
+    )  # fmt: skip
+    return {"file": str(path), **found}
