@@ -56,7 +56,8 @@ def test_every_edge_of_mibs_graph_by_mibs_name(family):
     data = to_mib(graph, scores, None, torch.zeros(len(graph.edges), dtype=torch.bool), d_model=model_width(model))
     assert len(data["edges"]) == mib_edge_count(2, 4, parallel) == len(graph.edges)
     assert set(data["edges"]) == mib_names(2, 4, parallel)
-    assert data["cfg"] == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": parallel, "d_model": 64 if parallel else 32}
+    width = 64 if parallel else 32
+    assert data["cfg"] == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": parallel, "d_model": width}
     assert list(data["nodes"]) == ["input", *[f"a0.h{h}" for h in range(4)], "m0", *[f"a1.h{h}" for h in range(4)],
                                    "m1", "logits"]  # fmt: skip
     assert all(set(v) == {"score", "in_graph"} for v in data["edges"].values())
@@ -183,7 +184,8 @@ def test_find_circuits_mib_curve_and_exact_scores_beat_random_ones():
 
 
 def _file(graph):
-    return to_mib(graph, torch.ones(len(graph.edges)), None, torch.zeros(len(graph.edges), dtype=torch.bool), d_model=32)
+    E = len(graph.edges)
+    return to_mib(graph, torch.ones(E), None, torch.zeros(E, dtype=torch.bool), d_model=32)
 
 
 @pytest.mark.parametrize(
