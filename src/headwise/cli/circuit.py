@@ -243,6 +243,8 @@ def circuit(
         prompts, source = options_pairs(clean or [], corrupted or [], answer or [], wrong or []), "the options"
     hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
     ids = encode_pairs(hm, prompts, source)
+    if mib is not None:
+        study.check_mib(hm, method)
     if evaluate is not None:
         return _evaluate(hm, ids, evaluate, out, metric=metric, ablation=ablation, batch_size=batch_size or 8)
 

@@ -60,7 +60,7 @@ _MODULES = {
     "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
     "headwise.study.circuit_run": [
         "CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study",
-        "mib_evaluation", "mib_lines", "write_mib",
+        "check_mib", "mib_evaluation", "mib_lines", "write_mib",
     ],
     "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
     "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],

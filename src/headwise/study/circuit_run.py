@@ -19,6 +19,7 @@ __all__ = [
     "circuit_heads",
     "circuit_lines",
     "circuit_study",
+    "check_mib",
     "mib_evaluation",
     "mib_lines",
     "write_mib",
@@ -154,6 +155,31 @@ def mib_lines(mib: dict) -> list[str]:
     )
     areas = "—" if mib["cpr"] is None else f"CPR {mib['cpr']:.3f}, CMD {mib['cmd']:.3f}"
     return [f"MIB's curve (faithfulness at the fractions of the edges kept): {shown}; {areas}"]
+
+
+#: the methods whose attribution splits a key/value group edge's score among the group's query heads
+#: (``EdgeScores.shares``), which MIB's per-head k and v edges need under GQA — none yet
+SHARED_METHODS: tuple[str, ...] = ()
+
+
+def check_mib(hm, method: str, option: str = "--mib") -> None:
+    """Refuse, before any work, a run whose MIB files could not be written: a model MIB's graph cannot state
+    (:func:`headwise.circuits.mib.mib_layout`), or GQA with a method that gives no shares (ValueError naming
+    ``option``)."""
+    from headwise.circuits import build_graph, wiring
+    from headwise.circuits.mib import mib_layout
+
+    graph = build_graph(wiring(hm))
+    try:
+        mib_layout(graph)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+    per = max(h // k for h, k in zip(graph.heads, graph.kv))
+    if per > 1 and method not in SHARED_METHODS:
+        raise ValueError(
+            f"{option}: MIB scores k and v per query head, and this model's key/value groups are read by {per} query "
+            f"heads each; method {method!r} does not split a group's score among its heads (no shares)"
+        )
 
 
 def write_mib(hm, circuit, folder: Path) -> list[str]:
