@@ -16,7 +16,7 @@ from headwise.patching import logit_difference
 pytest.importorskip("transformers")
 
 KEYS = {"model", "method", "metric", "ablation", "steps", "prompts", "tokens", "nodes", "edges", "agreement"}
-KEYS |= {"faithfulness", "circuit", "node_details"}
+KEYS |= {"faithfulness", "circuit", "mib", "node_details"}
 
 
 @pytest.mark.parametrize("case", ["llama", "stack"])

@@ -28,7 +28,7 @@ from headwise.circuits import find_circuit  # noqa: E402
 #: Two ranks against one process: a pair's rows run in a batch of another size round differently in float32
 #: (as tests/distributed/test_circuit_ranks.py measures).
 TOL = 1e-6
-STAGES = ["attribution", "exact", "faithfulness", "circuit"]
+STAGES = ["attribution", "exact", "faithfulness", "circuit", "mib"]
 OPTIONS = {"exact_top": 5}
 
 
@@ -66,7 +66,7 @@ def test_stages_are_kept_and_resumed(setup, tmp_path, world_of_one):
     assert max_difference(run.circuit.to_dict(), want) == 0.0
     stages = tmp_path / "stages"
     assert sorted(p.name for p in stages.iterdir()) == ["manifest.json"] + [f"shard-{k:06d}.safetensors" for k in
-                                                                             range(4)]  # fmt: skip
+                                                                             range(5)]  # fmt: skip
     # a second run loads every stage: no pass runs (no progress) and the circuit is the same
     again, seen = _run(setup, tmp_path)
     assert again.computed == [] and again.resumed == STAGES and seen == []
@@ -75,7 +75,7 @@ def test_stages_are_kept_and_resumed(setup, tmp_path, world_of_one):
     (stages / "shard-000002.safetensors").unlink()
     (stages / "shard-000000.safetensors").write_bytes(b"\x00" * 12)
     third, seen = _run(setup, tmp_path)
-    assert third.computed == ["attribution", "faithfulness"] and third.resumed == ["exact", "circuit"]
+    assert third.computed == ["attribution", "faithfulness"] and third.resumed == ["exact", "circuit", "mib"]
     assert {s for s, _, _ in seen} == {"attribution", "faithfulness"}
     assert max_difference(third.circuit.to_dict(), want) == 0.0
 
@@ -130,6 +130,6 @@ def test_a_killed_rank_restarts_from_the_kept_stages_and_equals(setup, tmp_path)
     for r in (0, 1):
         line = log.split(f"attempt 1 rank {r} computed ")[1].splitlines()[0]
         computed, resumed = (json.loads(part) for part in line.split(" resumed "))
-        assert resumed == ["attribution", "exact"] and computed == ["faithfulness", "circuit"]
+        assert resumed == ["attribution", "exact"] and computed == ["faithfulness", "circuit", "mib"]
     assert _max_relative(json.loads((out / "circuit.json").read_text()), want) <= TOL
     assert not list(out.rglob(".*.tmp"))

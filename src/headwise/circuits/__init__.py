@@ -27,6 +27,7 @@ from headwise.circuits.faithfulness import ABLATIONS, Faithfulness, faithfulness
 from headwise.circuits.find import CIRCUIT_METHODS, PairShard, find_circuit
 from headwise.circuits.graph import Edge, Graph, Node, build_graph
 from headwise.circuits.metrics import METRICS, AnswerProbability, KLToClean, make_metric
+from headwise.circuits.mib import evaluate_mib, from_mib, read_mib, to_mib, write_mib_dir
 from headwise.circuits.paths import PathPatching, patch_edges, path_patch
 from headwise.circuits.qk import QKAttribution, qk_attribution
 from headwise.circuits.result import Circuit
@@ -50,13 +51,18 @@ __all__ = [
     "Wiring",
     "build_graph",
     "edge_attribution",
+    "evaluate_mib",
+    "from_mib",
     "faithfulness",
     "find_circuit",
     "make_metric",
     "patch_edges",
     "path_patch",
+    "read_mib",
     "smallest_circuit",
+    "to_mib",
     "wiring",
+    "write_mib_dir",
     "CompositionScores",
     "CopyingScores",
     "HeadWeights",

@@ -17,7 +17,9 @@ residual, so the output is the corrupted run's (or the mean-ablated run's). ``re
 (m(clean) − m(∅))`` with ``m`` the metric averaged over the pairs and ``∅`` no edge kept.
 
 The curve keeps the top n edges by ``|score|`` for n on a grid; :func:`smallest_circuit` bisects between grid
-points for the fewest top edges recovering a chosen fraction.
+points for the fewest top edges recovering a chosen fraction. With ``prune=True`` each top-n circuit is first pruned
+to the edges on a path from the embeddings to the logits, as MIB's evaluation prunes it
+(:func:`headwise.circuits.prune.prune`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import Tensor
 from headwise.checks import one_of, positive_int
 from headwise.circuits.graph import Graph
 from headwise.circuits.paths import open_pair, sender_writes
+from headwise.circuits.prune import prune as prune_circuits
 from headwise.circuits.wiring import Wiring
 from headwise.patching.exact import check_pair
 from headwise.patching.metric import reads_last_position
@@ -53,6 +56,7 @@ class Faithfulness:
         metric: ``(P, len(sizes))`` the metric with each circuit.
         clean_metric, corrupted_metric, ablated_metric: means over pairs (clean run, corrupted run, no edge kept).
         recovered: ``(len(sizes),)`` ``(m(n) − m(∅)) / (m(clean) − m(∅))``.
+        kept: the edges each circuit kept (``sizes`` itself unless pruned; None where not recorded).
     """
 
     ablation: str
@@ -64,6 +68,7 @@ class Faithfulness:
     ablated_metric: float
     recovered: Tensor
     passes: int = 0
+    kept: list[int] | None = None
 
 
 class _Ablator:
@@ -170,6 +175,7 @@ def faithfulness(
     batch_size: int = 8,
     progress: Progress | None = None,
     gather_pairs: Callable[[Tensor], Tensor] = _all_pairs,
+    prune: bool = False,
 ) -> Faithfulness:
     """The metric recovered by the top-n edges (by ``|scores|``) alone, for each n of ``sizes``.
 
@@ -185,6 +191,8 @@ def faithfulness(
             (default: as they are). A run whose prompt pairs are split across processes passes the gathering of
             every process's share (:class:`headwise.circuits.PairShard`), so that every mean over the pairs — the
             clean, corrupted and ablated metrics, the curve — is the mean over all of them.
+        prune: drop the edges of each top-n circuit that lie on no path from the embeddings to the logits before it
+            runs, as MIB's ``apply_topn(n, prune=True)`` (:mod:`headwise.circuits.prune`); ``kept`` counts what stays.
     Returns:
         :class:`Faithfulness` (``metric``: every pair's, ``(P, len(sizes))``).
     """
@@ -203,10 +211,13 @@ def faithfulness(
         sizes = [0, *sizes]
     rank = torch.empty(E, dtype=torch.long)
     rank[torch.tensor(order)] = torch.arange(E)
-    values = []
+    values, counts = [], []
     for start in range(0, len(sizes), batch_size):
         chunk = torch.tensor(sizes[start : start + batch_size])
         kept = rank[None, :] < chunk[:, None]  # (J, E)
+        if prune:
+            kept = prune_circuits(ab.graph, kept)
+        counts += kept.sum(1).tolist()
         values.append(ab.run(kept))
         if progress is not None:
             progress(min(start + batch_size, len(sizes)), len(sizes))
@@ -215,7 +226,9 @@ def faithfulness(
     ablated = float(means[sizes.index(0)])
     gap = m_clean - ablated
     recovered = (means - ablated) / gap if gap != 0 else torch.full_like(means, math.nan)
-    return Faithfulness(ablation, order, list(sizes), metric_n, m_clean, m_corr, ablated, recovered, ab.passes)
+    return Faithfulness(
+        ablation, order, list(sizes), metric_n, m_clean, m_corr, ablated, recovered, ab.passes, [int(k) for k in counts]
+    )
 
 
 def smallest_circuit(

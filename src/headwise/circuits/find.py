@@ -7,7 +7,7 @@ Shape legend: P prompt pairs, L length, E edges.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,9 @@ from headwise.circuits.edges import edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, faithfulness, smallest_circuit
 from headwise.circuits.graph import Graph, build_graph
 from headwise.circuits.metrics import METRICS, make_metric
+from headwise.circuits.mib import mib_faithfulness, mib_report
 from headwise.circuits.paths import patch_edges
+from headwise.circuits.prompts import answer_ids, prompt_ids
 from headwise.circuits.result import Circuit
 from headwise.circuits.wiring import wiring
 from headwise.patching.metric import LogitDifference
@@ -26,7 +28,7 @@ from headwise.patching.metric import LogitDifference
 __all__ = ["CIRCUIT_METHODS", "PairShard", "find_circuit", "spearman"]
 
 CIRCUIT_METHODS = ("eap", "eap-ig", "atp*", "exact")
-#: ``progress(stage, done, total)``, stage one of "attribution", "exact", "faithfulness", "circuit"
+#: ``progress(stage, done, total)``, stage one of "attribution", "exact", "faithfulness", "circuit", "mib"
 Progress = Callable[[str, int, int], None]
 
 
@@ -68,60 +70,6 @@ def spearman(a: Tensor, b: Tensor) -> float:
     return float((ra * rb).sum()) / den if den > 0 else float("nan")
 
 
-def _texts_or_ids(name: str, value, target) -> tuple[Tensor, list]:
-    """``(ids (P, L), shown)`` from a list of strings (tokenized) or token ids ``(L,)`` / ``(P, L)``."""
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
-        if target.tokenizer is None:
-            raise ValueError(f"{name}: the model {target.name} has no tokenizer; give token ids (P, L)")
-        rows = []
-        for k, text in enumerate(value):
-            if not text.strip():
-                raise ValueError(f"{name}[{k}]: expected a non-empty text, got {text!r}")
-            rows.append(target.encode([text]).ids[0])
-        lengths = {len(r) for r in rows}
-        if len(lengths) > 1:
-            raise ValueError(
-                f"{name}: every prompt must have the same number of tokens (patching swaps the same positions), "
-                f"got lengths {[len(r) for r in rows]}"
-            )
-        return torch.stack(rows), list(value)
-    ids = value if isinstance(value, Tensor) else torch.tensor(value)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
-        raise ValueError(
-            f"{name}: expected texts or integer token ids (L,) or (P, L), got {ids.dtype} {tuple(ids.shape)}"
-        )
-    return ids.long(), ids.tolist()
-
-
-def _answer_ids(name: str, value, P: int, target) -> tuple[list[int], list]:
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
-        value = [value] * P
-    if isinstance(value, Tensor):
-        value = value.reshape(-1).tolist()
-    if not isinstance(value, Sequence) or len(value) != P:
-        raise ValueError(f"{name}: expected one answer per prompt pair ({P}), got {value!r}")
-    ids = []
-    for k, v in enumerate(value):
-        if isinstance(v, str):
-            if target.tokenizer is None:
-                raise ValueError(f"{name}[{k}]: the model {target.name} has no tokenizer; give a token id")
-            got = target.tokenizer.encode(v, add_special_tokens=False).ids
-            if len(got) != 1:
-                raise ValueError(f"{name}[{k}]: {v!r} is {len(got)} tokens; expected exactly one")
-            ids.append(int(got[0]))
-        elif isinstance(v, int) and not isinstance(v, bool):
-            if target.vocab_size is not None and not 0 <= v < target.vocab_size:
-                raise ValueError(f"{name}[{k}]: token id {v} outside the vocabulary [0, {target.vocab_size})")
-            ids.append(v)
-        else:
-            raise TypeError(f"{name}[{k}]: expected a text or a token id, got {v!r}")
-    return ids, list(value)
-
-
 def _node_details(target, graph: Graph, ids: Tensor, answer: int, wrong: int) -> dict:
     from headwise.patching import direct_logit_attribution
 
@@ -158,6 +106,7 @@ def find_circuit(
     batch_size: int | None = None,
     pairs: PairShard | None = None,
     stages: Callable[[str, Callable[[], object]], object] | None = None,
+    shares: bool = False,
 ) -> Circuit:
     """Find the edges that carry a behaviour from a set of prompt pairs, check them, and keep a faithful circuit.
 
@@ -168,6 +117,8 @@ def find_circuit(
        agreement (Spearman's rank correlation, top-k overlap).
     3. The faithfulness curve: the top n edges kept, every other ablated
        (:func:`~headwise.circuits.faithfulness`), and the smallest circuit recovering ``fraction``.
+    4. MIB's curve (:func:`~headwise.circuits.mib.mib_faithfulness`): the top ``int(f·E)`` edges for each of MIB's
+       fractions, pruned as MIB prunes them, and its areas CPR and CMD (:mod:`headwise.circuits.areas`).
 
     Args:
         hm: a :class:`~headwise.models.HeadModel` (or anything :func:`headwise.patching.as_target` accepts).
@@ -181,8 +132,11 @@ def find_circuit(
         ablation: ``"corrupted"`` or ``"mean"`` (over the clean and corrupted prompts) for the edges left out.
         fraction: the share of the metric the chosen circuit must recover, in (0, 1].
         exact_top: edges patched exactly beside the estimate (0: none).
-        progress: ``fn(stage, done, total)``, stage ``"attribution"``, ``"exact"``, ``"faithfulness"``.
+        progress: ``fn(stage, done, total)``, stage ``"attribution"``, ``"exact"``, ``"faithfulness"``, ``"mib"``.
         batch_size: jobs per forward pass (default 16 for exact patching, 8 for faithfulness).
+        shares: also split each key/value group edge's estimate among the group's query heads
+            (:attr:`~headwise.circuits.EdgeScores.shares`, kept as :attr:`Circuit.shares` for MIB's files; the
+            attribution stage then holds ``(P, E, G)``). Not with ``"exact"``.
         pairs: this process's share of the pairs when the run is split across processes (:class:`PairShard`):
             every per-pair value (the edges' scores, the exact patches, the curve's and the bisection's metrics) is
             computed on its pairs and gathered before any mean, so every process holds the one-process means and
@@ -193,7 +147,8 @@ def find_circuit(
             ``(P, E)`` every pair's edge scores (method ``"exact"``: patched − base), ``"exact"`` → ``(P, J)`` every
             pair's exact patches of the top J edges (patched − base), ``"faithfulness"`` → the
             :class:`~headwise.circuits.Faithfulness` curve, ``"circuit"`` → ``(n, recovered)`` of
-            :func:`~headwise.circuits.smallest_circuit`. Default: ``work()``.
+            :func:`~headwise.circuits.smallest_circuit`, ``"mib"`` → MIB's :class:`~headwise.circuits.Faithfulness`
+            curve. Default: ``work()``.
     Returns:
         :class:`~headwise.circuits.Circuit` (``to_dict()`` is ``circuit.json``).
     Raises:
@@ -202,6 +157,7 @@ def find_circuit(
         model structure the tracing does not read.
     """
     t0 = time.perf_counter()
+    head_shares = None
     one_of("method", method, CIRCUIT_METHODS)
     one_of("metric", metric, METRICS)
     one_of("ablation", ablation, ABLATIONS)
@@ -219,13 +175,13 @@ def find_circuit(
         steps = positive_int("steps", steps)
     w = wiring(hm)
     target = w.target
-    c, c_shown = _texts_or_ids("clean", clean, target)
-    x, x_shown = _texts_or_ids("corrupted", corrupted, target)
+    c, c_shown = prompt_ids("clean", clean, target)
+    x, x_shown = prompt_ids("corrupted", corrupted, target)
     if c.shape != x.shape:
         raise ValueError(f"corrupted: expected the clean prompts' shape {tuple(c.shape)}, got {tuple(x.shape)}")
     P = c.shape[0]
-    a_ids, a_shown = _answer_ids("answer", answer, P, target)
-    w_ids, w_shown = _answer_ids("wrong", wrong, P, target)
+    a_ids, a_shown = answer_ids("answer", answer, P, target)
+    w_ids, w_shown = answer_ids("wrong", wrong, P, target)
     c, x = c.to(target.device), x.to(target.device)
     gather, reference, main = _all_pairs, None, True
     c_all, x_all, a_all, w_all = c, x, a_ids, w_ids
@@ -259,11 +215,16 @@ def find_circuit(
         agreement = None
     else:
 
-        def attribution() -> Tensor:  # (P, E) every pair's scores
-            est = edge_attribution(w, c, x, fn, method=method, steps=steps, progress=stage("attribution"))
-            return gather(est.per_pair)
+        def attribution() -> Tensor:  # (P, E) every pair's scores, or (P, E, G) their shares
+            est = edge_attribution(
+                w, c, x, fn, method=method, steps=steps, shares=shares, progress=stage("attribution")
+            )
+            return gather(est.per_pair_shares if shares else est.per_pair)
 
-        scores = keep("attribution", attribution).mean(0)  # (E,): est.scores, over every pair
+        values = keep("attribution", attribution)
+        if values.dim() == 3:  # every edge's shares of its query heads: they add up to its score
+            head_shares, values = values.mean(0), values.sum(-1)
+        scores = values.mean(0)  # (E,): est.scores, over every pair
         exact, agreement = {}, None
         if exact_top:
             top = torch.argsort(scores.abs(), descending=True, stable=True)[: min(exact_top, len(graph.edges))]
@@ -287,6 +248,13 @@ def find_circuit(
         "circuit",
         lambda: smallest_circuit(w, c, x, fn, curve, fraction, reference=reference, gather_pairs=gather),
     )
+    mib_curve = keep(
+        "mib",
+        lambda: mib_faithfulness(
+            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
+            progress=stage("mib"), gather_pairs=gather,
+        ),
+    )  # fmt: skip
     kept = sorted(curve.order[:n])
     nodes = sorted({graph.edges[e].sender for e in kept} | {graph.edges[e].receiver for e in kept})
     edges = []
@@ -319,8 +287,14 @@ def find_circuit(
             "ablated_metric": curve.ablated_metric,
         },
         circuit={"fraction": float(fraction), "edges": kept, "nodes": nodes, "recovered": _finite(recovered)},
+        mib={
+            **mib_report(mib_curve, len(graph.edges)),
+            "clean_metric": mib_curve.clean_metric,
+            "ablated_metric": mib_curve.ablated_metric,
+        },  # fmt: skip
         node_details=_node_details(target, graph, c_all[:1], a_all[0], w_all[0]) if main else {},
         seconds=time.perf_counter() - t0,
+        shares=head_shares,
     )
 
 

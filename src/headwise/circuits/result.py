@@ -36,6 +36,10 @@ class Circuit:
       fraction of the metric they recover (:mod:`headwise.circuits.faithfulness`);
     - ``"circuit"``: ``{"fraction", "edges", "nodes", "recovered"}`` — the smallest top-n circuit recovering
       ``fraction``: its edge indices (into ``"edges"``), the nodes they touch, what it recovers;
+    - ``"mib"``: ``{"fractions", "sizes", "edges", "faithfulness", "cpr", "cmd", "clean_metric", "ablated_metric"}``
+      — MIB's curve (:func:`headwise.circuits.mib.mib_report`): for each of MIB's fractions f the top ``int(f·E)``
+      edges (``sizes``), pruned to the ``edges`` on a path from the embeddings to the logits as MIB prunes them, their
+      faithfulness, and its areas CPR (higher is better) and CMD (lower), by MIB's trapezoids over the fractions;
     - ``"node_details"``: ``{node id: {"pattern", "direct_effect"}}`` — ``pattern`` a head's attention weights
       on the first clean prompt (L lists of L floats; heads only), ``direct_effect`` the node's direct logit
       attribution to logit(answer) − logit(wrong) on that prompt (heads, MLPs, the embeddings;
@@ -56,6 +60,9 @@ class Circuit:
     circuit: dict
     node_details: dict = field(default_factory=dict)
     seconds: float = 0.0
+    mib: dict | None = None
+    #: ``(E, G)`` each edge's score split among the query heads that read it (``EdgeScores.shares``), or None
+    shares: object = None
 
     def to_dict(self) -> dict:
         return {
@@ -71,8 +78,16 @@ class Circuit:
             "agreement": self.agreement,
             "faithfulness": self.faithfulness,
             "circuit": self.circuit,
+            "mib": self.mib,
             "node_details": self.node_details,
         }
+
+    def scores(self, method: str | None = None):
+        """``(E,)`` every edge's ``method`` score (default: this circuit's method); NaN where missing."""
+        import torch
+
+        method = method or self.method
+        return torch.tensor([e["scores"].get(method, float("nan")) for e in self.edges], dtype=torch.float32)
 
     def top_edges(self, n: int, method: str | None = None) -> list[dict]:
         """The ``n`` edges of largest ``|score|`` by ``method`` (default: this circuit's method)."""

@@ -2,7 +2,8 @@
 
 ``headwise circuit --model M --clean TEXT --corrupted TEXT --answer A --wrong W --out DIR
 [--pairs FILE] [--method eap|eap-ig|atp*|exact] [--steps N] [--metric logit_diff|prob|kl]
-[--ablation corrupted|mean] [--fraction F] [--exact-top N] [--batch-size N] [--max-edges N]``
+[--ablation corrupted|mean] [--fraction F] [--exact-top N] [--batch-size N] [--max-edges N] [--mib DIR]
+[--evaluate FILE]``
 
 :func:`headwise.circuits.find_circuit` scores every edge of the model's graph — from the embeddings, each query
 head and each MLP into each head's query, each key/value group's keys and values, each MLP and the logits — by
@@ -21,6 +22,12 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 ``circuit.png`` (:func:`headwise.viz.circuit.plot_circuit`) and ``circuit.html``
 (:func:`headwise.viz.circuit_page.write_circuit_page`, offline: click a node for its pattern and direct effect).
 
+``--mib DIR`` also writes the run's files in MIB's circuit format (:mod:`headwise.circuits.mib`): ``importances.json``
+(every edge's score) and ``circuit_<f>.json`` for each of MIB's fractions f. circuit.json's ``"mib"`` holds MIB's curve
+(the top ``int(f·E)`` edges, pruned as MIB prunes them), CPR and CMD. ``--evaluate FILE`` scores a MIB-format
+importance file from any tool instead of finding a circuit: no attribution, the curve at MIB's fractions with CPR and
+CMD printed and written to ``--out/mib.json``.
+
 Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
 (:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
 the same top edges and rank 0 writes the one-process files (to float32 rounding). More ranks than pairs is refused.
@@ -31,8 +38,9 @@ three files alone. See ``docs/distributed.md``.
 
 Bad input — an unknown method, metric or ablation, a fraction outside (0, 1], pairs given both ways or not at
 all, counts that do not match, texts of different token lengths, an answer or wrong token of several tokens,
-identical answer and wrong tokens, a malformed pairs file — is one line on stderr and exit status 2, before
-anything is written.
+identical answer and wrong tokens, a malformed pairs file, an ``--evaluate`` file that is not JSON, of another
+model's shape, with unknown or missing edges or scores that are not finite numbers — is one line on stderr and exit
+status 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -199,6 +207,13 @@ def circuit(
             "--qk-heads", min=0, help="circuit.html: the circuit's strongest heads shown with their QK attribution."
         ),
     ] = 20,
+    mib: Annotated[
+        Path | None, typer.Option("--mib", help="Also write the run in MIB's format: importances and circuits.")
+    ] = None,
+    evaluate: Annotated[
+        Path | None,
+        typer.Option("--evaluate", help="Score this MIB-format importance file at MIB's fractions (no attribution)."),
+    ] = None,
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
@@ -219,6 +234,8 @@ def circuit(
         )
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out: '{out}' exists and is not a folder")
+    if mib is not None and (evaluate is not None or (mib.exists() and not mib.is_dir())):
+        raise CLIError(f"--mib: '{mib}' " + ("given with --evaluate" if evaluate else "exists and is not a folder"))
     given = [f"--{k}" for k, v in zip(FIELDS, (clean, corrupted, answer, wrong)) if v]
     if pairs is not None:
         if given:
@@ -228,10 +245,14 @@ def circuit(
         prompts, source = options_pairs(clean or [], corrupted or [], answer or [], wrong or []), "the options"
     hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
     ids = encode_pairs(hm, prompts, source)
+    if mib is not None:
+        study.check_mib(hm, method)
+    if evaluate is not None:
+        return _evaluate(hm, ids, evaluate, out, metric=metric, ablation=ablation, batch_size=batch_size or 8)
 
     options = dict(
         method=method, steps=steps, metric=metric, ablation=ablation, fraction=fraction, exact_top=exact_top,
-        batch_size=batch_size,
+        batch_size=batch_size, shares=mib is not None and method != "exact",
     )  # fmt: skip
     args = (torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"]))  # (P, L), encoded and checked above
     try:
@@ -257,6 +278,12 @@ def circuit(
             write_circuit_page(report, folder / "circuit.html", title=hm.title)
     except OSError as e:
         raise write_failed("--out", out, e) from None
+    written = list(OUTPUTS)
+    if mib is not None:
+        try:
+            written += [f"{mib}/{name}" for name in study.write_mib(hm, found, mib)]
+        except OSError as e:
+            raise write_failed("--mib", mib, e) from None
 
     typer.echo(hm.title)
     for line in study.circuit_lines(
@@ -264,3 +291,36 @@ def circuit(
     ):
         typer.echo(line)
     typer.echo(f"{found.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")
+    if mib is not None:
+        typer.echo(f"wrote MIB's importances and {len(written) - len(OUTPUTS) - 1} circuits to {mib}")
+
+
+def _evaluate(hm, ids: dict, path: Path, out: Path, **options) -> None:
+    """``--evaluate``: the MIB-format file scored on the pairs, printed and written to ``--out/mib.json``."""
+    import time
+
+    import torch
+
+    from headwise._io import atomic_folder, write_text_atomic
+
+    t0 = time.perf_counter()
+    with stage_progress() as progress:
+        report = study.mib_evaluation(
+            hm, torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"]), answer=ids["answer"], wrong=ids["wrong"],
+            path=path, option="--evaluate", progress=lambda done, total: progress("MIB's curve", done, total),
+            **options,
+        )  # fmt: skip
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(out) as folder:
+            write_text_atomic(folder / "mib.json", json.dumps(report, indent=1) + "\n")
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
+    typer.echo(hm.title)
+    typer.echo(
+        f"{path}: {report['num_edges']} edges; metric ({report['metric']}) clean {report['clean_metric']:+.3f}, "
+        f"nothing kept {report['ablated_metric']:+.3f} ({report['ablation']} ablation)"
+    )
+    for line in study.mib_lines(report["mib"]):
+        typer.echo(line)
+    typer.echo(f"{time.perf_counter() - t0:.1f} s; wrote mib.json to {out}")

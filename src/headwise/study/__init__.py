@@ -30,7 +30,8 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   :func:`patch_csv`, :func:`top_line` — ``headwise patch``'s flow: the sweep on one process or across ranks, the
   direct logit attribution, ``patching.json`` / ``patching.csv`` assembled.
 - :func:`circuit_study` → :class:`CircuitFound`, :func:`add_qk`, :func:`circuit_heads`, :func:`circuit_lines` —
-  ``headwise circuit``'s flow: the circuit on one process or across ranks, the QK attribution of its strongest heads.
+  ``headwise circuit``'s flow: the circuit on one process or across ranks, the QK attribution of its strongest heads;
+  :func:`write_mib`, :func:`mib_evaluation`, :func:`mib_lines` — its MIB files and the scoring of a MIB-format file.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves.
 
@@ -59,6 +60,7 @@ _MODULES = {
     "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
     "headwise.study.circuit_run": [
         "CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study",
+        "check_mib", "mib_evaluation", "mib_lines", "write_mib",
     ],
     "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
     "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],

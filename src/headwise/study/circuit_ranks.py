@@ -93,7 +93,7 @@ class _RowGather:
 #: The circuit stages' format; a manifest of another format is refused.
 CIRCUIT_FORMAT = "headwise-circuit-stages/1"
 #: The stages of :func:`headwise.circuits.find_circuit`, in order (the store's index of each).
-CIRCUIT_STAGES = ("attribution", "exact", "faithfulness", "circuit")
+CIRCUIT_STAGES = ("attribution", "exact", "faithfulness", "circuit", "mib")
 
 
 def _pack_stage(name: str, value) -> dict:
@@ -105,7 +105,9 @@ def _pack_stage(name: str, value) -> dict:
     if name == "circuit":
         n, recovered = value
         return {"n": torch.tensor(int(n)), "recovered": torch.tensor(float(recovered), dtype=torch.float64)}
+    kept = {} if value.kept is None else {"kept": torch.tensor(list(value.kept), dtype=torch.int64)}
     return {
+        **kept,
         "order": torch.tensor(list(value.order), dtype=torch.int64),
         "sizes": torch.tensor(list(value.sizes), dtype=torch.int64),
         "metric": value.metric,
@@ -121,7 +123,8 @@ def _unpack_stage(name: str, state: dict, ablation: str):
     from headwise.circuits import Faithfulness
 
     keys = {"attribution": {"values"}, "exact": {"values"}, "circuit": {"n", "recovered"}}
-    if set(state) != keys.get(name, {"order", "sizes", "metric", "recovered", "scalars"}):
+    curve = {"order", "sizes", "metric", "recovered", "scalars"}
+    if set(state) != keys.get(name, curve) and set(state) != keys.get(name, curve | {"kept"}):
         return None
     if name in ("attribution", "exact"):
         return state["values"]
@@ -131,7 +134,7 @@ def _unpack_stage(name: str, state: dict, ablation: str):
     return Faithfulness(
         ablation=ablation, order=state["order"].tolist(), sizes=state["sizes"].tolist(), metric=state["metric"],
         clean_metric=clean, corrupted_metric=corrupted, ablated_metric=ablated, recovered=state["recovered"],
-        passes=int(passes),
+        passes=int(passes), kept=state["kept"].tolist() if "kept" in state else None,
     )  # fmt: skip
 
 

@@ -12,7 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study"]
+__all__ = [
+    "CIRCUIT_STEPS",
+    "CircuitFound",
+    "add_qk",
+    "circuit_heads",
+    "circuit_lines",
+    "circuit_study",
+    "check_mib",
+    "mib_evaluation",
+    "mib_lines",
+    "write_mib",
+]
 
 #: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
 CIRCUIT_STEPS = {
@@ -20,6 +31,7 @@ CIRCUIT_STEPS = {
     "exact": "top edges patched exactly",
     "faithfulness": "faithfulness curve",
     "circuit": "smallest circuit",
+    "mib": "MIB's curve",
 }
 
 
@@ -126,9 +138,73 @@ def circuit_lines(found, report: dict, *, method: str, metric: str, ablation: st
             f"estimate vs exact on the top {exact_top}: Spearman {agreement['spearman']:.2f}, "
             f"top-{agreement['top_k']} overlap {agreement['overlap']:.2f}"
         )
+    if report.get("mib"):
+        lines += mib_lines(report["mib"])
     top = found.top_edges(5)
     lines.append(
         "strongest edges: "
         + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
     )
     return lines
+
+
+def mib_lines(mib: dict) -> list[str]:
+    """MIB's curve for the terminal: the faithfulness at each fraction, CPR and CMD (``mib``: ``circuit.json``'s)."""
+    shown = ", ".join(
+        f"{100 * f:g}% {'—' if v is None else f'{v:.2f}'}" for f, v in zip(mib["fractions"], mib["faithfulness"])
+    )
+    areas = "—" if mib["cpr"] is None else f"CPR {mib['cpr']:.3f}, CMD {mib['cmd']:.3f}"
+    return [f"MIB's curve (faithfulness at the fractions of the edges kept): {shown}; {areas}"]
+
+
+#: the methods whose attribution splits a key/value group edge's score among the group's query heads
+#: (``EdgeScores.shares``), which MIB's per-head k and v edges need under GQA
+SHARED_METHODS: tuple[str, ...] = ("eap", "eap-ig", "atp*")
+
+
+def check_mib(hm, method: str, option: str = "--mib") -> None:
+    """Refuse, before any work, a run whose MIB files could not be written: a model MIB's graph cannot state
+    (:func:`headwise.circuits.mib.mib_layout`), or GQA with a method that gives no shares (ValueError naming
+    ``option``)."""
+    from headwise.circuits import build_graph, wiring
+    from headwise.circuits.mib import mib_layout
+
+    graph = build_graph(wiring(hm))
+    try:
+        mib_layout(graph)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+    per = max(h // k for h, k in zip(graph.heads, graph.kv))
+    if per > 1 and method not in SHARED_METHODS:
+        raise ValueError(
+            f"{option}: MIB scores k and v per query head, and this model's key/value groups are read by {per} query "
+            f"heads each; method {method!r} does not split a group's score among its heads (no shares)"
+        )
+
+
+def write_mib(hm, circuit, folder: Path) -> list[str]:
+    """The run's MIB files in ``folder`` (:func:`headwise.circuits.write_mib_dir`): its edges' scores as
+    ``importances.json`` (``in_graph``: the circuit chosen) and the circuits at MIB's fractions. Returns the names."""
+    import torch
+
+    from headwise.circuits import build_graph, wiring, write_mib_dir
+    from headwise.circuits.mib import model_width
+
+    graph = build_graph(wiring(hm))
+    chosen = torch.zeros(len(graph.edges), dtype=torch.bool)
+    chosen[circuit.circuit["edges"]] = True
+    scores = circuit.scores()
+    return write_mib_dir(folder, graph, scores, circuit.shares, d_model=model_width(hm), in_graph=chosen)
+
+
+def mib_evaluation(hm, clean, corrupted, *, answer, wrong, path: Path, option: str, progress=None, **options) -> dict:
+    """:func:`headwise.circuits.evaluate_mib` of the MIB-format file ``path`` on the prompt pairs ``clean`` /
+    ``corrupted`` ``(P, L)`` (``answer``, ``wrong``: P ids; ``options``: metric, ablation, batch_size), errors naming
+    ``option`` and the file; the report gains ``"file"``."""
+    from headwise.circuits import evaluate_mib
+
+    found = evaluate_mib(
+        hm, clean, corrupted, answer=answer, wrong=wrong, data=str(path), source=f"{option} '{path}'",
+        progress=progress, **options,
+    )  # fmt: skip
+    return {"file": str(path), **found}
