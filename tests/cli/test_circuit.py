@@ -150,7 +150,7 @@ ONE = PAIRS[:1]
 @pytest.mark.parametrize(
     "pairs, extra, words",
     [
-        (ONE, ["--method", "acdc"], ["--method", "eap, eap-ig, exact", "'acdc'"]),
+        (ONE, ["--method", "acdc"], ["--method", "eap, eap-ig, atp*, exact", "'acdc'"]),
         (ONE, ["--metric", "loss"], ["--metric", "'loss'"]),
         (ONE, ["--ablation", "zero"], ["--ablation", "corrupted, mean", "'zero'"]),
         (ONE, ["--fraction", "0"], ["--fraction", "(0, 1]", "0.0"]),

@@ -114,10 +114,39 @@ def test_a_bad_file_is_one_line(run_cli, setup, tmp_path, kind, words):
 def test_options_that_do_not_go_together(run_cli, setup, tmp_path):
     outcome = run_cli(*_args(setup, tmp_path / "out", "--evaluate", "x.json", "--mib", str(tmp_path / "m")))
     assert_user_error(outcome, "--mib", "given with --evaluate")
-    gqa = save_decoder(tmp_path / "llama", "llama", init=0.5)  # GQA: no shares until the attribution gives them
+    gqa = save_decoder(tmp_path / "llama", "llama", init=0.5)  # GQA: exact patching splits no group among its heads
     argv = ["circuit", "--model", str(gqa), "--out", str(tmp_path / "o"), "--mib", str(tmp_path / "m")]
     for clean, corrupted in PAIRS:
         argv += ["--clean", clean, "--corrupted", corrupted]
-    outcome = run_cli(*argv, "--answer", "cat", "--wrong", "dog", "--exact-top", "0")
+    outcome = run_cli(*argv, "--answer", "cat", "--wrong", "dog", "--exact-top", "0", "--method", "exact")
     assert_user_error(outcome, "--mib", "read by 2 query heads", "no shares")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("method", ["eap", "atp*"])
+def test_gqa_key_and_value_edges_are_written_per_query_head(run_cli, tmp_path, method):
+    """Under GQA each key/value group edge becomes one MIB edge per query head of the group, its share of the
+    group's score: the shares add up to circuit.json's group score."""
+    gqa = save_decoder(tmp_path / "llama", "llama", init=0.5)
+    argv = ["circuit", "--model", str(gqa), "--out", str(tmp_path / "o"), "--mib", str(tmp_path / "m")]
+    for clean, corrupted in PAIRS:
+        argv += ["--clean", clean, "--corrupted", corrupted]
+    outcome = run_cli(*argv, "--answer", "cat", "--wrong", "dog", "--exact-top", "0", "--method", method)
+    assert outcome.code == 0, outcome.err
+    data = json.loads((tmp_path / "m" / "importances.json").read_text())
+    report = json.loads((tmp_path / "o" / "circuit.json").read_text())
+    heads = {n["id"]: n["heads"] for n in report["nodes"] if n["kind"] == "kv"}
+    checked = 0
+    for edge in report["edges"]:
+        if edge["input"] not in ("k", "v"):
+            continue
+        sender = {"embed": "input"}.get(edge["sender"], edge["sender"])
+        if sender != "input":
+            layer, unit = sender[1:].split(".")
+            sender = f"m{layer}" if unit == "MLP" else f"a{layer}.h{unit[1:]}"
+        layer = edge["receiver"][1:].split(".")[0]
+        parts = [data["edges"][f"{sender}->a{layer}.h{h}<{edge['input']}>"]["score"] for h in heads[edge["receiver"]]]
+        assert len(parts) == 2
+        assert sum(parts) == pytest.approx(edge["scores"][method], abs=1e-5, rel=1e-4)
+        checked += 1
+    assert checked > 10
