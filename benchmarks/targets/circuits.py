@@ -7,6 +7,9 @@ other names, places and objects; the corrupted prompt repeats the other name):
 - ``eap``: :func:`headwise.circuits.edge_attribution` over every edge (30 layers × 9 query heads, 3 key/value
   groups, 30 MLPs: 270 + 30 + 1 senders); goal ≤ 30 s and peak ≤ 4 GB;
 - ``eap-ig``: the same with 5 integrated-gradient steps; goal ≤ 120 s;
+- ``atp``: ``"atp*"`` (every query and key receiver's pattern recomputed exactly) beside ``"eap"`` in the same
+  process, alternating, three rounds each after a warm-up; the median of each and their ratio; goal: atp* ≤ 3 ×
+  EAP's time (the peak is the process's, both methods run in it);
 - ``path``: :func:`headwise.circuits.path_patch` of all 270 heads, one at a time, into one receiver's key
   group (layer 29, group 0); goal ≤ 120 s;
 - ``eap-long``: EAP over every edge on one pair of 2,048 tokens (:func:`long_pairs`: the bundled web
@@ -31,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 NAMES = [" Mary", " John", " Tom", " Anna", " James", " Sarah", " David", " Emma"]
 PLACES = [" store", " park", " school", " beach"]
 THINGS = [" drink", " book", " ball", " gift"]
-CASES = ("eap", "eap-ig", "path", "eap-long")
+CASES = ("eap", "eap-ig", "atp", "path", "eap-long")
 
 
 def _peak_mib() -> float:
@@ -94,6 +97,20 @@ def run_case(case: str, length: int = 2048, pairs: int = 1) -> dict:
         clean, corrupted, answer, wrong = ioi_pairs(hm.tokenizer)
     metric = logit_difference(answer, wrong)
     t0 = time.perf_counter()
+    if case == "atp":
+        edge_attribution(w, clean, corrupted, metric, method="atp*")  # warm-up
+        times: dict = {"eap": [], "atp*": []}
+        for _ in range(3):
+            for method in times:
+                t1 = time.perf_counter()
+                edge_attribution(w, clean, corrupted, metric, method=method)
+                times[method].append(time.perf_counter() - t1)
+        median = {m: sorted(v)[1] for m, v in times.items()}
+        return {
+            "case": case, "seconds": median["atp*"], "eap_seconds": median["eap"],
+            "ratio": median["atp*"] / median["eap"], "rounds": times, "peak_mib": _peak_mib(),
+            "tokens": int(clean.shape[1]), "pairs": int(clean.shape[0]),
+        }  # fmt: skip
     if case in ("eap", "eap-long"):
         out = edge_attribution(w, clean, corrupted, metric)
         extra = {"edges": len(out.graph.edges)}
@@ -138,12 +155,12 @@ try:  # as a target of benchmarks/run.py
             from machine import log
 
             data = {}
-            for case in CASES if mode.full else ("eap", "path"):
+            for case in CASES if mode.full else ("eap", "atp", "path"):
                 data[case] = measure_case(case)
                 log(f"circuits {case}: {data[case]}")
                 if "error" in data[case]:
                     raise RuntimeError(f"circuits {case}: {data[case]['error']}")
-            goals = {"eap": 30.0, "eap-ig": 120.0, "path": 120.0}
+            goals = {"eap": 30.0, "eap-ig": 120.0, "path": 120.0}  # atp: its ratio to eap, below
             rows = [
                 Row.at_most(f"circuits {case} on SmolLM2, 8 IOI pairs: seconds", d["seconds"], goals[case], "")
                 for case, d in data.items()
@@ -151,6 +168,9 @@ try:  # as a target of benchmarks/run.py
             ]
             if "eap" in data:
                 rows.append(Row.at_most("circuits eap: peak MiB", data["eap"]["peak_mib"], 4096.0, ""))
+            if "atp" in data:
+                d = data["atp"]
+                rows.append(Row.at_most("circuits atp* / eap on SmolLM2, 8 IOI pairs: time ratio", d["ratio"], 3.0, ""))
             if "eap-long" in data:
                 d = data["eap-long"]
                 rows.append(Row.at_most("circuits eap at 2,048 tokens: peak MiB", d["peak_mib"], 8192.0, ""))

@@ -196,16 +196,21 @@ class LayerPatterns:
         return self._project(x, first)
 
     def _weights(self, q: Tensor, k: Tensor, n: int, start: int) -> Tensor:
-        """Rows ``start … L − 1`` of the patterns of ``q (N·n, H, L, Dh)`` over ``k (N·n, Hkv, S, Dh)`` with the
-        layer's call (its masks tiled over the n copies of each row) -> ``(N, n, H, L − start, S)``."""
+        """The patterns of query rows ``start … L − 1`` given as ``q (N·n, H, L − start, Dh)`` over
+        ``k (N·n, Hkv, S, Dh)`` with the layer's call (its masks' rows from ``start``, tiled over the n copies of
+        each row) -> ``(N, n, H, L − start, S)``."""
         call = self.rec.rows.call
-        changes = {}
+        changes: dict = {"q_offset": call.q_offset + start}
         for name in ("blocked", "bias"):
             t = getattr(call, name)
-            if isinstance(t, Tensor) and t.dim() == 4 and t.shape[0] == self.N and self.N > 1:
-                changes[name] = t.repeat_interleave(n, 0)
-        rows = AttentionRows(q, k, call.replace(**changes) if changes else call)
-        w = rows.weights(start, self.L, keys=k.shape[-2]).float()
+            if isinstance(t, Tensor):
+                if t.dim() >= 2 and t.shape[-2] != 1:
+                    t = t[..., start:, :]
+                if t.dim() == 4 and t.shape[0] == self.N and self.N > 1:
+                    t = t.repeat_interleave(n, 0)
+                changes[name] = t
+        rows = AttentionRows(q, k, call.replace(**changes))
+        w = rows.weights(0, self.L - start, keys=k.shape[-2]).float()
         return w.reshape(self.N, n, self.H, self.L - start, -1)
 
     def chunk(self, n: int) -> int:
@@ -214,7 +219,9 @@ class LayerPatterns:
         per = self.N * self.L * max(D, self.H * self.L)
         return max(1, min(n, _CHUNK_ELEMENTS // max(1, per)))
 
-    def scores(self, delta: Tensor, *, queries: bool = True, keys: bool = True, both: bool = False) -> dict:
+    def scores(
+        self, delta: Tensor, *, queries: bool = True, keys: bool = True, both: bool = False, first: int | None = None
+    ) -> dict:
         """The attention-aware terms of the changes ``delta (N, n, L, D)`` (one per sender):
         ``{"q": (N, n, H), "k": (N, n, H)}`` — head h's ``Σ ∂m/∂A_h · (A'_h − A_h)`` with the change in its
         queries alone (the clean keys) or in its group's keys alone (the clean queries; a group's score is the sum
@@ -222,37 +229,37 @@ class LayerPatterns:
 
         Positions where every change is exactly zero (before the first token a corrupted prompt changes, in a
         causal model) keep their clean queries and keys: only the positions from the first changed one are
-        projected, and only the query rows that can see a changed key are recomputed."""
+        projected, and only the query rows that can see a changed key are recomputed. ``first``: the first
+        position where any change is nonzero, when the caller knows it (found here otherwise)."""
         rows = self.rec.rows
         N, n = delta.shape[:2]
-        changed = delta.ne(0).flatten(3).any(-1).any(1).any(0).nonzero()  # (k, 1) positions any change reaches
-        zeros = delta.new_zeros(N, n, self.H).float()
-        if changed.numel() == 0:
+        if first is None:
+            changed = delta.ne(0).flatten(3).any(-1).any(1).any(0).nonzero()  # positions any change reaches
+            first = int(changed[0, 0]) if changed.numel() else self.L
+        if first >= self.L:
+            zeros = delta.new_zeros(N, n, self.H).float()
             return {name: zeros for name, on in (("q", queries), ("k", keys), ("qk", both)) if on}
-        first = int(changed[0, 0])
         call = rows.call
         # rows before `first` see no changed key when the call is causal over keys in slot order
         k_rows = first if call.is_causal and call.key_slots is None and call.q_offset == 0 else 0
         out: dict = {}
         step = self.chunk(n)
+        q0, k0 = rows.q.float(), rows.k[:, :, : self.L].float()
         for start in range(0, n, step):
             d = delta[:, start : start + step, first:]
             m = d.shape[1]
             q1, k1 = self.sides(d, first)  # (N, m, H, L', Dh), (N, m, Hkv, L', Dh)
-            q0 = rows.q.float().repeat_interleave(m, 0)
-            k0 = rows.k[:, :, : self.L].float().repeat_interleave(m, 0)
+            q1 = q1.reshape(N * m, self.H, self.L - first, -1)
+            k0m = k0.repeat_interleave(m, 0)
             jobs = {}
-            if queries or both:
-                qn = q0.clone()
-                qn[:, :, first:] = q1.reshape(N * m, self.H, self.L - first, -1)
             if keys or both:
-                kn = k0.clone()
-                kn[:, :, first:] = k1.reshape(N * m, self.Hkv, self.L - first, -1)
+                kn = torch.cat([k0m[:, :, :first], k1.reshape(N * m, self.Hkv, self.L - first, -1)], 2)
             if queries:
-                jobs["q"] = (qn, k0, first)
+                jobs["q"] = (q1, k0m, first)
             if keys:
-                jobs["k"] = (q0, kn, k_rows)
+                jobs["k"] = (q0[:, :, k_rows:].repeat_interleave(m, 0), kn, k_rows)
             if both:
+                qn = q1 if k_rows == first else torch.cat([q0[:, :, k_rows:first].repeat_interleave(m, 0), q1], 2)
                 jobs["qk"] = (qn, kn, k_rows)
             for name, (q, k, row) in jobs.items():
                 dA = self._weights(q, k, m, row) - self.A[:, None, :, row:]  # (N, m, H, L − row, S)
@@ -267,11 +274,14 @@ def atp_scores(taps: AttentionTaps, graph, diff: list, full: Tensor, shares: lis
     list of NL ``(P, S, H)`` tensors) each key group's per-query-head terms are written there too. Returns
     ``full``."""
     changes = torch.cat(diff, 1) if len(diff) > 1 else diff[0]  # (P, S, L, D): senders in stage order
+    reach = changes.ne(0).any(-1).any(0)  # (S, L): where each sender's change is nonzero in any pair
     for layer in range(graph.num_layers):
         lp = taps.layer(layer)
         sq, sk = graph.groups[("q", layer)], graph.groups[("k", layer)]
         upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
-        t = lp.scores(changes[:, :upstream].to(lp.rec.r.dtype))
+        where = reach[:upstream].any(0).nonzero()
+        first = int(where[0, 0]) if where.numel() else lp.L
+        t = lp.scores(changes[:, :upstream].to(lp.rec.r.dtype), first=first)
         full[:, :upstream, sq] = t["q"].to(full.dtype)
         k_heads = t["k"].to(full.dtype)  # (P, S_l, H)
         full[:, :upstream, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
