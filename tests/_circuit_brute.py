@@ -238,3 +238,69 @@ def receiver_tuple(spec: str):
     node, side = spec.rsplit(".", 1)
     layer, unit = node[1:].split(".")
     return (side, int(layer), int(unit.lstrip("HKV")))
+
+
+class EagerParts:
+    """Hand-written pieces of a tiny eager Llama or GPT-2 (transformers' modules, no headwise code)."""
+
+    def __init__(self, model):
+        self.model = model
+        cfg = model.config
+        self.gpt2 = cfg.model_type == "gpt2"
+        if self.gpt2:
+            self.blocks = list(model.transformer.h)
+            self.H = self.Hkv = cfg.n_head
+            self.D = cfg.n_embd
+        else:
+            self.blocks = list(model.model.layers)
+            self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+            self.D = cfg.hidden_size
+        self.Dh = self.D // self.H
+
+    def sides(self, layer: int, r):
+        """``r (P, L, D)`` the block's input -> post-rotary ``q (P, H, L, Dh)``, ``k, v (P, Hkv, L, Dh)``."""
+        P, L, _ = r.shape
+        b = self.blocks[layer]
+        if self.gpt2:
+            q, k, v = b.attn.c_attn(b.ln_1(r)).split(self.D, -1)
+        else:
+            x = b.input_layernorm(r)
+            q, k, v = b.self_attn.q_proj(x), b.self_attn.k_proj(x), b.self_attn.v_proj(x)
+        q = q.view(P, L, self.H, self.Dh).transpose(1, 2)
+        k = k.view(P, L, self.Hkv, self.Dh).transpose(1, 2)
+        v = v.view(P, L, self.Hkv, self.Dh).transpose(1, 2)
+        if not self.gpt2:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+            cos, sin = self.model.model.rotary_emb(r, torch.arange(L)[None])
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def pattern(self, q, k):
+        """``softmax(q k^T / sqrt(Dh))`` under the causal mask: ``(P, H, L, L)``."""
+        k = k.repeat_interleave(self.H // self.Hkv, 1)
+        s = q @ k.transpose(-1, -2) / self.Dh**0.5
+        L = s.shape[-1]
+        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        return s.softmax(-1)
+
+    def o_proj(self, layer: int):
+        b = self.blocks[layer]
+        return b.attn.c_proj if self.gpt2 else b.self_attn.o_proj
+
+    def derivative(self, ids, layer: int, dz, metric):
+        """``d/dε metric`` with ``ε · dz (P, H, L, Dh)`` added to layer's heads' outputs (the o_proj input)."""
+        eps = torch.zeros(ids.shape[0], 1, 1, requires_grad=True)
+        P, H, L, Dh = dz.shape
+
+        def add(_m, args):
+            return (args[0] + eps * dz.transpose(1, 2).reshape(P, L, H * Dh),)
+
+        handle = self.o_proj(layer).register_forward_pre_hook(add)
+        try:
+            with torch.enable_grad():
+                out = self.model(input_ids=ids, use_cache=False).logits
+                (g,) = torch.autograd.grad(metric(out).sum(), eps)
+        finally:
+            handle.remove()
+        return g.reshape(-1)  # (P,)

@@ -12,7 +12,7 @@ import functools
 import pytest
 import torch
 
-from _circuit_brute import frozen_change, record
+from _circuit_brute import EagerParts, frozen_change, record
 from _patching_models import hf_model, pair
 from headwise.circuits import edge_attribution
 from headwise.patching import logit_difference
@@ -22,75 +22,8 @@ pytest.importorskip("transformers")
 METRIC = logit_difference([5, 6], [7, 8])
 
 
-class _Eager:
-    """Hand-written pieces of a tiny eager Llama or GPT-2 (transformers' modules, no headwise code)."""
-
-    def __init__(self, model):
-        self.model = model
-        cfg = model.config
-        self.gpt2 = cfg.model_type == "gpt2"
-        if self.gpt2:
-            self.blocks = list(model.transformer.h)
-            self.H = self.Hkv = cfg.n_head
-            self.D = cfg.n_embd
-        else:
-            self.blocks = list(model.model.layers)
-            self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-            self.D = cfg.hidden_size
-        self.Dh = self.D // self.H
-
-    def sides(self, layer: int, r):
-        """``r (P, L, D)`` the block's input -> post-rotary ``q (P, H, L, Dh)``, ``k, v (P, Hkv, L, Dh)``."""
-        P, L, _ = r.shape
-        b = self.blocks[layer]
-        if self.gpt2:
-            q, k, v = b.attn.c_attn(b.ln_1(r)).split(self.D, -1)
-        else:
-            x = b.input_layernorm(r)
-            q, k, v = b.self_attn.q_proj(x), b.self_attn.k_proj(x), b.self_attn.v_proj(x)
-        q = q.view(P, L, self.H, self.Dh).transpose(1, 2)
-        k = k.view(P, L, self.Hkv, self.Dh).transpose(1, 2)
-        v = v.view(P, L, self.Hkv, self.Dh).transpose(1, 2)
-        if not self.gpt2:
-            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-            cos, sin = self.model.model.rotary_emb(r, torch.arange(L)[None])
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v
-
-    def pattern(self, q, k):
-        """``softmax(q k^T / sqrt(Dh))`` under the causal mask: ``(P, H, L, L)``."""
-        k = k.repeat_interleave(self.H // self.Hkv, 1)
-        s = q @ k.transpose(-1, -2) / self.Dh**0.5
-        L = s.shape[-1]
-        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
-        return s.softmax(-1)
-
-    def o_proj(self, layer: int):
-        b = self.blocks[layer]
-        return b.attn.c_proj if self.gpt2 else b.self_attn.o_proj
-
-    def derivative(self, ids, layer: int, dz):
-        """``d/dε metric`` with ``ε · dz (P, H, L, Dh)`` added to layer's heads' outputs (the o_proj input)."""
-        eps = torch.zeros(ids.shape[0], 1, 1, requires_grad=True)
-        P, H, L, Dh = dz.shape
-
-        def add(_m, args):
-            return (args[0] + eps * dz.transpose(1, 2).reshape(P, L, H * Dh),)
-
-        handle = self.o_proj(layer).register_forward_pre_hook(add)
-        try:
-            with torch.enable_grad():
-                out = self.model(input_ids=ids, use_cache=False).logits
-                (g,) = torch.autograd.grad(METRIC(out).sum(), eps)
-        finally:
-            handle.remove()
-        return g.reshape(-1)  # (P,)
-
-
 def _residual(model, ids, layer):
-    an_key = ("attn_in", layer)
-    return record(model, ids)[an_key]
+    return record(model, ids)[("attn_in", layer)]
 
 
 @functools.cache
@@ -106,7 +39,7 @@ def test_atp_star_is_kramars_formula_by_hand(case):
     score the same over its query heads with k'_g; each per pair, against the brute force (2e-4)."""
     est, clean, corrupted = _scores(case, "atp*")
     eager = hf_model(case, "eager")
-    hand = _Eager(eager)
+    hand = EagerParts(eager)
     g = est.graph
     last = g.num_layers - 1
     G = hand.H // hand.Hkv
@@ -134,13 +67,13 @@ def test_atp_star_is_kramars_formula_by_hand(case):
             A1 = hand.pattern(q1, k0) if side == "q" else hand.pattern(q0, k1)
             dA = torch.zeros_like(A0)
             dA[:, heads] = (A1 - A0)[:, heads]
-        expected = hand.derivative(clean, last, dA @ V)
+        expected = hand.derivative(clean, last, dA @ V, METRIC)
         torch.testing.assert_close(est.per_pair[:, e], expected, atol=2e-4, rtol=1e-3, msg=f"{sender}->{receiver}")
         if side == "k":  # each query head's share: its own pattern's change alone
             for j, h in enumerate(heads):
                 one = torch.zeros_like(dA)
                 one[:, h] = dA[:, h]
-                share = hand.derivative(clean, last, one @ V)
+                share = hand.derivative(clean, last, one @ V, METRIC)
                 torch.testing.assert_close(
                     est.per_pair_shares[:, e, j], share, atol=2e-4, rtol=1e-3, msg=f"{sender}->{receiver} head {h}"
                 )
@@ -152,7 +85,7 @@ def test_value_shares_are_each_query_heads_use(method):
     sender's change in head h's copy of the values alone (the others' values clean), through eager attention."""
     est, clean, corrupted = _scores("llama", method)
     eager = hf_model("llama", "eager")
-    hand = _Eager(eager)
+    hand = EagerParts(eager)
     g = est.graph
     last = g.num_layers - 1
     G = hand.H // hand.Hkv
@@ -171,7 +104,7 @@ def test_value_shares_are_each_query_heads_use(method):
             h = group * G + j
             dz = torch.zeros(2, hand.H, A0.shape[-1], hand.Dh)
             dz[:, h] = A0[:, h] @ dv[:, group]
-            share = hand.derivative(clean, last, dz)
+            share = hand.derivative(clean, last, dz, METRIC)
             torch.testing.assert_close(est.per_pair_shares[:, e, j], share, atol=2e-4, rtol=1e-3)
             total += share
         torch.testing.assert_close(est.per_pair[:, e], total, atol=2e-4, rtol=1e-3)

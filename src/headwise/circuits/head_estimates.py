@@ -1,0 +1,176 @@
+"""Every head's ablation effect estimated at once, attention-aware (AtP* at the node level, Kramár et al. 2024).
+
+Shape legend: N rows, L length, D model width, NL layers, H query heads, Hkv key/value groups, Dh head width.
+
+Removing head h of layer l (its output ``z_h`` replaced by 0, or by its mean over the batch's real positions)
+changes its write to the residual stream by ``Δw_h``; attribution patching estimates the metric's change to
+first order, ``∂m/∂z_h · Δz_h`` — one forward and one backward pass for every head. Where a later head's
+attention is saturated, that linearisation through its softmax misses what the write does to its queries and
+keys. So, as :mod:`headwise.circuits.atp` does for edges, the change of every later layer's patterns is computed
+exactly for ``Δw_h`` in its queries and keys at once and linearised only after the pattern::
+
+    est(h) = ∂m/∂z_h · Δz_h                                              (attribution patching)
+           − Σ_{l' > l} Δw_h^lin · ∂m/∂r_{l'}|_{q,k}                     (its linear part through later queries/keys)
+           + Σ_{l' > l} Σ_{h'} ∂m/∂A_{h'} · (A_{h'}(q', k') − A_{h'})    (the same, the patterns recomputed exactly)
+
+with ``∂m/∂r_{l'}|_{q,k}`` the gradient of the metric with respect to layer l''s input through its query and key
+projections alone, and ``Δw_h^lin`` the write's change to first order (the exact one without a norm on the
+attention's write). ``attention_aware=False`` keeps the first line (plain attribution patching). The sum is over
+the rows: a metric summed over a sample's batches gives the sample's estimate.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from headwise.checks import one_of
+from headwise.circuits.atp import AttentionTaps
+from headwise.circuits.wiring import Wiring, wiring
+from headwise.patching.metric import reads_last_position
+
+__all__ = ["HEAD_MODES", "head_ablation_estimates"]
+
+HEAD_MODES = ("zero", "mean")
+
+
+def head_ablation_estimates(
+    model,
+    ids: Tensor,
+    metric,
+    *,
+    mode: str = "zero",
+    real: Tensor | None = None,
+    attention_aware: bool = True,
+) -> Tensor:
+    """``(NL, H)``: for every head, the estimated change of ``metric(logits).sum()`` when that head alone is
+    removed (see the module docstring).
+
+    Args:
+        model: a decoder :class:`~headwise.models.HeadModel` (anything :func:`~headwise.circuits.wiring` reads) or
+            its :class:`~headwise.circuits.Wiring`.
+        ids: token ids ``(N, L)`` (right padding, for a causal model: the padding changes no real position).
+        metric: ``fn(logits (N, L or 1, V)) -> (N,)``, differentiable (e.g. each row's summed next-token loss).
+        mode: ``"zero"`` (the head's output replaced by 0) or ``"mean"`` (by its mean over the real positions of
+            every row, as :func:`headwise.analysis.batched.replace_heads` does).
+        real: bool ``(N, L)``, the real (non-padding) positions for ``"mean"`` (None: every position).
+        attention_aware: recompute the later layers' patterns exactly (AtP*'s QK fix); False: attribution
+            patching alone.
+    Returns:
+        ``(NL, H)`` float32 estimates of ``Σ_rows metric(head removed) − metric``.
+    Raises:
+        ValueError: an unknown mode; the anatomy's sentence for a structure headwise does not read.
+    """
+    one_of("mode", mode, HEAD_MODES)
+    w = model if isinstance(model, Wiring) else wiring(model)
+    tgt = w.target
+    ids = ids.to(tgt.device)
+    taps = AttentionTaps(w)
+    NL = len(w.layers)
+    grads: dict = {}
+    outputs: dict = {}
+    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+    # a zero added to every head's output first: its gradient reaches the taps whatever requires a gradient
+    hooks = [(f"layers.{layer}.attn.heads", partial(_plus, zero)) for layer in range(NL)]
+    hooks += taps.hooks()
+    for layer, lw in enumerate(w.layers):
+        if attention_aware:
+            for side in ("q", "k"):
+                hooks.append((f"layers.{layer}.attn.{side}", partial(_tap, zero, grads, (layer, side))))
+        if lw.attn_post is not None:
+            hooks.append((f"layers.{layer}.attn.out", partial(_keep, outputs, layer)))
+    with torch.enable_grad(), tgt.hooks(hooks):
+        logits = tgt.logits(ids, last_only=reads_last_position(metric))
+        value = metric(logits)
+        torch.autograd.grad(value.sum(), [zero], allow_unused=True)
+    out = torch.zeros(NL, max(lw.num_heads for lw in w.layers))
+    changes = []  # per layer: Δw (N, H, L, D) exact, Δw_lin (N, H, L, D)
+    for layer, lw in enumerate(w.layers):
+        rec = taps.records[layer]
+        z, gz = rec.z.float(), rec.gz
+        dz = _head_change(z, mode, real)  # (N, H, L, Dv)
+        if gz is not None:
+            out[layer, : lw.num_heads] = (gz.float() * dz).sum((0, 2, 3))
+        if attention_aware and layer < NL - 1:
+            changes.append(_write_change(lw, dz, outputs.get(layer)))
+    if not attention_aware:
+        return out
+    for later in range(1, NL):
+        lp = taps.layer(later)
+        g_qk = _qk_gradient(w, later, lp.rec.r, grads)  # (N, L, D)
+        for layer in range(later):
+            exact, lin = changes[layer]
+            H = w.layers[layer].num_heads
+            linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
+            pattern = lp.scores(exact.to(lp.rec.r.dtype), queries=False, keys=False, both=True)["qk"]  # (N, H, H')
+            out[layer, :H] += (pattern.sum((0, 2)) - linear).float().cpu()
+    return out
+
+
+def _plus(zero: Tensor, t: Tensor) -> Tensor:
+    return t + zero.to(t.dtype)
+
+
+def _tap(zero: Tensor, grads: dict, key, t: Tensor) -> Tensor:
+    y = t + zero.to(t.dtype)
+    y.register_hook(partial(_keep_grad, grads, key))
+    return y
+
+
+def _keep_grad(grads: dict, key, g: Tensor) -> None:
+    grads[key] = g.detach()
+
+
+def _keep(outputs: dict, layer: int, o: Tensor) -> None:
+    outputs[layer] = o.detach()
+
+
+def _head_change(z: Tensor, mode: str, real: Tensor | None) -> Tensor:
+    """``Δz (N, H, L, Dv)``: each head's output replaced (zero, or its mean over the real positions) minus it."""
+    if mode == "zero":
+        return -z
+    N, H, L, _ = z.shape
+    wt = torch.ones(N, L, dtype=z.dtype, device=z.device) if real is None else real.to(z.device, z.dtype)
+    count = wt.sum()
+    if float(count) == 0:
+        raise ValueError("real: mean ablation found no real (non-padding) position in the batch")
+    mean = (z * wt[:, None, :, None]).sum((0, 2), keepdim=True) / count  # (1, H, 1, Dv)
+    return mean - z
+
+
+def _write_change(lw, dz: Tensor, o: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Each head's write change alone ``(N, H, L, D)``: exact, and to first order (they differ only under a norm on
+    the attention's write, with the layer's other heads at the clean run)."""
+    heads = torch.einsum("nhlv,hvd->nhld", dz, lw.heads_out.float())  # (N, H, L, D): Δo_h
+    if lw.attn_post is None:
+        change = heads * lw.scale
+        return change, change
+    o = o.float()[:, None]  # (N, 1, L, D)
+    post = lw.attn_post
+    with torch.no_grad():
+        exact = (_norm_out(post, o + heads) - _norm_out(post, o)) * lw.scale
+    _, lin = torch.func.jvp(lambda x: _norm_out(post, x), (o.expand_as(heads),), (heads,))
+    return exact, lin * lw.scale
+
+
+def _norm_out(norm, x: Tensor) -> Tensor:
+    y = norm(x)
+    return (y[0] if isinstance(y, (tuple, list)) else y).float()
+
+
+def _qk_gradient(w: Wiring, layer: int, r: Tensor, grads: dict) -> Tensor:
+    """``(N, L, D)``: the metric's gradient with respect to ``layer``'s input through its query and key projections
+    alone: ``Σ ∂m/∂y · W`` over both sides' columns, through the input norm's vector–Jacobian product at ``r``."""
+    lw = w.layers[layer]
+    u = None
+    for side in ("q", "k"):
+        g = grads.get((layer, side))
+        if g is None:
+            continue
+        part = torch.einsum("nliw,iwd->nld", g.float(), lw.weights[side][0].float())
+        u = part if u is None else u + part
+    if u is None:
+        return torch.zeros_like(r, dtype=torch.float32)
+    return w._norm_vjp(lw.attn_norm, r, u[:, None].to(r.dtype))[:, 0].float()
