@@ -15,7 +15,16 @@ import pytest
 import torch
 
 from _anatomy_models import FAMILIES, REFUSED, V, tiny
-from headwise.circuits import composition_scores, find_circuit, head_weights, path_patch, qk_attribution, wiring
+from headwise.circuits import (
+    composition_scores,
+    edge_attribution,
+    find_circuit,
+    head_weights,
+    path_patch,
+    qk_attribution,
+    wiring,
+)
+from headwise.circuits.paths import group_change
 from headwise.models import HeadModel
 from headwise.models.anatomy import AnatomyError
 from headwise.patching import direct_logit_attribution, logit_difference, patch_heads
@@ -76,6 +85,7 @@ def test_every_tool_works_exactly_or_all_refuse_alike(family):
         "composition": lambda: composition_scores(head_weights(hm)),
         "logit_attribution": lambda: direct_logit_attribution(hm, clean, metric),
         "wiring": lambda: wiring(hm),
+        "atp*": lambda: edge_attribution(hm, clean, corrupted, metric, method="atp*"),
     }
     if family in REFUSED:
         with pytest.raises(AnatomyError) as first:
@@ -131,6 +141,46 @@ def test_every_tool_works_exactly_or_all_refuse_alike(family):
         want = _brute_patch(eager, names[id(anatomy[0].out_proj)], anatomy[0].num_heads, head, clean, corrupted, metric)
         torch.testing.assert_close(got, want.to(got.dtype), rtol=0, atol=2e-4)
         torch.testing.assert_close(heads[:, 0, head], want.to(heads.dtype), rtol=0, atol=2e-4)
+    _check_atp_star(hm, w, clean, corrupted, metric)
+
+
+def _check_atp_star(hm, w, clean, corrupted, metric):
+    """atp* on an edge into layer 1's queries and one into its keys equals the metric's derivative along the
+    heads' output change ``ΔA V`` of the receiver patched exactly (the wiring's exact edit, checked against the
+    eager twin above; ``z' − z`` at ``attn.heads`` is ``(A' − A) V``, the values untouched), and the key/value
+    groups' per-query-head shares add up to their scores."""
+    est = edge_attribution(w, clean, corrupted, metric, method="atp*", shares=True)
+    torch.testing.assert_close(est.per_pair_shares.sum(2), est.per_pair, atol=1e-5, rtol=1e-5)
+    g = est.graph
+    with torch.no_grad():
+        _, base = w.run(clean, record=True)
+        _, source = w.run(corrupted, record=True)
+    for sender, group, index, receiver in [("L0.H1", ("q", 1), 0, "L1.H0.q"), ("embed", ("k", 1), 0, "L1.KV0.k")]:
+        key = ("embed", -1) if sender == "embed" else ("heads", 0)
+        change = group_change(w, key, base, source)[:, 0 if sender == "embed" else 1]  # (P, L, D)
+        kept = {}
+
+        def edit(grp, _writes, grp0=group, change=change, index=index):
+            if grp != grp0:
+                return None
+            n = g.groups[grp].stop - g.groups[grp].start
+            delta = change.new_zeros(change.shape[0], n, *change.shape[1:])
+            delta[:, index] = change
+            return delta
+
+        def keep(z, name=None, kept=kept):
+            kept[name] = z.detach().clone()
+
+        with torch.no_grad(), hm.hooks([("layers.1.attn.heads", lambda z: keep(z, "clean"))]):
+            hm.logits(clean)
+        with torch.no_grad():
+            w.run(clean, deltas=edit, extra=[("layers.1.attn.heads", lambda z: keep(z, "edited"))])
+        dz = kept["edited"] - kept["clean"]
+        eps = torch.zeros(clean.shape[0], 1, 1, 1, requires_grad=True)
+        with torch.enable_grad(), hm.hooks([("layers.1.attn.heads", lambda z, e=eps, d=dz: z + e * d.to(z.dtype))]):
+            (want,) = torch.autograd.grad(metric(hm.logits(clean)).sum(), eps)
+        e = g.edge("edges", (sender, receiver))
+        torch.testing.assert_close(est.per_pair[:, e], want.reshape(-1).to(est.per_pair.dtype), atol=2e-4, rtol=1e-3)
 
 
 def test_a_parallel_block_is_stated_as_mib_states_it():

@@ -154,9 +154,9 @@ class LayerPatterns:
             return output_tensor(side.norm(t))
         return output_tensor(side.norm(t.flatten(-2))).reshape(t.shape)
 
-    def _project(self, x: Tensor, first: int = 0) -> tuple[Tensor, Tensor]:
-        """``x (N, n, L', D)`` normalised, at positions ``first … L − 1`` -> the post-rotary queries
-        ``(N, n, H, L', Dh)`` and keys ``(N, n, Hkv, L', Dh)``: both sides' columns in one product."""
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x (N, n, L', D)`` normalised -> the projections' columns ``(N, n, L', H·Dh)`` and ``(N, n, L', Hkv·Dh)``
+        (before any QK-norm): both sides in one product."""
         if not hasattr(self, "_W"):
             parts = [self.lw.weights[name] for name in ("q", "k")]  # (m, Dh, D), (m, Dh) each
             self._W = torch.cat([W.reshape(-1, W.shape[-1]) for W, _ in parts]).t().contiguous()  # (D, (H+Hkv)·Dh)
@@ -168,7 +168,7 @@ class LayerPatterns:
             y = y + self._b.to(y)
         y = y.reshape(N, n, L, -1)
         Hq = self.H * self.part.q.width
-        return self._finish("q", y[..., :Hq], self.H, first), self._finish("k", y[..., Hq:], self.Hkv, first)
+        return y[..., :Hq], y[..., Hq:]
 
     def _finish(self, name: str, y: Tensor, m: int, first: int) -> Tensor:
         """One side's columns ``y (N, n, L', m·Dh)`` at positions ``first …`` -> ``(N, n, m, L', Dh)``: QK-norm,
@@ -191,9 +191,29 @@ class LayerPatterns:
         """``delta (N, n, L', D)`` added to the residual the layer reads at positions ``first … L − 1`` -> the
         post-rotary queries ``(N, n, H, L', Dh)`` and keys ``(N, n, Hkv, L', Dh)`` there (exact: the input norm at
         ``r + Δ``)."""
+        yq, yk = self.columns(delta, first)
+        return self._finish("q", yq, self.H, first), self._finish("k", yk, self.Hkv, first)
+
+    def columns(self, delta: Tensor, first: int = 0) -> tuple[Tensor, Tensor]:
+        """The projections' columns (before any QK-norm) for ``delta (N, n, L', D)`` at positions ``first …``:
+        ``(N, n, L', H·Dh)`` and ``(N, n, L', Hkv·Dh)``."""
         r = self.rec.r[:, first:]
         x = output_tensor(self.lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L', D)
-        return self._project(x, first)
+        return self._project(x)
+
+    def _wide(self, name: str) -> bool:
+        """Whether the side's QK-norm spans the whole projection (OLMo 2): one receiver's change moves the others."""
+        side = self.part.sides[name]
+        return side.norm is not None and not side.norm_per_head
+
+    def _one_receiver(self, name: str, y: Tensor, clean: Tensor, m: int, first: int, j: int) -> Tensor:
+        """``(N, n, m, L', Dh)`` the side post-rotary with receiver ``j``'s columns from ``y (N, n, L', m·Dh)`` and
+        every other receiver's from ``clean (N, 1, L', m·Dh)``: under a norm over the whole projection the other
+        receivers move too, as the model moves them."""
+        Dh = y.shape[-1] // m
+        mixed = clean.expand_as(y).clone()
+        mixed[..., j * Dh : (j + 1) * Dh] = y[..., j * Dh : (j + 1) * Dh]
+        return self._finish(name, mixed, m, first)
 
     def _weights(self, q: Tensor, k: Tensor, n: int, start: int) -> Tensor:
         """The patterns of query rows ``start … L − 1`` given as ``q (N·n, H, L − start, Dh)`` over
@@ -245,29 +265,51 @@ class LayerPatterns:
         out: dict = {}
         step = self.chunk(n)
         q0, k0 = rows.q.float(), rows.k[:, :, : self.L].float()
+        wide = {name: self._wide(name) for name in ("q", "k")}
+        if (queries and wide["q"]) or (keys and wide["k"]):
+            clean = self.columns(delta.new_zeros(N, 1, self.L - first, delta.shape[-1]), first)
         for start in range(0, n, step):
             d = delta[:, start : start + step, first:]
             m = d.shape[1]
-            q1, k1 = self.sides(d, first)  # (N, m, H, L', Dh), (N, m, Hkv, L', Dh)
-            q1 = q1.reshape(N * m, self.H, self.L - first, -1)
+            yq, yk = self.columns(d, first)
+            q1 = self._finish("q", yq, self.H, first).reshape(N * m, self.H, self.L - first, -1)
+            k1 = self._finish("k", yk, self.Hkv, first).reshape(N * m, self.Hkv, self.L - first, -1)
             k0m = k0.repeat_interleave(m, 0)
-            jobs = {}
-            if keys or both:
-                kn = torch.cat([k0m[:, :, :first], k1.reshape(N * m, self.Hkv, self.L - first, -1)], 2)
-            if queries:
-                jobs["q"] = (q1, k0m, first)
-            if keys:
-                jobs["k"] = (q0[:, :, k_rows:].repeat_interleave(m, 0), kn, k_rows)
+            q0m = q0[:, :, k_rows:].repeat_interleave(m, 0)
+
+            def keys_with(k_new, k0m=k0m, m=m):
+                return torch.cat([k0m[:, :, :first], k_new.reshape(N * m, self.Hkv, self.L - first, -1)], 2)
+
+            def term(q, k, row, m=m):
+                dA = self._weights(q, k, m, row) - self.A[:, None, :, row:]  # (N, m, H, L − row, S)
+                return (dA * self.GA[:, None, :, row:]).sum((-1, -2))  # (N, m, H)
+
+            if queries and not wide["q"]:
+                out.setdefault("q", []).append(term(q1, k0m, first))
+            elif queries:  # each receiver alone: every head's pattern moves through the norm, all counted
+                parts = [self._one_receiver("q", yq, clean[0], self.H, first, j) for j in range(self.H)]
+                out.setdefault("q", []).append(
+                    torch.stack(
+                        [term(p.reshape(N * m, self.H, self.L - first, -1), k0m, first).sum(-1) for p in parts], -1
+                    )
+                )
+            if keys and not wide["k"]:
+                out.setdefault("k", []).append(term(q0m, keys_with(k1), k_rows))
+            elif keys:  # group g's keys alone: its own heads' terms, and the others' (moved by the norm) shared
+                G = self.H // self.Hkv
+                heads = []
+                for g in range(self.Hkv):
+                    t = term(q0m, keys_with(self._one_receiver("k", yk, clean[1], self.Hkv, first, g)), k_rows)
+                    own = t[..., g * G : (g + 1) * G]
+                    heads.append(own + (t.sum(-1, keepdim=True) - own.sum(-1, keepdim=True)) / G)
+                out.setdefault("k", []).append(torch.cat(heads, -1))
             if both:
                 qn = q1 if k_rows == first else torch.cat([q0[:, :, k_rows:first].repeat_interleave(m, 0), q1], 2)
-                jobs["qk"] = (qn, kn, k_rows)
-            for name, (q, k, row) in jobs.items():
-                dA = self._weights(q, k, m, row) - self.A[:, None, :, row:]  # (N, m, H, L − row, S)
-                term = (dA * self.GA[:, None, :, row:]).sum((-1, -2))  # (N, m, H)
-                out.setdefault(name, []).append(term)
+                out.setdefault("qk", []).append(term(qn, keys_with(k1), k_rows))
         return {name: torch.cat(parts, 1) for name, parts in out.items()}
 
 
+@torch.no_grad()
 def atp_scores(taps: AttentionTaps, graph, diff: list, full: Tensor, shares: list | None = None) -> Tensor:
     """Replace the query and key receivers' columns of EAP's ``full (P, S, R)`` by the attention-aware terms of
     the senders' changes ``diff`` (their groups' parts ``(P, n_u, L, D)`` in sender order). With ``shares`` (a

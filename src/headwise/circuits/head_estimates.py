@@ -97,7 +97,15 @@ def head_ablation_estimates(
             changes.append(_write_change(lw, dz, outputs.get(layer)))
     if not attention_aware:
         return out
-    for later in range(1, NL):
+    with torch.no_grad():
+        _correct(w, taps, grads, changes, out)
+    return out
+
+
+def _correct(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out: Tensor) -> None:
+    """Add, for every later layer, each head's exact pattern terms minus its linear terms through that layer's
+    queries and keys to ``out (NL, H)``."""
+    for later in range(1, len(w.layers)):
         lp = taps.layer(later)
         g_qk = _qk_gradient(w, later, lp.rec.r, grads)  # (N, L, D)
         for layer in range(later):
@@ -106,7 +114,6 @@ def head_ablation_estimates(
             linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
             pattern = lp.scores(exact.to(lp.rec.r.dtype), queries=False, keys=False, both=True)["qk"]  # (N, H, H')
             out[layer, :H] += (pattern.sum((0, 2)) - linear).float().cpu()
-    return out
 
 
 def _plus(zero: Tensor, t: Tensor) -> Tensor:
