@@ -338,6 +338,8 @@ class HeadModel:
         self.tokenizer = tokenizer
         self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
         self.special_ids = tuple(special_ids)
+        self.memory = None  # how open_model planned the memory (headwise.models.memory.MemoryPlan), if it did
+        self.stream = None  # the model opened layer by layer: its LayerStream (headwise.models.streamed)
 
     def __repr__(self) -> str:
         return f"HeadModel({self.title}, backend={self.backend!r})"
@@ -362,10 +364,25 @@ class HeadModel:
         """
         found = self.__dict__.get("_anatomy")
         if found is None:
+            self.check_whole("this tool")
             from headwise.models.anatomy_probe import read_anatomy
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
         return found
+
+    def check_whole(self, what: str) -> None:
+        """ValueError, one line, when the model was opened layer by layer (:attr:`stream`) and ``what`` needs every
+        layer's weights at once: it names the memory that would take."""
+        if self.stream is None:
+            return
+        from headwise.models.memory import format_size
+
+        need = self.memory.held + self.memory.whole if self.memory is not None else self.stream.whole_bytes()
+        raise ValueError(
+            f"model: {self.name} was opened layer by layer (budget {format_size(self.memory.budget)}); {what} reads "
+            f"every layer's weights at once, which needs about {format_size(need)} (give a --max-memory / max_memory "
+            "at least that large)"
+        )
 
     def _anatomy_points(self) -> dict:
         """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""
@@ -383,8 +400,8 @@ class HeadModel:
         """The device of the module's first parameter (CPU for a module without one)."""
         import torch
 
-        param = next(self.model.parameters(), None)
-        return param.device if param is not None else torch.device("cpu")
+        param = next((p for p in self.model.parameters() if p.device.type != "meta"), None)
+        return param.device if param is not None else torch.device("cpu")  # layer by layer: the CPU
 
     # -- text --------------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> EncodedTexts:
