@@ -117,6 +117,7 @@ def hf_stream(info: FolderInfo) -> Layered:
     model.eval()
     tensors = SafetensorsTensors(info.weights)
     stored = set(tensors.names())
+    renamed = _renamed(model, stored)  # the model's name -> the stored one, where transformers renames on loading
     prefix = getattr(model, "base_model_prefix", "") or ""
     tied: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
@@ -125,10 +126,39 @@ def hf_stream(info: FolderInfo) -> Layered:
 
     def stored_name(full: str) -> str | None:
         for n in [full, *tied.get(id(params.get(full)), [])]:
-            for candidate in (n, n.removeprefix(prefix + "."), f"{prefix}.{n}"):
+            for candidate in (n, renamed.get(n), n.removeprefix(prefix + "."), f"{prefix}.{n}"):
                 if candidate in stored:
                     return candidate
         return None
 
     stream = LayerStream(model, tensors, stored_name, where=str(info.folder))
     return Layered(model, stream)
+
+
+def _renamed(model, stored: set[str]) -> dict[str, str]:
+    """The renamings transformers applies to a checkpoint's names when it loads one (``WeightRenaming`` s of
+    ``get_model_conversion_mapping``: GPT-NeoX's ``embed_out`` → ``lm_head``, legacy ``gamma`` / ``beta``), as a map
+    from the model's names to the stored ones. Conversions that merge or split tensors are not followed (a parameter
+    they make is then named missing)."""
+    import re
+
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        rules = [
+            (re.compile(src), tgt)
+            for t in get_model_conversion_mapping(model)
+            if isinstance(t, WeightRenaming) and not getattr(t, "scope_prefix", None)
+            for src, tgt in zip(t.source_patterns, t.target_patterns)
+        ]
+    except (ImportError, AttributeError, TypeError):  # another transformers: the names as they are
+        return {}
+    out = {}
+    for name in stored:
+        new = name
+        for pattern, target in rules:
+            new = pattern.sub(target, new)
+        if new != name:
+            out[new] = name
+    return out
