@@ -109,7 +109,8 @@ def test_parse_size_refuses(bad):
 def test_budgets_name_the_smallest_that_works(tmp_path):
     folder = _save("llama", tmp_path / "m")
     for bad in ("0", "12XB", "1MB"):
-        with pytest.raises(MemoryBudgetError, match=r"the smallest budget that works for m(:| is) [0-9.]+ [kMG]?B") as e:
+        smallest_named = r"the smallest budget that works for m(:| is) [0-9.]+ [kMG]?B"
+        with pytest.raises(MemoryBudgetError, match=smallest_named) as e:
             open_model(folder, max_memory=bad, memory_name="--max-memory")
         assert str(e.value).startswith("--max-memory: ") and "\n" not in str(e.value)
         smallest = e.value.smallest

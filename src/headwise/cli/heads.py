@@ -166,8 +166,11 @@ def heads(
     ] = False,
     max_memory: Annotated[
         str | None,
-        typer.Option("--max-memory", help="Peak memory budget (1.5GB, 400MB, 2GiB; default 80%% of the free "
-                     "memory): a model that does not fit whole in float32 runs layer by layer (docs/memory.md)."),
+        typer.Option(
+            "--max-memory",
+            help="Peak memory budget (1.5GB, 400MB, 2GiB; default 80%% of the free "
+            "memory): a model that does not fit whole in float32 runs layer by layer (docs/memory.md).",
+        ),
     ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.

@@ -76,7 +76,7 @@ class SafetensorsTensors:
         for path in map(Path, files):
             try:
                 with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
-                    for name in f.keys():
+                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                         sl = f.get_slice(name)
                         shape = tuple(sl.get_shape())
                         self._where.setdefault(name, path)
@@ -308,7 +308,7 @@ class LayerStream:
         """Bytes of every unit in float32 (a matrix shared by two units counted once)."""
         seen, total = set(), 0
         for unit in self.units:
-            for rel, theirs in self.stored[unit].items():
+            for theirs in self.stored[unit].values():
                 if theirs not in seen:
                     seen.add(theirs)
                     total += 4 * _numel(self.tensors.shape(theirs))
