@@ -52,11 +52,12 @@ class MemoryBudgetError(ValueError):
 
     Attributes:
         smallest: the smallest budget in bytes that works for the model (None where not known).
+        given: whether the budget was the caller's (else the default: the model is what does not fit).
     """
 
-    def __init__(self, message: str, smallest: int | None = None):
+    def __init__(self, message: str, smallest: int | None = None, *, given: bool = True):
         super().__init__(message)
-        self.smallest = smallest
+        self.smallest, self.given = smallest, given
 
 
 def format_size(n: float) -> str:
@@ -207,12 +208,13 @@ def plan_memory(
     if units and held + need_layers <= budget:
         return MemoryPlan("layers", budget, given, held, need_whole, need_layers, largest)
     what = f"{largest[0]} ({format_size(largest[1])} in float32)" if units else "the whole model in float32"
-    have = "given" if given else "available (80% of what the machine has free)"
+    parts = f"(this process holds {format_size(held)}, {what}, {format_size(WORKING)} for the activations)"
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     beyond = f", more than this machine's {format_size(machine)} of memory" if smallest > machine else ""
-    raise MemoryBudgetError(
-        f"{name}: {format_size(budget)} {have} is less than the smallest budget that works for {subject}: "
-        f"{format_size(smallest)} (this process holds {format_size(held)}, {what}, "
-        f"{format_size(WORKING)} for the activations){beyond}",
-        smallest,
-    )
+    if given:
+        message = (f"{name}: {format_size(budget)} is less than the smallest budget that works for {subject}: "
+                   f"{format_size(smallest)} {parts}{beyond}")  # fmt: skip
+    else:
+        message = (f"{subject}: the smallest budget that works is {format_size(smallest)} {parts}, more than the "
+                   f"{format_size(budget)} available (80% of what the machine has free){beyond}")  # fmt: skip
+    raise MemoryBudgetError(message, smallest, given=given)

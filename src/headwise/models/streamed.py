@@ -305,14 +305,9 @@ class LayerStream:
             self.attach()
 
     def whole_bytes(self) -> int:
-        """Bytes of every unit in float32 (a matrix shared by two units counted once)."""
-        seen, total = set(), 0
-        for unit in self.units:
-            for theirs in self.stored[unit].values():
-                if theirs not in seen:
-                    seen.add(theirs)
-                    total += 4 * _numel(self.tensors.shape(theirs))
-        return total
+        """Bytes of every parameter in float32 (a matrix shared by two units counted once)."""
+        unique = {id(p): p for p in self.model.parameters()}
+        return sum(4 * p.numel() for p in unique.values())
 
 
 def _numel(shape: Sequence[int]) -> int:

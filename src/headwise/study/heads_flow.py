@@ -263,7 +263,7 @@ def decoder_study(
 
     probe, text, corpus_path = plan.probe, opts.text, opts.corpus_path
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
-    if getattr(hm, "memory", None) is not None:
+    if hm.stream is not None:  # layer by layer: the route and its budget (the whole route is the usual one)
         extra["memory"] = {**hm.memory.to_dict(), "note": hm.memory.line()}
     texts, total = decoder_texts(opts)
     if corpus_path is not None:

@@ -68,8 +68,8 @@ def open_heads_model(
                 hm = open_model(source, cache=cache, backend=backend, **memory)
             except UnsupportedBackend as e:
                 hm = open_model(e.info, cache=cache, **memory)
-    except MemoryBudgetError as e:
-        raise ValueError(" ".join(str(e).split())) from None
+    except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
+        raise ValueError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise ValueError(f"--model: {' '.join(str(e).split())}") from None
     for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
