@@ -177,7 +177,9 @@ def main(argv=None) -> int:
         print("unlimited", {k: v for k, v in runs["unlimited"].items() if k != "stderr"}, flush=True)
         for budget in BUDGETS:
             r = run(folder, Path(tmp) / budget, budget)
-            r["max_difference"] = max_difference(Path(tmp) / "unlimited" / "heads.csv", Path(tmp) / budget / "heads.csv")
+            r["max_difference"] = max_difference(
+                Path(tmp) / "unlimited" / "heads.csv", Path(tmp) / budget / "heads.csv"
+            )
             r["time_ratio"] = r["seconds"] / runs["unlimited"]["seconds"]
             r["read_rate"] = r["read_bytes"] / r["seconds"]
             runs[budget] = r

@@ -1,11 +1,11 @@
 """``headwise heads``: what every attention head of a model does, on a sentence or over a corpus.
 
-``headwise heads [TEXT] [--corpus FILE] [--model DIR] [--layer N] [--out DIR]`` prints a layer × head
-table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's
-role, and writes into ``--out`` (default ``headwise-out/heads``), each file atomically:
+``headwise heads [TEXT] [--corpus FILE] [--model DIR] [--layer N] [--out DIR] [--max-memory SIZE]`` prints a layer ×
+head table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's role, and
+writes into ``--out`` (default ``headwise-out/heads``), each file atomically (a model too big for ``--max-memory`` runs
+layer by layer, docs/memory.md):
 
-- ``heads.json`` and ``heads.csv`` — every metric of every head (JSON adds the head-to-head
-  Jensen–Shannon distances);
+- ``heads.json`` and ``heads.csv`` — every metric of every head (JSON adds the head-to-head Jensen–Shannon distances);
 - ``heads.png`` — the example sentence's attention, a layer × head grid of heatmaps;
 - ``roles.png`` — one layer × head heatmap per metric, the role map and the MDS map of the heads;
 - ``headview.html`` — the self-contained, offline head view of the example sentence.
@@ -165,12 +165,7 @@ def heads(
         ),
     ] = False,
     max_memory: Annotated[
-        str | None,
-        typer.Option(
-            "--max-memory",
-            help="Peak memory budget (1.5GB, 400MB, 2GiB; default 80%% of the free "
-            "memory): a model that does not fit whole in float32 runs layer by layer (docs/memory.md).",
-        ),
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80%% free).")
     ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.

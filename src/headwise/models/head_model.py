@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headwise.models.memory import whole_refused
 from headwise.models.token_text import token_pieces, token_texts
 
 __all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
@@ -338,8 +339,7 @@ class HeadModel:
         self.tokenizer = tokenizer
         self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
         self.special_ids = tuple(special_ids)
-        self.memory = None  # how open_model planned the memory (headwise.models.memory.MemoryPlan), if it did
-        self.stream = None  # the model opened layer by layer: its LayerStream (headwise.models.streamed)
+        self.memory = self.stream = None  # open_model's MemoryPlan; the LayerStream of a model opened layer by layer
 
     def __repr__(self) -> str:
         return f"HeadModel({self.title}, backend={self.backend!r})"
@@ -371,18 +371,9 @@ class HeadModel:
         return found
 
     def check_whole(self, what: str) -> None:
-        """ValueError, one line, when the model was opened layer by layer (:attr:`stream`) and ``what`` needs every
-        layer's weights at once: it names the memory that would take."""
-        if self.stream is None:
-            return
-        from headwise.models.memory import format_size
-
-        need = self.memory.held + self.memory.whole if self.memory is not None else self.stream.whole_bytes()
-        raise ValueError(
-            f"model: {self.name} was opened layer by layer (budget {format_size(self.memory.budget)}); {what} reads "
-            f"every layer's weights at once, which needs about {format_size(need)} (give a --max-memory / max_memory "
-            "at least that large)"
-        )
+        """ValueError (one line naming the memory ``what`` would need) when the model was opened layer by layer."""
+        if self.stream is not None:
+            raise ValueError(whole_refused(self.name, self.memory, what))
 
     def _anatomy_points(self) -> dict:
         """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from headwise.models.folder import FolderInfo
 from headwise.models.memory import MemoryPlan, plan_memory
 
-__all__ = ["Layered", "memory_route", "native_stream", "hf_stream"]
+__all__ = ["Layered", "hf_class", "memory_route", "native_stream", "hf_stream"]
 
 
 @dataclass
@@ -101,10 +101,9 @@ def hf_stream(info: FolderInfo) -> Layered:
     from transformers.utils import logging as hf_logging
 
     import headwise.hf
-    from headwise.models.sources import _hf_class
     from headwise.models.streamed import LayerStream, SafetensorsTensors, meta_parameters
 
-    kind, cls = _hf_class(info.config)
+    kind, cls = hf_class(info.config)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -162,3 +161,25 @@ def _renamed(model, stored: set[str]) -> dict[str, str]:
         if new != name:
             out[new] = name
     return out
+
+
+def hf_class(config: dict):
+    """``("decoder", AutoModelForCausalLM)`` for a causal LM's config (its ``architectures``, or a type without a
+    masked-LM class), else ``("encoder", AutoModel)``."""
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    archs = config.get("architectures") or []
+    model_type = config["model_type"]
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "decoder", AutoModelForCausalLM
+    if (
+        not archs
+        and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    ):
+        return "decoder", AutoModelForCausalLM
+    return "encoder", AutoModel

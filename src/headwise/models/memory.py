@@ -29,6 +29,7 @@ __all__ = [
     "parse_size",
     "peak_rss",
     "plan_memory",
+    "whole_refused",
 ]
 
 #: Bytes set aside for the activations, the statistics' blocks of rows and the allocator's slack (256 MiB: the
@@ -218,3 +219,13 @@ def plan_memory(
         message = (f"{subject}: the smallest budget that works is {format_size(smallest)} {parts}, more than the "
                    f"{format_size(budget)} available (80% of what the machine has free){beyond}")  # fmt: skip
     raise MemoryBudgetError(message, smallest, given=given)
+
+
+def whole_refused(name: str, plan: MemoryPlan, what: str) -> str:
+    """The line refusing ``what`` (a tool that reads every layer's weights at once) on a model opened layer by layer
+    under ``plan``, naming the memory it would need."""
+    need = plan.held + plan.whole
+    return (
+        f"model: {name} was opened layer by layer (budget {format_size(plan.budget)}); {what} reads every layer's "
+        f"weights at once, which needs about {format_size(need)} (a --max-memory at least that)"
+    )

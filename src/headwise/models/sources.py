@@ -157,23 +157,9 @@ def _cached_gguf(source: str | os.PathLike, native=None) -> FolderInfo | None:
 
 
 def _hf_class(config: dict):
-    from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+    from headwise.models.layered import hf_class
 
-    archs = config.get("architectures") or []
-    model_type = config["model_type"]
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return "decoder", AutoModelForCausalLM
-    if (
-        not archs
-        and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    ):
-        return "decoder", AutoModelForCausalLM
-    return "encoder", AutoModel
+    return hf_class(config)
 
 
 def _load_hf(info: FolderInfo) -> HeadModel:
