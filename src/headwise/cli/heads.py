@@ -1,11 +1,11 @@
 """``headwise heads``: what every attention head of a model does, on a sentence or over a corpus.
 
-``headwise heads [TEXT] [--corpus FILE] [--model DIR] [--layer N] [--out DIR]`` prints a layer × head
-table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's
-role, and writes into ``--out`` (default ``headwise-out/heads``), each file atomically:
+``headwise heads [TEXT] [--corpus FILE] [--model DIR] [--layer N] [--out DIR] [--max-memory SIZE]`` prints a layer ×
+head table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's role, and
+writes into ``--out`` (default ``headwise-out/heads``), each file atomically (a model too big for ``--max-memory`` runs
+layer by layer, docs/memory.md):
 
-- ``heads.json`` and ``heads.csv`` — every metric of every head (JSON adds the head-to-head
-  Jensen–Shannon distances);
+- ``heads.json`` and ``heads.csv`` — every metric of every head (JSON adds the head-to-head Jensen–Shannon distances);
 - ``heads.png`` — the example sentence's attention, a layer × head grid of heatmaps;
 - ``roles.png`` — one layer × head heatmap per metric, the role map and the MDS map of the heads;
 - ``headview.html`` — the self-contained, offline head view of the example sentence.
@@ -56,9 +56,9 @@ def _warn(message: str) -> None:
     print(f"headwise: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
-def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto"):
+def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto", max_memory: str | None = None):
     """:func:`headwise.study.open_heads_model` with its warnings on stderr (errors: one line, exit 2)."""
-    return study.open_heads_model(source, cache=cache, backend=backend, warn=_warn)
+    return study.open_heads_model(source, cache=cache, backend=backend, warn=_warn, max_memory=max_memory)
 
 
 def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=None) -> None:
@@ -164,6 +164,9 @@ def heads(
             help="Decoders: Q/K/V-composition and copying scores from the weights (heads.json, composition.png).",
         ),
     ] = False,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80%% free).")
+    ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
 
@@ -176,11 +179,11 @@ def heads(
         batch_size=32 if batch_size is None else batch_size, batch_size_auto=batch_size is None,
         importance=importance, importance_sentences=importance_sentences, ablation=ablation,
         probe_length=probe_length, probe_repeats=probe_repeats, seed=seed, block_size=block_size, queries=queries,
-        queries_only=queries_only, composition=composition,
+        queries_only=queries_only, composition=composition, max_memory=max_memory,
     )  # fmt: skip  # every check that needs no model, before anything is loaded
     hm = None  # the model, opened once (through headwise.models.open_model) for everything below
     if model not in (None, "untrained"):
-        hm = load(model, cache=opts.cache, backend=study.heads_backend(opts))
+        hm = load(model, cache=opts.cache, backend=study.heads_backend(opts), max_memory=opts.max_memory)
     study.check_opened(hm, opts)
     if hm is not None and hm.kind == "decoder":
         _decoder(hm, opts)
@@ -338,12 +341,7 @@ def _queries_page(view, tokens: list[str], out: Path, title: str, links, roles=N
 
     a, b = view.queries
     return write_headview(
-        view.kept,
-        tokens[a:b],
-        out / "headview_queries.html",
-        roles=roles,
+        view.kept, tokens[a:b], out / "headview_queries.html", roles=roles, causal=True, links=links,
         title=f"{title} head view, queries {a}–{b - 1}",
         subtitle=f"full resolution over keys {a}–{b - 1}; weight on earlier keys is not drawn",
-        causal=True,
-        links=links,
-    )
+    )  # fmt: skip

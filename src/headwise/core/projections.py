@@ -142,6 +142,12 @@ def stacked(module: nn.Module, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, 
     return store.setdefault(len(linears), _StackedWeights())(linears)
 
 
+def forget_stacked(module: nn.Module) -> None:
+    """Drop the stacked weights :func:`stacked` keeps on ``module`` (its weights were released: a layer brought in
+    and out again, :mod:`headwise.models.streamed`; a new weight could reuse a released one's ``id``)."""
+    module.__dict__.pop("_fused_weights", None)
+
+
 def _stacked_per_call(linears: tuple[nn.Linear, ...], x: Tensor) -> bool:
     """Whether a stacked weight of ``linears`` would be formed per call for input ``x``: autograd records the
     projection, or the weights are inference tensors (:func:`keepable`)."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headwise.models.memory import whole_refused
 from headwise.models.token_text import token_pieces, token_texts
 
 __all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
@@ -338,6 +339,7 @@ class HeadModel:
         self.tokenizer = tokenizer
         self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
         self.special_ids = tuple(special_ids)
+        self.memory = self.stream = None  # open_model's MemoryPlan; the LayerStream of a model opened layer by layer
 
     def __repr__(self) -> str:
         return f"HeadModel({self.title}, backend={self.backend!r})"
@@ -362,10 +364,16 @@ class HeadModel:
         """
         found = self.__dict__.get("_anatomy")
         if found is None:
+            self.check_whole("this tool")
             from headwise.models.anatomy_probe import read_anatomy
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
         return found
+
+    def check_whole(self, what: str) -> None:
+        """ValueError (one line naming the memory ``what`` would need) when the model was opened layer by layer."""
+        if self.stream is not None:
+            raise ValueError(whole_refused(self.name, self.memory, what))
 
     def _anatomy_points(self) -> dict:
         """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""
@@ -383,8 +391,8 @@ class HeadModel:
         """The device of the module's first parameter (CPU for a module without one)."""
         import torch
 
-        param = next(self.model.parameters(), None)
-        return param.device if param is not None else torch.device("cpu")
+        param = next((p for p in self.model.parameters() if p.device.type != "meta"), None)
+        return param.device if param is not None else torch.device("cpu")  # layer by layer: the CPU
 
     # -- text --------------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> EncodedTexts:

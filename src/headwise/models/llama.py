@@ -37,6 +37,7 @@ __all__ = [
     "LlamaLayer",
     "load_llama",
     "llama_from_state_dict",
+    "hf_names",
     "supports",
     "native_parameters",
     "MODEL_TYPES",
@@ -340,7 +341,7 @@ class LlamaLM(nn.Module):
 # -- loading ---------------------------------------------------------------------------------------------------
 
 
-def _hf_names(config: LlamaConfig) -> dict[str, str]:
+def hf_names(config: LlamaConfig) -> dict[str, str]:
     """This module's parameter name -> the checkpoint's (Hugging Face ``LlamaForCausalLM``)."""
     names = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not config.tie_word_embeddings:
@@ -387,7 +388,7 @@ class _Assigner:
         self.cfg = cfg
         self.model = LlamaLM(cfg, device="meta", dtype=torch.float32)
         self.expected = {name: tuple(p.shape) for name, p in self.model.state_dict().items()}
-        self.wanted = _hf_names(cfg)  # mine -> theirs
+        self.wanted = hf_names(cfg)  # mine -> theirs
         self.mine = {theirs: mine for mine, theirs in self.wanted.items()}
         self.state: dict[str, Tensor] = {}
 

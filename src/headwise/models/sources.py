@@ -157,23 +157,9 @@ def _cached_gguf(source: str | os.PathLike, native=None) -> FolderInfo | None:
 
 
 def _hf_class(config: dict):
-    from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+    from headwise.models.layered import hf_class
 
-    archs = config.get("architectures") or []
-    model_type = config["model_type"]
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return "decoder", AutoModelForCausalLM
-    if (
-        not archs
-        and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    ):
-        return "decoder", AutoModelForCausalLM
-    return "encoder", AutoModel
+    return hf_class(config)
 
 
 def _load_hf(info: FolderInfo) -> HeadModel:
@@ -309,7 +295,13 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
 
 
 def open_model(
-    source: str | os.PathLike | FolderInfo | None = None, *, cache: bool = True, backend: str = "auto"
+    source: str | os.PathLike | FolderInfo | None = None,
+    *,
+    cache: bool = True,
+    backend: str = "auto",
+    max_memory: str | int | None = None,
+    memory_name: str = "max_memory",
+    by_layer: bool | None = None,
 ) -> HeadModel:
     """Open a model as a :class:`HeadModel`: a folder of any supported kind, a GGUF file, a bundled name
     (``"smollm2"``), or None for the bundled all-MiniLM-L6-v2. The one way headwise opens a model; each call
@@ -326,11 +318,21 @@ def open_model(
             cache entry, ``"smollm2"``) on headwise's own :class:`~headwise.models.llama.LlamaLM`, without
             importing transformers (except to de-quantise a GGUF file not cached yet): the same family, name,
             max_length, vocab_size, tokenizer, bos_id and special_ids as ``"auto"`` gives, backend ``"headwise"``.
+        max_memory: the budget for this process's peak resident memory — bytes or a size (``"1.5GB"``, ``"400MB"``,
+            ``"2GiB"``); None: what the machine has free, with a margin (:func:`headwise.models.memory.default_budget`).
+            A Hugging Face family or a Llama-family folder (safetensors, any dtype) that does not fit whole in float32
+            opens layer by layer (:mod:`headwise.models.layered`): its parameters stay on the ``meta`` device and each
+            layer's are read and turned to float32 when that layer runs (``hm.memory`` says the route, ``hm.stream``
+            holds the hooks). memory_name: how errors name the budget (``"--max-memory"`` from the command line).
+        by_layer: True opens such a model layer by layer whatever the budget (to compare the two routes on one
+            model); False never; None (default): as the budget says.
     Returns:
-        the :class:`HeadModel` (eval mode, float32).
+        the :class:`HeadModel` (eval mode, float32 maths).
     Raises:
         UnsupportedBackend (a ValueError): ``backend="headwise"`` for a checkpoint headwise's decoder does not open
             (naming the family or the config key and what is supported), before any weight is read.
+        MemoryBudgetError (a ValueError): ``max_memory`` not a size, or smaller than the smallest budget that
+            works (named); a model that cannot go layer by layer and does not fit whole.
         FileNotFoundError / ValueError: see :func:`inspect_source`; weights that do not fit the config; a
         tokenizer.json that does not load — one line naming the file. OSError: a cache directory that
         cannot be written (nothing is left in it).
@@ -349,12 +351,23 @@ def open_model(
     # a GGUF file de-quantised before opens from its cache entry: no header read, no GGUF loader imported
     cached = _cached_gguf(source, counted) if cache and not isinstance(source, FolderInfo) else None
     info = cached or (source if isinstance(source, FolderInfo) else inspect_source(source, native=counted))
-    if info.kind == "gguf":
+    from headwise.models.layered import memory_route
+
+    if native and info.kind != "gguf":
+        _check_native(info)  # refused by name unless Llama-family, before the memory is planned
+    plan, layered = memory_route(info, max_memory, native=native, name=memory_name, by_layer=by_layer)
+    if layered is not None:
+        hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
+            info.config)[0], info)  # fmt: skip
+        hm.stream = layered.stream
+    elif info.kind == "gguf":
         hm, info = _load_gguf(info, cache, native)
     elif native:
         hm = _load_native(info)  # refused by name unless Llama-family; its errors name the file and the tensor
     elif info.kind == "bert":
-        return _load_bert(info.folder)
+        hm = _load_bert(info.folder)
+        hm.memory = plan
+        return hm
     elif info.kind == "lab":
         hm = _load_lab(info)
     else:
@@ -372,6 +385,7 @@ def open_model(
             raise ValueError(f"{info.tokenizer}: not a valid tokenizer.json ({' '.join(str(e).split())})") from None
         hm.tokenizer.no_padding()
         hm.tokenizer.no_truncation()
+    hm.memory = plan
     hm.special_ids = _special_ids(hm, info.config)
     if hm.bos_id is not None and not 0 <= hm.bos_id < hm.vocab_size:
         hm.bos_id = None

@@ -156,6 +156,11 @@ def check_opened(hm, opts: HeadsOptions) -> None:
     """
     from headwise.distributed.ranks import launched
 
+    if hm is not None and hm.stream is not None:  # opened layer by layer: what needs every weight at once refuses
+        for flag, what in (("importance", "--importance (a backward pass through every layer)"),
+                           ("composition", "--composition")):  # fmt: skip
+            if getattr(opts, flag):
+                hm.check_whole(what)
     if opts.composition and (hm is None or hm.kind != "decoder"):
         raise ValueError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
@@ -258,6 +263,8 @@ def decoder_study(
 
     probe, text, corpus_path = plan.probe, opts.text, opts.corpus_path
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
+    if hm.stream is not None:  # layer by layer: the route and its budget (the whole route is the usual one)
+        extra["memory"] = {**hm.memory.to_dict(), "note": hm.memory.line()}
     texts, total = decoder_texts(opts)
     if corpus_path is not None:
         scope = f"{total} sentences of {corpus_path.name}"
@@ -283,6 +290,8 @@ def decoder_study(
     tokens = hm.token_texts(view.ids)
     extra["sentence"] = {"text": text, "tokens": tokens, "pieces": hm.token_strings(view.ids), "ids": view.ids}
     sentence = SentenceHeads(report, *drawn(view, tokens))
+    if hm.stream is not None:  # opened layer by layer: said above the table
+        lines = [hm.memory.line(), *lines]
     return HeadsFound(hm.title, scope, report, sentence, extra, view=view, tokens=tokens, ranked=ranked, lines=lines)
 
 

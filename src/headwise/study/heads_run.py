@@ -34,7 +34,12 @@ __all__ = [
 
 
 def open_heads_model(
-    source: str | Path | None, *, cache: bool = True, backend: str = "auto", warn: Callable[[str], None]
+    source: str | Path | None,
+    *,
+    cache: bool = True,
+    backend: str = "auto",
+    warn: Callable[[str], None],
+    max_memory: str | None = None,
 ):
     """The :class:`~headwise.models.HeadModel` of ``--model`` (a folder, a GGUF file, a bundled name; None: the
     bundled encoder), opened once through :func:`headwise.models.open_model`; a rebuilt GGUF cache entry said to
@@ -42,23 +47,29 @@ def open_heads_model(
 
     ``backend="headwise"``: a Llama-family checkpoint on headwise's own decoder (no transformers imported), any
     other on the default route (checked once: :class:`~headwise.models.sources.UnsupportedBackend` carries it).
+    ``max_memory``: ``--max-memory`` (:func:`headwise.models.open_model`'s ``max_memory``).
 
     Raises:
-        ValueError: ``--model: …`` (one line): a missing or corrupt checkpoint, a cache that cannot be written.
+        ValueError: ``--model: …`` (one line): a missing or corrupt checkpoint, a cache that cannot be written;
+            ``--max-memory: …``: a budget that is not a size or is too small, naming the smallest that works.
     """
     import warnings
 
     from headwise.models import open_model
     from headwise.models.gguf import CacheHealedWarning
+    from headwise.models.memory import MemoryBudgetError
     from headwise.models.sources import UnsupportedBackend
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheHealedWarning)
+            memory = {"max_memory": max_memory, "memory_name": "--max-memory"}
             try:
-                hm = open_model(source, cache=cache, backend=backend)
+                hm = open_model(source, cache=cache, backend=backend, **memory)
             except UnsupportedBackend as e:
-                hm = open_model(e.info, cache=cache)
+                hm = open_model(e.info, cache=cache, **memory)
+    except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
+        raise ValueError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise ValueError(f"--model: {' '.join(str(e).split())}") from None
     for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were

@@ -57,6 +57,9 @@ class HeadsOptions:
         queries_only: decoders: those queries' page alone, from a pass over their rows (no statistics).
         composition: decoders: add the weights' circuits — Q/K/V-composition and copying scores
             (:func:`headwise.study.composition_columns`).
+        max_memory: the budget for the process's peak resident memory (``"1.5GB"``; None: what the machine has
+            free, with a margin): a model that does not fit it whole in float32 runs layer by layer
+            (:func:`headwise.models.open_model`'s ``max_memory``); checked against the model when it opens.
     Raises:
         ValueError: naming the option: an empty ``text``, a ``corpus`` that is missing or a folder, a non-positive
             ``block_size``, ``queries_only`` without ``queries`` or with ``importance``, a count out of range.
@@ -80,9 +83,10 @@ class HeadsOptions:
     queries: str | None = None
     queries_only: bool = False
     composition: bool = False
+    max_memory: str | None = None
 
     def __post_init__(self):
-        for name in ("text", "corpus", "model", "queries"):
+        for name in ("text", "corpus", "model", "queries", "max_memory"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{self.flag(name)}: expected a string or None, got {type(value).__name__}")

@@ -1,0 +1,231 @@
+"""A memory budget for opening a model: what it is given as (``"1.5GB"``), what the machine has, and the route it picks.
+
+A model opens whole in float32 when that fits the budget (the usual route), else layer by layer
+(:mod:`headwise.models.streamed`: each layer's weights read from the file and turned to float32 when that layer runs,
+then released). The budget is for the process's peak resident memory (``ru_maxrss``): what the process holds already
+(the interpreter, torch), the weights held at once, and :data:`WORKING` bytes for the activations.
+
+- :func:`parse_size` — ``"1.5GB"``, ``"400MB"``, ``"2GiB"``, ``"1500000000"`` → bytes.
+- :func:`default_budget` — what the machine has free (``MemAvailable``), less a margin.
+- :func:`plan_memory` — the route for a model of given sizes under a budget, or one line naming the smallest budget
+  that works (:class:`MemoryBudgetError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+from dataclasses import dataclass
+
+__all__ = [
+    "WORKING",
+    "FREE_SHARE",
+    "MemoryBudgetError",
+    "MemoryPlan",
+    "available_memory",
+    "default_budget",
+    "format_size",
+    "parse_size",
+    "peak_rss",
+    "plan_memory",
+    "whole_refused",
+]
+
+#: Bytes set aside for the activations, the statistics' blocks of rows and the allocator's slack (256 MiB: the
+#: streaming pass's blocks stay under 200 MB, :mod:`headwise.analysis.streaming`).
+WORKING = 256 * 2**20
+#: The share of the machine's available memory a default budget takes (the rest is the margin).
+FREE_SHARE = 0.8
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+EXPECTED = "a size such as 1.5GB, 400MB or 2GiB"
+
+
+class MemoryBudgetError(ValueError):
+    """A budget that is not a size, or one smaller than the smallest that opens the model; the message names it.
+
+    Attributes:
+        smallest: the smallest budget in bytes that works for the model (None where not known).
+        given: whether the budget was the caller's (else the default: the model is what does not fit).
+    """
+
+    def __init__(self, message: str, smallest: int | None = None, *, given: bool = True):
+        super().__init__(message)
+        self.smallest, self.given = smallest, given
+
+
+def format_size(n: float) -> str:
+    """Bytes as the command line takes them back: ``1_500_000_000`` → ``"1.50 GB"`` (powers of 1000)."""
+    for scale, unit in ((10**12, "TB"), (10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_size(value: str | int | float, *, name: str = "max_memory") -> int:
+    """A size in bytes: an int, or a string ``NUMBER[UNIT]`` — ``B``, ``kB``/``MB``/``GB``/``TB`` (powers of 1000),
+    ``KiB``/``MiB``/``GiB``/``TiB`` (powers of 1024), ``K``/``M``/``G``/``T`` as the decimal ones; case ignored.
+
+    Raises:
+        MemoryBudgetError: naming ``name``, the value and what is expected: not a size, an unknown unit, 0 or less.
+    """
+    if isinstance(value, bool):
+        raise MemoryBudgetError(f"{name}: expected {EXPECTED}, got {value!r}")
+    if isinstance(value, (int, float)):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise MemoryBudgetError(f"{name}: expected {EXPECTED}, got {value!r}")
+        size = float(match.group(1)) * _UNITS[unit]
+    if not size >= 1:
+        raise MemoryBudgetError(f"{name}: expected {EXPECTED} (more than 0), got {value!r}")
+    return int(size)
+
+
+def available_memory() -> int:
+    """Bytes this machine can give a new allocation now: ``MemAvailable`` of ``/proc/meminfo`` (free memory plus the
+    page cache it can drop), else the free pages (``os.sysconf``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def default_budget() -> int:
+    """The budget when none is given: what this process holds now plus :data:`FREE_SHARE` of what the machine has
+    available (the rest left to others)."""
+    return current_rss() + int(FREE_SHARE * available_memory())
+
+
+def current_rss() -> int:
+    """This process's resident memory now (``/proc/self/statm``; else its peak so far)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss()
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (``ru_maxrss``, kilobytes on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a model opens under a budget (:func:`plan_memory`).
+
+    Attributes:
+        route: ``"whole"`` (every weight in float32 at once) or ``"layers"`` (one layer's weights at a time).
+        budget: the budget in bytes; given: whether the caller gave it (else :func:`default_budget`).
+        held: bytes the process held when the plan was made.
+        whole: bytes the whole route needs beyond ``held`` (float32 weights, what is read to make them, working).
+        layers: bytes the layer route needs beyond ``held`` (the largest layer's float32 and stored bytes, working).
+        largest: the largest unit's name (``"layers.3"``, ``"embed_tokens"``) and its float32 bytes.
+    """
+
+    route: str
+    budget: int
+    given: bool
+    held: int
+    whole: int
+    layers: int
+    largest: tuple[str, int]
+
+    @property
+    def smallest(self) -> int:
+        """The smallest budget that opens the model (layer by layer where it can, else whole)."""
+        return self.held + self.layers
+
+    def line(self) -> str:
+        """One line on the route, for the terminal and heads.json."""
+        if self.route == "whole":
+            return f"memory: the whole model in float32 ({format_size(self.whole)} within {format_size(self.budget)})"
+        return (
+            f"memory: layer by layer within {format_size(self.budget)} (the whole model would need "
+            f"{format_size(self.held + self.whole)}; the largest part, {self.largest[0]}, "
+            f"{format_size(self.largest[1])} in float32)"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "route": self.route, "budget_bytes": self.budget, "budget_given": self.given, "held_bytes": self.held,
+            "whole_bytes": self.whole, "layer_bytes": self.layers, "largest": list(self.largest),
+        }  # fmt: skip
+
+
+def plan_memory(
+    max_memory: str | int | float | None,
+    *,
+    whole: int,
+    units: dict[str, tuple[int, int]] | None,
+    name: str = "max_memory",
+    subject: str = "this model",
+) -> MemoryPlan:
+    """The route for a model under ``max_memory``.
+
+    Args:
+        max_memory: the budget (:func:`parse_size`), None for :func:`default_budget`.
+        whole: bytes the whole route holds at its peak (float32 weights and the stored bytes read to make them).
+        units: the parts the layer route loads one at a time: name → ``(float32 bytes, stored bytes)``; None where the
+            model cannot go layer by layer.
+        name: the option named in errors (``"--max-memory"`` from the command line); subject: the model, for errors.
+    Returns:
+        a :class:`MemoryPlan`: ``"whole"`` when it fits the budget, else ``"layers"``.
+    Raises:
+        MemoryBudgetError: a budget that is not a size, or smaller than the smallest that works — one line naming the
+            smallest budget that works.
+    """
+    held = current_rss()
+    need_whole = whole + WORKING
+    if units:
+        big = max(units, key=lambda k: sum(units[k]))
+        need_layers = sum(units[big]) + WORKING
+        largest = (big, units[big][0])
+    else:
+        need_layers, largest = need_whole, ("the whole model", whole)
+    smallest = held + min(need_layers, need_whole)
+    given = max_memory is not None
+    try:
+        budget = parse_size(max_memory, name=name) if given else default_budget()
+    except MemoryBudgetError as e:
+        raise MemoryBudgetError(f"{e}; the smallest budget that works for {subject} is {format_size(smallest)}",
+                                smallest) from None  # fmt: skip
+    if held + need_whole <= budget:
+        return MemoryPlan("whole", budget, given, held, need_whole, need_layers, largest)
+    if units and held + need_layers <= budget:
+        return MemoryPlan("layers", budget, given, held, need_whole, need_layers, largest)
+    what = f"{largest[0]} ({format_size(largest[1])} in float32)" if units else "the whole model in float32"
+    parts = f"(this process holds {format_size(held)}, {what}, {format_size(WORKING)} for the activations)"
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    beyond = f", more than this machine's {format_size(machine)} of memory" if smallest > machine else ""
+    if given:
+        message = (f"{name}: {format_size(budget)} is less than the smallest budget that works for {subject}: "
+                   f"{format_size(smallest)} {parts}{beyond}")  # fmt: skip
+    else:
+        message = (f"{subject}: the smallest budget that works is {format_size(smallest)} {parts}, more than the "
+                   f"{format_size(budget)} available (80% of what the machine has free){beyond}")  # fmt: skip
+    raise MemoryBudgetError(message, smallest, given=given)
+
+
+def whole_refused(name: str, plan: MemoryPlan, what: str) -> str:
+    """The line refusing ``what`` (a tool that reads every layer's weights at once) on a model opened layer by layer
+    under ``plan``, naming the memory it would need."""
+    need = plan.held + plan.whole
+    return (
+        f"model: {name} was opened layer by layer (budget {format_size(plan.budget)}); {what} reads every layer's "
+        f"weights at once, which needs about {format_size(need)} (a --max-memory at least that)"
+    )

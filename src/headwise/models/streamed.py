@@ -1,0 +1,322 @@
+"""A model whose weights stay where they are stored, brought in one layer at a time (accelerate's disk offload and
+layer-by-layer runners such as AirLLM do the same).
+
+The module is built with its parameters on PyTorch's ``meta`` device (no memory, no initialisation; buffers — RoPE's
+frequencies — made as usual). Its *units* are each block of its layer list and each module outside it that holds
+parameters itself (the embeddings, the final norm, the unembedding). A forward pre-hook on a unit reads that unit's
+tensors from the checkpoint (:class:`StoredTensors`: a safetensors file opened with ``safe_open`` for the unit alone,
+or a GGUF file's blocks de-quantised), turns them into float32 and puts them on the module; a forward hook puts the
+meta tensors back and drops what the unit kept (a stacked Q/K/V weight). A batch's forward pass so runs through
+layer i with layer i's weights alone, then layer i + 1: the maths is the float32 route's on the same weights, and the
+process holds one unit's weights (float32, plus the stored bytes read to make them, whose mapping is closed with the
+unit) and the activations.
+
+- :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders.
+- :func:`meta_parameters` — a context in which modules are built with meta parameters and real buffers.
+- :class:`LayerStream` — the hooks, :func:`units_of` the units of a module.
+
+Shape legend: NL layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "StoredTensors",
+    "SafetensorsTensors",
+    "LayerStream",
+    "meta_parameters",
+    "units_of",
+    "layer_list",
+]
+
+
+class StoredTensors(Protocol):
+    """A checkpoint's tensors by their stored names, read a group at a time."""
+
+    def names(self) -> list[str]:
+        """Every stored tensor's name."""
+        ...
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A stored tensor's shape, as the model holds it."""
+        ...
+
+    def stored_bytes(self, name: str) -> int:
+        """The bytes of a stored tensor in the file (what reading it touches)."""
+        ...
+
+    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
+        """The tensors ``names`` as new float32 tensors (nothing of the file kept mapped after the call)."""
+        ...
+
+
+class SafetensorsTensors:
+    """The tensors of a folder's safetensors files (one, or shards), read with ``safe_open`` per call.
+
+    ``safe_open`` memory-maps the file; the pages a conversion touches count in the process's resident memory until
+    the file is closed, so each :meth:`load` opens the files it needs, copies its tensors into float32 and closes
+    them. Raises ValueError naming the file where safetensors cannot read it.
+    """
+
+    def __init__(self, files: Sequence[str | os.PathLike]):
+        from safetensors import SafetensorError, safe_open
+
+        self._where: dict[str, Path] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._bytes: dict[str, int] = {}
+        for path in map(Path, files):
+            try:
+                with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        sl = f.get_slice(name)
+                        shape = tuple(sl.get_shape())
+                        self._where.setdefault(name, path)
+                        self._shapes[name] = shape
+                        numel = 1
+                        for d in shape:
+                            numel *= d
+                        self._bytes[name] = numel * _DTYPE_BYTES.get(sl.get_dtype(), 4)
+            except (SafetensorError, OSError) as e:
+                raise ValueError(f"{path}: cannot read the safetensors file ({' '.join(str(e).split())})") from None
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def stored_bytes(self, name: str) -> int:
+        return self._bytes[name]
+
+    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self._where[name], []).append(name)
+        out = {}
+        for path, group in by_file.items():
+            with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+                for name in group:
+                    # a copy even when stored as float32: the mapped tensor must not outlive the file
+                    out[name] = f.get_tensor(name).to(torch.float32, copy=True)
+        return out
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+@contextlib.contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Within the block, every parameter a module registers is moved to the ``meta`` device as it is registered: its
+    initialisation then runs on a meta tensor (no time, no memory), while buffers (RoPE's frequencies) are made on the
+    CPU as usual (accelerate's ``init_empty_weights(include_buffers=False)``)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The model's list of blocks: the ``nn.ModuleList`` holding the most parameters (``model.layers``,
+    ``transformer.h``, ``gpt_neox.layers``), with its name.
+
+    Raises:
+        ValueError: a model without one.
+    """
+    best = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m):
+            count = sum(p.numel() for p in m.parameters())
+            if best is None or count > best[0]:
+                best = (count, name, m)
+    if best is None:
+        raise ValueError(f"model: no list of layers in the {type(model).__name__} to run one layer at a time")
+    return best[1], best[2]
+
+
+def units_of(model: nn.Module) -> dict[str, nn.Module]:
+    """The parts brought in one at a time, in forward order where the module tree says it: every block of
+    :func:`layer_list`, and every module outside it that holds parameters itself (the embeddings, the final norm, the
+    unembedding). Name → module (names as ``model.named_modules`` gives them)."""
+    prefix, blocks = layer_list(model)
+    inside = {id(m) for m in blocks.modules()}
+    units: dict[str, nn.Module] = {}
+    for name, m in model.named_modules():
+        if id(m) in inside and m is not blocks:
+            continue
+        if any(True for _ in m.parameters(recurse=False)):
+            units[name] = m
+    for k, block in enumerate(blocks):
+        units[f"{prefix}.{k}"] = block
+    return units
+
+
+class LayerStream:
+    """The hooks that bring each unit's weights in when it runs and release them after.
+
+    Args:
+        model: the module, its parameters on the meta device (:func:`meta_parameters`).
+        tensors: the checkpoint (:class:`StoredTensors`).
+        stored_name: the model's parameter name (``model.layers.3.mlp.up_proj.weight``) → the stored name, or None for
+            a parameter the checkpoint does not hold (refused).
+        where: the checkpoint, named in errors.
+        on_unit: called with ``(unit name, index, units)`` as each unit is brought in (progress), or None.
+    Attributes:
+        units: name → module; stored: name → ``{relative parameter name: stored name}``; float32_bytes / stored_bytes:
+            name → bytes; loads: units brought in so far; seconds: time spent reading and converting.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tensors: StoredTensors,
+        stored_name: Callable[[str], str | None],
+        *,
+        where: str,
+        on_unit: Callable[[str, int, int], None] | None = None,
+    ):
+        self.model, self.tensors, self.where, self.on_unit = model, tensors, where, on_unit
+        self.units = units_of(model)
+        have = set(tensors.names())
+        self.problem: str | None = None  # the first parameter the checkpoint lacks or holds in another shape
+        self.stored: dict[str, dict[str, str]] = {}
+        self.float32_bytes: dict[str, int] = {}
+        self.stored_bytes: dict[str, int] = {}
+        for unit, module in self.units.items():
+            names, f32, st = {}, 0, 0
+            recurse = unit in self._blocks()
+            for rel, p in module.named_parameters(recurse=recurse, remove_duplicate=False):
+                full = f"{unit}.{rel}" if unit else rel
+                theirs = stored_name(full)
+                f32 += 4 * p.numel()
+                if theirs is None or theirs not in have:
+                    self.problem = self.problem or f"{where}: tensor {theirs or full!r} is missing from the checkpoint"
+                    continue
+                if tuple(tensors.shape(theirs)) != tuple(p.shape):
+                    self.problem = self.problem or (
+                        f"{where}: tensor {theirs!r} has shape {tuple(tensors.shape(theirs))}; the config expects "
+                        f"{tuple(p.shape)}"
+                    )
+                names[rel] = theirs
+                st += tensors.stored_bytes(theirs)
+            self.stored[unit], self.float32_bytes[unit], self.stored_bytes[unit] = names, f32, st
+        self._meta = {
+            unit: {rel: self._slot(m, rel)[0]._parameters[self._slot(m, rel)[1]] for rel in self.stored[unit]}
+            for unit, m in self.units.items()
+        }
+        self.loads, self.seconds = 0, 0.0
+        self._handles: list = []
+        self._order = list(self.units)
+
+    def _blocks(self) -> set[str]:
+        prefix, blocks = layer_list(self.model)
+        return {f"{prefix}.{k}" for k in range(len(blocks))}
+
+    @staticmethod
+    def _slot(module: nn.Module, rel: str) -> tuple[nn.Module, str]:
+        owner, _, leaf = rel.rpartition(".")
+        return (module.get_submodule(owner) if owner else module), leaf
+
+    def sizes(self) -> dict[str, tuple[int, int]]:
+        """Unit name → ``(float32 bytes, stored bytes)``, what :func:`headwise.models.memory.plan_memory` takes."""
+        return {u: (self.float32_bytes[u], self.stored_bytes[u]) for u in self.units}
+
+    def attach(self) -> LayerStream:
+        """Register the hooks (once). Returns self.
+
+        Raises:
+            ValueError: a parameter the checkpoint lacks, or holds in another shape, naming the tensor.
+        """
+        if self.problem is not None:
+            raise ValueError(self.problem)
+        if not self._handles:
+            for unit, module in self.units.items():
+                self._handles.append(module.register_forward_pre_hook(lambda m, a, u=unit: self.bring(u)))
+                self._handles.append(module.register_forward_hook(lambda m, a, o, u=unit: self.release(u)))
+        return self
+
+    def bring(self, unit: str) -> None:
+        """Read ``unit``'s tensors, in float32, onto its module (a unit already in: nothing)."""
+        import time
+
+        module = self.units[unit]
+        names = self.stored[unit]
+        if not names:
+            return
+        first = next(iter(names))
+        owner, leaf = self._slot(module, first)
+        if owner._parameters[leaf].device.type != "meta":
+            return
+        start = time.perf_counter()
+        loaded = self.tensors.load(list(dict.fromkeys(names.values())))
+        for rel, theirs in names.items():
+            owner, leaf = self._slot(module, rel)
+            owner._parameters[leaf] = nn.Parameter(loaded[theirs], requires_grad=False)
+        self.seconds += time.perf_counter() - start
+        self.loads += 1
+        if self.on_unit is not None:
+            self.on_unit(unit, self._order.index(unit), len(self._order))
+
+    def release(self, unit: str) -> None:
+        """Put ``unit``'s meta tensors back and drop what its modules kept of the weights."""
+        from headwise.core.projections import forget_stacked
+
+        module = self.units[unit]
+        for rel, meta in self._meta[unit].items():
+            owner, leaf = self._slot(module, rel)
+            owner._parameters[leaf] = meta
+        for m in module.modules():
+            forget_stacked(m)
+
+    @contextlib.contextmanager
+    def held(self, units: Sequence[str] | None = None) -> Iterator[None]:
+        """Within the block, ``units`` (default: all) stay in, whatever runs (for a caller that reads weights outside
+        a forward pass); released after."""
+        chosen = list(self.units) if units is None else list(units)
+        saved = self._handles
+        self._handles = []
+        for h in saved:
+            h.remove()
+        try:
+            for u in chosen:
+                self.bring(u)
+            yield
+        finally:
+            for u in chosen:
+                self.release(u)
+            self.attach()
+
+    def whole_bytes(self) -> int:
+        """Bytes of every parameter in float32 (a matrix shared by two units counted once)."""
+        unique = {id(p): p for p in self.model.parameters()}
+        return sum(4 * p.numel() for p in unique.values())
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def stored_names(mapping: Mapping[str, str]) -> Callable[[str], str | None]:
+    """A ``stored_name`` function from a mapping of the model's names to the checkpoint's."""
+    return mapping.get
