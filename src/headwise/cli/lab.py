@@ -324,8 +324,8 @@ def circuits(
     out: Annotated[Path, typer.Option("--out", help="Folder for circuits.json and circuits.png.")],
     seed: Annotated[int, typer.Option("--seed", help="Seeds every model, its data, probes and prompt pairs.")] = 0,
     tasks: Annotated[
-        str, typer.Option("--tasks", help="Comma-separated: offset, retrieve, induction, query, value.")
-    ] = "offset,retrieve,induction,query,value",
+        str, typer.Option("--tasks", help="Comma-separated among offset, retrieve, induction, query, value.")
+    ] = "offset,retrieve,induction,value",
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps of every task.")] = None,
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
 ) -> None:

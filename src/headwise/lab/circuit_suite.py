@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from headwise import checks
-from headwise.lab.circuit_tasks import TASKS, CircuitTask, expand_known, pattern_share, role_heads
+from headwise.lab.circuit_tasks import DEFAULT_TASKS, TASKS, CircuitTask, expand_known, pattern_share, role_heads
 from headwise.lab.trainer import TrainConfig, threads, train
 from headwise.models.transformer_lm import TransformerLM
 
@@ -160,8 +160,9 @@ def run_task(
         w = wiring(model)
         graph = build_graph(w)
         E = len(graph.edges)
+        known_idx = [graph.edge("known", e) for e in known]
         truth = torch.zeros(E, dtype=torch.bool)
-        truth[[graph.edge("known", e) for e in known]] = True
+        truth[known_idx] = True
         K = len(known)
         clean, corrupted, answer, wrong = task.pairs(_stream(seed, 3), PAIRS)
         metric = make_metric("logit_diff", answer, wrong)
@@ -174,7 +175,7 @@ def run_task(
         size = effect.abs()
         order = torch.argsort(size, descending=True, stable=True).tolist()
         rank = {e: order.index(e) + 1 for e in range(E)}
-        known_ranks = {graph.edges[e].name: rank[e] for e in truth.nonzero()[:, 0].tolist()}
+        known_ranks = {name: rank[e] for name, e in zip(known, known_idx)}
         total = float(size.sum())
         share = float(size[truth].sum()) / total if total > 0 else math.nan
         known_curve = faithfulness(w, clean, corrupted, metric, truth.float(), sizes=[K])
@@ -261,7 +262,7 @@ def run_suite(
     """:func:`run_task` for each task, in order: the contents of ``circuits.json``.
 
     Args:
-        tasks: names from :data:`TASKS` (None: all, in their order).
+        tasks: names from :data:`TASKS` (None: :data:`~headwise.lab.circuit_tasks.DEFAULT_TASKS`).
         seed, steps, num_threads, callback, stage: as :func:`run_task`.
     Returns:
         ``{"seed", "threads", "cpu", "methods", "fractions", "criteria", "tasks": {name: run_task's dict},
@@ -272,7 +273,7 @@ def run_suite(
     from headwise.circuits.areas import MIB_FRACTIONS
 
     checks.non_negative_int("seed", seed)
-    names = list(TASKS) if tasks is None else suite_tasks("tasks", ",".join(map(str, tasks)))
+    names = list(DEFAULT_TASKS) if tasks is None else suite_tasks("tasks", ",".join(map(str, tasks)))
     t0 = time.perf_counter()
     runs = {
         n: run_task(n, seed=seed, steps=steps, num_threads=num_threads, callback=callback, stage=stage) for n in names

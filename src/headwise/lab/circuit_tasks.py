@@ -49,7 +49,7 @@ from torch import Tensor
 from headwise.lab.tasks import repeated_segments
 from headwise.models.transformer_lm import LMConfig
 
-__all__ = ["CircuitTask", "ROLE_THRESHOLD", "TASKS", "expand_known", "pattern_share", "role_heads"]
+__all__ = ["CircuitTask", "DEFAULT_TASKS", "ROLE_THRESHOLD", "TASKS", "expand_known", "pattern_share", "role_heads"]
 
 #: a head takes a role when at least this share of its attention is on the position the mechanism needs
 ROLE_THRESHOLD = 0.5
@@ -394,3 +394,7 @@ TASKS: dict[str, CircuitTask] = {
         batch=_value_batch, pairs=_value_pairs, probe=_value_probe,
     ),
 }  # fmt: skip
+
+#: the tasks run by default: ``query`` is left out — its model did not learn the lookup within 6,000 steps (held-out
+#: accuracy at chance, seed 0), so its known circuit cannot be confirmed; ``--tasks query`` runs it and says so
+DEFAULT_TASKS = ("offset", "retrieve", "induction", "value")
