@@ -93,3 +93,36 @@ def row_progress(hm, n: int) -> Iterator[Callable[[int, int, int], None] | None]
             stage(f"rows of {hm.num_layers} layers", min(total, layer * length + done), hm.num_layers * length)
 
         yield rows
+
+
+class StepBar:
+    """A rich progress bar on stderr: ``step`` is the trainer's callback (loss, tokens/s); ``advance`` counts runs."""
+
+    def __init__(self, description: str, total: int, *, unit: str = "steps"):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(unit + "  {task.fields[loss]}  {task.fields[speed]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total, loss="", speed="")
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def step(self, p) -> None:
+        speed = f"{p.tokens_per_s / 1000:.1f}k tok/s"
+        self.progress.update(self.task, advance=1, loss=f"loss {p.loss:.3f}", speed=speed)
+
+    def advance(self, note: str) -> None:
+        self.progress.update(self.task, advance=1, loss=note)

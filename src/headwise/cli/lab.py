@@ -7,6 +7,8 @@
 - ``headwise lab heads-vs-one --out DIR [--full]``: 1, 2, 4, 8 heads at equal width and parameters, the
   learning rate tuned per head count on tuning seeds, 8 evaluation seeds, two synthetic tasks and a
   character-level language model; writes ``heads_vs_one.json``, ``heads_vs_one.csv``, ``heads_vs_one.png``.
+- ``headwise lab circuits --out DIR``: tasks whose circuit is known by construction, each confirmed by exact patching
+  and every edge method scored on it; writes ``circuits.json`` and ``circuits.png`` (exit 1: one not confirmed).
 - ``headwise lab prune --model DIR``: Michel et al.'s head importance, loss against heads removed (by
   importance, by measured ablation and at random); writes ``pruning.csv`` and ``pruning.png`` as
   ``headwise heads --importance`` does (one code path, one schema), and ``importance.json``.
@@ -29,7 +31,7 @@ import typer
 
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import write_pruning
-from headwise.cli._progress import stage_progress
+from headwise.cli._progress import StepBar, stage_progress
 
 lab_app = typer.Typer(
     name="lab",
@@ -55,39 +57,6 @@ def _out_folder(out: Path, option: str = "--out") -> Path:
     except OSError as e:
         raise CLIError(f"{option}: cannot create the folder '{out.parent}': {e.strerror or e}") from None
     return out
-
-
-class _Bar:
-    """A rich progress bar on stderr: ``step`` is the trainer's callback (loss, tokens/s); ``advance`` counts runs."""
-
-    def __init__(self, description: str, total: int, *, unit: str = "steps"):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(unit + "  {task.fields[loss]}  {task.fields[speed]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.task = self.progress.add_task(description, total=total, loss="", speed="")
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-    def step(self, p) -> None:
-        speed = f"{p.tokens_per_s / 1000:.1f}k tok/s"
-        self.progress.update(self.task, advance=1, loss=f"loss {p.loss:.3f}", speed=speed)
-
-    def advance(self, note: str) -> None:
-        self.progress.update(self.task, advance=1, loss=note)
 
 
 @contextlib.contextmanager
@@ -146,7 +115,7 @@ def induction(
     from headwise.viz.lab import plot_training
 
     setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
-    with _Bar(f"induction, seed {seed}", setup.steps) as bar:
+    with StepBar(f"induction, seed {seed}", setup.steps) as bar:
         run = run_induction(setup, seed=seed, callback=bar.step, num_threads=threads)
     s = run.summary
     with atomic_folder(out) as tmp:
@@ -195,7 +164,7 @@ def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: in
     with _ranks() as place:
         first = place is None or place[0] == 0
         note = f", rank 0's share of {place[1]} ranks" if place else ""
-        with _Bar(f"induction, {len(seeds)} seeds{note}", len(seeds), unit="runs") if first else (
+        with StepBar(f"induction, {len(seeds)} seeds{note}", len(seeds), unit="runs") if first else (
             contextlib.nullcontext()
         ) as bar:  # fmt: skip
 
@@ -266,7 +235,7 @@ def heads_vs_one(
         first = place is None or place[0] == 0
         note = f", rank 0's share of {place[1]} ranks" if place else ""
         title = f"heads vs one: {n_tune} tuning + {n_eval} evaluation runs{note}"
-        with _Bar(title, n_tune + n_eval, unit="runs") if first else contextlib.nullcontext() as bar:
+        with StepBar(title, n_tune + n_eval, unit="runs") if first else contextlib.nullcontext() as bar:
 
             def on_run(run, done, total_runs):
                 what = run["accuracy"] if run["task"] != "language" else run["loss"]
@@ -348,3 +317,33 @@ def prune(
         f"loss with all heads {curves['importance'][0]:.3f}; after removing half ({half}): by importance "
         f"{curves['importance'][half]:.3f}, at random {curves['random_mean'][half]:.3f}"
     )
+
+
+@lab_app.command("circuits")
+def circuits(
+    out: Annotated[Path, typer.Option("--out", help="Folder for circuits.json and circuits.png.")],
+    seed: Annotated[int, typer.Option("--seed", help="Seeds every model, its data, probes and prompt pairs.")] = 0,
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated among offset, retrieve, induction, query, value.")
+    ] = "offset,retrieve,induction,value",
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps of every task.")] = None,
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
+) -> None:
+    """Score every circuit method against circuits known by construction, confirmed by exact patching (CPU minutes)."""
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.lab.circuit_suite import run_suite, suite_tasks, table_lines
+    from headwise.lab.records import json_text
+    from headwise.viz.lab import plot_circuit_suite
+
+    _positive("--steps", steps)
+    _positive("--threads", threads)
+    names, out = suite_tasks("--tasks", tasks), _out_folder(out)
+    echo = lambda task, what: typer.echo(f"{task}: {what}", err=True)  # noqa: E731 - the progress lines
+    result = run_suite(names, seed=seed, steps=steps, num_threads=threads, stage=echo)
+    with atomic_folder(out) as tmp:
+        write_text_atomic(tmp / "circuits.json", json_text(result))
+        plot_circuit_suite(result, tmp / "circuits.png")
+    typer.echo(f"wrote {out}/ (circuits.json, circuits.png) in {result['seconds']:.0f} s, {result['cpu']}")
+    typer.echo("\n".join(table_lines(result)))
+    if not all(r["confirmation"]["confirmed"] for r in result["tasks"].values()):
+        raise typer.Exit(1)

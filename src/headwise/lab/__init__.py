@@ -13,7 +13,9 @@
   :mod:`headwise.lab.heads_vs_one` with its plan :mod:`headwise.lab.heads_setup` and verdict
   :mod:`headwise.lab.heads_verdict`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves` and
   ``headwise lab prune``'s run (Michel et al.'s importance through :func:`headwise.analysis.head_importance`,
-  :mod:`headwise.lab.prune`); the result files' text in :mod:`headwise.lab.records`;
+  :mod:`headwise.lab.prune`), ground truth for circuit methods (tasks whose circuit is known by construction,
+  :mod:`headwise.lab.circuit_tasks`; ``headwise lab circuits``'s run, :mod:`headwise.lab.circuit_suite`); the result
+  files' text in :mod:`headwise.lab.records`;
   tasks in :mod:`headwise.lab.tasks`.
 
 The lab draws nothing on the terminal; the ``headwise lab`` commands do.

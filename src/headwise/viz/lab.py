@@ -1,6 +1,6 @@
 """The lab's pictures: training curves with head scores; one head against many (measures per head count
-and learning curves). Its pruning curves are :func:`headwise.viz.pruning.plot_pruning`, as
-``headwise heads --importance`` draws them.
+and learning curves); circuit methods scored against known circuits (``circuits.png``). Its pruning curves are
+:func:`headwise.viz.pruning.plot_pruning`, as ``headwise heads --importance`` draws them.
 
 matplotlib is imported inside each function; every file is written atomically (``save_figure``).
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from headwise.viz._files import HeatmapFile, save_figure
 
-__all__ = ["plot_training", "plot_heads_vs_one"]
+__all__ = ["plot_training", "plot_heads_vs_one", "plot_circuit_suite"]
 
 
 def _picture(fig, path, figsize, dpi) -> HeatmapFile:
@@ -134,4 +134,50 @@ def plot_heads_vs_one(
         ax.set(xlabel="step", ylabel=f"probe {measure}", title=f"{task}: learning curves (mean, min–max)")
         ax.legend(fontsize=7)
     fig.suptitle(title)
+    return _picture(fig, path, figsize, dpi)
+
+
+def plot_circuit_suite(
+    result: dict,
+    path: str | os.PathLike,
+    *,
+    title: str = "Circuit methods against circuits known by construction",
+    dpi: int = 100,
+) -> HeatmapFile:
+    """Three panels — AUROC of recovering the known edges, MIB's CPR (higher is better) and CMD (lower is better) —
+    with one group of bars per task and one bar per method; a task whose known circuit was not confirmed is marked
+    so under its name, its bars hatched.
+
+    Args:
+        result: :func:`headwise.lab.circuit_suite.run_suite`'s result (``methods``, ``tasks``).
+    Raises:
+        ValueError: no task in ``result``.
+    """
+    from matplotlib.figure import Figure
+
+    tasks = result["tasks"]
+    if not tasks:
+        raise ValueError("result: expected at least one task, got none")
+    methods = result["methods"]
+    figsize = (max(9.0, 2.2 * len(tasks) + 4.0), 4.4)
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(1, 3)
+    x = np.arange(len(tasks))
+    width = 0.8 / max(1, len(methods))
+    labels = [name if r["confirmation"]["confirmed"] else f"{name}\n(NOT CONFIRMED)" for name, r in tasks.items()]
+    for ax, key, name in zip(axes, ("auroc", "cpr", "cmd"), ("AUROC (known edges)", "CPR ↑", "CMD ↓")):
+        for i, method in enumerate(methods):
+            values = [r["methods"].get(method, {}).get(key) for r in tasks.values()]
+            values = [np.nan if v is None else v for v in values]
+            bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, values, width, label=method, color=f"C{i}")
+            for bar, r in zip(bars, tasks.values()):
+                if not r["confirmation"]["confirmed"]:
+                    bar.set_hatch("//")
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_title(name)
+        if key == "auroc":
+            ax.set_ylim(0, 1.05)
+            ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title} (seed {result.get('seed', '?')})")
     return _picture(fig, path, figsize, dpi)
