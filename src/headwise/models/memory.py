@@ -37,6 +37,9 @@ __all__ = [
 WORKING = 256 * 2**20
 #: The share of the machine's available memory a default budget takes (the rest is the margin).
 FREE_SHARE = 0.8
+#: the default budget is never below this share of the machine's memory: on a busy machine a model that small takes
+#: the route a quiet one gives it (the route, not the answer, depends on the budget)
+FLOOR_SHARE = 0.25
 
 _UNITS = {
     "": 1, "b": 1,
@@ -106,8 +109,9 @@ def available_memory() -> int:
 
 def default_budget() -> int:
     """The budget when none is given: what this process holds now plus :data:`FREE_SHARE` of what the machine has
-    available (the rest left to others)."""
-    return current_rss() + int(FREE_SHARE * available_memory())
+    available (the rest left to others), and at least :data:`FLOOR_SHARE` of the machine's memory."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return current_rss() + max(int(FREE_SHARE * available_memory()), int(FLOOR_SHARE * machine))
 
 
 def current_rss() -> int:
@@ -217,7 +221,8 @@ def plan_memory(
                    f"{format_size(smallest)} {parts}{beyond}")  # fmt: skip
     else:
         message = (f"{subject}: the smallest budget that works is {format_size(smallest)} {parts}, more than the "
-                   f"{format_size(budget)} available (80% of what the machine has free){beyond}")  # fmt: skip
+                   f"{format_size(budget)} available (80% of what the machine has free, at least a quarter of "
+                   f"its memory){beyond}")  # fmt: skip
     raise MemoryBudgetError(message, smallest, given=given)
 
 
