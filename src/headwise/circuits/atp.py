@@ -40,7 +40,7 @@ from headwise.core.rows import AttentionRows
 from headwise.models.anatomy import same
 from headwise.points import output_tensor
 
-__all__ = ["AttentionTaps", "LayerPatterns", "atp_scores", "head_use_gradients"]
+__all__ = ["AttentionTaps", "LayerPatterns", "LowRank", "atp_scores", "head_use_gradients"]
 
 #: elements of the transient ``(N, n, L, D)`` inputs / ``(N·n, H, L, S)`` patterns of n senders taken at once
 _CHUNK_ELEMENTS = 1 << 24
@@ -55,6 +55,37 @@ class _LayerRecord:
     gz: Tensor | None = None  # (N, H, L, Dv): ∂m/∂z from the backward pass
     pe: tuple | None = None
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class LowRank:
+    """Senders' changes given by factors: sender i's change at row n, position t is ``coef[n, i, t] @ basis[i]``.
+
+    Attributes:
+        coef: ``(N, n, L, k)`` (a head's output change ``Δz_h``); basis: ``(n, k, D)`` (its rows of ``W_O`` times the
+        layer's multiplier). A head's write has rank Dv: its queries' and keys' columns are ``Δz_h (W_O[h] W^T)``,
+        Dv instead of D products per position and column.
+    """
+
+    coef: Tensor
+    basis: Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        N, n, L, _ = self.coef.shape
+        return N, n, L, self.basis.shape[-1]
+
+    def part(self, start: int, stop: int, first: int) -> LowRank:
+        """Senders ``start … stop − 1`` at positions ``first …``."""
+        return LowRank(self.coef[:, start:stop, first:], self.basis[start:stop])
+
+    def dense(self) -> Tensor:
+        """``(N, n, L, D)``."""
+        return torch.einsum("xilk,ikd->xild", self.coef, self.basis.to(self.coef.dtype))
+
+    def changed(self) -> Tensor:
+        """``(L,)`` bool: the positions any change reaches."""
+        return self.coef.ne(0).any(-1).any(1).any(0)
 
 
 class AttentionTaps:
@@ -194,12 +225,82 @@ class LayerPatterns:
         yq, yk = self.columns(delta, first)
         return self._finish("q", yq, self.H, first), self._finish("k", yk, self.Hkv, first)
 
-    def columns(self, delta: Tensor, first: int = 0) -> tuple[Tensor, Tensor]:
-        """The projections' columns (before any QK-norm) for ``delta (N, n, L', D)`` at positions ``first …``:
-        ``(N, n, L', H·Dh)`` and ``(N, n, L', Hkv·Dh)``."""
+    def columns(self, delta, first: int = 0) -> tuple[Tensor, Tensor]:
+        """The projections' columns (before any QK-norm) for ``delta (N, n, L', D)`` (or :class:`LowRank` factors)
+        at positions ``first …``: ``(N, n, L', H·Dh)`` and ``(N, n, L', Hkv·Dh)``."""
+        if isinstance(delta, LowRank):
+            return self._columns_low_rank(delta, first)
         r = self.rec.r[:, first:]
         x = output_tensor(self.lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L', D)
         return self._project(x)
+
+    def _norm_form(self) -> dict | None:
+        """The input norm as ``C(x)·g·inv(x) + b``, ``inv(x) = (ms(C(x)) + ε)^-1/2`` (a LayerNorm or an RMS norm; the
+        identity: no norm), read at this run (:func:`~headwise.patching.frozen_norm.freeze_norm`, ε from its rows),
+        with the clean run's projected columns; None where the norm is not of that form."""
+        if hasattr(self, "_form"):
+            return self._form
+        from headwise.patching.frozen_norm import freeze_norm
+
+        self._form = None
+        self._project(self.rec.r[:, None, :1])  # the columns' weights
+        r = self.rec.r.float()
+        N, L, D = r.shape
+        W = self._W.float()  # (D, C)
+        b = torch.zeros(W.shape[1]) if self._b is None else self._b.float()
+        if not self.lw.has_norm:
+            form = {"gain": torch.ones(D), "bias": torch.zeros(D), "centred": False, "eps": None}
+        else:
+            norm = self.lw.attn_norm
+            with torch.no_grad():
+                y = output_tensor(norm(self.rec.r)).reshape(-1, D)
+            try:
+                frozen = freeze_norm(norm, self.rec.r.reshape(-1, D), y, "input norm")
+            except ValueError:
+                return None
+            v = r.double() - r.double().mean(-1, keepdim=True) if frozen.centred else r.double()
+            ms = v.pow(2).mean(-1).reshape(-1)
+            eps = float((frozen.inv.double().pow(-2) - ms).mean())
+            if not same((ms + eps).rsqrt(), frozen.inv.double()):
+                return None
+            form = {"gain": frozen.gain.float(), "bias": frozen.bias.float(), "centred": frozen.centred, "eps": eps}
+        cr = r - r.mean(-1, keepdim=True) if form["centred"] else r  # (N, L, D)
+        Wg = form["gain"][:, None] * W  # (D, C): the gain folded into the columns
+        form.update(
+            Wg=Wg, cb=form["bias"] @ W + b, cr=cr, base=cr @ Wg, ms=cr.double().pow(2).mean(-1), D=D, checked=False
+        )
+        self._form = form
+        return form
+
+    def _columns_low_rank(self, change: LowRank, first: int) -> tuple[Tensor, Tensor]:
+        """:meth:`columns` of factored changes: ``W(C(r + Δ))·g·inv + b`` with ``W C(Δ) = coef · (C(basis) W)`` and
+        ``ms(C(r + Δ)) = ms(C(r)) + (2 C(r)·C(Δ) + |C(Δ)|²)/D`` from the factors (each position's norm exact).
+        Checked once per layer against the dense route (one sender); the dense route where they differ or the norm
+        is of no such form."""
+        form = self._norm_form()
+        if form is None or form.get("failed"):
+            return self.columns(change.dense(), first)
+        B = change.basis.float()  # (n, k, D)
+        if form["centred"]:
+            B = B - B.mean(-1, keepdim=True)
+        coef = change.coef.float()  # (N, n, L', k)
+        M = torch.einsum("ikd,dc->ikc", B, form["Wg"])  # (n, k, C)
+        proj = form["base"][:, None, first:] + torch.einsum("xilk,ikc->xilc", coef, M)  # (N, n, L', C)
+        if form["eps"] is not None:
+            cross = (coef * torch.einsum("xld,ikd->xilk", form["cr"][:, first:], B)).sum(-1)  # (N, n, L')
+            quad = torch.einsum("xilk,ikj,xilj->xil", coef, B @ B.transpose(1, 2), coef)
+            ms = form["ms"][:, None, first:] + (2 * cross.double() + quad.double()) / form["D"]
+            proj = proj * (ms + form["eps"]).rsqrt().float()[..., None]
+        cols = proj + form["cb"]
+        Hq = self.H * self.part.q.width
+        yq, yk = cols[..., :Hq], cols[..., Hq:]
+        if not form["checked"]:
+            form["checked"] = True
+            dq, dk = self.columns(change.part(0, 1, 0).dense(), first)
+            if not (same(yq[:, :1], dq) and same(yk[:, :1], dk)):
+                form["failed"] = True
+                return self.columns(change.dense(), first)
+        return yq, yk
 
     def _wide(self, name: str) -> bool:
         """Whether the side's QK-norm spans the whole projection (OLMo 2): one receiver's change moves the others."""
@@ -242,7 +343,8 @@ class LayerPatterns:
     def scores(
         self, delta: Tensor, *, queries: bool = True, keys: bool = True, both: bool = False, first: int | None = None
     ) -> dict:
-        """The attention-aware terms of the changes ``delta (N, n, L, D)`` (one per sender):
+        """The attention-aware terms of the changes ``delta (N, n, L, D)`` (one per sender; or
+        :class:`LowRank` factors):
         ``{"q": (N, n, H), "k": (N, n, H)}`` — head h's ``Σ ∂m/∂A_h · (A'_h − A_h)`` with the change in its
         queries alone (the clean keys) or in its group's keys alone (the clean queries; a group's score is the sum
         over its heads), and with ``both``: ``"qk"`` the change in queries and keys at once.
@@ -253,11 +355,13 @@ class LayerPatterns:
         position where any change is nonzero, when the caller knows it (found here otherwise)."""
         rows = self.rec.rows
         N, n = delta.shape[:2]
+        D = delta.shape[-1]
         if first is None:
-            changed = delta.ne(0).flatten(3).any(-1).any(1).any(0).nonzero()  # positions any change reaches
+            reach = delta.changed() if isinstance(delta, LowRank) else delta.ne(0).any(-1).any(1).any(0)
+            changed = reach.nonzero()  # positions any change reaches
             first = int(changed[0, 0]) if changed.numel() else self.L
         if first >= self.L:
-            zeros = delta.new_zeros(N, n, self.H).float()
+            zeros = torch.zeros(N, n, self.H)
             return {name: zeros for name, on in (("q", queries), ("k", keys), ("qk", both)) if on}
         call = rows.call
         # rows before `first` see no changed key when the call is causal over keys in slot order
@@ -267,9 +371,12 @@ class LayerPatterns:
         q0, k0 = rows.q.float(), rows.k[:, :, : self.L].float()
         wide = {name: self._wide(name) for name in ("q", "k")}
         if (queries and wide["q"]) or (keys and wide["k"]):
-            clean = self.columns(delta.new_zeros(N, 1, self.L - first, delta.shape[-1]), first)
+            clean = self.columns(self.rec.r.new_zeros(N, 1, self.L - first, D), first)
         for start in range(0, n, step):
-            d = delta[:, start : start + step, first:]
+            if isinstance(delta, LowRank):
+                d = delta.part(start, start + step, first)
+            else:
+                d = delta[:, start : start + step, first:]
             m = d.shape[1]
             yq, yk = self.columns(d, first)
             q1 = self._finish("q", yq, self.H, first).reshape(N * m, self.H, self.L - first, -1)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of
-from headwise.circuits.atp import AttentionTaps
+from headwise.circuits.atp import AttentionTaps, LowRank
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.patching.metric import reads_last_position
 
@@ -86,7 +86,7 @@ def head_ablation_estimates(
         value = metric(logits)
         torch.autograd.grad(value.sum(), [zero], allow_unused=True)
     out = torch.zeros(NL, max(lw.num_heads for lw in w.layers))
-    changes = []  # per layer: Δw (N, H, L, D) exact, Δw_lin (N, H, L, D)
+    changes = []  # per layer: Δw (N, H, L, D) exact, Δw_lin (N, H, L, D), its factors (LowRank) or None
     for layer, lw in enumerate(w.layers):
         rec = taps.records[layer]
         z, gz = rec.z.float(), rec.gz
@@ -94,7 +94,9 @@ def head_ablation_estimates(
         if gz is not None:
             out[layer, : lw.num_heads] = (gz.float() * dz).sum((0, 2, 3))
         if attention_aware and layer < NL - 1:
-            changes.append(_write_change(lw, dz, outputs.get(layer)))
+            exact, lin = _write_change(lw, dz, outputs.get(layer))
+            factors = None if lw.attn_post is not None else LowRank(dz, lw.heads_out.float() * lw.scale)
+            changes.append((exact, lin, factors))
     if not attention_aware:
         return out
     with torch.no_grad():
@@ -104,16 +106,31 @@ def head_ablation_estimates(
 
 def _correct(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out: Tensor) -> None:
     """Add, for every later layer, each head's exact pattern terms minus its linear terms through that layer's
-    queries and keys to ``out (NL, H)``."""
+    queries and keys to ``out (NL, H)``. The heads of layers without a norm on their write go in as factors (their
+    output change times their rows of ``W_O``, :class:`~headwise.circuits.atp.LowRank`), the others as writes."""
     for later in range(1, len(w.layers)):
         lp = taps.layer(later)
         g_qk = _qk_gradient(w, later, lp.rec.r, grads)  # (N, L, D)
-        for layer in range(later):
-            exact, lin = changes[layer]
-            H = w.layers[layer].num_heads
-            linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
-            pattern = lp.scores(exact.to(lp.rec.r.dtype), queries=False, keys=False, both=True)["qk"]  # (N, H, H')
-            out[layer, :H] += (pattern.sum((0, 2)) - linear).float().cpu()
+        factored = [layer for layer in range(later) if changes[layer][2] is not None]
+        dense = [layer for layer in range(later) if changes[layer][2] is None]
+        for layers, pieces in (
+            (factored, [changes[layer][2] for layer in factored]),
+            (dense, [changes[layer][0] for layer in dense]),
+        ):
+            if not layers:
+                continue
+            if pieces and isinstance(pieces[0], LowRank):
+                given = LowRank(torch.cat([p.coef for p in pieces], 1), torch.cat([p.basis for p in pieces], 0))
+            else:
+                given = torch.cat(pieces, 1).to(lp.rec.r.dtype)
+            pattern = lp.scores(given, queries=False, keys=False, both=True)["qk"].sum((0, 2))  # (Σ H,)
+            start = 0
+            for layer in layers:
+                lin = changes[layer][1]
+                H = lin.shape[1]
+                linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
+                out[layer, :H] += (pattern[start : start + H] - linear).float().cpu()
+                start += H
 
 
 def _plus(zero: Tensor, t: Tensor) -> Tensor:
