@@ -417,25 +417,48 @@ class LayerPatterns:
 
 
 @torch.no_grad()
-def atp_scores(taps: AttentionTaps, graph, diff: list, full: Tensor, shares: list | None = None) -> Tensor:
+def atp_scores(
+    taps: AttentionTaps, graph, diff: list, full: Tensor, shares: list | None = None, factors: dict | None = None
+) -> Tensor:
     """Replace the query and key receivers' columns of EAP's ``full (P, S, R)`` by the attention-aware terms of
-    the senders' changes ``diff`` (their groups' parts ``(P, n_u, L, D)`` in sender order). With ``shares`` (a
-    list of NL ``(P, S, H)`` tensors) each key group's per-query-head terms are written there too. Returns
-    ``full``."""
-    changes = torch.cat(diff, 1) if len(diff) > 1 else diff[0]  # (P, S, L, D): senders in stage order
-    reach = changes.ne(0).any(-1).any(0)  # (S, L): where each sender's change is nonzero in any pair
+    the senders' changes ``diff`` (their groups' parts ``(P, n_u, L, D)`` in sender order). ``factors``: sender group
+    → :class:`LowRank` of the same changes (the heads of a layer without a norm on its write), used in their place.
+    With ``shares`` (a list of NL ``(P, S, H)`` tensors) each key group's per-query-head terms are written there too.
+    Returns ``full``."""
+    factors = factors or {}
+    keys = list(graph.sender_groups)
+    slices = list(graph.sender_groups.values())
+    dense = [k for k in keys if k not in factors]
+    changes = torch.cat([diff[keys.index(k)] for k in dense], 1)  # (P, S_dense, L, D), stage order
+    dense_idx = torch.cat([torch.arange(graph.sender_groups[k].start, graph.sender_groups[k].stop) for k in dense])
+    low = [k for k in keys if k in factors]
+    low_idx = [torch.arange(sl.start, sl.stop) for k, sl in zip(keys, slices) if k in factors]
+    low_idx = torch.cat(low_idx) if low_idx else None
+    reach = torch.zeros(len(graph.senders), changes.shape[2], dtype=torch.bool)  # (S, L) where each change is nonzero
+    reach[dense_idx] = changes.ne(0).any(-1).any(0)
+    for k in low:
+        reach[graph.sender_groups[k]] = factors[k].coef.ne(0).any(-1).any(0)
     for layer in range(graph.num_layers):
         lp = taps.layer(layer)
         sq, sk = graph.groups[("q", layer)], graph.groups[("k", layer)]
         upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
         where = reach[:upstream].any(0).nonzero()
         first = int(where[0, 0]) if where.numel() else lp.L
-        t = lp.scores(changes[:, :upstream].to(lp.rec.r.dtype), first=first)
-        full[:, :upstream, sq] = t["q"].to(full.dtype)
-        k_heads = t["k"].to(full.dtype)  # (P, S_l, H)
-        full[:, :upstream, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
-        if shares is not None:
-            shares[layer][:, :upstream] = k_heads
+        parts = []
+        n_dense = int((dense_idx < upstream).sum())
+        if n_dense:
+            parts.append((dense_idx[:n_dense], changes[:, :n_dense].to(lp.rec.r.dtype)))
+        ups = [k for k in low if graph.sender_groups[k].start < upstream]
+        if ups:
+            given = LowRank(torch.cat([factors[k].coef for k in ups], 1), torch.cat([factors[k].basis for k in ups]))
+            parts.append((low_idx[: given.coef.shape[1]], given))
+        for idx, given in parts:
+            t = lp.scores(given, first=first)
+            full[:, idx, sq] = t["q"].to(full.dtype)
+            k_heads = t["k"].to(full.dtype)  # (P, n, H)
+            full[:, idx, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
+            if shares is not None:
+                shares[layer][:, idx] = k_heads
     return full
 
 

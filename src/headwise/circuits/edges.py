@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
-from headwise.circuits.atp import AttentionTaps, atp_scores, head_use_gradients
+from headwise.circuits.atp import AttentionTaps, LowRank, atp_scores, head_use_gradients
 from headwise.circuits.graph import Graph
 from headwise.circuits.paths import group_change, open_pair
 from headwise.circuits.wiring import Wiring
@@ -182,6 +182,11 @@ def edge_attribution(
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    factors = {  # a head's write change as its output change times its rows of W_O (no norm on the write)
+        ("heads", layer): LowRank(corr_raw[("z", layer)] - clean_raw[("z", layer)], lw.heads_out * lw.scale)
+        for layer, lw in enumerate(w.layers)
+        if lw.attn_post is None and method == "atp*"
+    }
     diff = sender_group_changes(w, graph, clean_raw, corr_raw)  # a_u(corrupted) − a_u(clean) per group
     del clean_raw, corr_raw
     P = c.shape[0]
@@ -197,7 +202,7 @@ def edge_attribution(
         if heads is not None:
             _head_shares(taps, graph, diff, heads, sides=("k", "v") if method == "eap" else ("v",))
         if method == "atp*":
-            atp_scores(taps, graph, diff, full, None if heads is None else heads["k"])
+            atp_scores(taps, graph, diff, full, None if heads is None else heads["k"], factors)
         if progress is not None:
             progress(1, 1)
     else:  # the scores are linear in the gradient: the mean of the steps' scores is the mean gradient's

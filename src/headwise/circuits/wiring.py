@@ -172,7 +172,8 @@ class Wiring:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
                 reaches it (None: that group's inputs are left as they are).
             record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
-                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it).
+                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it), and the
+                heads' outputs ``writes[("z", l)] (N, H, L, Dv)``.
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
             extra: more ``(point name, hook)`` pairs registered for the pass (after this pass's own).
@@ -259,6 +260,7 @@ class Wiring:
         if lw is None:
             writes[key] = x[:, None]  # (N, 1, L, D)
             return
+        writes[("z", key[1])] = x  # (N, H, L, Dv): the heads' outputs, whose change a head's write factors through
         heads = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))  # z (N, H, L, Dv) -> (N, H, L, D)
         if lw.attn_post is None:
             writes[key] = heads if lw.scale == 1.0 else heads * lw.scale
