@@ -220,3 +220,27 @@ def test_a_file_that_is_not_json(tmp_path):
         read_mib(bad, graph)
     with pytest.raises(ValueError, match="cannot read"):
         read_mib(tmp_path / "absent.json", graph)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama"])
+def test_atp_star_files_split_groups_by_shares_and_beat_random_scores(case):
+    """atp*'s own MIB file (GQA llama: k and v edges per query head, from the run's shares) reads back to its group
+    scores, and scores a higher CPR than files of random scores on the same pairs."""
+    model = hf_model(case)
+    graph = _graph(model)
+    E = len(graph.edges)
+    clean, corrupted = pair(P=3, L=8, where=4)
+    answer, wrong = _answers(model, clean, corrupted)
+    found = find_circuit(model, clean, corrupted, answer=answer, wrong=wrong, method="atp*", exact_top=0, shares=True)
+    assert found.shares is not None and found.shares.shape[0] == E
+    torch.testing.assert_close(found.shares.sum(1), found.scores(), atol=1e-5, rtol=1e-5)
+    width = model.config.hidden_size if case == "llama" else 32
+    own = to_mib(graph, found.scores(), found.shares, torch.zeros(E, dtype=torch.bool), d_model=width)
+    torch.testing.assert_close(from_mib(json.loads(json.dumps(own)), graph), found.scores(), atol=1e-5, rtol=1e-5)
+    mine = evaluate_mib(model, clean, corrupted, answer=answer, wrong=wrong, data=own)["mib"]["cpr"]
+    for seed in range(4):
+        noise = torch.randn(E, generator=torch.Generator().manual_seed(seed))
+        random_file = to_mib(graph, noise, None if case == "gpt2" else fake_shares(graph, noise, seed),
+                             torch.zeros(E, dtype=torch.bool), d_model=width)  # fmt: skip
+        other = evaluate_mib(model, clean, corrupted, answer=answer, wrong=wrong, data=random_file)["mib"]["cpr"]
+        assert other < mine, (seed, other, mine)
