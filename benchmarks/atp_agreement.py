@@ -17,7 +17,8 @@ Parts (each writes its entry of ``benchmarks/results/atp_agreement.json``; entri
   previous-token head's edges into the induction heads' key groups, exact and estimated; and the exact pattern
   change with an exact downstream (``z + ΔA·V`` at ``layers.1.attn.heads``) beside the exact patch and the
   linear downstream (AtP*'s term).
-- ``gemma``: Gemma 3 270M from a GGUF file (``--gemma``) on short indirect-object pairs, as ``ioi``.
+- ``gemma``: Gemma 3 270M from a GGUF file (``--gemma``) on short indirect-object pairs (``--gemma-pairs`` of
+  :func:`ioi2_pairs`), as ``ioi``; with ``--gemma-all`` every edge is patched (the entry ``gemma_all``).
 
 Estimates and patches follow headwise's convention: ``metric(edge corrupted) − metric(clean)``, mean over pairs.
 Every run uses ``torch.set_num_threads(--threads)`` (1 by default: the machine is shared).
@@ -135,7 +136,12 @@ def estimates(w, clean, corrupted, metric, steps: int) -> dict:
     for method in METHODS:
         t0 = time.perf_counter()
         s = edge_attribution(w, clean, corrupted, metric, method=method, steps=steps)
-        out[method] = {"scores": s.scores.detach(), "grad": bool(s.scores.requires_grad), "seconds": time.perf_counter() - t0, "load": _load()}
+        out[method] = {
+            "scores": s.scores.detach(),
+            "grad": bool(s.scores.requires_grad),
+            "seconds": time.perf_counter() - t0,
+            "load": _load(),
+        }
         print(f"  {method}: {out[method]['seconds']:.1f} s", flush=True)
     out["_graph"] = s.graph
     out["_metric"] = (float(s.metric_clean.mean()), float(s.metric_corrupted.mean()))
@@ -150,20 +156,41 @@ def exact(w, clean, corrupted, metric, graph, edges: list[int], batch_size: int)
     return r.effect.double().numpy(), time.perf_counter() - t0
 
 
-def sample_agreement(w, clean, corrupted, metric, *, steps, top, random, sample_seed, batch_size) -> dict:
-    """All three estimates over every edge, the exact patch of the sample, and the agreement."""
+def _rank_corr_boot(a: np.ndarray, b: np.ndarray, ex: np.ndarray, seed: int, n: int = 2000) -> list[float]:
+    """The 2.5 %, 50 % and 97.5 % quantiles of Spearman(a, ex) − Spearman(b, ex) over ``n`` bootstrap resamples
+    of the edges (ranks by argsort: no ties among the resampled floats but repeats, which get distinct ranks)."""
+
+    def sp(x, y):
+        rx, ry = np.argsort(np.argsort(x, kind="stable")), np.argsort(np.argsort(y, kind="stable"))
+        return np.corrcoef(rx, ry)[0, 1]
+
+    rng = np.random.default_rng(seed)
+    d = []
+    for _ in range(n):
+        i = rng.integers(0, len(ex), len(ex))
+        d.append(sp(a[i], ex[i]) - sp(b[i], ex[i]))
+    return [float(q) for q in np.quantile(d, [0.025, 0.5, 0.975])]
+
+
+def sample_agreement(
+    w, clean, corrupted, metric, *, steps, top, random, sample_seed, batch_size, all_edges=False
+) -> dict:
+    """All three estimates over every edge, the exact patch of the sample (``all_edges``: of every edge), and the
+    agreement."""
     est = estimates(w, clean, corrupted, metric, steps)
     graph = est.pop("_graph")
     E = len(graph.edges)
     tops = {m: torch.argsort(est[m]["scores"].abs(), descending=True, stable=True)[:top].tolist() for m in METHODS}
     rng = np.random.default_rng(sample_seed)
-    drawn = rng.choice(E, random, replace=False).tolist()
+    drawn = list(range(E)) if all_edges else rng.choice(E, random, replace=False).tolist()
     sample = sorted(set(drawn).union(*tops.values()))
     print(f"  patching {len(sample)} edges exactly", flush=True)
     ex, ex_seconds = exact(w, clean, corrupted, metric, graph, sample, batch_size)
     qk = [i for i, e in enumerate(sample) if graph.edges[e].input in ("q", "k")]
     ex_top10 = [sample[i] for i in np.argsort(-np.abs(ex), kind="stable")[:10]]
     names = [graph.edges[e].name for e in sample]
+    where = {e: i for i, e in enumerate(sample)}
+    rand = [where[e] for e in drawn]
     per: dict = {}
     for m in METHODS:
         s = est[m]["scores"][sample].double().numpy()
@@ -174,7 +201,7 @@ def sample_agreement(w, clean, corrupted, metric, *, steps, top, random, sample_
             "load": est[m]["load"],
             "spearman_sample": spearman(s, ex),
             "spearman_qk": spearman(s[qk], ex[qk]),
-            "spearman_random": spearman(s[[sample.index(e) for e in drawn]], ex[[sample.index(e) for e in drawn]]),
+            "spearman_random": spearman(s[rand], ex[rand]),
             "exact_top10_in_top30": len(set(ex_top10) & set(tops[m])),
             "largest_errors": [
                 {"edge": names[i], "estimate": float(s[i]), "exact": float(ex[i])} for i in worst.tolist()
@@ -184,7 +211,13 @@ def sample_agreement(w, clean, corrupted, metric, *, steps, top, random, sample_
             "top30": [graph.edges[e].name for e in tops[m]],
         }
     order = np.argsort(-np.abs(ex), kind="stable")[:10]
+    a, b = (est[m]["scores"][sample].double().numpy() for m in ("atp*", "eap"))
+    boot = {
+        "sample": _rank_corr_boot(a, b, ex, sample_seed),
+        "qk": _rank_corr_boot(a[qk], b[qk], ex[qk], sample_seed),
+    }
     return {
+        "atp_minus_eap_spearman_bootstrap": boot,
         "edges": E,
         "tokens": int(clean.shape[1]),
         "pairs": int(clean.shape[0]),
@@ -193,7 +226,7 @@ def sample_agreement(w, clean, corrupted, metric, *, steps, top, random, sample_
         "steps": steps,
         "sample_seed": sample_seed,
         "sampled": len(sample),
-        "sampled_random": random,
+        "sampled_random": E if all_edges else random,
         "sampled_qk": len(qk),
         "exact_seconds": ex_seconds,
         "exact_top10": [
@@ -245,7 +278,7 @@ def part_gemma(args) -> dict:
     clean, corrupted, answer, wrong, texts = ioi2_pairs(hm.tokenizer, P=args.gemma_pairs)
     out = sample_agreement(
         w, clean, corrupted, logit_difference(answer, wrong), steps=args.steps, top=args.top,
-        random=args.random, sample_seed=args.sample_seed, batch_size=args.batch_size,
+        random=args.random, sample_seed=args.sample_seed, batch_size=args.batch_size, all_edges=args.gemma_all,
     )  # fmt: skip
     return {"opened": True, "model": args.gemma, "open_seconds": open_seconds, "clean_texts": texts, **out}
 
@@ -287,8 +320,11 @@ def part_induction(args) -> dict:
             "edges": len(edges),
             "exact_seconds": ex_seconds,
             "top5_exact": [
-                {"edge": graph.edges[edges[i]].name, "exact": float(ex[i]),
-                 **{m: float(est[m]["scores"][edges[i]]) for m in METHODS}}
+                {
+                    "edge": graph.edges[edges[i]].name,
+                    "exact": float(ex[i]),
+                    **{m: float(est[m]["scores"][edges[i]]) for m in METHODS},
+                }
                 for i in big.tolist()
             ],  # fmt: skip
             "methods": per,
@@ -393,7 +429,7 @@ def _f(x: float, d: int = 2) -> str:
 def tables(data: dict) -> str:
     """The JSON's numbers as the markdown tables of docs/circuits.md."""
     out = []
-    for part in ("ioi", "ioi2", "gemma"):
+    for part in ("ioi", "ioi2", "gemma", "gemma_all"):
         r = data.get(part)
         if not r or not r.get("opened", True):
             if r:
@@ -404,10 +440,16 @@ def tables(data: dict) -> str:
                    f"({r['sampled_qk']} into q/k), sample seed {r['sample_seed']}")  # fmt: skip
         out.append("| method | Spearman, sample | Spearman, q/k | Spearman, random 150 | exact top 10 in top 30 "
                    "| mean abs error, q/k | seconds |")  # fmt: skip
+        boot = r.get("atp_minus_eap_spearman_bootstrap")
         out.append("|---|---|---|---|---|---|---|")
         for m, v in r["methods"].items():
             out.append(f"| {m} | {v['spearman_sample']:.3f} | {v['spearman_qk']:.3f} | {v['spearman_random']:.3f} "
-                       f"| {v['exact_top10_in_top30']} | {v['mean_abs_error_qk']:.3f} | {v['seconds']:.1f} |")  # fmt: skip
+                       f"| {v['exact_top10_in_top30']} | {v['mean_abs_error_qk']:.3f} "
+                       f"| {v['seconds']:.1f} |")  # fmt: skip
+        if boot:
+            q = ", ".join(f"{x:+.3f}" for x in boot["sample"])
+            out.append(f"atp* − eap Spearman, bootstrap 2.5/50/97.5 %: sample {q}; q/k "
+                       + ", ".join(f"{x:+.3f}" for x in boot["qk"]))  # fmt: skip
         out.append("| exact top 10 | exact | " + " | ".join(METHODS) + " |")
         out.append("|---|---|" + "---|" * len(METHODS))
         for e in r["exact_top10"]:
@@ -419,8 +461,8 @@ def tables(data: dict) -> str:
             f"{m}: Spearman; top-5 exact edges' ratios" for m in METHODS) + " |")  # fmt: skip
         out.append("|---|---|---|" + "---|" * len(METHODS))
         for seed, v in r["seeds"].items():
-            cells = [f"{v['methods'][m]['spearman']:.3f}; " + ", ".join(f"{x:.2f}" for x in v["methods"][m]["top5_ratio"])
-                     for m in METHODS]  # fmt: skip
+            cells = [f"{v['methods'][m]['spearman']:.3f}; "
+                     + ", ".join(f"{x:.2f}" for x in v["methods"][m]["top5_ratio"]) for m in METHODS]  # fmt: skip
             out.append(f"| {seed} | {v['pairs']} × {v['tokens']} | {v['metric_clean']:+.2f} / "
                        f"{v['metric_corrupted']:+.2f} | " + " | ".join(cells) + " |")  # fmt: skip
         for seed, v in r["seeds"].items():
@@ -447,7 +489,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", default=["ioi", "ioi2", "induction", "lab", "gemma"],
                     choices=["ioi", "ioi2", "induction", "lab", "gemma"])  # fmt: skip
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="SmolLM2 induction prompts' seeds")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="SmolLM2 induction prompts' seeds")
     ap.add_argument("--induction-pairs", type=int, default=3)
     ap.add_argument("--lab-seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG's steps")
@@ -457,6 +499,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--gemma", default="/tmp/gemma-3-270m-q4_k_m.gguf")
     ap.add_argument("--gemma-pairs", type=int, default=4)
+    ap.add_argument("--gemma-all", action="store_true", help="patch every edge of Gemma's graph, not a sample")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--tables", action="store_true", help="print the JSON's tables (markdown) and run nothing")
@@ -483,7 +526,7 @@ def main(argv=None) -> dict:
         res["seconds"] = time.perf_counter() - t0
         res["argv"] = sys.argv[1:] if argv is None else list(argv)
         data = json.loads(args.out.read_text()) if args.out.exists() else {}
-        data[part] = res
+        data["gemma_all" if part == "gemma" and args.gemma_all else part] = res
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         print(f"part {part}: {res['seconds']:.0f} s", flush=True)
