@@ -312,7 +312,10 @@ def part_induction(args) -> dict:
                 "top5_ratio": [float(s[i] / ex[i]) for i in big.tolist()],
                 "mean_abs_error": float(np.abs(s - ex).mean()),
             }
+        top5 = [graph.edges[edges[i]].name for i in big.tolist()]
+        dec = _decomposition(w, clean, corrupted, metric, top5)
         runs[str(seed)] = {
+            "decomposition": dec,
             "pairs": int(clean.shape[0]),
             "tokens": int(clean.shape[1]),
             "metric_clean": est["_metric"][0],
@@ -333,11 +336,12 @@ def part_induction(args) -> dict:
     return {"model": "smollm2", "steps": args.steps, "seeds": runs}
 
 
-def _decomposition(w, clean, corrupted, metric, prev_id: str, groups: list[int]) -> dict:
-    """For each key group g of layer 1: the exact pattern change ΔA of the edge ``prev_id -> L1.KVg.k``
-    (the group's keys recomputed from ``r + Δ``, :class:`headwise.circuits.atp.LayerPatterns`), then (a) the
-    model run with ``z + ΔA·V`` at ``layers.1.attn.heads`` (exact downstream) and (b) ``Σ ∂m/∂A · ΔA`` (linear
-    downstream: AtP*'s term)."""
+def _decomposition(w, clean, corrupted, metric, edges: list[str]) -> dict:
+    """For each edge ``"S->L{l}.KV{g}.k"``: the exact pattern change ΔA of the group's query heads (the group's
+    keys recomputed from ``r + Δ_S``, :class:`headwise.circuits.atp.LayerPatterns`), then (a) the clean run with
+    ``z + ΔA·V`` at ``layers.{l}.attn.heads`` (exact downstream) and (b) ``Σ ∂m/∂A · ΔA`` (linear downstream:
+    AtP*'s term). Keys feed nothing but the pattern, so (a) equals the exact edge patch when the pattern is
+    recomputed right, and (a) − (b) is the error of linearising after the pattern."""
     from headwise.circuits.atp import AttentionTaps
     from headwise.circuits.edges import receiver_scores, sender_group_changes
     from headwise.circuits.graph import build_graph
@@ -350,26 +354,27 @@ def _decomposition(w, clean, corrupted, metric, prev_id: str, groups: list[int])
     diff = sender_group_changes(w, graph, clean_raw, corr_raw)
     taps = AttentionTaps(w)
     receiver_scores(w, graph, clean, metric, diff, extra=taps.hooks())
-    lp = taps.layer(1)
     changes = torch.cat(diff, 1)
-    s = graph.senders.index(prev_id)
-    q1, k1 = lp.sides(changes[:, s : s + 1].to(lp.rec.r.dtype))  # (P, 1, H, L, Dh), (P, 1, Hkv, L, Dh)
-    q0, k0 = lp.rec.rows.q.float(), lp.rec.rows.k[:, :, : lp.L].float()
     out = {}
-    for g in groups:
-        kn = k0.clone()
-        kn[:, g] = k1[:, 0, g]
+    for name in edges:
+        sender, receiver = name.split("->")
+        node = graph.node(receiver.rsplit(".", 1)[0])
+        layer, g = node.layer, node.kv_group
+        lp = taps.layer(layer)
+        s = graph.senders.index(sender)
         with torch.no_grad():
-            dA = lp._weights(q0, kn, 1, 0)[:, 0] - lp.A  # (P, H, L, S)
+            _, k1 = lp.sides(changes[:, s : s + 1].to(lp.rec.r.dtype))  # (P, 1, Hkv, L, Dh)
+            q0, kn = lp.rec.rows.q.float(), lp.rec.rows.k[:, :, : lp.L].float().clone()
+            kn[:, g] = k1[:, 0, g]
+            dA = lp._weights(q0, kn, 1, 0)[:, 0] - lp.A  # (P, H, L, S): nonzero for group g's heads alone
             dz = torch.einsum("nhls,nhsd->nhld", dA, lp.V)
-        linear = float((dA * lp.GA).sum((1, 2, 3)).double().mean())
+            linear = float((dA * lp.GA).sum((1, 2, 3)).double().mean())
 
-        def add(z, dz=dz):
-            return z + dz.to(z.dtype)
+            def add(z, dz=dz):
+                return z + dz.to(z.dtype)
 
-        with torch.no_grad():
-            logits, _ = w.run(clean, extra=[("layers.1.attn.heads", add)])
-        out[f"L1.KV{g}"] = {
+            logits, _ = w.run(clean, extra=[(f"layers.{layer}.attn.heads", add)])
+        out[name] = {
             "exact_pattern_exact_downstream": float((metric(logits).double() - m_clean).mean()),
             "exact_pattern_linear_downstream": linear,
             "max_abs_dA": float(dA.abs().max()),
@@ -403,7 +408,7 @@ def part_lab(args) -> dict:
         ex, _ = exact(w, clean, corrupted, metric, graph, edges, args.batch_size)
         every = list(range(len(graph.edges)))
         ex_all, _ = exact(w, clean, corrupted, metric, graph, every, args.batch_size)
-        dec = _decomposition(w, clean, corrupted, metric, prev_id, groups)
+        dec = _decomposition(w, clean, corrupted, metric, [graph.edges[e].name for e in edges])
         runs[str(seed)] = {
             "passed": bool(run.summary["passed"]),
             "train_seconds": train_seconds,
@@ -466,6 +471,12 @@ def tables(data: dict) -> str:
             out.append(f"| {seed} | {v['pairs']} × {v['tokens']} | {v['metric_clean']:+.2f} / "
                        f"{v['metric_corrupted']:+.2f} | " + " | ".join(cells) + " |")  # fmt: skip
         for seed, v in r["seeds"].items():
+            for e in v["top5_exact"]:
+                d = v.get("decomposition", {}).get(e["edge"])
+                if d:
+                    out.append(f"seed {seed} `{e['edge']}`: exact {e['exact']:+.3f}, exact ΔA + exact downstream "
+                               f"{d['exact_pattern_exact_downstream']:+.3f}, exact ΔA + linear "
+                               f"{d['exact_pattern_linear_downstream']:+.3f}, atp* {e['atp*']:+.3f}")  # fmt: skip
             out.append(f"seed {seed} top 5 exact: " + "; ".join(
                 f"{e['edge']} {e['exact']:+.3f} (" + ", ".join(f"{m} {e[m]:+.3f}" for m in METHODS) + ")"
                 for e in v["top5_exact"]))  # fmt: skip
@@ -476,7 +487,7 @@ def tables(data: dict) -> str:
         out.append("|---|---|---|---|---|---|---|---|")
         for seed, v in r["seeds"].items():
             for i, e in enumerate(v["edges"]):
-                d = v["decomposition"][e.split("->")[1].rsplit(".", 1)[0]]
+                d = v["decomposition"][e]
                 out.append(f"| {seed} | `{e}` | {_f(v['exact'][i])} | {_f(v['eap'][i])} | {_f(v['eap-ig'][i])} "
                            f"| {_f(v['atp*'][i])} | {_f(d['exact_pattern_exact_downstream'], 5)} "
                            f"| {_f(d['exact_pattern_linear_downstream'])} |")  # fmt: skip
