@@ -35,7 +35,13 @@ def _file_bytes(info: FolderInfo) -> int:
 
 
 def memory_route(
-    info: FolderInfo, max_memory, *, native: bool, name: str = "max_memory", by_layer: bool | None = None
+    info: FolderInfo,
+    max_memory,
+    *,
+    native: bool,
+    name: str = "max_memory",
+    by_layer: bool | None = None,
+    cache: bool = True,
 ) -> tuple[MemoryPlan, Layered | None]:
     """The :class:`MemoryPlan` of a checked source (:func:`headwise.models.inspect_source`) under ``max_memory``, and
     the layer-by-layer module when the plan says ``"layers"`` (None for ``"whole"``: the usual loaders open it).
@@ -45,14 +51,16 @@ def memory_route(
             margin); native: headwise's own Llama decoder (``backend="headwise"``); name: the option errors name.
         by_layer: True: layer by layer whatever the budget (where the kind allows; to compare the routes); False:
             whole, planned against the budget all the same; None: as the budget says.
+        cache: a GGUF file: False (no float32 copy cached) lets it go layer by layer, its blocks de-quantised when
+            their layer runs (:mod:`headwise.models.gguf_stream`; ``info.config``: the file's config already read).
     Raises:
         MemoryBudgetError (a ValueError): a budget that is not a size or is smaller than the smallest that works,
             naming that smallest budget.
     """
     subject = info.name or info.folder.name
     whole = 4 * info.num_parameters + _file_bytes(info)
-    streamable = info.kind == "hf"
-    if streamable and by_layer is not False:
+    build = _builder(info, native, cache)
+    if build is not None and by_layer is not False:
         plan = None
         if not by_layer:  # the whole route, when it fits, without building anything
             try:
@@ -61,7 +69,7 @@ def memory_route(
                 plan = None
         if plan is not None:
             return plan, None
-        layered = native_stream(info) if native else hf_stream(info)
+        layered = build()
         stream = layered.stream
         whole = stream.whole_bytes() + _file_bytes(info)
         plan = plan_memory(max_memory, whole=whole, units=stream.sizes(), name=name, subject=subject)
@@ -72,6 +80,19 @@ def memory_route(
             return plan, layered
         return plan, None
     return plan_memory(max_memory, whole=whole, units=None, name=name, subject=subject), None
+
+
+def _builder(info: FolderInfo, native: bool, cache: bool):
+    """What builds ``info``'s layer-by-layer model, or None where it cannot go layer by layer."""
+    if info.kind == "hf":
+        return (lambda: native_stream(info)) if native else (lambda: hf_stream(info))
+    if info.kind == "gguf" and not cache:
+        from headwise.models import gguf_stream
+
+        if gguf_stream.streams(info.header):
+            config = info.config if "num_hidden_layers" in info.config else None
+            return lambda: gguf_stream.gguf_stream(info.header, native=native, config=config)
+    return None
 
 
 def native_stream(info: FolderInfo) -> Layered:
