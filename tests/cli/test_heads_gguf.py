@@ -57,6 +57,26 @@ def test_no_cache_writes_nothing_to_the_cache(run_cli, blob, cache, tmp_path):
     assert not cache.exists()
 
 
+def test_no_cache_layer_by_layer_equals_the_cached_route(run_cli, blob, cache, tmp_path, monkeypatch):
+    import headwise.models.layered as layered
+
+    cached = run_cli("heads", "--model", str(blob), TEXT, "--out", str(tmp_path / "cached"))
+    assert cached.code == 0, cached.err
+    route = layered.memory_route  # a tiny file fits any budget whole: layer by layer whatever the budget
+    monkeypatch.setattr(layered, "memory_route", lambda *a, **k: route(*a, **{**k, "by_layer": True}))
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    out = run_cli(
+        "heads", "--model", str(blob), TEXT, "--no-cache", "--max-memory", "4GB", "--out", str(tmp_path / "o")
+    )
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 4.00 GB" in out.out
+    assert sorted(p for p in cache.rglob("*") if p.is_file()) == files  # nothing written
+    a = json.loads((tmp_path / "cached" / "heads.json").read_text())
+    b = json.loads((tmp_path / "o" / "heads.json").read_text())
+    assert b["memory"]["route"] == "layers" and a["sentence"] == b["sentence"]
+    assert (tmp_path / "cached" / "heads.csv").read_text() == (tmp_path / "o" / "heads.csv").read_text()
+
+
 def test_a_truncated_gguf_is_refused_in_one_line(run_cli, blob, cache, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])

@@ -13,7 +13,7 @@ from _anatomy_models import tiny
 from headwise.analysis import DecoderStats
 from headwise.analysis.streaming import read_rows
 from headwise.models import open_model
-from headwise.models.memory import MemoryBudgetError, format_size, parse_size, plan_memory
+from headwise.models.memory import MIN_WORKING, MemoryBudgetError, format_size, parse_size, plan_memory
 
 FAMILIES = ["llama", "qwen2", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "phi3", "olmo2"]
 
@@ -124,7 +124,7 @@ def test_plan_memory_routes():
     held = plan.held
     budget = held + plan.layers + 1
     plan = plan_memory(budget, whole=10**11, units={"layers.0": (10**8, 5 * 10**7)})
-    assert plan.route == "layers" and plan.smallest == held + 10**8 + 5 * 10**7 + 256 * 2**20 or plan.held != held
+    assert plan.route == "layers" and plan.smallest == held + 10**8 + 5 * 10**7 + MIN_WORKING or plan.held != held
     assert "layer by layer within" in plan.line()
     with pytest.raises(MemoryBudgetError, match="the whole model in float32"):
         plan_memory(budget, whole=10**11, units=None)

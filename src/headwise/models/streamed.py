@@ -307,7 +307,9 @@ class LayerStream:
                     module.forward = lambda x, u=unit: self._sliced_linear(u, x)  # this instance's forward, by slices
                     continue
                 if unit in self.sliced:
-                    pre = module.register_forward_pre_hook(lambda m, a, k, u=unit: self._gather(u, a, k), with_kwargs=True)
+                    pre = module.register_forward_pre_hook(
+                        lambda m, a, k, u=unit: self._gather(u, a, k), with_kwargs=True
+                    )
                 else:
                     pre = module.register_forward_pre_hook(lambda m, a, u=unit: self.bring(u))
                 self._handles.append(pre)
