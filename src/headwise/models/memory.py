@@ -172,7 +172,8 @@ class MemoryPlan:
         route: ``"whole"`` (every weight in float32 at once) or ``"layers"`` (one layer's weights at a time).
         budget: the budget in bytes; given: whether the caller gave it (else :func:`default_budget`).
         held: bytes the process held when the plan was made.
-        whole: bytes the whole route needs beyond ``held`` (float32 weights, what is read to make them, :data:`WORKING`).
+        whole: bytes the whole route needs beyond ``held`` (float32 weights, what is read to make them,
+            :data:`WORKING`).
         layers: bytes the layer route needs at least beyond ``held`` (the largest unit's float32 and stored bytes,
             :data:`MIN_WORKING`); what the budget leaves beyond the weights is the activations'.
         largest: the largest unit's name (``"layers.3"``, ``"embed_tokens"``) and its float32 bytes.
