@@ -63,6 +63,9 @@ def patch(
         list[str] | None, typer.Option("--head", help="LAYER.HEAD also patched one position at a time; repeatable.")
     ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Patched copies per forward pass.")] = 16,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
+    ] = None,
 ) -> None:
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
     import json
@@ -79,7 +82,10 @@ def patch(
         raise CLIError(f"--direction: expected one of {', '.join(study.PATCH_DIRECTIONS)}, got {direction!r}")
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out: '{out}' exists and is not a folder")
-    hm = open_decoder(model)
+    refused = None if method == "exact" else "--method attribution (a backward pass through every layer)"
+    hm = open_decoder(model, max_memory=max_memory, whole=refused)
+    if hm.stream is not None:  # every patched batch streams the layers through; the attribution needs them all
+        typer.echo(hm.memory.line())
     clean_ids = encode_text(hm, "--clean", clean)
     corrupted_ids = encode_text(hm, "--corrupted", corrupted)
     if len(clean_ids) != len(corrupted_ids):
