@@ -14,7 +14,7 @@ unit) and the activations.
 - :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders.
 - :func:`meta_parameters` — a context in which modules are built with meta parameters and real buffers.
 - :class:`LayerStream` — the hooks, :func:`units_of` the units of a module. A checkpoint that reads rows
-  (:class:`RowTensors`: a GGUF file) has its large embedding read for the rows of the tokens a batch holds, and its
+  (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a batch holds, and its
   large unembedding applied a slice of output rows at a time (:data:`SLICE_BYTES`), so neither matrix is ever held
   whole in float32.
 
@@ -119,6 +119,28 @@ class SafetensorsTensors:
 
     def stored_bytes(self, name: str) -> int:
         return self._bytes[name]
+
+    def rows_ok(self, name: str) -> bool:
+        """Every matrix reads by rows (``get_slice``)."""
+        return len(self._shapes[name]) == 2
+
+    def load_rows(self, name: str, rows: Tensor) -> Tensor:
+        """Rows ``rows`` (sorted, distinct, ``(n,)``) of matrix ``name`` in float32, ``(n, D)``: each run of
+        consecutive rows read at once through ``get_slice`` (only those rows' pages touched), the file closed after."""
+        from safetensors import safe_open
+
+        index = [int(r) for r in rows]
+        out = torch.empty(len(index), self._shapes[name][1], dtype=torch.float32)  # (n, D)
+        with safe_open(os.fspath(self._where[name]), framework="pt", device="cpu") as f:
+            part = f.get_slice(name)
+            k = 0
+            while k < len(index):
+                end = k + 1
+                while end < len(index) and index[end] == index[end - 1] + 1:
+                    end += 1
+                out[k:end] = part[index[k] : index[end - 1] + 1].to(torch.float32)
+                k = end
+        return out
 
     def load(self, names: Sequence[str]) -> dict[str, Tensor]:
         from safetensors import safe_open
