@@ -14,9 +14,9 @@ unit) and the activations.
 - :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders.
 - :func:`meta_parameters` — a context in which modules are built with meta parameters and real buffers.
 - :class:`LayerStream` — the hooks, :func:`units_of` the units of a module. A checkpoint that reads rows
-  (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a batch holds, and its
-  large unembedding applied a slice of output rows at a time (:data:`SLICE_BYTES`), so neither matrix is ever held
-  whole in float32.
+  (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a
+  batch holds, and its large unembedding applied a slice of output rows at a time (:data:`SLICE_BYTES`), so neither
+  matrix is ever held whole in float32.
 
 Shape legend: NL layers, B batch, L length, V vocabulary (rows of an embedding or unembedding), D model width.
 """
