@@ -39,7 +39,7 @@ from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
-from headwise.cli._progress import stage_progress
+from headwise.cli._progress import layer_progress, stage_progress
 
 OUTPUTS = ("patching.json", "patching.csv", "patching.png")
 
@@ -102,8 +102,9 @@ def patch(
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
     try:
-        found = study.patch_study(hm, target, c, x, metric, chosen, method=method, direction=direction,
-                                  batch_size=batch_size, out=out, stages=stage_progress)  # fmt: skip
+        with layer_progress(hm):  # a model opened layer by layer: the pass, the layer and the time left
+            found = study.patch_study(hm, target, c, x, metric, chosen, method=method, direction=direction,
+                                      batch_size=batch_size, out=out, stages=stage_progress)  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if found is None:  # not rank 0: rank 0 writes
