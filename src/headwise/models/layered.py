@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from headwise.models.folder import FolderInfo
 from headwise.models.memory import MemoryPlan, plan_memory
 
-__all__ = ["Layered", "hf_class", "memory_route", "native_stream", "hf_stream"]
+__all__ = ["Layered", "hf_class", "memory_route", "native_stream", "hf_stream", "sharded_hidden_states"]
 
 
 @dataclass
@@ -204,3 +204,36 @@ def hf_class(config: dict):
     ):
         return "decoder", AutoModelForCausalLM
     return "encoder", AutoModel
+
+
+def sharded_hidden_states(model, ids, attention_mask=None, *, group=None):
+    """headwise's :class:`~headwise.models.llama.LlamaLM` run as layer shards over the ranks of ``group``
+    (:func:`headwise.distributed.layer_shards.run_stages`): rank 0 embeds ``ids`` ``(B, L)`` and runs its blocks,
+    each next rank its own (:func:`~headwise.distributed.layer_shards.shard_layers`), the last one the final norm.
+    Opened layer by layer, a rank brings in its own units alone. Returns the final hidden states ``(B, L, D)`` on
+    every rank — ``model.hidden_states(ids, attention_mask)`` of one process.
+
+    Raises:
+        TypeError: a model other than headwise's Llama decoder; ValueError: bad ids (as ``hidden_states``), fewer
+            layers than ranks.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from headwise.distributed.layer_shards import run_stages, shard_layers
+    from headwise.models.llama import LlamaLM
+
+    if not isinstance(model, LlamaLM):
+        raise TypeError(f"model: layer shards run headwise's LlamaLM, got {type(model).__name__}")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    a, b = shard_layers(len(model.layers), world)[rank]
+    padding = model._check(ids, attention_mask)
+
+    def stage(h):
+        with torch.no_grad():
+            x = model.embed_tokens(ids) if h is None else h  # (B, L, D)
+            for layer in model.layers[a:b]:
+                x = layer(x, key_padding_mask=padding)  # (B, L, D)
+            return model.norm(x) if rank == world - 1 else x
+
+    return run_stages(stage, (*ids.shape, model.config.hidden_size), group=group)
