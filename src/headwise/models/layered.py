@@ -225,6 +225,8 @@ def sharded_hidden_states(model, ids, attention_mask=None, *, group=None):
 
     if not isinstance(model, LlamaLM):
         raise TypeError(f"model: layer shards run headwise's LlamaLM, got {type(model).__name__}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("sharded_hidden_states: no process group; call headwise.distributed.init_from_env() first")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     a, b = shard_layers(len(model.layers), world)[rank]
     padding = model._check(ids, attention_mask)
