@@ -308,9 +308,9 @@ def _gguf_route(info: FolderInfo, cache: bool, native: bool) -> tuple[FolderInfo
     header = info.header
     if cache and not gguf_stream.cache_fits(header, gguf.cache_root()):
         warnings.warn(
-            f"{info.name}: a float32 copy ({4 * header.num_parameters / 1e9:.2f} GB) would not fit the free disk of "
-            f"the cache directory {gguf.cache_root()}; opened without writing one (layer by layer where it does not fit "
-            "the memory budget)",
+            f"{info.name}: a float32 copy ({4 * header.num_parameters / 1e9:.2f} GB) would not fit the free disk "
+            f"of the cache directory {gguf.cache_root()}; opened without writing one (layer by layer where it does "
+            "not fit the memory budget)",
             gguf.CacheSkippedWarning,
             stacklevel=3,
         )
