@@ -77,6 +77,17 @@ def test_no_cache_layer_by_layer_equals_the_cached_route(run_cli, blob, cache, t
     assert (tmp_path / "cached" / "heads.csv").read_text() == (tmp_path / "o" / "heads.csv").read_text()
 
 
+def test_a_copy_too_big_for_the_disk_is_not_written(run_cli, blob, cache, tmp_path, monkeypatch):
+    from headwise.models import gguf_stream
+
+    monkeypatch.setattr(gguf_stream.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 10**6})())
+    out = run_cli("heads", "--model", str(blob), TEXT, "--out", str(tmp_path / "o"))
+    assert out.code == 0, out.err
+    warned = [line for line in out.err.splitlines() if line.startswith("headwise: warning: --model:")]
+    assert len(warned) == 1 and "would not fit the free disk of the cache directory" in warned[0]
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
 def test_a_truncated_gguf_is_refused_in_one_line(run_cli, blob, cache, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])

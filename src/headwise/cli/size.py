@@ -328,7 +328,9 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
 
 
 def _memory(console, sizing, name, config, all_, seq_len, batch) -> None:
-    from headwise.cli._size_memory import DEFAULT_MODELS, print_memory_plan
+    from rich.table import Table
+
+    from headwise.sizing.layers import DEFAULT_MODELS, planning_table
 
     if all_:
         raise CLIError("--memory: plans NAME, --config or the default 8B and 70B models, not --all")
@@ -337,4 +339,11 @@ def _memory(console, sizing, name, config, all_, seq_len, batch) -> None:
             raise CLIError(f"{option}: expected a positive integer, got {value}")
     archs = [sizing.from_hf_config(config) if config else sizing.get_arch(name)] if name or config else [
         sizing.get_arch(m) for m in DEFAULT_MODELS]  # fmt: skip
-    print_memory_plan(console, archs, tokens=seq_len or 512, batches=batch or 32)
+    title, headers, rows, note = planning_table(archs, tokens=seq_len or 512, batches=batch or 32)
+    table = Table(title=title, header_style="bold")
+    for h in headers:
+        table.add_column(h, justify="left" if h == "model" else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(note)

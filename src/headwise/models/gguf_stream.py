@@ -15,7 +15,8 @@ tokenizer converter: ``gguf.GGUFReader``, which turns every vocabulary entry int
 SmolLM2's 49,152 tokens), is never opened.
 
 - :class:`GGUFTensors` — the :class:`~headwise.models.streamed.StoredTensors` of a GGUF file.
-- :func:`streams` — whether a file's architecture can open this way; :func:`gguf_stream` — the module and its hooks.
+- :func:`streams` — whether a file's architecture can open this way (:func:`headwise.models.layered.gguf_layered`
+  builds the module and its hooks).
 - :func:`header_config`, :func:`header_tokenizer` — the config dict and the tokenizer from the header alone.
 - :func:`cache_fits` — whether a float32 copy fits the cache directory's disk (else the route is this one).
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from headwise.models.gguf import GGUFHeader
 
-__all__ = ["GGUFTensors", "cache_fits", "gguf_stream", "header_config", "header_tokenizer", "streams"]
+__all__ = ["GGUFTensors", "cache_fits", "gguf_names", "header_config", "header_tokenizer", "streams"]
 
 #: Stored bytes read and de-quantised at once (the float32 chunk is at most 8× that for 4-bit blocks).
 CHUNK = 8 * 2**20
@@ -285,77 +286,3 @@ def cache_fits(header: GGUFHeader, root: Path) -> bool:
     except OSError:
         return True  # the cache's own write names what is wrong with it
     return 4 * header.num_parameters + DISK_MARGIN <= free
-
-
-def gguf_stream(header: GGUFHeader, *, native: bool, config: dict | None = None):
-    """The model of a GGUF file on the ``meta`` device, its layers de-quantised from the file when they run.
-
-    Args:
-        header: the file's header (:func:`streams` true for it).
-        native: headwise's :class:`~headwise.models.llama.LlamaLM` (a Llama-family file; transformers' modelling code
-            is not imported), else the Hugging Face model on headwise's attention backend.
-        config: the file's :func:`header_config`, if already read.
-    Returns:
-        the :class:`~headwise.models.layered.Layered` model, its stream not attached yet.
-    Raises:
-        ValueError: a config headwise's decoder does not open (``native``), naming the file.
-    """
-    from headwise.models.layered import Layered
-    from headwise.models.streamed import LayerStream
-
-    config = config or header_config(header, full=not native)
-    tensors = GGUFTensors(header, config)
-    where = str(header.path)
-    if native:
-        import torch
-
-        from headwise.models.llama import LlamaConfig, LlamaLM, hf_names
-
-        cfg = LlamaConfig.from_dict(config, source=where)
-        model = LlamaLM(cfg, device="meta", dtype=torch.float32).eval()
-        names = hf_names(cfg)
-        if cfg.tie_word_embeddings:
-            names["lm_head.weight"] = names["embed_tokens.weight"]
-        to_gguf = gguf_names(header.architecture, cfg.num_hidden_layers, names.values())
-        stored = {mine: to_gguf.get(theirs) for mine, theirs in names.items()}
-        return Layered(model, LayerStream(model, tensors, stored.get, where=where))
-    model = _hf_meta_model(config)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    to_gguf = gguf_names(header.architecture, config["num_hidden_layers"], params)
-    tied: dict[int, list[str]] = {}
-    for n, p in params.items():
-        tied.setdefault(id(p), []).append(n)
-
-    def stored_name(full: str) -> str | None:  # a tied matrix is read under the name the file holds it by
-        for n in tied.get(id(params.get(full)), [full]):
-            if to_gguf.get(n) in header.tensors:
-                return to_gguf[n]
-        return to_gguf.get(full)
-
-    return Layered(model, LayerStream(model, tensors, stored_name, where=where))
-
-
-def _hf_meta_model(config: dict):
-    """The Hugging Face causal LM of ``config`` with meta parameters, attention on headwise's backend."""
-    import warnings
-
-    import torch
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    import headwise.hf
-    from headwise.models.layered import hf_class
-    from headwise.models.streamed import meta_parameters
-
-    _, cls = hf_class(config)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings(), meta_parameters():
-            warnings.simplefilter("ignore")
-            rest = {k: v for k, v in config.items() if k != "model_type"}
-            cfg = AutoConfig.for_model(config["model_type"], **rest)
-            model = cls.from_config(cfg, attn_implementation=headwise.hf.NAME, dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return model.eval()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from headwise.models.folder import FolderInfo
 from headwise.models.memory import MemoryPlan, plan_memory
 
-__all__ = ["Layered", "hf_class", "memory_route", "native_stream", "hf_stream", "sharded_hidden_states"]
+__all__ = ["Layered", "gguf_layered", "hf_class", "memory_route", "native_stream", "hf_stream", "sharded_hidden_states"]
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _builder(info: FolderInfo, native: bool, cache: bool):
 
         if gguf_stream.streams(info.header):
             config = info.config if "num_hidden_layers" in info.config else None
-            return lambda: gguf_stream.gguf_stream(info.header, native=native, config=config)
+            return lambda: gguf_layered(info.header, native=native, config=config)
     return None
 
 
@@ -153,6 +153,80 @@ def hf_stream(info: FolderInfo) -> Layered:
 
     stream = LayerStream(model, tensors, stored_name, where=str(info.folder))
     return Layered(model, stream)
+
+
+def gguf_layered(header, *, native: bool, config: dict | None = None) -> Layered:
+    """The model of a GGUF file on the ``meta`` device, its layers de-quantised from the file when they run.
+
+    Args:
+        header: the file's :class:`~headwise.models.gguf.GGUFHeader` (:func:`~headwise.models.gguf_stream.streams`
+            true for it).
+        native: headwise's :class:`~headwise.models.llama.LlamaLM` (a Llama-family file; transformers' modelling code
+            is not imported), else the Hugging Face model on headwise's attention backend.
+        config: the file's :func:`~headwise.models.gguf_stream.header_config`, if already read.
+    Returns:
+        the :class:`~headwise.models.layered.Layered` model, its stream not attached yet.
+    Raises:
+        ValueError: a config headwise's decoder does not open (``native``), naming the file.
+    """
+    from headwise.models.gguf_stream import GGUFTensors, gguf_names, header_config
+    from headwise.models.streamed import LayerStream
+
+    config = config or header_config(header, full=not native)
+    tensors = GGUFTensors(header, config)
+    where = str(header.path)
+    if native:
+        import torch
+
+        from headwise.models.llama import LlamaConfig, LlamaLM, hf_names
+
+        cfg = LlamaConfig.from_dict(config, source=where)
+        model = LlamaLM(cfg, device="meta", dtype=torch.float32).eval()
+        names = hf_names(cfg)
+        if cfg.tie_word_embeddings:
+            names["lm_head.weight"] = names["embed_tokens.weight"]
+        to_gguf = gguf_names(header.architecture, cfg.num_hidden_layers, names.values())
+        stored = {mine: to_gguf.get(theirs) for mine, theirs in names.items()}
+        return Layered(model, LayerStream(model, tensors, stored.get, where=where))
+    model = _gguf_meta_model(config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    to_gguf = gguf_names(header.architecture, config["num_hidden_layers"], params)
+    tied: dict[int, list[str]] = {}
+    for n, p in params.items():
+        tied.setdefault(id(p), []).append(n)
+
+    def stored_name(full: str) -> str | None:  # a tied matrix is read under the name the file holds it by
+        for n in tied.get(id(params.get(full)), [full]):
+            if to_gguf.get(n) in header.tensors:
+                return to_gguf[n]
+        return to_gguf.get(full)
+
+    return Layered(model, LayerStream(model, tensors, stored_name, where=where))
+
+
+def _gguf_meta_model(config: dict):
+    """The Hugging Face causal LM of ``config`` with meta parameters, attention on headwise's backend."""
+    import warnings
+
+    import torch
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    import headwise.hf
+    from headwise.models.streamed import meta_parameters
+
+    _, cls = hf_class(config)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings(), meta_parameters():
+            warnings.simplefilter("ignore")
+            rest = {k: v for k, v in config.items() if k != "model_type"}
+            cfg = AutoConfig.for_model(config["model_type"], **rest)
+            model = cls.from_config(cfg, attn_implementation=headwise.hf.NAME, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model.eval()
 
 
 def _renamed(model, stored: set[str]) -> dict[str, str]:

@@ -18,7 +18,8 @@ its layers as one machine does. The time of sending the activations between stag
 and boundary) is left out: at T = 512, D = 8192 it is 17 MB, well under the stages' work.
 
 - :class:`Costs`, :func:`measure_costs` — the rates, measured here in about a second.
-- :class:`LayerPlan`, :func:`plan_layers` — one model's plan.
+- :class:`LayerPlan`, :func:`plan_layers` — one model's plan; :func:`planning_table` — ``headwise size --memory``'s
+  table.
 
 Shape legend: NL layers, D model width, F MLP width, H heads, Dh head width, T tokens of a pass, B batches.
 """
@@ -32,7 +33,19 @@ from dataclasses import dataclass
 from headwise.sizing.arch import Architecture
 from headwise.sizing.count import param_breakdown
 
-__all__ = ["Costs", "LayerPlan", "measure_costs", "plan_layers", "HELD", "MIN_WORKING"]
+__all__ = [
+    "Costs",
+    "LayerPlan",
+    "measure_costs",
+    "plan_layers",
+    "planning_table",
+    "DEFAULT_MODELS",
+    "HELD",
+    "MIN_WORKING",
+]
+
+#: The models planned when none is named: Llama-shaped, 8 B and 70 B parameters.
+DEFAULT_MODELS = ("llama-3-8b", "llama-3-70b")
 
 #: What a process running ``headwise heads`` holds before any weight (interpreter, torch, headwise; measured 0.25 GB).
 HELD = 250 * 10**6
@@ -164,3 +177,39 @@ def plan_layers(
         else:
             plans[k] = (peak, (batches + k - 1) * (read + compute) * shard / n, False)
     return LayerPlan(arch.name, n, layer, 4 * layer, peak, read, compute, tokens, batches, plans)
+
+
+def _time(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def planning_table(archs, *, tokens: int = 512, batches: int = 32, costs: Costs | None = None):
+    """``headwise size --memory``'s table: ``(title, headers, rows, note)``, every cell a string. One row per
+    architecture: its parameters, float32 per layer, the peak and one pass (reading + computing) on one machine, and
+    ``batches`` passes on 1, 2, 4 and 8 machines (memory per machine; "kept": the shard stays resident). ``costs``:
+    :func:`measure_costs` when None (about a second)."""
+    from headwise.sizing.count import total_params
+    from headwise.sizing.units import format_count
+
+    costs = costs or measure_costs()
+    headers = ["model", "params", "f32/layer", "peak", "1 pass", f"{batches} passes", "N=2", "N=4", "N=8"]
+    rows = []
+    for arch in archs:
+        plan = plan_layers(arch, costs, tokens=tokens, batches=batches)
+        cells = [_time(plan.machines[1][1])]
+        for k in (2, 4, 8):
+            held, seconds, kept = plan.machines[k]
+            cells.append(f"{_time(seconds)} ({held / 1e9:.1f} GB{' kept' if kept else ''})")
+        rows.append([arch.name, format_count(total_params(arch)), f"{plan.layer_bytes / 1e9:.2f} GB",
+                     f"{plan.peak / 1e9:.2f} GB",
+                     f"{_time(plan.pass_seconds)} ({_time(plan.read_seconds)} + {_time(plan.compute_seconds)})",
+                     *cells])  # fmt: skip
+    title = (f"layer by layer: a pass of {tokens} tokens (reading + computing); {batches} passes on 1 and N machines "
+             "(memory per machine)")  # fmt: skip
+    note = (f"measured here: {costs.where}; bf16 → float32 {costs.convert_rate / 1e9:.2f} GB/s, float32 matmul "
+            f"{costs.flops / 1e9:.1f} GFLOP/s. Weights bfloat16, files in the page cache; N machines: layer shards as "
+            "pipeline stages, a shard that fits a machine's memory (this one's) kept there (\"kept\"); the activations "
+            "sent between stages left out.")  # fmt: skip
+    return title, headers, rows, note
