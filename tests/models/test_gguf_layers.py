@@ -125,6 +125,21 @@ def test_layer_by_layer_without_a_cache_equals_the_cached_route(blob, cache, mon
                                    cached.model.get_output_embeddings().weight, rtol=0, atol=0)  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", ["headwise", "auto"])
+def test_whole_without_a_cache_reads_the_same_way(blob, cache, backend):
+    path, _, tok = blob
+    ids, mask = _batch(tok)
+    cached = open_model(path, backend=backend)
+    whole = open_model(path, cache=False, backend=backend, by_layer=False)
+    assert whole.memory.route == "whole" and whole.stream is None and whole.backend == cached.backend
+    assert all(p.device.type == "cpu" for p in whole.model.parameters())
+    head, embed = whole.model.get_output_embeddings().weight, whole.model.get_input_embeddings().weight if (
+        backend == "auto") else whole.model.embed_tokens.weight  # fmt: skip
+    assert (head is embed) == whole.model.config.tie_word_embeddings  # a tied matrix read once, shared
+    _same(_statistics(cached, ids, mask), _statistics(whole, ids, mask))
+    torch.testing.assert_close(whole.logits(ids), cached.logits(ids), rtol=1e-5, atol=1e-5)
+
+
 def test_no_cache_writes_nothing(blob, cache):
     path, _, tok = blob
     hm = open_model(path, cache=False, backend="headwise", by_layer=True)

@@ -262,7 +262,9 @@ def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
 
 def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[HeadModel, FolderInfo]:
     """A GGUF file de-quantised to float32 on headwise's attention: through its cached safetensors folder
-    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``).
+    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``): a file the
+    layer route reads (its config from the header, :func:`_gguf_route`) through that reader whole
+    (:meth:`~headwise.models.streamed.LayerStream.load_all`), another through transformers' GGUF loader.
     ``native``: on headwise's :class:`~headwise.models.llama.LlamaLM` (:class:`UnsupportedBackend` when it is not
     a Llama-family model)."""
     from headwise.models import gguf, llama
@@ -273,6 +275,16 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
         folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=counted)
         folder_info.name = info.name
         return (_load_native(folder_info) if native else _load_hf(folder_info)), folder_info
+    if "num_hidden_layers" in info.config:  # config read from the header (_gguf_route): the layer route's reader
+        from headwise.models.gguf_stream import header_tokenizer
+        from headwise.models.layered import gguf_layered
+
+        layered = gguf_layered(header, native=native, config=info.config)
+        layered.stream.load_all()
+        hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
+            info.config)[0], info)  # fmt: skip
+        hm.tokenizer = header_tokenizer(header)
+        return hm, info
     import headwise.hf
 
     model, tokenizer = gguf.load_gguf(path, header)

@@ -338,6 +338,29 @@ class LayerStream:
                 self._handles.append(module.register_forward_hook(lambda m, a, o, u=unit: self.release(u)))
         return self
 
+    def load_all(self) -> None:
+        """Bring every unit in for good, hooks removed: the whole model in float32 from the same reader (a matrix two
+        units share — a tied unembedding — read once and shared again). The stream is not used after.
+
+        Raises:
+            ValueError: a parameter the checkpoint lacks, or holds in another shape, naming the tensor.
+        """
+        if self.problem is not None:
+            raise ValueError(self.problem)
+        self.detach()
+        done: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter loaded for it
+        for unit, module in self.units.items():
+            names = self.stored[unit]
+            todo = [rel for rel in names if id(self._meta[unit][rel]) not in done]
+            loaded = self.tensors.load(list(dict.fromkeys(names[rel] for rel in todo)))
+            for rel in names:
+                meta = self._meta[unit][rel]
+                if id(meta) not in done:
+                    done[id(meta)] = nn.Parameter(loaded[names[rel]], requires_grad=meta.requires_grad)
+                owner, leaf = self._slot(module, rel)
+                owner._parameters[leaf] = done[id(meta)]
+            del loaded
+
     def detach(self) -> None:
         """Remove the hooks (and the sliced forwards); :meth:`attach` puts them back."""
         for h in self._handles:
