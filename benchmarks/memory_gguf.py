@@ -4,7 +4,7 @@
 
 Three fresh processes (as ``benchmarks/memory_layers.py`` runs them: each reads its own ``VmHWM`` and
 ``/proc/self/io``) on the same text: the cached route (the float32 safetensors copy in the cache, written first if it
-is missing, headwise's Llama decoder), ``--no-cache`` whole (transformers de-quantises the file in memory) and
+is missing, headwise's Llama decoder), ``--no-cache`` whole (every layer de-quantised at once by the same reader) and
 ``--no-cache --max-memory 400MB`` (layer by layer: each layer's blocks de-quantised when it runs). Each ``heads.csv``
 is compared with the cached route's (relative to max(1, |x|)); the files of the cache directory are counted before and
 after the runs without a cache. The CPU and the load average are recorded with every result.
