@@ -108,8 +108,8 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def run(folder: Path, out: Path, budget: str | None) -> dict:
-    args = ["heads", TEXT, "--model", str(folder), "--out", str(out)]
+def run(folder: Path, out: Path, budget: str | None, *, extra: list[str] | None = None) -> dict:
+    args = ["heads", TEXT, "--model", str(folder), "--out", str(out), *(extra or [])]
     if budget is not None:
         args += ["--max-memory", budget]
     load = os.getloadavg()

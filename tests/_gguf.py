@@ -63,8 +63,9 @@ def tiny_llama(vocab_size: int, *, seed: int = 0, layers: int = 2, heads: int = 
     return model
 
 
-def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama") -> Path:
-    """Write ``model`` (a Llama) and ``tokenizer`` as a float32 GGUF file at ``path``."""
+def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama", quantized: bool = False) -> Path:
+    """Write ``model`` (a Llama) and ``tokenizer`` as a float32 GGUF file at ``path``; ``quantized``: its matrices
+    (rows of a multiple of 32) as Q8_0 blocks, the embedding as Q4_1 (gguf's ``quantize``), the norms float32."""
     import gguf
 
     cfg = model.config
@@ -97,8 +98,9 @@ def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama") -> 
     names = {
         "model.embed_tokens.weight": "token_embd.weight",
         "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
     }
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = "output.weight"
     per_layer = {
         "input_layernorm": "attn_norm",
         "self_attn.q_proj": "attn_q",
@@ -119,7 +121,12 @@ def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama") -> 
             w = _permute(w, cfg.num_attention_heads)
         elif gg_name.endswith("attn_k.weight"):
             w = _permute(w, cfg.num_key_value_heads)
-        writer.add_tensor(gg_name, np.ascontiguousarray(w, dtype=np.float32))
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        if quantized and w.ndim == 2 and w.shape[-1] % 32 == 0:
+            kind = gguf.GGMLQuantizationType.Q4_1 if "token_embd" in gg_name else gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(gg_name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gg_name, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -127,11 +134,15 @@ def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama") -> 
     return path
 
 
-def write_blob(folder: Path, name: str, *, seed: int):
+def write_blob(folder: Path, name: str, *, seed: int, quantized: bool = False, tie: bool = False):
     """``(path, model, tokenizer)``: a tiny random Llama and its byte-level tokenizer written as the extension-less
-    GGUF blob ``folder / name`` (as Ollama names its blobs, ``sha256-…``)."""
+    GGUF blob ``folder / name`` (as Ollama names its blobs, ``sha256-…``); ``quantized``: as :func:`write_gguf`;
+    ``tie``: no ``output.weight`` (the unembedding is the embedding)."""
     tok = byte_level_tokenizer()
     model = tiny_llama(tok.get_vocab_size(), seed=seed)
+    if tie:
+        model.config.tie_word_embeddings = True
+        model.lm_head.weight = model.model.embed_tokens.weight
     path = folder / name
-    write_gguf(path, model, tok)
+    write_gguf(path, model, tok, quantized=quantized)
     return path, model, tok

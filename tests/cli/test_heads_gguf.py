@@ -57,6 +57,37 @@ def test_no_cache_writes_nothing_to_the_cache(run_cli, blob, cache, tmp_path):
     assert not cache.exists()
 
 
+def test_no_cache_layer_by_layer_equals_the_cached_route(run_cli, blob, cache, tmp_path, monkeypatch):
+    import headwise.models.layered as layered
+
+    cached = run_cli("heads", "--model", str(blob), TEXT, "--out", str(tmp_path / "cached"))
+    assert cached.code == 0, cached.err
+    route = layered.memory_route  # a tiny file fits any budget whole: layer by layer whatever the budget
+    monkeypatch.setattr(layered, "memory_route", lambda *a, **k: route(*a, **{**k, "by_layer": True}))
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    out = run_cli(
+        "heads", "--model", str(blob), TEXT, "--no-cache", "--max-memory", "4GB", "--out", str(tmp_path / "o")
+    )
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 4.00 GB" in out.out
+    assert sorted(p for p in cache.rglob("*") if p.is_file()) == files  # nothing written
+    a = json.loads((tmp_path / "cached" / "heads.json").read_text())
+    b = json.loads((tmp_path / "o" / "heads.json").read_text())
+    assert b["memory"]["route"] == "layers" and a["sentence"] == b["sentence"]
+    assert (tmp_path / "cached" / "heads.csv").read_text() == (tmp_path / "o" / "heads.csv").read_text()
+
+
+def test_a_copy_too_big_for_the_disk_is_not_written(run_cli, blob, cache, tmp_path, monkeypatch):
+    from headwise.models import gguf_stream
+
+    monkeypatch.setattr(gguf_stream.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 10**6})())
+    out = run_cli("heads", "--model", str(blob), TEXT, "--out", str(tmp_path / "o"))
+    assert out.code == 0, out.err
+    warned = [line for line in out.err.splitlines() if line.startswith("headwise: warning: --model:")]
+    assert len(warned) == 1 and "would not fit the free disk of the cache directory" in warned[0]
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
 def test_a_truncated_gguf_is_refused_in_one_line(run_cli, blob, cache, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])

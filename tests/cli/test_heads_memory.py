@@ -84,3 +84,18 @@ def test_composition_refuses_layer_by_layer(folder, tmp_path, run_cli, monkeypat
     out = run_cli("heads", "--model", str(folder), "--composition", "--out", str(tmp_path / "o"))
     assert_user_error(out, "opened layer by layer", "--composition", "needs about")
     assert not (tmp_path / "o").exists()
+
+
+def test_progress_by_layer_with_the_time_left(folder, tmp_path, run_cli, monkeypatch):
+    import headwise.cli._progress as progress
+
+    monkeypatch.setattr(progress, "LAYER_EVERY", 0.0)  # every layer says where it is
+    whole = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "w"))
+    assert whole.code == 0 and "layer by layer: pass" not in whole.err  # a model opened whole says nothing
+    _by_layer(monkeypatch)
+    out = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "o"))
+    assert out.code == 0, out.err
+    lines = "\n".join(line for line in out.err.splitlines() if "layer by layer: pass" in line)
+    said = r"layer by layer: pass 1, layer 2/2, [0-9]+ s left in this pass \([0-9.]+ s a layer, [0-9]+% of it reading"
+    assert re.search(said, lines), out.err
+    assert "pass 3," in lines  # the statistics, the example drawn, the probe

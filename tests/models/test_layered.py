@@ -13,7 +13,7 @@ from _anatomy_models import tiny
 from headwise.analysis import DecoderStats
 from headwise.analysis.streaming import read_rows
 from headwise.models import open_model
-from headwise.models.memory import MemoryBudgetError, format_size, parse_size, plan_memory
+from headwise.models.memory import MIN_WORKING, MemoryBudgetError, format_size, parse_size, plan_memory
 
 FAMILIES = ["llama", "qwen2", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "phi3", "olmo2"]
 
@@ -72,6 +72,25 @@ def test_layer_by_layer_equals_the_float32_route(family, tmp_path):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_large_embeddings_are_read_by_rows(family, tmp_path, monkeypatch):
+    """An embedding over SLICE_BYTES is read for the batch's tokens alone, an unembedding a slice of rows at a time
+    (Gemma's scaled embedding keeps its scale; GPT-2's position embedding too): the same numbers."""
+    from headwise.models import streamed
+
+    monkeypatch.setattr(streamed, "SLICE_BYTES", 2048)
+    folder = _save(family, tmp_path / family)
+    ids, mask = _batch(2)
+    whole = open_model(folder, by_layer=False)
+    layered = open_model(folder, by_layer=True)
+    assert any("embed" in u or u.endswith("wte") for u in layered.stream.sliced), layered.stream.sliced
+    _same(_statistics(whole, ids, mask), _statistics(layered, ids, mask))
+    torch.testing.assert_close(layered.logits(ids), whole.logits(ids), rtol=1e-5, atol=1e-5)
+    assert all(p.device.type == "meta" for p in layered.model.parameters())
+    sizes = layered.stream.sizes()  # the plan counts one slice of a sliced matrix
+    assert all(sizes[u][0] <= 2048 < layered.stream.float32_bytes[u] for u in layered.stream.sliced)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_headwise_llama_layer_by_layer(dtype, tmp_path):
     folder = _save("llama", tmp_path / "llama", dtype)
@@ -124,7 +143,7 @@ def test_plan_memory_routes():
     held = plan.held
     budget = held + plan.layers + 1
     plan = plan_memory(budget, whole=10**11, units={"layers.0": (10**8, 5 * 10**7)})
-    assert plan.route == "layers" and plan.smallest == held + 10**8 + 5 * 10**7 + 256 * 2**20 or plan.held != held
+    assert plan.route == "layers" and plan.smallest == held + 10**8 + 5 * 10**7 + MIN_WORKING or plan.held != held
     assert "layer by layer within" in plan.line()
     with pytest.raises(MemoryBudgetError, match="the whole model in float32"):
         plan_memory(budget, whole=10**11, units=None)

@@ -11,19 +11,35 @@ from headwise.cli._app import CLIError
 __all__ = ["open_decoder", "encode_text", "encode_token"]
 
 
-def open_decoder(model: str, *, reads: str = "patching reads a decoder's next-token logits"):
+def open_decoder(
+    model: str,
+    *,
+    reads: str = "patching reads a decoder's next-token logits",
+    max_memory: str | None = None,
+    whole: str | None = None,
+):
     """The model of ``--model`` through the one door (:func:`headwise.models.open_model`), as a decoder with a
-    tokenizer; ``reads`` ends the message refusing an encoder (what the command needs of a decoder)."""
+    tokenizer; ``reads`` ends the message refusing an encoder (what the command needs of a decoder).
+
+    ``max_memory``: ``--max-memory`` (a model that does not fit opens layer by layer; a bad budget names the
+    smallest that works). ``whole``: what the command does that reads every layer's weights at once (a backward
+    pass), refused in one line naming the memory it would need when the model opened layer by layer.
+    """
     from headwise.models import open_model
+    from headwise.models.memory import MemoryBudgetError, whole_refused
 
     try:
-        hm = open_model(model)
+        hm = open_model(model, max_memory=max_memory, memory_name="--max-memory")
+    except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
+        raise CLIError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
     except (OSError, ValueError) as e:  # OSError: a GGUF cache that cannot be written
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder":
         raise CLIError(f"--model: {hm.name} is an encoder ({hm.family}); {reads}")
     if hm.tokenizer is None:
         raise CLIError(f"--model: {hm.name} has no tokenizer.json; --clean and --corrupted are texts")
+    if whole is not None and hm.stream is not None:
+        raise CLIError(whole_refused(hm.name, hm.memory, whole))
     return hm
 
 

@@ -126,3 +126,51 @@ class StepBar:
 
     def advance(self, note: str) -> None:
         self.progress.update(self.task, advance=1, loss=note)
+
+
+#: Seconds between two lines of :func:`layer_progress` (a pass that takes less says nothing).
+LAYER_EVERY = 5.0
+
+
+@contextmanager
+def layer_progress(hm) -> Iterator[None]:
+    """While ``hm`` (opened layer by layer: ``hm.stream``) runs, one line on stderr at most every :data:`LAYER_EVERY`
+    seconds: the pass, the layer it reached and the time left in that pass, from the seconds its layers took so far
+    (reading and computing); nothing for a model opened whole, or for passes quicker than that."""
+    stream = getattr(hm, "stream", None)
+    if stream is None:
+        yield
+        return
+    import sys
+    import time
+
+    from headwise.models.streamed import layer_list
+
+    prefix, blocks = layer_list(stream.model)
+    index = {f"{prefix}.{k}": k for k in range(len(blocks))}
+    n = len(blocks)
+    state = {"pass": 0, "start": 0.0, "last": time.perf_counter(), "read": 0.0}
+
+    def on_unit(unit: str, _position: int, _units: int) -> None:
+        k = index.get(unit)
+        if k is None:
+            return
+        now = time.perf_counter()
+        if k == 0:
+            state.update({"pass": state["pass"] + 1, "start": now, "read": stream.seconds})
+            return
+        if now - state["last"] < LAYER_EVERY:
+            return
+        state["last"] = now
+        per_layer = (now - state["start"]) / k
+        reading = (stream.seconds - state["read"]) / (now - state["start"])
+        left = per_layer * (n - k)
+        line = (f"headwise: layer by layer: pass {state['pass']}, layer {k + 1}/{n}, {left:.0f} s left in this pass "
+                f"({per_layer:.2f} s a layer, {reading:.0%} of it reading weights)")  # fmt: skip
+        print(line, file=sys.stderr)
+
+    saved, stream.on_unit = stream.on_unit, on_unit
+    try:
+        yield
+    finally:
+        stream.on_unit = saved

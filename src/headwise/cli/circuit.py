@@ -243,7 +243,8 @@ def circuit(
         prompts, source = read_pairs(pairs), f"'{pairs}'"
     else:
         prompts, source = options_pairs(clean or [], corrupted or [], answer or [], wrong or []), "the options"
-    hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits")
+    hm = open_decoder(model, reads="a circuit is traced to a decoder's next-token logits",
+                      whole="circuit (a backward pass through every layer)")  # fmt: skip
     ids = encode_pairs(hm, prompts, source)
     if mib is not None:
         study.check_mib(hm, method)

@@ -47,7 +47,7 @@ import typer
 from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, table_console, write_failed, write_pruning
-from headwise.cli._progress import corpus_progress, row_progress, stage_progress
+from headwise.cli._progress import corpus_progress, layer_progress, row_progress, stage_progress
 
 
 def _warn(message: str) -> None:
@@ -185,10 +185,8 @@ def heads(
     if model not in (None, "untrained"):
         hm = load(model, cache=opts.cache, backend=study.heads_backend(opts), max_memory=opts.max_memory)
     study.check_opened(hm, opts)
-    if hm is not None and hm.kind == "decoder":
-        _decoder(hm, opts)
-        return
-    _encoder(hm, opts)
+    with layer_progress(hm):  # a model opened layer by layer: the pass, the layer and the time left
+        (_decoder if hm is not None and hm.kind == "decoder" else _encoder)(hm, opts)
 
 
 def _bars():

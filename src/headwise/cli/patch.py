@@ -39,7 +39,7 @@ from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
-from headwise.cli._progress import stage_progress
+from headwise.cli._progress import layer_progress, stage_progress
 
 OUTPUTS = ("patching.json", "patching.csv", "patching.png")
 
@@ -63,6 +63,9 @@ def patch(
         list[str] | None, typer.Option("--head", help="LAYER.HEAD also patched one position at a time; repeatable.")
     ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Patched copies per forward pass.")] = 16,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
+    ] = None,
 ) -> None:
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
     import json
@@ -79,7 +82,10 @@ def patch(
         raise CLIError(f"--direction: expected one of {', '.join(study.PATCH_DIRECTIONS)}, got {direction!r}")
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out: '{out}' exists and is not a folder")
-    hm = open_decoder(model)
+    refused = None if method == "exact" else "--method attribution (a backward pass through every layer)"
+    hm = open_decoder(model, max_memory=max_memory, whole=refused)
+    if hm.stream is not None:  # every patched batch streams the layers through; the attribution needs them all
+        typer.echo(hm.memory.line())
     clean_ids = encode_text(hm, "--clean", clean)
     corrupted_ids = encode_text(hm, "--corrupted", corrupted)
     if len(clean_ids) != len(corrupted_ids):
@@ -96,8 +102,9 @@ def patch(
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
     try:
-        found = study.patch_study(hm, target, c, x, metric, chosen, method=method, direction=direction,
-                                  batch_size=batch_size, out=out, stages=stage_progress)  # fmt: skip
+        with layer_progress(hm):  # a model opened layer by layer: the pass, the layer and the time left
+            found = study.patch_study(hm, target, c, x, metric, chosen, method=method, direction=direction,
+                                      batch_size=batch_size, out=out, stages=stage_progress)  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if found is None:  # not rank 0: rank 0 writes

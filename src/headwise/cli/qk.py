@@ -62,6 +62,9 @@ def qk(
         int | None, typer.Option("--key", help="The key position (default: the key the head weights most).")
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Terms printed and parts pictured per side.")] = 12,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
+    ] = None,
 ) -> None:
     """Split one head's attention score into what wrote its query and its key."""
     import torch
@@ -71,6 +74,7 @@ def qk(
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.circuits import qk_attribution
     from headwise.models import open_model
+    from headwise.models.memory import MemoryBudgetError, whole_refused
     from headwise.viz.qk import plot_qk
 
     if out.exists() and not out.is_dir():
@@ -78,11 +82,15 @@ def qk(
     if not text.strip():
         raise CLIError(f"--text: expected a non-empty text, got {text!r}")
     try:
-        hm = open_model(model)
+        hm = open_model(model, max_memory=max_memory, memory_name="--max-memory")
+    except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
+        raise CLIError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder" or hm.tokenizer is None:
         raise CLIError(f"--model: {hm.name} is not a decoder with a tokenizer.json ({hm.kind}, {hm.family})")
+    if hm.stream is not None:  # the attribution reads the anatomy: every layer's weights at once
+        raise CLIError(whole_refused(hm.name, hm.memory, "qk (its parts read from every earlier layer's weights)"))
     layer, h = _head(head, hm)
     ids = list(hm.tokenizer.encode(text).ids)
     if len(ids) > hm.max_length:

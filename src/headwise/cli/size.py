@@ -33,11 +33,16 @@ def size(
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="KV-cache element type: bf16|fp16|fp32|int8 (default bf16).")
     ] = None,
+    memory: Annotated[
+        bool, typer.Option("--memory", help="Plan a run layer by layer: time and peak memory (8B, 70B or NAME).")
+    ] = False,
 ) -> None:
     """Attention parameters (Q, K, V, O), their share of the model, and the KV cache, GQA vs MHA."""
     from headwise import sizing
 
     console = table_console()  # files and pipes: wide enough that no number is cut
+    if memory:  # --seq-len: the tokens of a pass; --batch: the passes timed across machines
+        return _memory(console, sizing, name, config, all_, seq_len, batch)
     given = [flag for flag, value in (("NAME", name), ("--config", config), ("--all", all_ or None)) if value]
     if len(given) != 1:
         raise CLIError(
@@ -320,3 +325,25 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
     _, full = _article_note(sizing, arch) if from_registry else ("", "")
     if full:
         console.print(f"note: {full}", highlight=False)
+
+
+def _memory(console, sizing, name, config, all_, seq_len, batch) -> None:
+    from rich.table import Table
+
+    from headwise.sizing.layers import DEFAULT_MODELS, planning_table
+
+    if all_:
+        raise CLIError("--memory: plans NAME, --config or the default 8B and 70B models, not --all")
+    for option, value in (("--seq-len", seq_len), ("--batch", batch)):
+        if value is not None and value <= 0:
+            raise CLIError(f"{option}: expected a positive integer, got {value}")
+    archs = [sizing.from_hf_config(config) if config else sizing.get_arch(name)] if name or config else [
+        sizing.get_arch(m) for m in DEFAULT_MODELS]  # fmt: skip
+    title, headers, rows, note = planning_table(archs, tokens=seq_len or 512, batches=batch or 32)
+    table = Table(title=title, header_style="bold")
+    for h in headers:
+        table.add_column(h, justify="left" if h == "model" else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(note)

@@ -7,6 +7,8 @@ launch that every split run shares.
   through :func:`ring_attention`.
 - :func:`parallelize_attention` — tensor parallelism: whole heads per rank through DTensor
   (``ColwiseParallel`` Wq/Wk/Wv, ``RowwiseParallel`` Wo, as in Megatron-LM and torchtitan).
+- :func:`shard_layers`, :func:`run_stages` — a model's blocks split over the ranks as pipeline stages (layer shards:
+  each rank reads and holds its own layers).
 - :func:`init_from_env`, :func:`attempt_store`, :func:`shutdown` — the process group from torchrun's environment,
   its keys apart for each restart attempt.
 - :mod:`headwise.distributed.ranks` — where this process stands in a launch (read from the environment there alone),
@@ -25,6 +27,7 @@ _MODULES = {
     "headwise.distributed._group": ["attempt_store", "init_from_env", "shutdown"],
     "headwise.distributed.context_parallel": ["ContextParallelAttention"],
     "headwise.distributed.kernels": ["CpuFlashKernel", "CudaEfficientKernel", "CudaFlashKernel", "MathKernel"],
+    "headwise.distributed.layer_shards": ["run_stages", "shard_layers"],
     "headwise.distributed.ring": [
         "LAYOUTS", "gather_sequence", "ring_attention", "shard_positions", "shard_sequence", "unshard_sequence",
     ],

@@ -51,6 +51,7 @@ __all__ = [
     "cached_entry",
     "entry_problem",
     "CacheHealedWarning",
+    "CacheSkippedWarning",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -75,6 +76,7 @@ class GGUFHeader:
         tensors: ``name -> (shape, ggml type, bytes)``; shapes in GGUF's order (fastest dim first).
         num_parameters: elements over all tensors (what a float32 copy holds).
         data_bytes: bytes of tensor data the header promises (checked against the file's length).
+        offsets: ``name -> byte`` where each tensor's data starts in the file (aligned data section included).
     """
 
     path: Path
@@ -84,6 +86,7 @@ class GGUFHeader:
     tensors: dict = field(repr=False)
     num_parameters: int
     data_bytes: int
+    offsets: dict = field(default_factory=dict, repr=False)
 
     def get(self, key: str, default=None):
         """A metadata value of the architecture (``"block_count"`` -> ``llama.block_count``) or a full key."""
@@ -183,6 +186,7 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
             metadata[key] = r.value(r.unpack("<I"))
         sizes = _quant_sizes()
         tensors: dict = {}
+        starts: dict = {}
         n_params, ends = 0, 0
         for _ in range(n_tensors):
             name = r.string()
@@ -199,6 +203,7 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
                 elements *= d
             nbytes = elements // block * block_bytes
             tensors[name] = (shape, kind, nbytes)
+            starts[name] = offset
             n_params += elements
             ends = max(ends, offset + nbytes)
         alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT)) or _DEFAULT_ALIGNMENT
@@ -211,7 +216,8 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
     if not isinstance(architecture, str):
         raise ValueError(f"{path}: corrupt GGUF file (no general.architecture in its metadata)")
     metadata = {k: (f"<array of {int(v)}>" if isinstance(v, _Length) else v) for k, v in metadata.items()}
-    return GGUFHeader(path, version, architecture, metadata, tensors, n_params, ends)
+    offsets = {name: data_start + offset for name, offset in starts.items()}
+    return GGUFHeader(path, version, architecture, metadata, tensors, n_params, ends, offsets)
 
 
 def supported_architectures() -> list[str]:
@@ -402,6 +408,10 @@ def _entry_whole(folder: Path) -> bool:
 
 class CacheHealedWarning(UserWarning):
     """A cached GGUF folder did not match its manifest and was rebuilt from the GGUF file."""
+
+
+class CacheSkippedWarning(UserWarning):
+    """A GGUF file's float32 copy would not fit the cache directory's disk: opened without one, layer by layer."""
 
 
 def entry_problem(folder: Path) -> str | None:

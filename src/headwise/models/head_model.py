@@ -163,7 +163,7 @@ class _HeadwiseLM(_Headwise):
         model.hidden_states(ids, mask)
 
     def attentions(self, model, ids, mask) -> list:
-        return list(model(ids, mask, need_weights=True)[1])
+        return list(model.hidden_states(ids, mask, need_weights=True)[1])  # no (L, V) unembedding nobody reads
 
 
 class _HuggingFace:
@@ -257,8 +257,8 @@ def _runner(model):
             "model: expected an nn.Module (headwise's modules, or a Hugging Face model on headwise's attention), "
             f"got {type(model).__name__}"
         )
-    if "transformers" in sys.modules:  # a module cannot be a PreTrainedModel before transformers is imported
-        try:
+    if "transformers.modeling_utils" in sys.modules:  # no PreTrainedModel before its module is imported (importing
+        try:  # it for the check would hold 0.12 GB: a GGUF file read layer by layer imports transformers' GGUF parts)
             from transformers import PreTrainedModel
         except ImportError:  # pragma: no cover - the hf extra is missing
             PreTrainedModel = ()  # noqa: N806

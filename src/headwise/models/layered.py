@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from headwise.models.folder import FolderInfo
 from headwise.models.memory import MemoryPlan, plan_memory
 
-__all__ = ["Layered", "hf_class", "memory_route", "native_stream", "hf_stream"]
+__all__ = ["Layered", "gguf_layered", "hf_class", "memory_route", "native_stream", "hf_stream", "sharded_hidden_states"]
 
 
 @dataclass
@@ -35,7 +35,13 @@ def _file_bytes(info: FolderInfo) -> int:
 
 
 def memory_route(
-    info: FolderInfo, max_memory, *, native: bool, name: str = "max_memory", by_layer: bool | None = None
+    info: FolderInfo,
+    max_memory,
+    *,
+    native: bool,
+    name: str = "max_memory",
+    by_layer: bool | None = None,
+    cache: bool = True,
 ) -> tuple[MemoryPlan, Layered | None]:
     """The :class:`MemoryPlan` of a checked source (:func:`headwise.models.inspect_source`) under ``max_memory``, and
     the layer-by-layer module when the plan says ``"layers"`` (None for ``"whole"``: the usual loaders open it).
@@ -45,14 +51,16 @@ def memory_route(
             margin); native: headwise's own Llama decoder (``backend="headwise"``); name: the option errors name.
         by_layer: True: layer by layer whatever the budget (where the kind allows; to compare the routes); False:
             whole, planned against the budget all the same; None: as the budget says.
+        cache: a GGUF file: False (no float32 copy cached) lets it go layer by layer, its blocks de-quantised when
+            their layer runs (:mod:`headwise.models.gguf_stream`; ``info.config``: the file's config already read).
     Raises:
         MemoryBudgetError (a ValueError): a budget that is not a size or is smaller than the smallest that works,
             naming that smallest budget.
     """
     subject = info.name or info.folder.name
     whole = 4 * info.num_parameters + _file_bytes(info)
-    streamable = info.kind == "hf"
-    if streamable and by_layer is not False:
+    build = _builder(info, native, cache)
+    if build is not None and by_layer is not False:
         plan = None
         if not by_layer:  # the whole route, when it fits, without building anything
             try:
@@ -61,7 +69,7 @@ def memory_route(
                 plan = None
         if plan is not None:
             return plan, None
-        layered = native_stream(info) if native else hf_stream(info)
+        layered = build()
         stream = layered.stream
         whole = stream.whole_bytes() + _file_bytes(info)
         plan = plan_memory(max_memory, whole=whole, units=stream.sizes(), name=name, subject=subject)
@@ -72,6 +80,19 @@ def memory_route(
             return plan, layered
         return plan, None
     return plan_memory(max_memory, whole=whole, units=None, name=name, subject=subject), None
+
+
+def _builder(info: FolderInfo, native: bool, cache: bool):
+    """What builds ``info``'s layer-by-layer model, or None where it cannot go layer by layer."""
+    if info.kind == "hf":
+        return (lambda: native_stream(info)) if native else (lambda: hf_stream(info))
+    if info.kind == "gguf" and not cache:
+        from headwise.models import gguf_stream
+
+        if gguf_stream.streams(info.header):
+            config = info.config if "num_hidden_layers" in info.config else None
+            return lambda: gguf_layered(info.header, native=native, config=config)
+    return None
 
 
 def native_stream(info: FolderInfo) -> Layered:
@@ -134,6 +155,80 @@ def hf_stream(info: FolderInfo) -> Layered:
     return Layered(model, stream)
 
 
+def gguf_layered(header, *, native: bool, config: dict | None = None) -> Layered:
+    """The model of a GGUF file on the ``meta`` device, its layers de-quantised from the file when they run.
+
+    Args:
+        header: the file's :class:`~headwise.models.gguf.GGUFHeader` (:func:`~headwise.models.gguf_stream.streams`
+            true for it).
+        native: headwise's :class:`~headwise.models.llama.LlamaLM` (a Llama-family file; transformers' modelling code
+            is not imported), else the Hugging Face model on headwise's attention backend.
+        config: the file's :func:`~headwise.models.gguf_stream.header_config`, if already read.
+    Returns:
+        the :class:`~headwise.models.layered.Layered` model, its stream not attached yet.
+    Raises:
+        ValueError: a config headwise's decoder does not open (``native``), naming the file.
+    """
+    from headwise.models.gguf_stream import GGUFTensors, gguf_names, header_config
+    from headwise.models.streamed import LayerStream
+
+    config = config or header_config(header, full=not native)
+    tensors = GGUFTensors(header, config)
+    where = str(header.path)
+    if native:
+        import torch
+
+        from headwise.models.llama import LlamaConfig, LlamaLM, hf_names
+
+        cfg = LlamaConfig.from_dict(config, source=where)
+        model = LlamaLM(cfg, device="meta", dtype=torch.float32).eval()
+        names = hf_names(cfg)
+        if cfg.tie_word_embeddings:
+            names["lm_head.weight"] = names["embed_tokens.weight"]
+        to_gguf = gguf_names(header.architecture, cfg.num_hidden_layers, names.values())
+        stored = {mine: to_gguf.get(theirs) for mine, theirs in names.items()}
+        return Layered(model, LayerStream(model, tensors, stored.get, where=where))
+    model = _gguf_meta_model(config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    to_gguf = gguf_names(header.architecture, config["num_hidden_layers"], params)
+    tied: dict[int, list[str]] = {}
+    for n, p in params.items():
+        tied.setdefault(id(p), []).append(n)
+
+    def stored_name(full: str) -> str | None:  # a tied matrix is read under the name the file holds it by
+        for n in tied.get(id(params.get(full)), [full]):
+            if to_gguf.get(n) in header.tensors:
+                return to_gguf[n]
+        return to_gguf.get(full)
+
+    return Layered(model, LayerStream(model, tensors, stored_name, where=where))
+
+
+def _gguf_meta_model(config: dict):
+    """The Hugging Face causal LM of ``config`` with meta parameters, attention on headwise's backend."""
+    import warnings
+
+    import torch
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    import headwise.hf
+    from headwise.models.streamed import meta_parameters
+
+    _, cls = hf_class(config)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings(), meta_parameters():
+            warnings.simplefilter("ignore")
+            rest = {k: v for k, v in config.items() if k != "model_type"}
+            cfg = AutoConfig.for_model(config["model_type"], **rest)
+            model = cls.from_config(cfg, attn_implementation=headwise.hf.NAME, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model.eval()
+
+
 def _renamed(model, stored: set[str]) -> dict[str, str]:
     """The renamings transformers applies to a checkpoint's names when it loads one (``WeightRenaming`` s of
     ``get_model_conversion_mapping``: GPT-NeoX's ``embed_out`` → ``lm_head``, legacy ``gamma`` / ``beta``), as a map
@@ -183,3 +278,38 @@ def hf_class(config: dict):
     ):
         return "decoder", AutoModelForCausalLM
     return "encoder", AutoModel
+
+
+def sharded_hidden_states(model, ids, attention_mask=None, *, group=None):
+    """headwise's :class:`~headwise.models.llama.LlamaLM` run as layer shards over the ranks of ``group``
+    (:func:`headwise.distributed.layer_shards.run_stages`): rank 0 embeds ``ids`` ``(B, L)`` and runs its blocks,
+    each next rank its own (:func:`~headwise.distributed.layer_shards.shard_layers`), the last one the final norm.
+    Opened layer by layer, a rank brings in its own units alone. Returns the final hidden states ``(B, L, D)`` on
+    every rank — ``model.hidden_states(ids, attention_mask)`` of one process.
+
+    Raises:
+        TypeError: a model other than headwise's Llama decoder; ValueError: bad ids (as ``hidden_states``), fewer
+            layers than ranks.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from headwise.distributed.layer_shards import run_stages, shard_layers
+    from headwise.models.llama import LlamaLM
+
+    if not isinstance(model, LlamaLM):
+        raise TypeError(f"model: layer shards run headwise's LlamaLM, got {type(model).__name__}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("sharded_hidden_states: no process group; call headwise.distributed.init_from_env() first")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    a, b = shard_layers(len(model.layers), world)[rank]
+    padding = model._check(ids, attention_mask)
+
+    def stage(h):
+        with torch.no_grad():
+            x = model.embed_tokens(ids) if h is None else h  # (B, L, D)
+            for layer in model.layers[a:b]:
+                x = layer(x, key_padding_mask=padding)  # (B, L, D)
+            return model.norm(x) if rank == world - 1 else x
+
+    return run_stages(stage, (*ids.shape, model.config.hidden_size), group=group)

@@ -27,14 +27,20 @@ __all__ = [
     "default_budget",
     "format_size",
     "parse_size",
+    "MIN_WORKING",
+    "map_large_allocations",
     "peak_rss",
     "plan_memory",
+    "return_freed",
     "whole_refused",
 ]
 
 #: Bytes set aside for the activations, the statistics' blocks of rows and the allocator's slack (256 MiB: the
 #: streaming pass's blocks stay under 200 MB, :mod:`headwise.analysis.streaming`).
 WORKING = 256 * 2**20
+#: The least left for the activations when the budget is tight (64 MiB: the streaming pass's smallest blocks, 50 MB,
+#: and a short batch's hidden states); a budget between this and :data:`WORKING` above the weights is taken as given.
+MIN_WORKING = 64 * 2**20
 #: The share of the machine's available memory a default budget takes (the rest is the margin).
 FREE_SHARE = 0.8
 #: the default budget is never below this share of the machine's memory: on a busy machine a model that small takes
@@ -123,6 +129,40 @@ def current_rss() -> int:
         return peak_rss()
 
 
+_LIBC = None
+
+
+def _libc():
+    """glibc through ctypes, or False elsewhere (musl, macOS, Windows)."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libc.so.6")
+            _LIBC = lib if hasattr(lib, "malloc_trim") and hasattr(lib, "mallopt") else False
+        except OSError:
+            _LIBC = False
+    return _LIBC
+
+
+def map_large_allocations(threshold: int = 2**20) -> None:
+    """Have glibc's malloc map every allocation of ``threshold`` bytes or more on its own (``M_MMAP_THRESHOLD``), so
+    that freeing a layer's weights gives their memory back to the system at once. Without it glibc raises the
+    threshold after the first large free (up to 32 MiB) and later weights come from its heap, which it keeps: a
+    layer-by-layer run's resident memory then creeps up pass after pass."""
+    lib = _libc()
+    if lib:
+        lib.mallopt(-3, int(threshold))  # M_MMAP_THRESHOLD (fixed: no dynamic raise)
+
+
+def return_freed() -> None:
+    """Give what glibc's malloc holds free back to the system (``malloc_trim(0)``); elsewhere nothing."""
+    lib = _libc()
+    if lib:
+        lib.malloc_trim(0)
+
+
 def peak_rss() -> int:
     """This process's peak resident memory so far, in bytes (``ru_maxrss``, kilobytes on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -136,8 +176,10 @@ class MemoryPlan:
         route: ``"whole"`` (every weight in float32 at once) or ``"layers"`` (one layer's weights at a time).
         budget: the budget in bytes; given: whether the caller gave it (else :func:`default_budget`).
         held: bytes the process held when the plan was made.
-        whole: bytes the whole route needs beyond ``held`` (float32 weights, what is read to make them, working).
-        layers: bytes the layer route needs beyond ``held`` (the largest layer's float32 and stored bytes, working).
+        whole: bytes the whole route needs beyond ``held`` (float32 weights, what is read to make them,
+            :data:`WORKING`).
+        layers: bytes the layer route needs at least beyond ``held`` (the largest unit's float32 and stored bytes,
+            :data:`MIN_WORKING`); what the budget leaves beyond the weights is the activations'.
         largest: the largest unit's name (``"layers.3"``, ``"embed_tokens"``) and its float32 bytes.
     """
 
@@ -185,7 +227,8 @@ def plan_memory(
         max_memory: the budget (:func:`parse_size`), None for :func:`default_budget`.
         whole: bytes the whole route holds at its peak (float32 weights and the stored bytes read to make them).
         units: the parts the layer route loads one at a time: name → ``(float32 bytes, stored bytes)``; None where the
-            model cannot go layer by layer.
+            model cannot go layer by layer. The whole route is taken when its weights and :data:`WORKING` fit; the
+            layer route needs the largest unit and at least :data:`MIN_WORKING` for the activations.
         name: the option named in errors (``"--max-memory"`` from the command line); subject: the model, for errors.
     Returns:
         a :class:`MemoryPlan`: ``"whole"`` when it fits the budget, else ``"layers"``.
@@ -197,7 +240,7 @@ def plan_memory(
     need_whole = whole + WORKING
     if units:
         big = max(units, key=lambda k: sum(units[k]))
-        need_layers = sum(units[big]) + WORKING
+        need_layers = sum(units[big]) + MIN_WORKING
         largest = (big, units[big][0])
     else:
         need_layers, largest = need_whole, ("the whole model", whole)
@@ -213,7 +256,8 @@ def plan_memory(
     if units and held + need_layers <= budget:
         return MemoryPlan("layers", budget, given, held, need_whole, need_layers, largest)
     what = f"{largest[0]} ({format_size(largest[1])} in float32)" if units else "the whole model in float32"
-    parts = f"(this process holds {format_size(held)}, {what}, {format_size(WORKING)} for the activations)"
+    working = MIN_WORKING if units else WORKING
+    parts = f"(this process holds {format_size(held)}, {what}, {format_size(working)} for the activations)"
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     beyond = f", more than this machine's {format_size(machine)} of memory" if smallest > machine else ""
     if given:

@@ -262,7 +262,9 @@ def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
 
 def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[HeadModel, FolderInfo]:
     """A GGUF file de-quantised to float32 on headwise's attention: through its cached safetensors folder
-    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``).
+    (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``): a file the
+    layer route reads (its config from the header, :func:`_gguf_route`) through that reader whole
+    (:meth:`~headwise.models.streamed.LayerStream.load_all`), another through transformers' GGUF loader.
     ``native``: on headwise's :class:`~headwise.models.llama.LlamaLM` (:class:`UnsupportedBackend` when it is not
     a Llama-family model)."""
     from headwise.models import gguf, llama
@@ -273,6 +275,16 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
         folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=counted)
         folder_info.name = info.name
         return (_load_native(folder_info) if native else _load_hf(folder_info)), folder_info
+    if "num_hidden_layers" in info.config:  # config read from the header (_gguf_route): the layer route's reader
+        from headwise.models.gguf_stream import header_tokenizer
+        from headwise.models.layered import gguf_layered
+
+        layered = gguf_layered(header, native=native, config=info.config)
+        layered.stream.load_all()
+        hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
+            info.config)[0], info)  # fmt: skip
+        hm.tokenizer = header_tokenizer(header)
+        return hm, info
     import headwise.hf
 
     model, tokenizer = gguf.load_gguf(path, header)
@@ -292,6 +304,40 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
     hm = _hf_head_model(model, "decoder", loaded)
     hm.tokenizer = tokenizer.backend_tokenizer
     return hm, loaded
+
+
+def _gguf_route(info: FolderInfo, cache: bool, native: bool) -> tuple[FolderInfo, bool]:
+    """A GGUF source's cache choice and, for the route without a cache, its config read from the header.
+
+    ``cache`` stays True unless the float32 copy would not fit the cache directory's disk
+    (:func:`headwise.models.gguf_stream.cache_fits`; a :class:`~headwise.models.gguf.CacheSkippedWarning` says so).
+    Without a cache, a file that can go layer by layer (:func:`headwise.models.gguf_stream.streams`) gets its config
+    from the header (no weight read); ``native`` then refuses a file that is not Llama-family
+    (:class:`UnsupportedBackend`, carrying the file).
+    """
+    from headwise.models import gguf, gguf_stream, llama
+
+    header = info.header
+    if cache and not gguf_stream.cache_fits(header, gguf.cache_root()):
+        warnings.warn(
+            f"{info.name}: a float32 copy ({4 * header.num_parameters / 1e9:.2f} GB) would not fit the free disk "
+            f"of the cache directory {gguf.cache_root()}; opened without writing one (layer by layer where it does "
+            "not fit the memory budget)",
+            gguf.CacheSkippedWarning,
+            stacklevel=3,
+        )
+        cache = False
+    if cache or not gguf_stream.streams(header):
+        return info, cache
+    config = gguf_stream.header_config(header, full=not native)
+    streamed = FolderInfo(info.folder, config, config["model_type"], "gguf", info.weights, info.num_parameters, None,
+                          info.name, header)  # fmt: skip
+    if native:
+        try:
+            llama.LlamaConfig.from_dict(config, source=info.name)
+        except ValueError as e:
+            raise UnsupportedBackend(f"backend='headwise': {e}", streamed) from None
+    return streamed, cache
 
 
 def open_model(
@@ -355,11 +401,17 @@ def open_model(
 
     if native and info.kind != "gguf":
         _check_native(info)  # refused by name unless Llama-family, before the memory is planned
-    plan, layered = memory_route(info, max_memory, native=native, name=memory_name, by_layer=by_layer)
+    if info.kind == "gguf":
+        info, cache = _gguf_route(info, cache, native)
+    plan, layered = memory_route(info, max_memory, native=native, name=memory_name, by_layer=by_layer, cache=cache)
     if layered is not None:
         hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
             info.config)[0], info)  # fmt: skip
         hm.stream = layered.stream
+        if info.kind == "gguf":
+            from headwise.models.gguf_stream import header_tokenizer
+
+            hm.tokenizer = header_tokenizer(info.header)
     elif info.kind == "gguf":
         hm, info = _load_gguf(info, cache, native)
     elif native:

@@ -13,9 +13,12 @@ unit) and the activations.
 
 - :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders.
 - :func:`meta_parameters` — a context in which modules are built with meta parameters and real buffers.
-- :class:`LayerStream` — the hooks, :func:`units_of` the units of a module.
+- :class:`LayerStream` — the hooks, :func:`units_of` the units of a module. A checkpoint that reads rows
+  (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a
+  batch holds, and its large unembedding applied a slice of output rows at a time (:data:`SLICE_BYTES`), so neither
+  matrix is ever held whole in float32.
 
-Shape legend: NL layers.
+Shape legend: NL layers, B batch, L length, V vocabulary (rows of an embedding or unembedding), D model width.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "SLICE_BYTES",
+    "RowTensors",
     "StoredTensors",
     "SafetensorsTensors",
     "LayerStream",
@@ -57,6 +62,24 @@ class StoredTensors(Protocol):
     def load(self, names: Sequence[str]) -> dict[str, Tensor]:
         """The tensors ``names`` as new float32 tensors (nothing of the file kept mapped after the call)."""
         ...
+
+
+class RowTensors(StoredTensors, Protocol):
+    """A checkpoint that can also read some rows of a matrix (:class:`LayerStream` then reads an embedding's rows for
+    the tokens it is given, and an unembedding a slice of rows at a time)."""
+
+    def rows_ok(self, name: str) -> bool:
+        """Whether :meth:`load_rows` reads ``name`` (a matrix stored row by row, the rows finished alone)."""
+        ...
+
+    def load_rows(self, name: str, rows: Tensor) -> Tensor:
+        """Rows ``rows`` (sorted, distinct, ``(n,)``) of matrix ``name`` as a new float32 ``(n, D)`` tensor."""
+        ...
+
+
+#: An embedding or unembedding larger than this in float32 is read by rows where the checkpoint can (RowTensors); an
+#: unembedding is then applied this many bytes of float32 rows at a time.
+SLICE_BYTES = 16 * 2**20
 
 
 class SafetensorsTensors:
@@ -96,6 +119,28 @@ class SafetensorsTensors:
 
     def stored_bytes(self, name: str) -> int:
         return self._bytes[name]
+
+    def rows_ok(self, name: str) -> bool:
+        """Every matrix reads by rows (``get_slice``)."""
+        return len(self._shapes[name]) == 2
+
+    def load_rows(self, name: str, rows: Tensor) -> Tensor:
+        """Rows ``rows`` (sorted, distinct, ``(n,)``) of matrix ``name`` in float32, ``(n, D)``: each run of
+        consecutive rows read at once through ``get_slice`` (only those rows' pages touched), the file closed after."""
+        from safetensors import safe_open
+
+        index = [int(r) for r in rows]
+        out = torch.empty(len(index), self._shapes[name][1], dtype=torch.float32)  # (n, D)
+        with safe_open(os.fspath(self._where[name]), framework="pt", device="cpu") as f:
+            part = f.get_slice(name)
+            k = 0
+            while k < len(index):
+                end = k + 1
+                while end < len(index) and index[end] == index[end - 1] + 1:
+                    end += 1
+                out[k:end] = part[index[k] : index[end - 1] + 1].to(torch.float32)
+                k = end
+        return out
 
     def load(self, names: Sequence[str]) -> dict[str, Tensor]:
         from safetensors import safe_open
@@ -225,6 +270,25 @@ class LayerStream:
         self.loads, self.seconds = 0, 0.0
         self._handles: list = []
         self._order = list(self.units)
+        self.sliced = {u: n for u, m in self.units.items() if (n := self._by_rows(u, m)) is not None}
+        self._padding: dict[str, int | None] = {}
+
+    def _by_rows(self, unit: str, module: nn.Module) -> str | None:
+        """The stored name of ``unit``'s matrix when the unit is read by rows: an ``nn.Embedding`` (or a subclass that
+        looks its rows up in ``weight``) or a plain bias-free ``nn.Linear`` whose float32 weight is over
+        :data:`SLICE_BYTES`, in a checkpoint that reads its rows; else None."""
+        if not hasattr(self.tensors, "load_rows") or list(self.stored[unit]) != ["weight"]:
+            return None
+        if not (isinstance(module, nn.Embedding) or (type(module) is nn.Linear and module.bias is None)):
+            return None
+        theirs = self.stored[unit]["weight"]
+        if 4 * module.weight.numel() <= SLICE_BYTES or not self.tensors.rows_ok(theirs):
+            return None
+        return theirs
+
+    def _rows_per_slice(self, unit: str) -> int:
+        weight = self.units[unit].weight
+        return max(1, SLICE_BYTES // (4 * weight[0].numel()))
 
     def _blocks(self) -> set[str]:
         prefix, blocks = layer_list(self.model)
@@ -236,8 +300,17 @@ class LayerStream:
         return (module.get_submodule(owner) if owner else module), leaf
 
     def sizes(self) -> dict[str, tuple[int, int]]:
-        """Unit name → ``(float32 bytes, stored bytes)``, what :func:`headwise.models.memory.plan_memory` takes."""
-        return {u: (self.float32_bytes[u], self.stored_bytes[u]) for u in self.units}
+        """Unit name → ``(float32 bytes, stored bytes)`` held at once, what :func:`headwise.models.memory.plan_memory`
+        takes. A unit read by rows holds one slice (an embedding's rows for a batch's tokens are at most its output,
+        ``(B, L, D)``, which the activations count)."""
+        out = {}
+        for u in self.units:
+            f32, st = self.float32_bytes[u], self.stored_bytes[u]
+            if u in self.sliced:
+                share = self._rows_per_slice(u) / self.units[u].weight.shape[0]
+                f32, st = int(f32 * share), int(st * share)
+            out[u] = (f32, st)
+        return out
 
     def attach(self) -> LayerStream:
         """Register the hooks (once). Returns self.
@@ -247,11 +320,94 @@ class LayerStream:
         """
         if self.problem is not None:
             raise ValueError(self.problem)
+        from headwise.models.memory import map_large_allocations
+
+        map_large_allocations()
         if not self._handles:
             for unit, module in self.units.items():
-                self._handles.append(module.register_forward_pre_hook(lambda m, a, u=unit: self.bring(u)))
+                if unit in self.sliced and isinstance(module, nn.Linear):
+                    module.forward = lambda x, u=unit: self._sliced_linear(u, x)  # this instance's forward, by slices
+                    continue
+                if unit in self.sliced:
+                    pre = module.register_forward_pre_hook(
+                        lambda m, a, k, u=unit: self._gather(u, a, k), with_kwargs=True
+                    )
+                else:
+                    pre = module.register_forward_pre_hook(lambda m, a, u=unit: self.bring(u))
+                self._handles.append(pre)
                 self._handles.append(module.register_forward_hook(lambda m, a, o, u=unit: self.release(u)))
         return self
+
+    def load_all(self) -> None:
+        """Bring every unit in for good, hooks removed: the whole model in float32 from the same reader (a matrix two
+        units share — a tied unembedding — read once and shared again). The stream is not used after.
+
+        Raises:
+            ValueError: a parameter the checkpoint lacks, or holds in another shape, naming the tensor.
+        """
+        if self.problem is not None:
+            raise ValueError(self.problem)
+        self.detach()
+        done: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter loaded for it
+        for unit, module in self.units.items():
+            names = self.stored[unit]
+            todo = [rel for rel in names if id(self._meta[unit][rel]) not in done]
+            loaded = self.tensors.load(list(dict.fromkeys(names[rel] for rel in todo)))
+            for rel in names:
+                meta = self._meta[unit][rel]
+                if id(meta) not in done:
+                    done[id(meta)] = nn.Parameter(loaded[names[rel]], requires_grad=meta.requires_grad)
+                owner, leaf = self._slot(module, rel)
+                owner._parameters[leaf] = done[id(meta)]
+            del loaded
+
+    def detach(self) -> None:
+        """Remove the hooks (and the sliced forwards); :meth:`attach` puts them back."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for unit in self.sliced:
+            self.units[unit].__dict__.pop("forward", None)
+
+    def _gather(self, unit: str, args: tuple, kwargs: dict):
+        """An embedding's pre-hook: its rows for the distinct tokens of ``ids`` as its weight, ``ids`` renumbered into
+        them (the module's own forward then runs: a scaled embedding keeps its scale)."""
+        import time
+
+        ids = args[0] if args else kwargs["input"]
+        start = time.perf_counter()
+        distinct, where = torch.unique(ids, sorted=True, return_inverse=True)  # (n,), ids' shape
+        module = self.units[unit]
+        module._parameters["weight"] = nn.Parameter(self.tensors.load_rows(self.sliced[unit], distinct),
+                                                    requires_grad=False)  # fmt: skip
+        self._padding[unit] = module.padding_idx
+        module.padding_idx = None  # a row index of the whole table; padding rows only matter to gradients
+        self.seconds += time.perf_counter() - start
+        self._count(unit)
+        return ((where, *args[1:]), kwargs) if args else (args, {**kwargs, "input": where})
+
+    def _sliced_linear(self, unit: str, x: Tensor) -> Tensor:
+        """A large unembedding applied a slice of output rows at a time: ``(..., D)`` → ``(..., V)``."""
+        import time
+
+        import torch.nn.functional as F
+
+        module, name = self.units[unit], self.sliced[unit]
+        rows, step = module.out_features, self._rows_per_slice(unit)
+        out = x.new_empty(*x.shape[:-1], rows)  # (..., V)
+        for r0 in range(0, rows, step):
+            start = time.perf_counter()
+            w = self.tensors.load_rows(name, torch.arange(r0, min(rows, r0 + step)))  # (n, D)
+            self.seconds += time.perf_counter() - start
+            out[..., r0 : r0 + w.shape[0]] = F.linear(x, w)
+            del w
+        self._count(unit)
+        return out
+
+    def _count(self, unit: str) -> None:
+        self.loads += 1
+        if self.on_unit is not None:
+            self.on_unit(unit, self._order.index(unit), len(self._order))
 
     def bring(self, unit: str) -> None:
         """Read ``unit``'s tensors, in float32, onto its module (a unit already in: nothing)."""
@@ -271,30 +427,29 @@ class LayerStream:
             owner, leaf = self._slot(module, rel)
             owner._parameters[leaf] = nn.Parameter(loaded[theirs], requires_grad=False)
         self.seconds += time.perf_counter() - start
-        self.loads += 1
-        if self.on_unit is not None:
-            self.on_unit(unit, self._order.index(unit), len(self._order))
+        self._count(unit)
 
     def release(self, unit: str) -> None:
         """Put ``unit``'s meta tensors back and drop what its modules kept of the weights."""
         from headwise.core.projections import forget_stacked
+        from headwise.models.memory import return_freed
 
         module = self.units[unit]
         for rel, meta in self._meta[unit].items():
             owner, leaf = self._slot(module, rel)
             owner._parameters[leaf] = meta
+        if unit in self._padding:
+            module.padding_idx = self._padding.pop(unit)
         for m in module.modules():
             forget_stacked(m)
+        return_freed()
 
     @contextlib.contextmanager
     def held(self, units: Sequence[str] | None = None) -> Iterator[None]:
         """Within the block, ``units`` (default: all) stay in, whatever runs (for a caller that reads weights outside
         a forward pass); released after."""
         chosen = list(self.units) if units is None else list(units)
-        saved = self._handles
-        self._handles = []
-        for h in saved:
-            h.remove()
+        self.detach()
         try:
             for u in chosen:
                 self.bring(u)

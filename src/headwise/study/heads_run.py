@@ -56,13 +56,14 @@ def open_heads_model(
     import warnings
 
     from headwise.models import open_model
-    from headwise.models.gguf import CacheHealedWarning
+    from headwise.models.gguf import CacheHealedWarning, CacheSkippedWarning
     from headwise.models.memory import MemoryBudgetError
     from headwise.models.sources import UnsupportedBackend
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheHealedWarning)
+            warnings.simplefilter("always", CacheSkippedWarning)
             memory = {"max_memory": max_memory, "memory_name": "--max-memory"}
             try:
                 hm = open_model(source, cache=cache, backend=backend, **memory)
@@ -73,7 +74,7 @@ def open_heads_model(
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise ValueError(f"--model: {' '.join(str(e).split())}") from None
     for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
-        if issubclass(w.category, CacheHealedWarning):
+        if issubclass(w.category, (CacheHealedWarning, CacheSkippedWarning)):
             warn(f"--model: {w.message}")
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -113,10 +114,11 @@ def view_command(opts: HeadsOptions) -> tuple[str, str]:
 
 def heads_backend(opts: HeadsOptions) -> str:
     """``"headwise"`` for a plain statistics run (a Llama-family decoder then runs on headwise's own modules, without
-    transformers' import time), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face internals,
-    and ``--no-cache`` de-quantises a GGUF file with transformers anyway. Under torchrun the ranks take the same route
-    as one process does (their files equal its files, the recorded backend included)."""
-    return "headwise" if opts.cache and not (opts.importance or opts.composition) else "auto"
+    transformers' import time or the memory its modelling code holds — what lets a GGUF file opened without a cache
+    run layer by layer in 0.5 GB), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face
+    internals. Under torchrun the ranks take the same route as one process does (their files equal its files, the
+    recorded backend included)."""
+    return "auto" if opts.importance or opts.composition else "headwise"
 
 
 def drawn(view, tokens: list[str]) -> tuple[list[str], np.ndarray]:
