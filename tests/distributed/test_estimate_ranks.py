@@ -46,8 +46,8 @@ def _same(got: dict, want, tol=TOL) -> None:
 
 
 def _as_dict(r) -> dict:
-    return {"estimate": r.estimate, "importance": r.importance, "ablation": r.ablation, "measured": r.measured,
-            "base_loss": r.base_loss, "curves": r.curves, "tokens": r.num_tokens, "sequences": r.num_sequences}  # fmt: skip
+    names = ("estimate", "importance", "ablation", "measured", "base_loss", "curves")
+    return {name: getattr(r, name) for name in names} | {"tokens": r.num_tokens, "sequences": r.num_sequences}
 
 
 def test_two_gloo_ranks_equal_one_process(decoder, launch_world):
@@ -75,14 +75,15 @@ def test_two_gloo_ranks_equal_one_process(decoder, launch_world):
 
 @pytest.mark.parametrize("split", [[[0, 2], [1]], [[1], [0, 2]]])
 def test_reduce_seam_over_two_thread_ranks_equals_one_process(decoder, split):
-    from headwise.models import open_model
-    from headwise.study import estimate_importance
-
     import sys
     from pathlib import Path
 
+    from headwise.models import open_model
+    from headwise.study import estimate_importance
+
     sys.path.insert(0, str(Path(__file__).parent))
     import test_importance_ranks as sys_path_ranks
+
     _, model, lines = decoder
     hm = open_model(model)
     batches = _batches(hm, lines)
