@@ -135,7 +135,7 @@ def _importance_bar(bar, suffix: str = ""):
         "ablation": "ablation (passes)",
         "pruning": "pruning (passes)",
         "estimate": "estimate, every head (forward + backward passes)",
-        "exact": "exact, top heads (passes)",
+        "exact": "exact: the top heads and the curve (passes)",
     }
     return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 

@@ -18,7 +18,8 @@ Three steps, each in batched passes:
    from the estimate. Their agreement (Spearman, top-k overlap, the largest error) says how far the estimate can be
    trusted; the random heads bound what it may have missed.
 3. **The pruning curve** at :data:`GRID` (fractions of the heads removed), least important first by the estimate,
-   by Michel et al.'s importance and in random orders; each point one head set of the batched engine.
+   by Michel et al.'s importance and in random orders; each point one head set of the batched engine. Its orders need
+   no exact number, so its sets run in the same call of the engine as the measured heads (one kept pass a part).
 
 A data-parallel run hands ``reduce`` (an all-reduce of float64 sums): each process holds its own share of the
 batches (:func:`~headwise.study.estimate_across_ranks`).
@@ -37,8 +38,9 @@ from headwise.analysis.importance import ImportanceResult
 
 __all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement"]
 
-#: The pruning curve's points: fractions of the heads removed (each point one head set of the batched engine).
-GRID = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0)
+#: The pruning curve's points: fractions of the heads removed (each point one head set of the batched engine; with
+#: the 5 orders, 16 distinct sets whatever the model's size).
+GRID = (0.0, 0.125, 0.25, 0.5, 1.0)
 #: Heads measured exactly besides the top k, drawn at random from the rest (seeded): the estimate's error there.
 RANDOM_HEADS = 8
 #: Most tokens of one part of the estimate's forward and backward pass (its logits and their gradient are held).
@@ -46,10 +48,10 @@ ESTIMATE_TOKENS = 1024
 
 
 def default_top_k(heads: int) -> int:
-    """The heads measured exactly by default: 20, at most a quarter of ``heads`` (at least 1). SmolLM2's 270 heads:
-    20 single-head ablations (about 15 forward-equivalents of the sample: the heads that matter sit low); MiniLM's
-    72: 18."""
-    return max(1, min(20, heads // 4))
+    """The heads measured exactly by default: 12, at most a quarter of ``heads`` (at least 1) — SmolLM2's and
+    MiniLM's 12, for SmolLM2's default run's time: the heads its estimate puts on top sit in layers 0–2, about one
+    forward-equivalent of the sample each (with the 8 random heads and the curve's 16 sets, about 33 in all)."""
+    return max(1, min(12, heads // 4))
 
 
 @dataclass
@@ -186,7 +188,8 @@ def estimate_importance(
             rest.
         grid: the pruning curve's fractions of the heads removed; random_orders: its random orders.
         copies, memory: the batched engine's (:func:`~headwise.analysis.ablation_objectives`).
-        progress: ``(stage, done, total)``: ``"estimate"`` in parts, ``"exact"`` and ``"pruning"`` in passes.
+        progress: ``(stage, done, total)``: ``"estimate"`` in parts (a forward and a backward pass each), ``"exact"``
+            in passes (the measured heads and the curve's sets together).
         reduce: a data-parallel run's all-reduce of float64 sums (this process's share of ``batches``).
     Returns:
         :class:`EstimatedImportance`.
@@ -253,16 +256,6 @@ def estimate_importance(
     drawn = np.random.default_rng(seed).choice(rest, size=min(random_heads, len(rest)), replace=False)
     measured = np.concatenate([top, np.sort(drawn)]).astype(np.int64)
     cost = SweepCost()
-
-    def measure(sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
-        """The objective with each head set removed, measured by the batched engine (``sets`` distinct)."""
-        return ablation_objectives(
-            hm, batches, [_job(s, h) for s in sets], scored=scored, reference=references, mode=mode, copies=copies,
-            memory=memory, cost=cost, progress=lambda done, total: progress(stage, done, total),
-        )  # fmt: skip
-
-    exact = np.full(n, np.nan)
-    exact[measured] = pooled(measure([(int(f),) for f in measured], "exact")) - base
     norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
     importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
     steps = np.unique(np.round(np.asarray(grid, dtype=float) * n).astype(np.int64).clip(0, n))
@@ -271,12 +264,19 @@ def estimate_importance(
     seeds = tuple(seed + r for r in range(random_orders))
     for s in seeds:
         orders[f"random{s}"] = np.random.default_rng(s).permutation(n)
-    sets: dict[tuple[int, ...], int] = {}
+    sets: dict[tuple[int, ...], int] = {(int(f),): i for i, f in enumerate(measured)}  # the measured heads first
     for order in orders.values():
         for k in steps:
             if k > 0:
                 sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
-    values = pooled(measure(list(sets), "pruning")) if sets else np.zeros(0)
+    jobs = [_job(s, h) for s in sets]
+    values = ablation_objectives(
+        hm, batches, jobs, scored=scored, reference=references, mode=mode, copies=copies, memory=memory, cost=cost,
+        progress=lambda done, total: progress("exact", done, total),
+    )  # fmt: skip
+    values = pooled(values)
+    exact = np.full(n, np.nan)
+    exact[measured] = values[: len(measured)] - base
     curves = {
         name: np.array([base if k == 0 else values[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps])
         for name, order in orders.items()
@@ -285,7 +285,7 @@ def estimate_importance(
     curves |= {"random_mean": random.mean(0), "random_min": random.min(0), "random_max": random.max(0)}
     sweep = cost.to_dict() | {
         "mode": mode,
-        "head_sets": len(measured) + len(sets),
+        "head_sets": len(sets),
         "route": "estimate",
         "estimate_seconds": seconds_estimate,
         "seconds_total": time.perf_counter() - t0,
