@@ -1,40 +1,30 @@
-"""``headwise heads --importance`` before and after the batched sweep, side by side in one run, and the plain statistics
-at 1,024 tokens beside the sdpa forward.
+"""``headwise heads --importance`` — the default route (every head estimated, the top k measured exactly, the pruning
+curve at a small grid) against its goals, and in full mode beside ``--exact`` (every head measured, the full curves);
+the plain statistics at 1,024 tokens beside the sdpa forward.
 
-Each case is a fresh process, timed from interpreter start to every file written; OLD runs the same command from
-another source tree (``HEADWISE_OLD_SRC``, a ``src`` folder; default: a detached worktree of :data:`BASELINE`, the
-code before the batched sweep, made under the system's temporary folder), NEW this checkout's ``src``. Cases:
+Each case is a fresh process of this checkout, timed from interpreter start to every file written, the load average
+recorded before and after (a shared machine's time is not a verdict). Cases:
 
-- ``smollm2``: ``headwise heads --model smollm2 --corpus sample --importance`` (the default sample: 64 lines; quick:
-  ``--importance-sentences 8``). Goal ≤ 180 s (full).
-- ``smollm2_1024``: the same on one 1,024-token line, against the forward passes it needs (the sweep's
-  forward-equivalents, read from heads.json, plus the gates' forward and backward counted as 3) at the sdpa
-  forward's time on those tokens. Goal ≤ 1.2 × (full only: OLD takes about 15 minutes).
-- ``minilm``: ``headwise heads --corpus sample --importance`` (the bundled all-MiniLM-L6-v2; quick: 8 sentences).
-  Goal ≤ 180 s (full; OLD full only).
+- ``smollm2``: ``headwise heads --model smollm2 --corpus sample --importance`` (the default sample: 64 lines). Goal
+  ≤ 180 s. Full mode adds the same with ``--exact`` (about 15 minutes) and its FLOP floor.
+- ``minilm``: ``headwise heads --corpus sample --importance`` (the bundled all-MiniLM-L6-v2, 64 sentences). Goal
+  ≤ 120 s. Full mode adds ``--exact``.
+- ``smollm2_1024`` (full only): ``--importance --exact`` on one 1,024-token line, against the forward passes it needs
+  (the sweep's forward-equivalents, read from heads.json, plus the gates' forward and backward counted as 3) at the
+  sdpa forward's time on those tokens. Goal ≤ 1.2 ×.
 - ``stats_1024``: ``headwise heads --model smollm2 TEXT`` on 1,024 tokens ÷ the sdpa forward of those tokens
   (``benchmarks/heads_long.py``). Goal ≤ 4.
-
-- ``floor``: the machine's floor of the ``smollm2`` case — the FLOPs the run cannot avoid (the sweep's
-  forward-equivalents, read from heads.json, plus 3 for the gates' forward and backward, × the tokens run × 2 ×
-  the model's parameters per token, its LM head included) at the best float32 GEMM rate measured in the same run on
-  the same threads (:func:`gemm_rate`): NEW ÷ that time is how far the run is from the floor. For SmolLM2-135M
-  (2 × 134.5 M FLOP a token) and the default sample (1,299 tokens run after packing, about 295 + 3
-  forward-equivalents) at 190 GFLOP/s that is 298 × 1,299 × 269 MFLOP ÷ 190 GFLOP/s ≈ 550 s: the ≤ 3-minute
-  goal is below the machine's floor.
-- ``minilm floor``: the same for the ``minilm`` case: (the sweep's forward-equivalents + the forward-mode
-  importance's H · (NL + 1) / 2 = 42 tangent forward-equivalents (each layer's 12 tangents run from that layer up:
-  12 · Σ (6 − l) / 6) + 1 for the primal) × the tokens run × :data:`MINILM_FLOP_PER_TOKEN`, at the same GEMM rate.
-  For the default sample (1,510 tokens run after packing, 198 sweep forward-equivalents) at 190 GFLOP/s:
-  about 241 × 1,510 × 21.2 MFLOP ÷ 190 GFLOP/s ≈ 41 s.
-- ``sweep_1024``: in one fresh process (2 threads), the importance run alone (gates' pass, ablations, curves) on
-  one 1,024-token line, beside the model's own sdpa forward of those tokens measured in the same process; goal:
-  time ≤ 1.2 × (forward-equivalents + 3) × the sdpa forward.
+- ``floor`` (full only): the machine's floor of ``--exact`` on SmolLM2 — (the sweep's forward-equivalents + 3 for the
+  gates' forward and backward) × the tokens run × 2 × the model's parameters per token, at the best float32 GEMM rate
+  measured in the same run on the same threads (:func:`gemm_rate`); MiniLM's the same with the forward-mode
+  importance's :data:`MINILM_IMPORTANCE_FORWARDS`.
+- ``sweep_1024``: in one fresh process (2 threads), the exact importance run alone on one 1,024-token line, beside
+  the model's own sdpa forward measured in the same process; goal: time ≤ 1.2 × (forward-equivalents + 3) × the sdpa
+  forward.
 - ``long`` (only with ``HEADWISE_BENCH_LONG=8192``, not run by default): in a fresh process at that many tokens,
   the gates' pass (blocks recomputed) and two sweep passes — the peak resident memory (goal ≤ 8 GB) and seconds a
   pass; the whole run's time is stated as an extrapolation (passes × seconds a pass), labelled so.
 
-Printed per case: OLD and NEW seconds, NEW ÷ OLD, and NEW's sweep (passes, copies a pass, memory budget).
 Run one case by hand (JSON on stdout): ``PYTHONPATH=benchmarks python benchmarks/targets/importance.py sweep 1024``
 or ``… long 8192``.
 """
@@ -54,37 +44,29 @@ from row import Row
 
 from targets.base import Mode, Target, md_row
 
-#: The commit before the batched sweep: what OLD runs when ``HEADWISE_OLD_SRC`` is not set.
-BASELINE = "5b40c4c"
-
-
-def old_src(tmp: Path) -> str:
-    """OLD's ``src``: ``HEADWISE_OLD_SRC``, or a detached worktree of :data:`BASELINE` under ``tmp``."""
-    given = os.environ.get("HEADWISE_OLD_SRC")
-    if given:
-        return given
-    tree = tmp / "old"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), BASELINE], check=True)
-    return str(tree / "src")
-
-
-def drop_tree(src: str) -> None:
-    if not os.environ.get("HEADWISE_OLD_SRC"):
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(src).parent)], check=False)
-
 
 def timed(src: str, argv: list[str], out: Path) -> dict:
-    """``headwise ARGV --out OUT`` with ``PYTHONPATH=src``: wall seconds and heads.json's importance summary."""
+    """``headwise ARGV --out OUT`` with ``PYTHONPATH=src``: wall seconds, the load average before and after, and
+    heads.json's importance summary (its sweep, route and agreement)."""
     env = {**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-m", "headwise", *argv, "--out", str(out)], env=env, cwd=ROOT, capture_output=True, text=True
     )
     wall = time.perf_counter() - start
+    loads = [load, os.getloadavg()[0]]
     if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1], "seconds": None}
+        return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1], "seconds": None, "load": loads}
     summary = json.loads((out / "heads.json").read_text()).get("importance", {})
-    return {"seconds": wall, "sweep": summary.get("sweep", {}), "base_loss": summary.get("base_loss")}
+    return {
+        "seconds": wall,
+        "load": loads,
+        "route": summary.get("route"),
+        "sweep": summary.get("sweep", {}),
+        "agreement": summary.get("agreement"),
+        "base_loss": summary.get("base_loss"),
+    }
 
 
 def one_line(L: int, tmp: Path) -> Path:
@@ -159,7 +141,9 @@ if what == "sweep":
     out["sweep"] = r.sweep
 else:
     t = time.perf_counter()
-    I._decoder_importance(hm, batches, "next_token", lambda *a: None)
+    from headwise.analysis.gates import decoder_importance
+
+    decoder_importance(hm, batches, "next_token", lambda *a: None)
     out["gates_s"] = time.perf_counter() - t
     out["gates_peak_mib"] = peak()
     from headwise.analysis.batched import SweepCost
@@ -202,37 +186,34 @@ def long_case(L: int) -> dict:
 
 class Importance(Target):
     name = "importance"
-    title = "`headwise heads --importance` before and after the batched sweep; the statistics at 1,024 tokens"
+    title = (
+        "`headwise heads --importance`: the estimate route against its goals, beside `--exact`; the statistics at "
+        "1,024 tokens"
+    )
 
     def measure(self, mode: Mode):
         import heads_long
 
         data: dict = {}
         rows = []
-        sample = [] if mode.full else ["--importance-sentences", "8"]
+        src = str(ROOT / "src")
+        goals = {"smollm2": 180.0, "minilm": 120.0}
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
-            old = old_src(tmp)
-            new = str(ROOT / "src")
-            try:
-                cases = {
-                    "smollm2": (["heads", "--model", "smollm2", "--corpus", "sample", "--importance", *sample], True),
-                    "minilm": (["heads", "--corpus", "sample", "--importance", *sample], True),
-                }
-                if mode.full:
-                    line = one_line(1024, tmp)
-                    cases["smollm2_1024"] = (
-                        ["heads", "--model", "smollm2", "--corpus", str(line), "--importance"],
-                        True,
-                    )
-                for case, (argv, with_old) in cases.items():
-                    got = {}
-                    for label, src in (("new", new), ("old", old)) if with_old else (("new", new),):
-                        got[label] = timed(src, argv, tmp / f"{case}_{label}")
-                        log(f"importance {case} {label}: {got[label]}")
-                    data[case] = got
-            finally:
-                drop_tree(old)
+            cases = {
+                "smollm2": ["heads", "--model", "smollm2", "--corpus", "sample", "--importance"],
+                "minilm": ["heads", "--corpus", "sample", "--importance"],
+            }
+            if mode.full:
+                cases["smollm2_1024"] = ["heads", "--model", "smollm2", "--corpus", str(one_line(1024, tmp)),
+                                         "--importance", "--exact"]  # fmt: skip
+            for case, argv in cases.items():
+                got = {"new": timed(src, argv, tmp / f"{case}_new")}
+                log(f"importance {case} new: {got['new']}")
+                if mode.full and case in goals:
+                    got["exact"] = timed(src, [*argv, "--exact"], tmp / f"{case}_exact")
+                    log(f"importance {case} exact: {got['exact']}")
+                data[case] = got
             data["stats_1024"] = heads_long.measure(1024)
             log(f"importance stats_1024: {data['stats_1024']}")
             data["gemm_flops"] = gemm_rate()
@@ -243,20 +224,33 @@ class Importance(Target):
                 log(f"importance long: {data['long']}")
         rate = data["gemm_flops"]
         flop = data["sweep_1024"].get("flop_per_token") or 2 * 134.5e6
-        new = data["smollm2"]["new"]
-        if new.get("seconds") and new.get("sweep"):
-            floor = floor_seconds(new["sweep"], flop, rate)
+        for case, label in (("smollm2", "SmolLM2"), ("minilm", "MiniLM")):
+            d = data[case]["new"]
+            sw, agree = d.get("sweep") or {}, d.get("agreement") or {}
+            rho = agree.get("spearman")
+            note = (
+                f"load {d['load'][0]:.1f} → {d['load'][1]:.1f}; estimate {sw.get('estimate_seconds', 0):.0f} s, "
+                f"exact heads and pruning {sw.get('seconds', 0):.0f} s ({sw.get('forward_equivalents', 0):.0f} "
+                f"forward-equivalents); Spearman over the measured heads {'–' if rho is None else f'{rho:.2f}'}"
+            )
+            rows.append(
+                Row.at_most(f"heads --importance, {label}, default sample: seconds", d["seconds"], goals[case], note)
+            )
+        exact = data["smollm2"].get("exact", {})
+        if exact.get("seconds") and exact.get("sweep"):
+            floor = floor_seconds(exact["sweep"], flop, rate)
             rows.append(
                 Row(
-                    "heads --importance, SmolLM2: time ÷ the FLOP floor (forward-equivalents + 3) × tokens × 2 × "
-                    "params ÷ best GEMM rate",
-                    new["seconds"] / floor,
+                    "heads --importance --exact, SmolLM2: time ÷ the FLOP floor (forward-equivalents + 3) × tokens × "
+                    "2 × params ÷ best GEMM rate",
+                    exact["seconds"] / floor,
                     None,
                     None,
-                    f"floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, {cpu_model()})",
+                    f"{exact['seconds']:.0f} s; floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, "
+                    f"{cpu_model()})",
                 )
             )
-        mini = data["minilm"]["new"]
+        mini = data["minilm"].get("exact", {})
         if mini.get("seconds") and mini.get("sweep"):
             sweep = mini["sweep"]
             floor = (
@@ -267,12 +261,13 @@ class Importance(Target):
             )
             rows.append(
                 Row(
-                    "heads --importance, MiniLM: time ÷ the FLOP floor (sweep forward-equivalents + 43) × tokens × "
-                    "2 × 10.6 M ÷ best GEMM rate",
+                    "heads --importance --exact, MiniLM: time ÷ the FLOP floor (sweep forward-equivalents + 43) × "
+                    "tokens × 2 × 10.6 M ÷ best GEMM rate",
                     mini["seconds"] / floor,
                     None,
                     None,
-                    f"floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, {cpu_model()})",
+                    f"{mini['seconds']:.0f} s; floor {floor:.0f} s at {rate / 1e9:.0f} GFLOP/s (2 threads, "
+                    f"{cpu_model()})",
                 )
             )
         s1 = data["sweep_1024"]
@@ -297,23 +292,17 @@ class Importance(Target):
                     f"{d['pass_s']:.0f} s a pass; whole run extrapolated {d['extrapolated_total_s'] / 60:.0f} min",
                 )
             )
-        goal = 180.0
-        for case, label in (("smollm2", "SmolLM2"), ("minilm", "MiniLM")):
-            d = data[case]
-            new_s, old_s = d["new"]["seconds"], d.get("old", {}).get("seconds")
-            note = f"OLD {old_s:.0f} s" if old_s else "OLD not run"
-            text = f"heads --importance, {label}, {'64' if mode.full else '8'} lines: seconds"
-            rows.append(Row.at_most(text, new_s, goal, note) if mode.full else Row(text, new_s, None, None, note))
         if "smollm2_1024" in data:
             d = data["smollm2_1024"]["new"]
             sdpa = data["stats_1024"]["sdpa_forward_s"]
-            passes = (d["sweep"].get("forward_equivalents") or 0) + 3
+            passes = ((d.get("sweep") or {}).get("forward_equivalents") or 0) + 3
             rows.append(
                 Row.at_most(
-                    "heads --importance, SmolLM2, one 1,024-token line: time ÷ (forwards needed × sdpa forward)",
-                    d["seconds"] / (passes * sdpa) if d["seconds"] and sdpa else None,
+                    "heads --importance --exact, SmolLM2, one 1,024-token line: time ÷ (forwards needed × sdpa "
+                    "forward)",
+                    d["seconds"] / (passes * sdpa) if d.get("seconds") and sdpa else None,
                     1.2,
-                    f"{d['seconds']:.0f} s; {passes:.0f} forwards × {sdpa:.2f} s",
+                    f"{d.get('seconds') or 0:.0f} s; {passes:.0f} forwards × {sdpa:.2f} s",
                 )
             )
         s = data["stats_1024"]
@@ -329,27 +318,27 @@ class Importance(Target):
 
     def render(self, r):
         lines = [
-            "Each case a fresh process, from interpreter start to files written; OLD is the code before the batched "
-            "sweep, NEW this checkout, run one after the other in one run.",
+            "Each case a fresh process of this checkout, from interpreter start to files written; the default route "
+            "(estimate, the top k exact, the small grid) and, in full mode, `--exact`, one after the other.",
             "",
-            md_row(["case", "OLD", "NEW", "NEW ÷ OLD", "NEW's sweep"]),
-            "|---|---|---|---|---|",
+            md_row(["case", "default route", "--exact", "load", "agreement (measured heads)", "sweep"]),
+            "|---|---|---|---|---|---|",
         ]
         for case, d in r.data["cases"].items():
-            if case == "stats_1024":
+            if case in ("stats_1024", "gemm_flops", "sweep_1024", "long"):
                 continue
-            new, old = d["new"], d.get("old", {})
-            sw = new.get("sweep") or {}
-            ratio = new["seconds"] / old["seconds"] if new.get("seconds") and old.get("seconds") else None
+            new, exact = d["new"], d.get("exact", {})
+            sw, agree = new.get("sweep") or {}, new.get("agreement") or {}
+            rho = agree.get("spearman")
             lines.append(
                 md_row(
                     [
                         case,
-                        f"{old['seconds']:.0f} s" if old.get("seconds") else "—",
                         f"{new['seconds']:.0f} s" if new.get("seconds") else new.get("error", "—"),
-                        f"{ratio:.2f}" if ratio else "—",
-                        f"{sw.get('passes')} passes × ≤ {sw.get('copies')} copies, "
-                        f"{sw.get('forward_equivalents', 0):.0f} forward-equivalents"
+                        f"{exact['seconds']:.0f} s" if exact.get("seconds") else "—",
+                        f"{new['load'][0]:.1f} → {new['load'][1]:.1f}" if new.get("load") else "—",
+                        "—" if rho is None else f"Spearman {rho:.2f}, top-k {agree.get('top_k_overlap', 0):.0%}",
+                        f"{sw.get('passes')} passes, {sw.get('forward_equivalents', 0):.0f} forward-equivalents"
                         if sw
                         else "—",
                     ]

@@ -132,4 +132,4 @@ def test_a_model_folder_is_opened_once_per_command(run_cli, tiny, tmp_path, monk
     )
     assert outcome.code == 0, outcome.err
     assert calls == {"inspect_folder": 1, "load_bert": 1}
-    assert (tmp_path / "o" / "pruning.csv").read_text().startswith("removed,importance,ablation,")
+    assert (tmp_path / "o" / "pruning.csv").read_text().startswith("removed,importance,estimate,")

@@ -33,7 +33,17 @@ def test_heads_ablation_mode_equals_the_library(run_cli, tmp_path, llama, mode):
     corpus.write_text(LINES)
     out = tmp_path / "o"
     outcome = run_cli(
-        "heads", "--model", str(llama), "--corpus", str(corpus), "--importance", "--ablation", mode, "--out", str(out)
+        "heads",
+        "--model",
+        str(llama),
+        "--corpus",
+        str(corpus),
+        "--importance",
+        "--exact",
+        "--ablation",
+        mode,
+        "--out",
+        str(out),
     )
     assert outcome.code == 0, outcome.err
     data = json.loads((out / "heads.json").read_text())

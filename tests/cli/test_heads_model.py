@@ -96,7 +96,7 @@ def test_a_checkpoint_without_tokenizer_is_read_on_its_probe(run_cli, tmp_path):
 def test_importance_writes_the_pruning_curve(run_cli, tmp_path, folders):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat .\ngod saw the light , and it was good .\none two three red blue\n")
-    argv = ["heads", "--model", str(folders["llama"]), "--corpus", str(corpus), "--importance"]
+    argv = ["heads", "--model", str(folders["llama"]), "--corpus", str(corpus), "--importance", "--exact"]
     code, out, err = astuple(run_cli(*argv, "--out", str(tmp_path / "o")))
     assert code == 0, err
     o = tmp_path / "o"
@@ -239,6 +239,7 @@ def test_encoder_importance_on_the_bundled_model(run_cli, tmp_path):
         "--corpus",
         str(corpus),
         "--importance",
+        "--exact",
         "--importance-sentences",
         "2",
         "--out",

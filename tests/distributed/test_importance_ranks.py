@@ -159,9 +159,11 @@ def _same_table(a, b, tol):
 
 
 @pytest.mark.slow
-def test_torchrun_importance_equals_one_process(tmp_path):
-    """``torchrun --nproc-per-node 2 -m headwise heads --corpus … --importance``: heads.json (the sweep's work and
-    seconds aside: they count each run's own passes), heads.csv and pruning.csv equal the one-process run's."""
+@pytest.mark.parametrize("route", [[], ["--exact"]], ids=["estimate", "exact"])
+def test_torchrun_importance_equals_one_process(tmp_path, route):
+    """``torchrun --nproc-per-node 2 -m headwise heads --corpus … --importance`` (the estimate route, and ``--exact``):
+    heads.json (the sweep's work and seconds aside: they count each run's own passes), heads.csv and pruning.csv equal
+    the one-process run's."""
     import subprocess
     import sys
     from pathlib import Path
@@ -174,12 +176,13 @@ def test_torchrun_importance_equals_one_process(tmp_path):
     from headwise.cli import main
 
     model, corpus = make_model(tmp_path / "model"), make_corpus(tmp_path / "corpus.txt", lines=16, seed=5)
-    args = [*_heads_args(model, corpus, tmp_path / "one", batch_size=4), "--importance", "--importance-sentences", "12"]
+    args = [*_heads_args(model, corpus, tmp_path / "one", batch_size=4), "--importance", "--importance-sentences", "12",
+            *route]  # fmt: skip
     with pytest.raises(SystemExit) as stop:
         main(args[2:])
     assert stop.value.code in (0, None)
     out = tmp_path / "two"
-    ranked = [*_heads_args(model, corpus, out, batch_size=4), "--importance", "--importance-sentences", "12"]
+    ranked = [*_heads_args(model, corpus, out, batch_size=4), "--importance", "--importance-sentences", "12", *route]
     run = subprocess.run(
         [*TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), *ranked],
         env=_env(),

@@ -71,8 +71,11 @@ def decoder_importance(
     return g.mean(dim=0).numpy(), g.shape[0], total / max(count, 1), count
 
 
-def encoder_importance(hm: SweptModel, batches, references, progress) -> tuple[np.ndarray, int]:
-    """Forward-mode ∂e/∂ξ_h of every head, per sentence: one pass per layer and part of the rows, the intact model
+def encoder_importance(hm: SweptModel, batches, references, progress, *, squares: bool = False) -> tuple:
+    """``(importance (NL, H), sentences)`` — with ``squares``, ``(importance, sentences, second order (NL, H))``, the
+    second order ``E_x θ_h(x)² / 2`` the first-order estimate of the ablation's ``1 − cos`` (``1 − cos θ ≈ θ²/2``,
+    the gate moved by 1; not attention-aware: a linearisation of the whole model). Forward-mode ∂e/∂ξ_h of every
+    head, per sentence: one pass per layer and part of the rows, the intact model
     run once (the primal) and the H directional derivatives of that layer's gates carried beside it as one batch of
     tangents (:func:`torch.func.jvp` under :func:`torch.func.vmap`: every product of the primal is formed once, not
     once per head).
@@ -93,6 +96,7 @@ def encoder_importance(hm: SweptModel, batches, references, progress) -> tuple[n
     cap = max(1, PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]) // h)
     parts, sequences = row_parts(batches, "embedding", references, True, cap)
     total = np.zeros((nl, h))
+    second = np.zeros((nl, h))
     done = 0
     for part in parts:
         ids, mask, e = part.ids, part.mask, part.reference  # (P, L), (P, L), (P, D)
@@ -114,8 +118,11 @@ def encoder_importance(hm: SweptModel, batches, references, progress) -> tuple[n
             turn = de - (de * unit).sum(-1, keepdim=True) * unit  # the part orthogonal to e
             rate = turn.norm(dim=-1) / e.norm(dim=-1)  # (H, P)
             total[layer] += rate.double().sum(dim=1).cpu().numpy()
+            second[layer] += (rate.double() ** 2 / 2).sum(dim=1).cpu().numpy()
             done += 1
             progress("importance", done, len(parts) * nl)
+    if squares:
+        return total / max(sequences, 1), sequences, second / max(sequences, 1)
     return total / max(sequences, 1), sequences
 
 

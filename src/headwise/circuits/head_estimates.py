@@ -44,7 +44,8 @@ def head_ablation_estimates(
     mode: str = "zero",
     real: Tensor | None = None,
     attention_aware: bool = True,
-) -> Tensor:
+    gate_gradients: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """``(NL, H)``: for every head, the estimated change of ``metric(logits).sum()`` when that head alone is
     removed (see the module docstring).
 
@@ -58,8 +59,11 @@ def head_ablation_estimates(
         real: bool ``(N, L)``, the real (non-padding) positions for ``"mean"`` (None: every position).
         attention_aware: recompute the later layers' patterns exactly (AtP*'s QK fix); False: attribution
             patching alone.
+        gate_gradients: also return, from the same backward pass, each row's ``∂metric_n/∂ξ_h`` ``(N, NL, H)``
+            for a gate ξ_h multiplying head h's output (Michel et al. 2019's per-example gradient: ``Σ ∂m/∂z_h · z_h``).
     Returns:
-        ``(NL, H)`` float32 estimates of ``Σ_rows metric(head removed) − metric``.
+        ``(NL, H)`` float32 estimates of ``Σ_rows metric(head removed) − metric``; with ``gate_gradients``, the
+        pair ``(estimates, gate gradients (N, NL, H))``.
     Raises:
         ValueError: an unknown mode; the anatomy's sentence for a structure headwise does not read.
     """
@@ -86,6 +90,7 @@ def head_ablation_estimates(
         value = metric(logits)
         torch.autograd.grad(value.sum(), [zero], allow_unused=True)
     out = torch.zeros(NL, max(lw.num_heads for lw in w.layers))
+    gates = torch.zeros(ids.shape[0], *out.shape)  # (N, NL, H)
     changes = []  # per layer: Δw (N, H, L, D) exact, Δw_lin (N, H, L, D), its factors (LowRank) or None
     for layer, lw in enumerate(w.layers):
         rec = taps.records[layer]
@@ -93,15 +98,17 @@ def head_ablation_estimates(
         dz = _head_change(z, mode, real)  # (N, H, L, Dv)
         if gz is not None:
             out[layer, : lw.num_heads] = (gz.float() * dz).sum((0, 2, 3))
+            if gate_gradients:
+                gates[:, layer, : lw.num_heads] = (gz.float() * z).sum((2, 3)).cpu()
         if attention_aware and layer < NL - 1:
             exact, lin = _write_change(lw, dz, outputs.get(layer))
             factors = None if lw.attn_post is not None else LowRank(dz, lw.heads_out.float() * lw.scale)
             changes.append((exact, lin, factors))
     if not attention_aware:
-        return out
+        return (out, gates) if gate_gradients else out
     with torch.no_grad():
         _correct(w, taps, grads, changes, out)
-    return out
+    return (out, gates) if gate_gradients else out
 
 
 def _correct(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out: Tensor) -> None:

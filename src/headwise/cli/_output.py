@@ -1,12 +1,14 @@
-"""Where the subcommands write their pictures: checked up front, errors as one line (``CLIError``)."""
+"""Where the subcommands write their pictures (checked up front, errors as one line: ``CLIError``) and the layer ×
+head table they print."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from headwise import study
 from headwise.cli._app import CLIError
 
-__all__ = ["prepare_output", "prepare_folder", "table_console", "write_failed", "write_pruning"]
+__all__ = ["prepare_output", "prepare_folder", "print_head_table", "table_console", "write_failed", "write_pruning"]
 
 
 def prepare_output(path: Path, option: str) -> Path:
@@ -67,3 +69,35 @@ def table_console():
 
     console = Console()
     return console if console.is_terminal else Console(width=140)
+
+
+def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=None) -> None:
+    """Print a layer × head table of ``report`` (a :class:`~headwise.analysis.HeadReport`) with rich.
+
+    Args:
+        console: a ``rich.console.Console``.
+        report: the report.
+        layer: only this layer's heads.
+        title: the table's caption line.
+        columns: (metric, header, format) of each column (default :data:`headwise.study.COLUMNS`; decoders:
+            :data:`headwise.study.DECODER_COLUMNS`).
+    """
+    from rich.table import Table
+
+    columns = study.COLUMNS if columns is None else columns
+    table = Table(title=title or None, header_style="bold", show_lines=False, pad_edge=False)
+    table.add_column("L", justify="right")
+    table.add_column("H", justify="right")
+    table.add_column("role")
+    for _, header, _ in columns:
+        table.add_column(header, justify="right")
+    table.add_column("pos", justify="right")
+    styles = {"broad": "magenta", "other": "dim"}
+    layers = range(report.num_layers) if layer is None else [layer]
+    for lay in layers:
+        for h in range(report.num_heads):
+            role, cells = study.head_row(report, lay, h, columns)
+            table.add_row(str(lay), str(h), f"[{styles.get(role, 'bold cyan')}]{role}[/]", *cells)
+        if layer is None and lay < report.num_layers - 1:
+            table.add_section()
+    console.print(table)

@@ -22,15 +22,19 @@ on the bundled model's WordPiece tokens). A decoder's heads also get the detecto
 on the text and on a probe of repeated random tokens (``--probe-length``, ``--probe-repeats``,
 ``--seed``); a checkpoint without a tokenizer, given no text, is analysed on its probe alone.
 
-``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) adds Michel et al.'s
-head importance, each head's measured ablation, and ``pruning.png`` / ``pruning.csv``
-(:func:`headwise.analysis.head_importance`): next-token loss for decoders, the mean-pooled embedding's change
-for encoders. ``--ablation zero|mean`` says how a head is removed: its output zeroed (Michel et al.'s ξ_h = 0, the
-default) or replaced by its mean over the batch's real positions.
+``--importance`` (with ``--corpus``, or the probe for a model without a tokenizer) estimates every head's ablation at
+once (decoders: attention-aware attribution patching, one forward and one backward pass per part of the sample;
+encoders: the embedding's turning rate), measures exactly the ``--top-k`` heads by |estimate| and a few at random
+(their agreement with the estimate in heads.json), Michel et al.'s importance, and ``pruning.png`` / ``pruning.csv``
+at a small grid of points (:func:`headwise.study.estimate_importance`); ``--exact`` measures every head and the full
+curves instead (:func:`headwise.analysis.head_importance`). Next-token loss for decoders, the mean-pooled
+embedding's change for encoders. ``--ablation zero|mean`` says how a head is removed: its output zeroed (Michel et
+al.'s ξ_h = 0, the default) or replaced by its mean over the batch's real positions.
 
 Bad input — an empty TEXT or corpus, a missing or corrupt checkpoint, TEXT for a checkpoint without a tokenizer, an
 unknown ``--layer``, a decoder's TEXT longer than its context, a ``--block-size`` ≤ 0, ``--queries A:B`` outside the
-example, ``--queries-only`` without ``--queries`` or with ``--importance`` — is one line on stderr and exit status 2,
+example, ``--queries-only`` without ``--queries`` or with ``--importance``, ``--exact`` or ``--top-k`` without
+``--importance``, ``--top-k`` with ``--exact`` or above the model's heads — is one line on stderr and exit status 2,
 before any file is written; undecodable corpus lines are skipped and counted, a text longer than an encoder's
 positions truncated (warnings). Decoders are read by the streaming pass, a long example drawn pooled; ``--queries
 A:B`` adds ``headview_queries.html`` at full resolution, ``--queries-only`` writes it alone from a pass over those
@@ -46,7 +50,7 @@ import typer
 
 from headwise import study
 from headwise.cli._app import CLIError, app
-from headwise.cli._output import prepare_folder, table_console, write_failed, write_pruning
+from headwise.cli._output import prepare_folder, print_head_table, table_console, write_failed, write_pruning
 from headwise.cli._progress import corpus_progress, layer_progress, row_progress, stage_progress
 
 
@@ -59,38 +63,6 @@ def _warn(message: str) -> None:
 def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto", max_memory: str | None = None):
     """:func:`headwise.study.open_heads_model` with its warnings on stderr (errors: one line, exit 2)."""
     return study.open_heads_model(source, cache=cache, backend=backend, warn=_warn, max_memory=max_memory)
-
-
-def print_head_table(console, report, *, layer: int | None = None, title: str = "", columns=None) -> None:
-    """Print a layer × head table of ``report`` (a :class:`~headwise.analysis.HeadReport`) with rich.
-
-    Args:
-        console: a ``rich.console.Console``.
-        report: the report.
-        layer: only this layer's heads.
-        title: the table's caption line.
-        columns: (metric, header, format) of each column (default :data:`headwise.study.COLUMNS`; decoders:
-            :data:`headwise.study.DECODER_COLUMNS`).
-    """
-    from rich.table import Table
-
-    columns = study.COLUMNS if columns is None else columns
-    table = Table(title=title or None, header_style="bold", show_lines=False, pad_edge=False)
-    table.add_column("L", justify="right")
-    table.add_column("H", justify="right")
-    table.add_column("role")
-    for _, header, _ in columns:
-        table.add_column(header, justify="right")
-    table.add_column("pos", justify="right")
-    styles = {"broad": "magenta", "other": "dim"}
-    layers = range(report.num_layers) if layer is None else [layer]
-    for lay in layers:
-        for h in range(report.num_heads):
-            role, cells = study.head_row(report, lay, h, columns)
-            table.add_row(str(lay), str(h), f"[{styles.get(role, 'bold cyan')}]{role}[/]", *cells)
-        if layer is None and lay < report.num_layers - 1:
-            table.add_section()
-    console.print(table)
 
 
 @app.command()
@@ -135,6 +107,13 @@ def heads(
     ablation: Annotated[
         str, typer.Option("--ablation", help="How --importance removes a head: zero (its output 0) or mean.")
     ] = "zero",
+    exact: Annotated[
+        bool, typer.Option("--exact", help="--importance: every head's exact ablation and the full pruning curves.")
+    ] = False,
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", help="--importance: heads measured exactly by |estimate| (default min(20, heads/4))."),
+    ] = None,
     probe_length: Annotated[
         int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)
     ] = 32,
@@ -177,7 +156,7 @@ def heads(
     opts = study.HeadsOptions(
         text=text, corpus=corpus, model=model, cache=not no_cache, layer=layer, out=out,
         batch_size=32 if batch_size is None else batch_size, batch_size_auto=batch_size is None,
-        importance=importance, importance_sentences=importance_sentences, ablation=ablation,
+        importance=importance, importance_sentences=importance_sentences, ablation=ablation, exact=exact, top_k=top_k,
         probe_length=probe_length, probe_repeats=probe_repeats, seed=seed, block_size=block_size, queries=queries,
         queries_only=queries_only, composition=composition, max_memory=max_memory,
     )  # fmt: skip  # every check that needs no model, before anything is loaded

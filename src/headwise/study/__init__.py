@@ -33,7 +33,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   ``headwise circuit``'s flow: the circuit on one process or across ranks, the QK attribution of its strongest heads;
   :func:`write_mib`, :func:`mib_evaluation`, :func:`mib_lines` — its MIB files and the scoring of a MIB-format file.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
-  :func:`importance_summary` — head importance, ablation and pruning curves.
+  :func:`importance_summary` — head importance, ablation and pruning curves; :func:`estimate_importance` →
+  :class:`EstimatedImportance` (``--importance``'s default: every head estimated at once, the exact ablation of the
+  top k and a few at random, the pruning curve at :data:`GRID`), :func:`estimate_across_ranks` the same across ranks.
 
 Importing it loads nothing else (PEP 562): each name's module loads at its first use, torch and the analysis at the
 first call — the command line imports this package at start-up for every command.
@@ -57,7 +59,10 @@ _MODULES = {
                               "weights_sha256"],
     "headwise.study.corpus_ranks": ["CorpusRun", "corpus_heads"],
     "headwise.study.encoder_ranks": ["encoder_corpus"],
-    "headwise.study.importance_ranks": ["ImportanceRun", "importance_across_ranks"],
+    "headwise.study.importance_ranks": ["ImportanceRun", "estimate_across_ranks", "importance_across_ranks"],
+    "headwise.study.importance_estimate": [
+        "GRID", "RANDOM_HEADS", "EstimatedImportance", "agreement", "default_top_k", "estimate_importance",
+    ],
     "headwise.study.circuit_run": [
         "CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study",
         "check_mib", "mib_evaluation", "mib_lines", "write_mib",

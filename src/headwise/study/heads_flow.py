@@ -130,7 +130,13 @@ class HeadsFound:
 
 def _importance_bar(bar, suffix: str = ""):
     """``progress(stage, done, total)`` of the importance run drawn on ``bar`` (a stage progress)."""
-    units = {"importance": "importance (batches)", "ablation": "ablation (passes)", "pruning": "pruning (passes)"}
+    units = {
+        "importance": "importance (batches)",
+        "ablation": "ablation (passes)",
+        "pruning": "pruning (passes)",
+        "estimate": "estimate, every head (forward + backward passes)",
+        "exact": "exact: the top heads and the curve (passes)",
+    }
     return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 
 
@@ -165,6 +171,10 @@ def check_opened(hm, opts: HeadsOptions) -> None:
         raise ValueError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
         raise ValueError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
+    if hm is not None and opts.importance:
+        from headwise.study.importance import check_top_k
+
+        check_top_k(hm, opts)
     if opts.corpus is not None and launched() and opts.model == "untrained":
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
                          "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
@@ -305,20 +315,26 @@ def probe_line(probe) -> str:
 
 
 def heads_importance(hm, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars()):
-    """``--importance``: :func:`~headwise.study.run_importance` on the corpus's lines (a decoder without a tokenizer:
-    its ``probe``) under the stage bar — or the result measured across the ranks (``found.ranked``). Adds its summary
-    to ``found.extra``. Returns ``(result, columns for heads.json / heads.csv)``.
+    """``--importance`` on the corpus's lines (a decoder without a tokenizer: its ``probe``) under the stage bar:
+    :func:`~headwise.study.estimate_importance` (every head estimated, the top ``--top-k`` and a few at random
+    measured, the pruning curve at a small grid; a decoder the circuits' wiring does not read: said to ``warn``, and
+    the exact route), with ``--exact`` :func:`~headwise.study.run_importance` — or the result measured across the
+    ranks (``found.ranked``). Adds its summary to ``found.extra``. Returns ``(result, columns for heads.json /
+    heads.csv)``.
 
     Raises:
-        ValueError: the untrained block (no objective to measure), an empty corpus.
+        ValueError: the untrained block (no objective to measure), an empty corpus, ``--top-k`` above the heads.
     """
     from headwise.study.importance import (
+        check_top_k,
+        estimated,
         importance_batches,
         importance_columns,
         importance_summary,
         importance_texts,
         run_importance,
     )
+    from headwise.study.importance_estimate import estimate_importance
 
     if hm is None:
         raise ValueError("--importance: the untrained block has no objective to measure; pass --model")
@@ -326,9 +342,15 @@ def heads_importance(hm, opts: HeadsOptions, found: HeadsFound, probe=None, *, w
     batches = importance_batches(hm, lines, probe, opts.batch_size, lambda m: warn(f"--importance: {m}"))
     result = found.ranked
     if result is None:
+        check_top_k(hm, opts)
         with bars.stages() as bar:
             progress = None if bar is None else _importance_bar(bar)
-            result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress)
+            if estimated(hm, opts, warn):
+                result = estimate_importance(
+                    hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k, progress=progress
+                )
+            else:
+                result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress)
     found.extra["importance"] = importance_summary(result)
     return result, importance_columns(result)
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from headwise.distributed.ranks import ranks
 from headwise.study.corpus_ranks import CorpusRun
-from headwise.study.importance import importance_batches, importance_texts
-from headwise.study.importance_ranks import importance_across_ranks
+from headwise.study.importance import estimated, importance_batches, importance_texts
+from headwise.study.importance_ranks import estimate_across_ranks, importance_across_ranks
 from headwise.study.options import HeadsOptions
 
 __all__ = [
@@ -153,7 +153,10 @@ def view_note(view) -> dict:
 
 
 def importance_line(result) -> str:
-    """One line on an importance run: the intact objective, the costliest single head, half the heads removed."""
+    """One line on an importance run: the intact objective, the costliest single head, half the heads removed (the
+    estimate route: the costliest measured head and the estimate's agreement with the measured ones)."""
+    if getattr(result, "estimate", None) is not None:
+        return _estimate_line(result)
     top = np.unravel_index(np.argmax(result.ablation), result.ablation.shape)
     half = result.curves["importance"][len(result.removed) // 2]
     return (
@@ -161,6 +164,25 @@ def importance_line(result) -> str:
         f"removing L{top[0]} H{top[1]} alone costs most (+{result.ablation[top]:.4f}); "
         f"{int(result.removed[len(result.removed) // 2])} least important heads removed: {half:.4f}"
         + sweep_note(result.sweep)
+    )
+
+
+def _estimate_line(result) -> str:
+    """:func:`importance_line` of the estimate route."""
+    h = result.importance.shape[1]
+    measured = np.where(np.isnan(result.ablation.ravel()), -np.inf, result.ablation.ravel())
+    top = int(np.argmax(measured))
+    a = result.agreement
+    rho = "–" if a.get("spearman") is None else f"{a['spearman']:.2f}"
+    worst = a.get("largest_error", {})
+    k = len(result.removed) // 2
+    return (
+        f"importance ({result.objective}, {result.num_sequences} sequences): intact {result.base_loss:.4f}; every "
+        f"head estimated, {len(result.measured)} measured exactly ({result.top_k} by |estimate|, "
+        f"{len(result.measured) - result.top_k} at random): Spearman {rho}, top-{result.top_k} overlap "
+        f"{a.get('top_k_overlap', 0):.0%}, largest error {abs(worst.get('error', 0.0)):.4f}; removing "
+        f"L{top // h} H{top % h} alone costs most (+{measured[top]:.4f}); {int(result.removed[k])} heads removed "
+        f"by the estimate: {result.curves['estimate'][k]:.4f}" + sweep_note(result.sweep)
     )
 
 
@@ -220,9 +242,14 @@ def heads_across_ranks(
         if opts.importance:
             lines = importance_texts(opts)  # rank 0 reads them again, warning once
             batches = importance_batches(hm, lines, probe, run.batch_size, lambda m: None)
-            ranked = importance_across_ranks(
-                hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=importance_progress
-            )
+            if estimated(hm, opts, lambda m: None):
+                ranked = estimate_across_ranks(
+                    hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k, progress=importance_progress
+                )
+            else:
+                ranked = importance_across_ranks(
+                    hm, batches, seed=opts.seed, mode=opts.ablation, out=opts.out, progress=importance_progress
+                )
     if run.heads is None:
         return RankedHeads(None, None, [])
     said = [

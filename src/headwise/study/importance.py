@@ -12,7 +12,15 @@ import numpy as np
 from headwise.study.inputs import first_lines, probe_batches, text_batches
 from headwise.study.options import HeadsOptions
 
-__all__ = ["importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance"]
+__all__ = [
+    "check_top_k",
+    "estimated",
+    "importance_batches",
+    "importance_columns",
+    "importance_summary",
+    "importance_texts",
+    "run_importance",
+]
 
 
 def importance_texts(options: HeadsOptions) -> list[str]:
@@ -26,6 +34,31 @@ def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn
     if texts:
         return list(text_batches(hm, texts, batch_size, warn))
     return probe_batches(hm, probe, batch_size)
+
+
+def check_top_k(hm, opts: HeadsOptions) -> None:
+    """``--top-k`` against the opened model's heads (ValueError naming it, before anything is written)."""
+    n = hm.num_layers * hm.num_heads
+    if opts.top_k is not None and opts.top_k > n:
+        raise ValueError(f"--top-k: expected at most the model's {n} heads, got {opts.top_k}")
+
+
+def estimated(hm, opts: HeadsOptions, warn: Callable[[str], None]) -> bool:
+    """Whether ``--importance`` takes the estimate route (:func:`~headwise.study.estimate_importance`): not with
+    ``--exact``; an encoder always; a decoder when the circuits' wiring reads it (else its sentence said to ``warn``
+    and the exact route taken)."""
+    if opts.exact:
+        return False
+    if hm.kind != "decoder":
+        return True
+    from headwise.circuits.wiring import wiring
+
+    try:
+        wiring(hm)
+    except ValueError as e:
+        warn(f"--importance: every head measured exactly (the estimate reads no such structure: {e})")
+        return False
+    return True
 
 
 def run_importance(
@@ -73,10 +106,14 @@ def run_importance(
 
 
 def importance_columns(result) -> dict[str, np.ndarray]:
-    """The per-head ``(NL, H)`` columns an importance run adds to ``heads.json`` / ``heads.csv``."""
+    """The per-head ``(NL, H)`` columns an importance run adds to ``heads.json`` / ``heads.csv``: Michel et al.'s
+    importance (encoders: the turning rate), its per-layer norm, and the exact ablation (``--importance``'s default
+    route: null where not measured) — the default route first adds ``ablation_estimate``, every head's estimate."""
+    estimate = getattr(result, "estimate", None)
     return {
         "importance": result.importance,
         "importance_norm": result.importance_norm,
+        **({} if estimate is None else {"ablation_estimate": estimate}),
         "ablation_delta": result.ablation,
     }
 
@@ -85,7 +122,29 @@ def importance_summary(result) -> dict:
     """The importance run's settings and headline numbers for ``heads.json``."""
     n = result.importance.size
     half = int(np.searchsorted(result.removed, n // 2))
+    half = min(half, len(result.removed) - 1)
+    route = {}
+    if getattr(result, "estimate", None) is not None:
+        h = result.importance.shape[1]
+        agreement = dict(result.agreement)
+        if "largest_error" in agreement:
+            worst = dict(agreement["largest_error"])
+            flat = worst.pop("flat")
+            agreement["largest_error"] = {"layer": flat // h, "head": flat % h, **worst}
+        route = {
+            "route": "estimate",
+            "estimator": result.estimator,
+            "exact_heads": {
+                "top_k": result.top_k,
+                "random": int(len(result.measured) - result.top_k),
+                "heads": [[int(f) // h, int(f) % h] for f in result.measured],
+            },
+            "agreement": agreement,
+        }
+    else:
+        route = {"route": "exact"}
     return {
+        **route,
         "objective": result.objective,
         "base_loss": result.base_loss,
         "sequences": result.num_sequences,

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from headwise.distributed.ranks import agree, ranks, refuse_together
+from headwise.distributed.ranks import agree, barrier, ranks, refuse_together
 from headwise.study.shards import ShardStore, reduce_sums, shard_sums, unpack_state, weights_sha256
 
-__all__ = ["IMPORTANCE_FORMAT", "ImportanceRun", "importance_across_ranks"]
+__all__ = ["IMPORTANCE_FORMAT", "ImportanceRun", "estimate_across_ranks", "importance_across_ranks"]
 
 
 #: The importance shards' format; a manifest of another format is refused.
@@ -265,3 +265,59 @@ def importance_across_ranks(
         return ImportanceRun(
             result, rank, world, mine, run["sent"], time.perf_counter() - started, run["computed"], run["resumed"]
         )
+
+
+def estimate_across_ranks(
+    hm,
+    batches: Sequence,
+    *,
+    timeout_s: float | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    **options,
+) -> ImportanceRun:
+    """``--importance``'s default route (:func:`~headwise.study.estimate_importance`) with ``batches`` dealt across
+    the ranks of a torchrun launch: each rank estimates and measures its own batches (whole batches, dealt by padded
+    size ``B · L``), and the float64 sums go through one all-reduce at each of the route's two reductions (the
+    estimate with Michel et al.'s importance and the intact objective; the measured heads with the pruning sets), each
+    after a monitored barrier. Every rank then picks the same heads and orders from the same reduced numbers; the
+    result equals the one-process run's up to the order of the float64 additions. Not resumable (the route's passes
+    are minutes).
+
+    Args:
+        hm, batches: as :func:`~headwise.study.estimate_importance`, the same on every rank.
+        timeout_s: the collectives' timeout; progress: this rank's ``(stage, done, total)``.
+        options: :func:`~headwise.study.estimate_importance`'s (``seed``, ``mode``, ``top_k``, …).
+    Returns:
+        the :class:`ImportanceRun` (``computed``, ``resumed``: empty).
+    Raises:
+        ValueError: on every rank: fewer batches than ranks, ranks that opened different weights or batches.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from headwise.study.importance_estimate import estimate_importance
+
+    started = time.perf_counter()
+    with ranks(timeout_s) as r:
+        agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
+        agree("--importance-sentences / --batch-size (SHA-256 of the batches)", _tensors_sha256(batches))
+        problem = None
+        if len(batches) < r.world_size:
+            problem = (
+                f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {r.world_size} ranks; expected "
+                "at least one a rank (a smaller --batch-size)"
+            )
+        refuse_together(problem)
+        mine = r.share([float(b[0].numel()) for b in batches])
+        sent = [0]
+
+        def reduce(values: np.ndarray) -> np.ndarray:
+            t = torch.from_numpy(np.array(values, dtype=np.float64))
+            barrier(r.timeout_s)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            sent[0] += t.numel() * 8
+            return t.numpy()
+
+        result = estimate_importance(hm, [batches[k] for k in mine], progress=progress, reduce=reduce, **options)
+        result.sweep |= {"ranks": r.world_size}
+        return ImportanceRun(result, r.rank, r.world_size, mine, sent[0], time.perf_counter() - started)

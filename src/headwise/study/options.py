@@ -44,7 +44,12 @@ class HeadsOptions:
         batch_size: texts per model call.
         batch_size_auto: ``batch_size`` is the default, not the user's: a corpus run across ranks may take fewer
             documents a shard so that every rank gets one (:func:`headwise.study.shards.corpus_batch_size`).
-        importance: add Michel et al.'s head importance, the ablation and the pruning curves.
+        importance: add every head's estimated ablation, the exact ablation of the top ``top_k`` heads and a few at
+            random, Michel et al.'s importance and the pruning curve (:func:`headwise.study.estimate_importance`).
+        exact: with ``importance``, every head's exact ablation and the full pruning curves instead
+            (:func:`headwise.study.run_importance`).
+        top_k: with ``importance``, the heads measured exactly by |estimate| (None: the default,
+            :func:`headwise.study.default_top_k`; at most the model's heads, checked once it is open).
         importance_sentences: corpus sentences the importance is measured on.
         ablation: how ``importance`` removes a head: ``"zero"`` (ξ_h = 0) or ``"mean"`` (its mean output over the
             batch's real positions) — :data:`headwise.analysis.batched.MODES`.
@@ -76,6 +81,8 @@ class HeadsOptions:
     importance: bool = False
     importance_sentences: int = 64
     ablation: str = "zero"
+    exact: bool = False
+    top_k: int | None = None
     probe_length: int = 32
     probe_repeats: int = 2
     seed: int = 0
@@ -117,6 +124,13 @@ class HeadsOptions:
                 raise ValueError(f"{self.flag(name)}: expected an integer ≥ 2, got {value!r}")
         checks.non_negative_int("--seed", self.seed)
         checks.one_of("--ablation", self.ablation, ("zero", "mean"))
+        if self.exact and not self.importance:
+            raise ValueError("--exact: expected with --importance (it says how the importance is measured)")
+        if self.top_k is not None:
+            if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+                raise ValueError(f"--top-k: expected a positive number of heads, got {self.top_k!r}")
+            if not self.importance or self.exact:
+                raise ValueError(f"--top-k: expected with --importance and without --exact, got --top-k {self.top_k}")
         object.__setattr__(self, "out", Path(self.out))
 
     @staticmethod

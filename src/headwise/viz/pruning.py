@@ -69,6 +69,7 @@ def plot_pruning(result, path: str | os.PathLike, *, title: str | None = None, d
         :class:`~headwise.viz._files.HeatmapFile`.
     """
     from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     nl, h = result.importance.shape
     cell_w = max(3.4, 0.3 * h + 1.2)
@@ -77,12 +78,22 @@ def plot_pruning(result, path: str | os.PathLike, *, title: str | None = None, d
     axes = fig.subplots(1, 3, width_ratios=[cell_w, cell_w, 5.0])
     what = "|∂L/∂ξ|" if result.kind == "decoder" else "embedding turn rate"
     _grid(fig, axes[0], result.importance, f"importance ({what}, Michel et al.)", "viridis", False)
-    _grid(fig, axes[1], result.ablation, "Δ objective, head removed alone", "RdBu_r", True)
+    estimate = getattr(result, "estimate", None)
+    if estimate is None:
+        _grid(fig, axes[1], result.ablation, "Δ objective, head removed alone", "RdBu_r", True)
+    else:  # every head estimated; the measured ones framed
+        _grid(fig, axes[1], estimate, "Δ objective, head removed alone (estimate; □ measured)", "RdBu_r", True)
+        for flat in result.measured:
+            axes[1].add_patch(Rectangle((flat % h - 0.5, flat // h - 0.5), 1, 1, fill=False, lw=0.8, ec="black"))
     ax = axes[2]
     k = result.removed
     c = result.curves
     ax.plot(k, c["importance"], label="least important first (importance)", color="C0", lw=1.6)
-    ax.plot(k, c["ablation"], label="least important first (measured ablation)", color="C2", lw=1.2, ls="--")
+    if "ablation" in c:
+        ax.plot(k, c["ablation"], label="least important first (measured ablation)", color="C2", lw=1.2, ls="--")
+    if "estimate" in c:
+        ax.plot(k, c["estimate"], label="least important first (estimated ablation)", color="C2", lw=1.2, ls="--",
+                marker="o", ms=3)  # fmt: skip
     ax.plot(k, c["random_mean"], label=f"random order (mean of {len(result.random_seeds)})", color="C3", lw=1.2)
     ax.fill_between(k, c["random_min"], c["random_max"], color="C3", alpha=0.15, lw=0)
     ax.axhline(result.base_loss, color="0.5", lw=0.8, ls=":")

@@ -1,0 +1,327 @@
+"""Every head's importance in minutes: the ablation of every head estimated at once, the exact ablation only where it
+decides something (``headwise heads --importance``'s default; ``--exact`` runs :func:`~headwise.study.run_importance`).
+
+Shape legend: NL layers, H heads, N = NL · H, P rows of a part, L its length, V vocabulary, K points of a curve.
+
+Three steps, each in batched passes:
+
+1. **The estimate**, all heads at once. Decoders: :func:`headwise.circuits.head_ablation_estimates` — one forward and
+   one backward pass per part of the sample, with every later layer's attention patterns recomputed exactly for the
+   head's write change (AtP*'s QK fix at the node level, Kramár et al. 2024) — of each row's summed next-token
+   cross-entropy; the sums over the sample divided by its scored tokens are the estimated change of the objective
+   (``ablation_delta``'s units). Michel et al.'s ``E_x |∂L(x)/∂ξ_h|`` comes from the same backward pass (each row's
+   gate gradient). Encoders (no wiring: the circuits read decoders): the forward-mode turning rate of the pooled
+   embedding (:func:`headwise.analysis.gates.encoder_importance`), the estimate ``E_x θ_h² / 2`` of ``1 − cos`` —
+   a linearisation of the whole model, not attention-aware.
+2. **The exact ablation** of the ``top_k`` heads by |estimate| and ``random_heads`` more drawn at random (seeded)
+   from the rest, through the batched engine (:func:`headwise.analysis.ablation_objectives`): measured, never read
+   from the estimate. Their agreement (Spearman, top-k overlap, the largest error) says how far the estimate can be
+   trusted; the random heads bound what it may have missed.
+3. **The pruning curve** at :data:`GRID` (fractions of the heads removed), least important first by the estimate,
+   by Michel et al.'s importance and in random orders; each point one head set of the batched engine. Its orders need
+   no exact number, so its sets run in the same call of the engine as the measured heads (one kept pass a part).
+
+A data-parallel run hands ``reduce`` (an all-reduce of float64 sums): each process holds its own share of the
+batches (:func:`~headwise.study.estimate_across_ranks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+from headwise.analysis.importance import ImportanceResult
+
+__all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement"]
+
+#: The pruning curve's points: fractions of the heads removed (each point one head set of the batched engine; with
+#: the 5 orders, 16 distinct sets whatever the model's size).
+GRID = (0.0, 0.125, 0.25, 0.5, 1.0)
+#: Heads measured exactly besides the top k, drawn at random from the rest (seeded): the estimate's error there.
+RANDOM_HEADS = 8
+#: Most tokens of one part of the estimate's forward and backward pass (its logits and their gradient are held).
+ESTIMATE_TOKENS = 1024
+
+
+def default_top_k(heads: int) -> int:
+    """The heads measured exactly by default: 12, at most a quarter of ``heads`` (at least 1) — SmolLM2's and
+    MiniLM's 12, for SmolLM2's default run's time: the heads its estimate puts on top sit in layers 0–2, about one
+    forward-equivalent of the sample each (with the 8 random heads and the curve's 16 sets, about 33 in all)."""
+    return max(1, min(12, heads // 4))
+
+
+@dataclass
+class EstimatedImportance(ImportanceResult):
+    """An :class:`~headwise.analysis.importance.ImportanceResult` whose ``ablation`` is measured on the heads of
+    ``measured`` alone (NaN elsewhere), beside the estimate for every head.
+
+    Attributes:
+        estimate: ``(NL, H)`` every head's estimated ablation effect (the objective's units).
+        measured: ``(M,)`` flat heads ``layer · H + head`` measured exactly: the top k by |estimate| first, then the
+            random ones.
+        top_k: how many of ``measured`` are the top k; estimator: what estimated (one phrase).
+        agreement: :func:`agreement` of the estimate with the measured heads.
+    """
+
+    estimate: np.ndarray | None = None
+    measured: np.ndarray | None = None
+    top_k: int = 0
+    estimator: str = ""
+    agreement: dict = field(default_factory=dict)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's rank correlation (ties by average rank); None under 3 values or a constant side."""
+    if len(a) < 3:
+        return None
+
+    def ranks(x):
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        for v in np.unique(x):  # ties: the average rank
+            tie = x == v
+            r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(np.asarray(a, float)), ranks(np.asarray(b, float))
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top_k: int) -> dict:
+    """How the estimate agrees with the exact ablation on the measured heads.
+
+    Args:
+        estimate: ``(N,)`` flat estimates; exact: ``(N,)`` flat exact effects (read at ``measured`` only).
+        measured: ``(M,)`` flat heads measured, the top ``top_k`` by |estimate| first.
+    Returns:
+        ``spearman`` over the measured heads; ``top_k_overlap``: the share of the ``top_k`` heads with the largest
+        |exact| among the measured that are in the estimate's top ``top_k``; ``largest_error``: the head with the
+        largest |estimate − exact| (``layer``, ``head``, ``estimate``, ``exact``, ``error``);
+        ``random_largest_exact``: the largest |exact| among the random heads (outside the top k: what the estimate
+        may have missed), ``random_mean_abs_error``.
+    """
+    m = np.asarray(measured, dtype=np.int64)
+    est, ex = np.asarray(estimate, float)[m], np.asarray(exact, float)[m]
+    err = est - ex
+    out: dict = {"heads": int(len(m)), "spearman": _spearman(est, ex)}
+    k = min(top_k, len(m))
+    if k:
+        best = set(m[np.argsort(-np.abs(ex), kind="stable")[:k]].tolist())
+        out["top_k_overlap"] = len(best & set(m[:k].tolist())) / k
+    if len(m):
+        i = int(np.argmax(np.abs(err)))
+        out["largest_error"] = {"flat": int(m[i]), "estimate": float(est[i]), "exact": float(ex[i]),
+                                "error": float(err[i])}  # fmt: skip
+    rand = slice(k, None)
+    if len(m) > k:
+        out["random_largest_exact"] = float(np.abs(ex[rand]).max())
+        out["random_mean_abs_error"] = float(np.abs(err[rand]).mean())
+    return out
+
+
+def _decoder_estimates(hm, parts, mode: str, estimator, progress) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(estimate sums (NL, H), Michel's sums Σ_rows |∂L_row/∂ξ| (NL, H), [sequences, loss sum])`` over ``parts``
+    (:class:`~headwise.analysis.sweep_plan.Part`): one forward and one backward pass each."""
+    import torch
+
+    from headwise.analysis.objective import token_losses
+
+    nl, h = hm.num_layers, hm.num_heads
+    est, michel = np.zeros((nl, h)), np.zeros((nl, h))
+    sequences, loss = 0, 0.0
+    for k, part in enumerate(parts):
+        P, L = part.ids.shape
+        counts = torch.zeros(P, dtype=torch.long).index_add(0, part.index // L, torch.ones_like(part.index))
+        kept: list = []
+
+        def metric(logits, part=part, P=P, L=L, kept=kept):  # (P, L, V) -> (P,) each row's summed cross-entropy
+            ce = token_losses(logits.reshape(-1, logits.shape[-1])[part.index.to(logits.device)], part.targets)
+            rows = torch.zeros(P, dtype=ce.dtype, device=ce.device).index_add(0, part.index.to(ce.device) // L, ce)
+            kept.append(rows.detach())
+            return rows
+
+        real = None if part.mask is None else part.mask > 0
+        with torch.no_grad():  # the estimator runs its own pass with gradients; nothing after it keeps a graph
+            e, g = estimator(hm, part.ids, metric, mode=mode, real=real, gate_gradients=True)  # (NL, H), (P, NL, H)
+        est += e.double().numpy()
+        on = counts > 0
+        michel += (g[on].double().abs() / counts[on, None, None].double()).sum(0).numpy()
+        sequences += int(on.sum())
+        loss += float(kept[0].double().sum())
+        progress("estimate", k + 1, len(parts))
+    return est, michel, np.array([sequences, loss])
+
+
+def estimate_importance(
+    hm,
+    batches: Sequence,
+    *,
+    seed: int = 0,
+    mode: str = "zero",
+    top_k: int | None = None,
+    random_heads: int = RANDOM_HEADS,
+    grid: Sequence[float] = GRID,
+    random_orders: int = 3,
+    copies: int | None = None,
+    memory: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> EstimatedImportance:
+    """Every head's ablation estimated at once, the exact ablation of the top ``top_k`` and ``random_heads`` random
+    ones, and the pruning curve at ``grid`` (see the module's text).
+
+    Args:
+        hm: an opened :class:`~headwise.models.HeadModel`: a decoder the circuits' wiring reads
+            (:func:`headwise.circuits.wiring`), or an encoder.
+        batches: ``(ids (B, L), mask (B, L))`` (right padding), as :func:`~headwise.analysis.head_importance`.
+        seed: the random heads' and the first random order's seed.
+        mode: ``"zero"`` or ``"mean"`` (the head's mean over the batch's real positions): the estimate's and the
+            exact ablation's.
+        top_k: heads measured exactly by |estimate| (None: :func:`default_top_k`); random_heads: more drawn from the
+            rest.
+        grid: the pruning curve's fractions of the heads removed; random_orders: its random orders.
+        copies, memory: the batched engine's (:func:`~headwise.analysis.ablation_objectives`).
+        progress: ``(stage, done, total)``: ``"estimate"`` in parts (a forward and a backward pass each), ``"exact"``
+            in passes (the measured heads and the curve's sets together).
+        reduce: a data-parallel run's all-reduce of float64 sums (this process's share of ``batches``).
+    Returns:
+        :class:`EstimatedImportance`.
+    Raises:
+        ValueError: no batch, a ``top_k`` or ``random_heads`` out of range, an unknown ``mode``, a decoder whose
+            structure the wiring does not read (its one sentence).
+    """
+    import torch
+
+    from headwise.analysis import ablation_objectives
+    from headwise.analysis.batched import MODES, SweepCost
+    from headwise.analysis.gates import encoder_importance
+    from headwise.analysis.objective import OBJECTIVES, mean_pooled
+    from headwise.analysis.sweep_plan import row_parts
+    from headwise.checks import one_of
+
+    if not batches:
+        raise ValueError("batches: expected at least one batch, got none")
+    one_of("mode", mode, MODES)
+    nl, h = hm.num_layers, hm.num_heads
+    n = nl * h
+    top_k = default_top_k(n) if top_k is None else top_k
+    if not 1 <= top_k <= n:
+        raise ValueError(f"top_k: expected 1 … {n} (the model's heads), got {top_k}")
+    if random_heads < 0:
+        raise ValueError(f"random_heads: expected ≥ 0, got {random_heads}")
+    progress = progress or (lambda *_: None)
+    t0 = time.perf_counter()
+    decoder = hm.kind == "decoder"
+    scored = "next_token" if decoder else "embedding"
+    references = None
+    if decoder:
+        from headwise.circuits.head_estimates import head_ablation_estimates
+        from headwise.circuits.wiring import wiring
+
+        wired = wiring(hm)  # refuses a structure it does not read, before any pass
+        parts, tokens = row_parts(batches, scored, None, mode == "zero", ESTIMATE_TOKENS)
+        estimator = partial(_attention_aware, head_ablation_estimates, wired)
+        est, michel, counts = _decoder_estimates(hm, parts, mode, estimator, progress)
+        sums = np.concatenate([est.ravel(), michel.ravel(), counts, [tokens]])
+        what = "attention-aware attribution patching (AtP*'s QK fix at the node level), one forward and backward pass"
+    else:
+        with torch.no_grad():
+            references = [mean_pooled(hm.forward(ids, mask), mask) for ids, mask in batches]
+        turn, sentences, second = encoder_importance(hm, batches, references, progress, squares=True)
+        sums = np.concatenate([second.ravel() * sentences, turn.ravel() * sentences, [sentences, 0.0, sentences]])
+        what = "the embedding's first-order turning rate, θ²/2 (forward-mode; not attention-aware)"
+    local_tokens = sums[-1]
+    if reduce is not None:
+        sums = reduce(sums)
+    sequences, loss, tokens = int(round(sums[2 * n])), float(sums[2 * n + 1]), float(sums[2 * n + 2])
+    estimate = sums[:n] / max(tokens, 1)
+    importance = sums[n : 2 * n].reshape(nl, h) / max(sequences, 1)
+    base = loss / max(tokens, 1)
+    if not np.isfinite(base):
+        raise ValueError(f"the intact model's objective is not finite ({base})")
+    seconds_estimate = time.perf_counter() - t0
+
+    def pooled(values: np.ndarray) -> np.ndarray:  # token-weighted means over every process's share
+        return values if reduce is None else reduce(values * local_tokens) / max(tokens, 1)
+
+    top = np.argsort(-np.abs(estimate), kind="stable")[:top_k]
+    rest = np.setdiff1d(np.arange(n), top)
+    drawn = np.random.default_rng(seed).choice(rest, size=min(random_heads, len(rest)), replace=False)
+    measured = np.concatenate([top, np.sort(drawn)]).astype(np.int64)
+    cost = SweepCost()
+    norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
+    importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
+    steps = np.unique(np.round(np.asarray(grid, dtype=float) * n).astype(np.int64).clip(0, n))
+    orders = {"importance": np.argsort(importance_norm.ravel(), kind="stable"),
+              "estimate": np.argsort(estimate, kind="stable")}  # fmt: skip
+    seeds = tuple(seed + r for r in range(random_orders))
+    for s in seeds:
+        orders[f"random{s}"] = np.random.default_rng(s).permutation(n)
+    sets: dict[tuple[int, ...], int] = {(int(f),): i for i, f in enumerate(measured)}  # the measured heads first
+    for order in orders.values():
+        for k in steps:
+            if k > 0:
+                sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
+    jobs = [_job(s, h) for s in sets]
+    values = ablation_objectives(
+        hm, batches, jobs, scored=scored, reference=references, mode=mode, copies=copies, memory=memory, cost=cost,
+        progress=lambda done, total: progress("exact", done, total),
+    )  # fmt: skip
+    values = pooled(values)
+    exact = np.full(n, np.nan)
+    exact[measured] = values[: len(measured)] - base
+    curves = {
+        name: np.array([base if k == 0 else values[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps])
+        for name, order in orders.items()
+    }
+    random = np.stack([curves.pop(f"random{s}") for s in seeds])  # (orders, K)
+    curves |= {"random_mean": random.mean(0), "random_min": random.min(0), "random_max": random.max(0)}
+    sweep = cost.to_dict() | {
+        "mode": mode,
+        "head_sets": len(sets),
+        "route": "estimate",
+        "estimate_seconds": seconds_estimate,
+        "seconds_total": time.perf_counter() - t0,
+    }
+    return EstimatedImportance(
+        kind=hm.kind,
+        objective=OBJECTIVES[scored],
+        importance=importance,
+        importance_norm=importance_norm,
+        base_loss=base,
+        ablation=exact.reshape(nl, h),
+        removed=steps,
+        curves=curves,
+        random_seeds=seeds,
+        num_sequences=sequences,
+        num_tokens=int(round(tokens)),
+        order=orders["importance"],
+        random_curves=random,
+        sweep=sweep,
+        estimate=estimate.reshape(nl, h),
+        measured=measured,
+        top_k=top_k,
+        estimator=what,
+        agreement=agreement(estimate, exact, measured, top_k),
+    )
+
+
+def _job(heads: Sequence[int], h: int) -> dict[int, list[int]]:
+    """``{layer: [head, …]}`` of flat head numbers ``layer · H + head``."""
+    job: dict[int, list[int]] = {}
+    for flat in heads:
+        job.setdefault(int(flat) // h, []).append(int(flat) % h)
+    return job
+
+
+def _attention_aware(estimates, wired, hm, ids, metric, **kwargs):
+    """The estimator of the default route: ``estimates`` (:func:`~headwise.circuits.head_ablation_estimates`) on the
+    model's wiring, attention-aware."""
+    return estimates(wired, ids, metric, attention_aware=True, **kwargs)
