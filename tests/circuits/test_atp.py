@@ -126,3 +126,28 @@ def test_shares_add_up_and_atp_star_changes_only_queries_and_keys(method):
         torch.testing.assert_close(est.shares[v], eap.shares[v], atol=1e-6, rtol=1e-5)
         qk = [e for e, edge in enumerate(g.edges) if edge.input in ("q", "k")]
         assert (est.scores[qk] - eap.scores[qk]).abs().max() > 1e-4  # not EAP's linearisation
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2", "gemma2"])
+def test_factored_changes_project_as_their_dense_sum(case):
+    """A head's write change given as factors (its output change times its rows of W_O) projects to the same queries
+    and keys as the dense change, the norm taken exactly at r + Δ (RMS, LayerNorm, Gemma's 1 + w)."""
+    from headwise.circuits import wiring
+    from headwise.circuits.atp import AttentionTaps, LowRank
+
+    model = hf_model(case)
+    w = wiring(model)
+    ids = torch.randint(3, 90, (3, 40), generator=torch.Generator().manual_seed(1))
+    taps = AttentionTaps(w)
+    w.receiver_gradients(ids, lambda logits: logits[:, -1, 5], lambda *_: None, extra=taps.hooks())
+    lp = taps.layer(1)
+    lw = w.layers[0]
+    g = torch.Generator().manual_seed(2)
+    coef = torch.randn(3, lw.num_heads, 40, lw.heads_out.shape[1], generator=g)
+    change = LowRank(coef, lw.heads_out.float())
+    for first in (0, 11):
+        got = lp._columns_low_rank(change.part(0, lw.num_heads, first), first)
+        assert not lp._form.get("failed")
+        want = lp.columns(change.part(0, lw.num_heads, first).dense(), first)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)

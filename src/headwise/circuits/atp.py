@@ -278,7 +278,11 @@ class LayerPatterns:
         Checked once per layer against the dense route (one sender); the dense route where they differ or the norm
         is of no such form."""
         form = self._norm_form()
-        if form is None or form.get("failed"):
+        N, n, rows_per, k = change.coef.shape
+        D, C = change.basis.shape[-1], self._W.shape[1]
+        rows = N * rows_per
+        # the factors pay k·D·C per sender for their product with the columns: worth it over many rows only
+        if form is None or form.get("failed") or k * D * C + rows * k * (C + D) >= rows * D * C:
             return self.columns(change.dense(), first)
         B = change.basis.float()  # (n, k, D)
         if form["centred"]:
