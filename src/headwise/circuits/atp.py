@@ -289,13 +289,13 @@ class LayerPatterns:
             B = B - B.mean(-1, keepdim=True)
         coef = change.coef.float()  # (N, n, L', k)
         M = torch.einsum("ikd,dc->ikc", B, form["Wg"])  # (n, k, C)
-        proj = form["base"][:, None, first:] + torch.einsum("xilk,ikc->xilc", coef, M)  # (N, n, L', C)
+        proj = torch.einsum("xilk,ikc->xilc", coef, M).add_(form["base"][:, None, first:])  # (N, n, L', C)
         if form["eps"] is not None:
             cross = (coef * torch.einsum("xld,ikd->xilk", form["cr"][:, first:], B)).sum(-1)  # (N, n, L')
             quad = torch.einsum("xilk,ikj,xilj->xil", coef, B @ B.transpose(1, 2), coef)
             ms = form["ms"][:, None, first:] + (2 * cross.double() + quad.double()) / form["D"]
-            proj = proj * (ms + form["eps"]).rsqrt().float()[..., None]
-        cols = proj + form["cb"]
+            proj.mul_((ms + form["eps"]).rsqrt().float()[..., None])
+        cols = proj.add_(form["cb"])
         Hq = self.H * self.part.q.width
         yq, yk = cols[..., :Hq], cols[..., Hq:]
         if not form["checked"]:
@@ -385,15 +385,16 @@ class LayerPatterns:
             yq, yk = self.columns(d, first)
             q1 = self._finish("q", yq, self.H, first).reshape(N * m, self.H, self.L - first, -1)
             k1 = self._finish("k", yk, self.Hkv, first).reshape(N * m, self.Hkv, self.L - first, -1)
-            k0m = k0.repeat_interleave(m, 0)
-            q0m = q0[:, :, k_rows:].repeat_interleave(m, 0)
+            k0m = k0.repeat_interleave(m, 0) if queries or first > 0 else None
+            q0m = q0[:, :, k_rows:].repeat_interleave(m, 0) if keys else None
 
             def keys_with(k_new, k0m=k0m, m=m):
-                return torch.cat([k0m[:, :, :first], k_new.reshape(N * m, self.Hkv, self.L - first, -1)], 2)
+                k_new = k_new.reshape(N * m, self.Hkv, self.L - first, -1)
+                return k_new if first == 0 else torch.cat([k0m[:, :, :first], k_new], 2)
 
             def term(q, k, row, m=m):
-                dA = self._weights(q, k, m, row) - self.A[:, None, :, row:]  # (N, m, H, L − row, S)
-                return (dA * self.GA[:, None, :, row:]).sum((-1, -2))  # (N, m, H)
+                dA = self._weights(q, k, m, row).sub_(self.A[:, None, :, row:])  # (N, m, H, L − row, S)
+                return dA.mul_(self.GA[:, None, :, row:]).sum((-1, -2))  # (N, m, H)
 
             if queries and not wide["q"]:
                 out.setdefault("q", []).append(term(q1, k0m, first))

@@ -188,6 +188,15 @@ class Rotation:
             cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         r = cos.shape[-1]
         rot, rest = t[..., :r], t[..., r:]
+        if self.kind in ("half", "half-compact") and not (torch.is_grad_enabled() and t.requires_grad):
+            h = r // 2  # x·cos + rotate_half(x)·sin, written half by half in place
+            x1, x2 = rot[..., :h], rot[..., h:]
+            out = torch.empty_like(t)
+            torch.mul(x1, cos[..., :h], out=out[..., :h]).addcmul_(x2, sin[..., :h], value=-1.0)
+            torch.mul(x2, cos[..., h:], out=out[..., h:r]).addcmul_(x1, sin[..., h:])
+            if r < t.shape[-1]:
+                out[..., r:] = rest
+            return out
         if self.kind in ("half", "half-compact"):
             out = rot * cos + _rotate_half(rot) * sin
         elif self.kind == "pairs":
