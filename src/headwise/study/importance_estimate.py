@@ -42,16 +42,16 @@ __all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "esti
 #: the 5 orders, 16 distinct sets whatever the model's size).
 GRID = (0.0, 0.125, 0.25, 0.5, 1.0)
 #: Heads measured exactly besides the top k, drawn at random from the rest (seeded): the estimate's error there.
-RANDOM_HEADS = 8
+RANDOM_HEADS = 6
 #: Most tokens of one part of the estimate's forward and backward pass (its logits and their gradient are held).
 ESTIMATE_TOKENS = 1024
 
 
 def default_top_k(heads: int) -> int:
-    """The heads measured exactly by default: 12, at most a quarter of ``heads`` (at least 1) — SmolLM2's and
-    MiniLM's 12, for SmolLM2's default run's time: the heads its estimate puts on top sit in layers 0–2, about one
-    forward-equivalent of the sample each (with the 8 random heads and the curve's 16 sets, about 33 in all)."""
-    return max(1, min(12, heads // 4))
+    """The heads measured exactly by default: 10, at most a quarter of ``heads`` (at least 1) — SmolLM2's and
+    MiniLM's 10, for SmolLM2's default run's time: the heads its estimate puts on top sit in layers 0–2, about one
+    forward-equivalent of the sample each (with the 6 random heads and the curve's 16 sets, about 30 in all)."""
+    return max(1, min(10, heads // 4))
 
 
 @dataclass
