@@ -28,7 +28,6 @@ Shape legend: P prompt pairs, L length, E edges, K known edges.
 from __future__ import annotations
 
 import math
-import platform
 import time
 from collections.abc import Callable
 
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from headwise import checks
+from headwise._machine import cpu_name
 from headwise.lab.circuit_tasks import DEFAULT_TASKS, TASKS, CircuitTask, expand_known, pattern_share, role_heads
 from headwise.lab.trainer import TrainConfig, threads, train
 from headwise.models.transformer_lm import TransformerLM
@@ -238,18 +238,6 @@ def run_task(
     }  # fmt: skip
 
 
-def _cpu() -> str:
-    """The CPU's model name (``/proc/cpuinfo``, else the platform's)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run_suite(
     tasks=None,
     *,
@@ -282,7 +270,7 @@ def run_suite(
         "suite": "circuits",
         "seed": seed,
         "threads": torch.get_num_threads() if num_threads is None else num_threads,
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "methods": suite_methods(),
         "fractions": list(MIB_FRACTIONS),
         "criteria": {"min_accuracy": MIN_ACCURACY, "min_share": MIN_SHARE, "top_factor": TOP_FACTOR},

@@ -30,6 +30,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from headwise._machine import cpu_name
 from headwise.sizing.arch import Architecture
 from headwise.sizing.count import param_breakdown
 
@@ -68,19 +69,6 @@ class Costs:
     where: str
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "this CPU"
-
-
 def measure_costs(*, size: int = 2048, tokens: int = 256, repeats: int = 3) -> Costs:
     """The rates of this machine now: a ``(size, 4·size)`` bfloat16 matrix turned into float32 and a ``(T, size) ×
     (size, 4·size)`` float32 matmul, each timed ``repeats`` times, the best kept (a shared machine's noise is
@@ -99,7 +87,7 @@ def measure_costs(*, size: int = 2048, tokens: int = 256, repeats: int = 3) -> C
         x @ w
         best_matmul = min(best_matmul, time.perf_counter() - start)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    where = f"{_cpu_name()}, {torch.get_num_threads()} threads, load average {load:.1f}"
+    where = f"{cpu_name()}, {torch.get_num_threads()} threads, load average {load:.1f}"
     return Costs(stored.numel() * 2 / best_convert, 2 * tokens * size * 4 * size / best_matmul, where)
 
 
