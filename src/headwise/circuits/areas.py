@@ -11,7 +11,8 @@ faithfulness ``(m(circuit) − m(∅)) / (m(clean) − m(∅))``. Over the fract
     CMD = Σ_k (f_{k+1} − f_k) · (|1 − F_k| + |1 − F_{k+1}|) / 2      (the area between the curve and 1: lower)
 
 The AUROC is the probability that an edge of the known circuit outranks one outside it by ``|score|`` (ties count
-one half): Mann–Whitney's U over the two sets' sizes.
+one half): Mann–Whitney's U over the two sets' sizes. Spearman's rank correlation compares an estimate's order with
+the exact one's; both rest on :func:`mean_ranks`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["MIB_FRACTIONS", "auroc", "curve_areas", "mib_sizes"]
+__all__ = ["MIB_FRACTIONS", "auroc", "curve_areas", "mean_ranks", "mib_sizes", "spearman"]
 
 #: the fractions of the graph's edges MIB's circuit track keeps (``evaluate_area_under_curve``'s ``percentages``)
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -71,12 +72,28 @@ def auroc(scores: Tensor, truth: Tensor) -> float:
     pos, neg = int(t.sum()), int((~t).sum())
     if pos == 0 or neg == 0:
         return math.nan
-    order = torch.argsort(s, stable=True)
-    ranks = torch.empty_like(s)
-    ranks[order] = torch.arange(1, len(s) + 1, dtype=torch.float64)
-    for v in torch.unique(s):  # ties: their mean rank
-        tie = s == v
-        if int(tie.sum()) > 1:
-            ranks[tie] = ranks[tie].mean()
+    ranks = mean_ranks(s)
     u = float(ranks[t].sum()) - pos * (pos + 1) / 2
     return u / (pos * neg)
+
+
+def mean_ranks(x: Tensor) -> Tensor:
+    """``(n,)`` float64: the ranks 1 … n of the values of a 1-D tensor, ties given their mean rank."""
+    x = x.detach().double().reshape(-1)
+    order = torch.argsort(x, stable=True)
+    ranks = torch.empty_like(x)
+    ranks[order] = torch.arange(1, len(x) + 1, dtype=torch.float64, device=x.device)
+    for v in torch.unique(x):
+        tie = x == v
+        if int(tie.sum()) > 1:
+            ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two 1-D tensors (ties get their mean rank); NaN when either side is
+    constant."""
+    ra, rb = mean_ranks(a), mean_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / den if den > 0 else float("nan")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
+from headwise.circuits.areas import spearman
 from headwise.circuits.edges import edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, faithfulness, smallest_circuit
 from headwise.circuits.graph import Graph, build_graph
@@ -48,26 +49,6 @@ class PairShard:
     indices: tuple[int, ...]
     gather: Callable[[Tensor], Tensor]
     main: bool = True
-
-
-def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation of two 1-D tensors (ties get their mean rank)."""
-
-    def ranks(x: Tensor) -> Tensor:
-        x = x.double()
-        order = torch.argsort(x, stable=True)
-        r = torch.empty_like(x)
-        r[order] = torch.arange(len(x), dtype=torch.float64)
-        for v in torch.unique(x):  # mean rank of ties
-            tie = x == v
-            if int(tie.sum()) > 1:
-                r[tie] = r[tie].mean()
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = float(ra.norm() * rb.norm())
-    return float((ra * rb).sum()) / den if den > 0 else float("nan")
 
 
 def _node_details(target, graph: Graph, ids: Tensor, answer: int, wrong: int) -> dict:

@@ -27,14 +27,17 @@ batches (:func:`~headwise.study.estimate_across_ranks`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
+import torch
 
 from headwise.analysis.importance import ImportanceResult
+from headwise.circuits.areas import spearman
 
 __all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement"]
 
@@ -75,23 +78,12 @@ class EstimatedImportance(ImportanceResult):
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman's rank correlation (ties by average rank); None under 3 values or a constant side."""
+    """Spearman's rank correlation (:func:`headwise.circuits.areas.spearman`); None under 3 values or a constant
+    side."""
     if len(a) < 3:
         return None
-
-    def ranks(x):
-        order = np.argsort(x, kind="stable")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x))
-        for v in np.unique(x):  # ties: the average rank
-            tie = x == v
-            r[tie] = r[tie].mean()
-        return r
-
-    ra, rb = ranks(np.asarray(a, float)), ranks(np.asarray(b, float))
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    return float(np.corrcoef(ra, rb)[0, 1])
+    rho = spearman(torch.as_tensor(np.asarray(a, float)), torch.as_tensor(np.asarray(b, float)))
+    return None if math.isnan(rho) else rho
 
 
 def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top_k: int) -> dict:
@@ -129,7 +121,6 @@ def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top
 def _decoder_estimates(hm, parts, mode: str, estimator, progress) -> tuple[np.ndarray, np.ndarray, float]:
     """``(estimate sums (NL, H), Michel's sums Σ_rows |∂L_row/∂ξ| (NL, H), [sequences, loss sum])`` over ``parts``
     (:class:`~headwise.analysis.sweep_plan.Part`): one forward and one backward pass each."""
-    import torch
 
     from headwise.analysis.objective import token_losses
 
@@ -197,7 +188,6 @@ def estimate_importance(
         ValueError: no batch, a ``top_k`` or ``random_heads`` out of range, an unknown ``mode``, a decoder whose
             structure the wiring does not read (its one sentence).
     """
-    import torch
 
     from headwise.analysis import ablation_objectives
     from headwise.analysis.batched import MODES, SweepCost
