@@ -111,23 +111,6 @@ def smollm2_induction_pairs(P: int, seed: int, bos: int = 1, n: int = 12, repeat
     return torch.tensor(clean), torch.tensor(corr), ans, wr
 
 
-def lab_induction_pairs(vocab: int, P: int = 8, seed: int = 0):
-    """As ``tests/circuits/test_lab_induction.py``'s ``induction_pairs``: ``noise A noise A[:6]`` against
-    ``noise B noise B[:6]`` with 12-token segments, the noise shared."""
-    rng = np.random.default_rng(seed)
-    clean, corrupted, answer, wrong = [], [], [], []
-    for _ in range(P):
-        n1, n2 = rng.integers(0, vocab, 8), rng.integers(0, vocab, 8)
-        a, b = rng.choice(vocab, 12, replace=False), rng.choice(vocab, 12, replace=False)
-        while set(a[:7]) & set(b[:7]):
-            b = rng.choice(vocab, 12, replace=False)
-        clean.append(np.concatenate([n1, a, n2, a[:6]]))
-        corrupted.append(np.concatenate([n1, b, n2, b[:6]]))
-        answer.append(int(a[6]))
-        wrong.append(int(b[6]))
-    return torch.tensor(np.array(clean)), torch.tensor(np.array(corrupted)), answer, wrong
-
-
 # --- measurements ---------------------------------------------------------------------------------------------
 
 
@@ -392,7 +375,7 @@ def _decomposition(w, clean, corrupted, metric, edges: list[str]) -> dict:
 def part_lab(args) -> dict:
     from headwise.circuits import wiring
     from headwise.circuits.graph import build_graph
-    from headwise.lab.induction import InductionSetup, run_induction
+    from headwise.lab.induction import InductionSetup, circuit_pairs, run_induction
     from headwise.patching import logit_difference
 
     runs = {}
@@ -404,7 +387,7 @@ def part_lab(args) -> dict:
         previous, induction = run.summary["previous_token_heads"], run.summary["induction_heads"]
         w = wiring(run.model)
         graph = build_graph(w)
-        clean, corrupted, answer, wrong = lab_induction_pairs(w.target.vocab_size)
+        clean, corrupted, answer, wrong = circuit_pairs(w.target.vocab_size)
         metric = logit_difference(answer, wrong)
         est = estimates(w, clean, corrupted, metric, args.steps)
         est.pop("_graph")

@@ -4,36 +4,18 @@ lab's 2-layer attention-only model, ~1.5 CPU minutes; the numbers are in docs/ci
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
 from headwise.circuits import edge_attribution, find_circuit, path_patch, wiring
+from headwise.lab.induction import circuit_pairs
 from headwise.patching import logit_difference
 
 
-def induction_pairs(vocab: int, P: int = 8, seed: int = 0):
-    """``(clean, corrupted, answer, wrong)``: ``noise A noise A[:6]`` against ``noise B noise B[:6]`` with 12-token
-    segments A, B (the noise shared), so the clean run copies A[6] and the corrupted B[6]."""
-    rng = np.random.default_rng(seed)
-    clean, corrupted, answer, wrong = [], [], [], []
-    for _ in range(P):
-        n1, n2 = rng.integers(0, vocab, 8), rng.integers(0, vocab, 8)
-        a, b = rng.choice(vocab, 12, replace=False), rng.choice(vocab, 12, replace=False)
-        while set(a[:7]) & set(b[:7]):
-            b = rng.choice(vocab, 12, replace=False)
-        clean.append(np.concatenate([n1, a, n2, a[:6]]))
-        corrupted.append(np.concatenate([n1, b, n2, b[:6]]))
-        answer.append(int(a[6]))
-        wrong.append(int(b[6]))
-    return torch.tensor(np.array(clean)), torch.tensor(np.array(corrupted)), answer, wrong
-
-
 def analyse(model, previous: list[str], induction: list[str]) -> dict:
-    """The circuit of ``model`` on :func:`induction_pairs`, beside the heads the lab's scores name
+    """The circuit of ``model`` on :func:`headwise.lab.induction.circuit_pairs`, beside the heads the lab's scores name
     (``previous`` / ``induction``: ``"L0H2"``-style names)."""
     w = wiring(model)
-    clean, corrupted, answer, wrong = induction_pairs(w.target.vocab_size)
+    clean, corrupted, answer, wrong = circuit_pairs(w.target.vocab_size)
     metric = logit_difference(answer, wrong)
     scores = edge_attribution(w, clean, corrupted, metric)
     g = scores.graph

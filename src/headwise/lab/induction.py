@@ -51,6 +51,7 @@ __all__ = [
     "SEED_COLUMNS",
     "seed_rows",
     "summary_lines",
+    "circuit_pairs",
 ]
 
 #: the target: loss on the second copy at most BOUND · ln V
@@ -285,3 +286,21 @@ def summary_lines(s: dict) -> list[str]:
         f"induction heads: {', '.join(s['induction_heads']) or 'none'} (score ≥ {s['head_threshold']}); "
         f"phase change by step {s['phase_change_step']}",
     ]
+
+
+def circuit_pairs(vocab: int, P: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """Prompt pairs for the induction circuit: ``(clean (P, 34), corrupted (P, 34), answer ids, wrong ids)`` —
+    ``noise A noise A[:6]`` against ``noise B noise B[:6]`` with 12-token segments A, B (the 8-token noises shared,
+    A[:7] and B[:7] disjoint), so the clean run copies A[6] and the corrupted B[6] (docs/circuits.md)."""
+    rng = np.random.default_rng(seed)
+    clean, corrupted, answer, wrong = [], [], [], []
+    for _ in range(P):
+        n1, n2 = rng.integers(0, vocab, 8), rng.integers(0, vocab, 8)
+        a, b = rng.choice(vocab, 12, replace=False), rng.choice(vocab, 12, replace=False)
+        while set(a[:7]) & set(b[:7]):
+            b = rng.choice(vocab, 12, replace=False)
+        clean.append(np.concatenate([n1, a, n2, a[:6]]))
+        corrupted.append(np.concatenate([n1, b, n2, b[:6]]))
+        answer.append(int(a[6]))
+        wrong.append(int(b[6]))
+    return torch.tensor(np.array(clean)), torch.tensor(np.array(corrupted)), answer, wrong
