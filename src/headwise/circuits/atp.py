@@ -30,7 +30,7 @@ layer's patterns and scores changes; :func:`atp_scores` fills the q/k columns of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -54,7 +54,6 @@ class _LayerRecord:
     z: Tensor | None = None  # (N, H, L, Dv)
     gz: Tensor | None = None  # (N, H, L, Dv): ∂m/∂z from the backward pass
     pe: tuple | None = None
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -204,4 +204,4 @@ def _qk_gradient(w: Wiring, layer: int, r: Tensor, grads: dict) -> Tensor:
         u = part if u is None else u + part
     if u is None:
         return torch.zeros_like(r, dtype=torch.float32)
-    return w._norm_vjp(lw.attn_norm, r, u[:, None].to(r.dtype))[:, 0].float()
+    return w.norm_vjp(lw.attn_norm, r, u[:, None].to(r.dtype))[:, 0].float()

@@ -309,10 +309,10 @@ class Wiring:
     def _side_gradients(self, r: Tensor, layer: int, lw: LayerWiring, side, receive: Receive, g: Tensor) -> None:
         W = lw.weights[side.name][0]  # (n, Dh, D)
         u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
-        receive((side.name, layer), self._norm_vjp(lw.attn_norm, r, u))
+        receive((side.name, layer), self.norm_vjp(lw.attn_norm, r, u))
 
     @staticmethod
-    def _norm_vjp(norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
+    def norm_vjp(norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
         """``(N, n, L, D)``: the vector–Jacobian product of ``norm`` at ``r (N, L, D)`` with each ``u[:, i]``."""
         step = max(1, _VJP_ELEMENTS // max(1, r.numel()))
         parts = []
