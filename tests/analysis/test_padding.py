@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from headwise import analysis as A
+from headwise.analysis.confidence import positional_from_histogram
 
 TOKENS = [
     ["[CLS]", "in", "the", "beginning", ",", "god", "created", ".", "[SEP]"],
@@ -135,11 +136,14 @@ def test_corpus_memory_does_not_grow():
     rng = np.random.default_rng(3)
     stats = A.HeadStats(1, 2, max_length=8)
     sizes = []
-    for _ in range(3):
+    for _ in range(12):
         layers, _ = _layers(rng, TOKENS[1:], 1, 2, 8)
         stats.update(layers, A.token_info(TOKENS[1:], length=8))
         sizes.append(sum(v.nbytes for v in vars(stats).values() if isinstance(v, np.ndarray)))
-    assert sizes[0] == sizes[-1] and stats.num_sentences == 3
+    # the offset histogram widens to the longest offset counted, never past max_length's 2·8 − 1 columns
+    bound = sizes[0] + 2 * (2 * 8 - 1) * 8
+    assert sizes == sorted(sizes) and sizes[-1] <= bound and stats.num_sentences == 12
+    assert stats.state()["hist"].shape == (2, 2 * 8 - 1)
 
 
 def test_analyze_texts_streams_batches():
@@ -222,3 +226,29 @@ def test_analysis_draws_no_terminal_ui():
         "assert not [m for m in sys.modules if m == 'rich' or m.startswith('rich.')], 'rich imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_offset_histogram_widens_as_offsets_come_and_equals_the_full_width_sum(seed):
+    rng = np.random.default_rng(seed)
+    NL, H, M = 2, 3, 9
+    stats, total = A.HeadStats(NL, H, max_length=M, js=False), np.zeros((NL * H, 2 * M - 1), dtype=np.int64)
+    values = {name: np.zeros(NL * H) for name in ("cls", "sep", "punct", "entropy", "entropy_cls", "self", "prev")}
+    values |= {"next": np.zeros(NL * H), "distance": np.zeros(NL * H), "entropy_ratio": np.zeros(NL * H)}
+    for _ in range(6):
+        m = int(rng.integers(1, M + 1))
+        h = rng.integers(0, 3, size=(NL * H, 2 * m - 1)) * (rng.random((NL * H, 2 * m - 1)) < 0.3)
+        total[:, M - m : M + m - 1] += h
+        stats.add_sentence_sums(values, length=m, confidence=(np.zeros(NL * H), 1), histogram=h, js=None)
+    assert stats._hist.shape[-1] <= 2 * M - 1
+    np.testing.assert_array_equal(stats.state()["hist"].numpy(), total)
+    share, offset, positional = positional_from_histogram(total)
+    report = stats.result()
+    np.testing.assert_array_equal(report.metrics["positional_offset"].reshape(-1), offset)
+    np.testing.assert_allclose(report.metrics["positional_share"].reshape(-1), share, equal_nan=True)
+    twice = A.HeadStats(NL, H, max_length=M, js=False)
+    twice.add_state(stats.state())
+    twice.add_state(stats.state())
+    np.testing.assert_array_equal(twice.state()["hist"].numpy(), 2 * total)
+    with pytest.raises(ValueError, match=r"histogram: expected \(6, 2·m − 1\) offset counts with m ≤ max_length=9"):
+        stats.add_sentence_sums(values, length=1, confidence=(np.zeros(6), 1), histogram=np.zeros((6, 19)), js=None)

@@ -210,7 +210,9 @@ class HeadStats:
         self._uniform_sum = 0.0
         self._conf_sum = np.zeros(n)
         self._conf_count = 0
-        self._hist = np.zeros((n, 2 * max_length - 1), dtype=np.int64)
+        # (N, 2·span − 1): offsets −(span − 1) … span − 1, grown to the longest offset counted so far (a 8,192-token
+        # model's full width, 2·max_length − 1 columns per head, is 35 MB for SmolLM2's 270 heads)
+        self._hist = np.zeros((n, 1), dtype=np.int64)
         self._js_sum = np.zeros((n, n)) if js else None
         self._js_rows = 0
         self.js_max_rows = js_max_rows
@@ -289,12 +291,37 @@ class HeadStats:
         )
 
     def _histogram(self, block: RowBlock, rows: np.ndarray) -> np.ndarray:
-        """``(N, 2·max_length − 1)`` argmax-offset counts of one sentence's block over its query rows ``(n,)``."""
+        """``(N, 2·n − 1)`` argmax-offset counts of one sentence's block of n keys over its query rows ``(n,)``."""
         import torch
 
-        hist = torch.zeros(block.w.shape[1], 2 * self.max_length - 1, dtype=torch.int64)
-        count_offsets(hist, row_max_offsets(block)[1], torch.as_tensor(rows[None]), self.max_length)
+        n = block.w.shape[-1]
+        hist = torch.zeros(block.w.shape[1], 2 * n - 1, dtype=torch.int64)
+        count_offsets(hist, row_max_offsets(block)[1], torch.as_tensor(rows[None]), n)
         return hist.numpy()
+
+    def _add_histogram(self, histogram: np.ndarray | None, name: str = "histogram") -> None:
+        """Add ``(N, 2·m − 1)`` offset counts (offsets −(m − 1) … m − 1, any m ≤ max_length) to the running histogram,
+        widening it to the largest offset counted."""
+        if histogram is None:
+            return
+        h = np.asarray(histogram)
+        n, width = self._hist.shape[0], h.shape[-1] if h.ndim == 2 else 0
+        if h.ndim != 2 or h.shape[0] != n or width % 2 == 0 or width > 2 * self.max_length - 1:
+            raise ValueError(
+                f"{name}: expected ({n}, 2·m − 1) offset counts with m ≤ max_length={self.max_length}, "
+                f"got shape {tuple(h.shape)}"
+            )
+        counted = np.flatnonzero(h.any(axis=0))
+        if counted.size == 0:
+            return
+        c = (width - 1) // 2
+        reach = int(max(c - counted[0], counted[-1] - c))  # the largest |offset| counted
+        span = (self._hist.shape[-1] - 1) // 2
+        if reach > span:
+            wider = np.zeros((n, 2 * reach + 1), dtype=np.int64)
+            wider[:, reach - span : reach + span + 1] = self._hist
+            self._hist, span = wider, reach
+        self._hist[:, span - reach : span + reach + 1] += h[:, c - reach : c + reach + 1]
 
     def add_sentence_sums(
         self,
@@ -302,7 +329,7 @@ class HeadStats:
         *,
         length: int,
         confidence: tuple[np.ndarray, int],
-        histogram: np.ndarray,
+        histogram: np.ndarray | None,
         js: tuple[np.ndarray, int] | None,
     ) -> None:
         """Add one sentence already reduced (the streaming pass, :mod:`headwise.analysis.streaming`, reduces rows
@@ -312,7 +339,8 @@ class HeadStats:
             values: each sentence metric → ``(N,)`` (NaN: the sentence has no such row).
             length: n, its real tokens.
             confidence: ``(sum of the row maxima (N,), rows counted)`` over Voita's query tokens.
-            histogram: ``(N, 2·max_length − 1)`` argmax-offset counts.
+            histogram: ``(N, 2·m − 1)`` argmax-offset counts, offsets −(m − 1) … m − 1 for any m ≤ ``max_length``
+                (None: none to add, e.g. a batch's histogram already added with its first sentence).
             js: ``(JS sums (N, N), rows summed)`` over the sampled rows, or None.
         """
         for name, v in values.items():
@@ -322,7 +350,7 @@ class HeadStats:
         self._uniform_sum += math.log(length)
         self._conf_sum += confidence[0]
         self._conf_count += int(confidence[1])
-        self._hist += histogram
+        self._add_histogram(histogram)
         if self._js_sum is not None and js is not None:
             self._js_sum += js[0]
             self._js_rows += int(js[1])
@@ -344,7 +372,10 @@ class HeadStats:
 
         out = {f"sum.{m}": f64(self._sum[m]) for m in _SENTENCE_METRICS}
         out |= {f"count.{m}": f64(self._count[m]) for m in _SENTENCE_METRICS}
-        out |= {"uniform_sum": f64(self._uniform_sum), "conf_sum": f64(self._conf_sum), "hist": f64(self._hist)}
+        m, span = self.max_length, (self._hist.shape[-1] - 1) // 2
+        hist = np.zeros((self._hist.shape[0], 2 * m - 1))
+        hist[:, m - 1 - span : m + span] = self._hist
+        out |= {"uniform_sum": f64(self._uniform_sum), "conf_sum": f64(self._conf_sum), "hist": f64(hist)}
         out |= {"conf_count": f64(self._conf_count)}
         if self._js_sum is not None:
             out |= {"js_sum": f64(self._js_sum), "js_rows": f64(self._js_rows)}
@@ -370,7 +401,7 @@ class HeadStats:
         self._uniform_sum += float(state["uniform_sum"])
         self._conf_sum += np.asarray(state["conf_sum"], dtype=np.float64)
         self._conf_count += int(ints("conf_count"))
-        self._hist += ints("hist")
+        self._add_histogram(ints("hist"), "state['hist']")
         if self._js_sum is not None:
             self._js_sum += np.asarray(state["js_sum"], dtype=np.float64)
             self._js_rows += int(ints("js_rows"))

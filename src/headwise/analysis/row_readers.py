@@ -78,7 +78,7 @@ class HeadSums:
         js: keep the sampled rows for the Jensen–Shannon sums; js_max_rows: at most that many rows per sentence
             (:func:`js_row_budget`).
         entropy_smoothing: Clark et al.'s ε.
-        max_length: bounds of the argmax-offset histogram (the accumulator's ``max_length``).
+        max_length: the accumulator's ``max_length`` (the histogram itself spans the batch's L positions).
     """
 
     def __init__(
@@ -116,7 +116,9 @@ class HeadSums:
         self.key_prev, self.key_next = t(prev_c), t(next_c)
         self.sums = {k: _sums(num_layers, B, num_heads) for k in _HEAD_SUMS}  # name → (NL, B, H)
         self.conf_sum = _sums(num_layers, B, num_heads)
-        self.hist = torch.zeros(num_layers * num_heads, 2 * self.max_length - 1, dtype=torch.int64)
+        # (N, 2L − 1): offsets −(L − 1) … L − 1 of the batch's L positions (not max_length's: a model of 8,192
+        # positions would hold 35 MB of empty columns per head set)
+        self.hist = torch.zeros(num_layers * num_heads, 2 * L - 1, dtype=torch.int64)
         self.js_rows = [
             np.flatnonzero(valid[b])[js_sample_rows(int(n), js_row_budget(int(n), js_max_rows))]
             for b, n in enumerate(valid.sum(1))
@@ -148,7 +150,7 @@ class HeadSums:
         mx, off = row_max_offsets(block)  # Voita: row maxima and argmax offsets over the real tokens
         vo = self.voita[:, start:stop]  # (B, R)
         self.conf_sum[layer] += (mx * vo[:, None, :]).sum(-1)  # the row's own maximum, as HeadStats reads it
-        count_offsets(self.hist[layer * H : (layer + 1) * H], off, vo, self.max_length)
+        count_offsets(self.hist[layer * H : (layer + 1) * H], off, vo, self.layout.L)
         if self.js_buf is not None:
             valid = self.layout.valid
             for b, sampled in enumerate(self.js_rows):
@@ -182,12 +184,11 @@ class HeadSums:
     def add_to(self, head_stats) -> None:
         """Add every sentence of the batch to a :class:`~headwise.analysis.HeadStats` (sentences without a real token
         are skipped)."""
-        L, M = self.layout.L, self.max_length
+        L = self.layout.L
         if head_stats.max_length < L:
             raise ValueError(f"max_length: the accumulator's {head_stats.max_length} is shorter than the batch's {L}")
         heads, n = self.sentence_values(), self.layout.n.numpy()
-        m = head_stats.max_length
-        hist = self.hist.numpy()[:, M - m : M + m - 1]  # (N, 2m − 1): offsets −(m − 1) … m − 1
+        hist = self.hist.numpy()  # (N, 2L − 1): offsets −(L − 1) … L − 1
         for b in range(self.layout.B):
             if n[b] == 0:
                 continue
@@ -201,7 +202,7 @@ class HeadSums:
                 histogram=hist,
                 js=js,
             )
-            hist = np.zeros_like(hist)  # the batch's histogram is added once
+            hist = None  # the batch's histogram is added once, with its first sentence
 
 
 class DetectorSums:
