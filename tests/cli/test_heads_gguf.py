@@ -77,6 +77,33 @@ def test_no_cache_layer_by_layer_equals_the_cached_route(run_cli, blob, cache, t
     assert (tmp_path / "cached" / "heads.csv").read_text() == (tmp_path / "o" / "heads.csv").read_text()
 
 
+def test_no_cache_layer_by_layer_composition_equals_the_cached_route(run_cli, blob, cache, tmp_path, monkeypatch):
+    """``--composition`` on the file read without a cache, layer by layer (every layer's attention parts kept in,
+    ``W_U W_E`` summed over slices of the embedding's rows): the scores of the cached float32 route."""
+    import numpy as np
+
+    import headwise.models.layered as layered
+
+    cached = run_cli("heads", "--model", str(blob), TEXT, "--composition", "--out", str(tmp_path / "cached"))
+    assert cached.code == 0, cached.err
+    route = layered.memory_route
+    monkeypatch.setattr(layered, "memory_route", lambda *a, **k: route(*a, **{**k, "by_layer": True}))
+    out = run_cli("heads", "--model", str(blob), TEXT, "--composition", "--no-cache", "--max-memory", "4GB",
+                  "--out", str(tmp_path / "o"))  # fmt: skip
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 4.00 GB" in out.out
+    a = json.loads((tmp_path / "cached" / "heads.json").read_text())
+    b = json.loads((tmp_path / "o" / "heads.json").read_text())
+    assert b["memory"]["route"] == "layers"
+    assert np.isfinite(np.array([h["copying"] for h in a["heads"]], dtype=np.float64)).all()
+    for kind in ("q", "k", "v", "k_group", "v_group"):
+        x, y = (np.array(r["composition"][kind], dtype=np.float64) for r in (a, b))
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=2e-5, err_msg=kind)  # written to 5 decimals
+    for name in ("copying", "copying_positive", "k_composition_max"):
+        x, y = (np.array([h[name] for h in r["heads"]], dtype=np.float64) for r in (a, b))
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
 def test_a_copy_too_big_for_the_disk_is_not_written(run_cli, blob, cache, tmp_path, monkeypatch):
     from headwise.models import gguf_stream
 

@@ -1,5 +1,6 @@
-"""``headwise heads --max-memory``: the layer-by-layer route's files equal the whole route's, and bad budgets are one
-line naming the smallest budget that works, exit 2, nothing written."""
+"""``headwise heads --max-memory``: the layer-by-layer route's files equal the whole route's (``--composition`` too),
+and bad budgets are one line naming the smallest budget that works (or, for ``--composition``, the memory every
+layer's attention parts need), exit 2, nothing written; ``--importance`` is refused layer by layer."""
 
 from __future__ import annotations
 
@@ -79,10 +80,59 @@ def test_bad_budgets_name_the_smallest_that_works(folder, tmp_path, run_cli, bud
     assert not (tmp_path / "o").exists()
 
 
-def test_composition_refuses_layer_by_layer(folder, tmp_path, run_cli, monkeypatch):
+COMPOSITION = ("copying", "copying_positive", "q_composition_max", "k_composition_max", "v_composition_max")
+
+
+def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run_cli, monkeypatch):
+    """Every layer's attention parts kept in, the rest streamed, ``W_U W_E`` summed over slices of rows: the same
+    columns and scores."""
+    args = ("heads", TEXT, "--model", str(folder), "--composition", "--max-memory", "20GB", "--out")
+    whole = run_cli(*args, str(tmp_path / "whole"))
+    assert whole.code == 0, whole.err
     _by_layer(monkeypatch)
-    out = run_cli("heads", "--model", str(folder), "--composition", "--out", str(tmp_path / "o"))
-    assert_user_error(out, "opened layer by layer", "--composition", "needs about")
+    out = run_cli(*args, str(tmp_path / "layers"))
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 20.00 GB" in out.out and "composition (weights)" in out.out
+    head_w, rows_w = _csv(tmp_path / "whole" / "heads.csv")
+    head_l, rows_l = _csv(tmp_path / "layers" / "heads.csv")
+    assert head_w == head_l and all(name in head_w for name in COMPOSITION)
+    for name in COMPOSITION:
+        k = head_w.index(name)
+        a = np.array([float(r[k] or "nan") for r in rows_w])  # empty: no score (no sender before layer 0)
+        b = np.array([float(r[k] or "nan") for r in rows_l])
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=name)  # NaN where NaN
+        assert np.isfinite(a).any(), name
+    a = json.loads((tmp_path / "whole" / "heads.json").read_text())["composition"]
+    b = json.loads((tmp_path / "layers" / "heads.json").read_text())["composition"]
+    for kind in ("q", "k", "v", "k_group", "v_group"):
+        x, y = (np.array(s[kind], dtype=np.float64) for s in (a, b))  # None (no score) -> NaN
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=2e-5, err_msg=kind)  # written to 5 decimals
+    assert (tmp_path / "layers" / "composition.png").is_file()
+
+
+def test_composition_under_a_budget_too_small_for_the_attention_parts(folder, tmp_path, run_cli, monkeypatch):
+    import headwise.models.memory as memory
+    from headwise.circuits.composition import weights_bytes
+    from headwise.models import open_model
+    from headwise.models.pinned import attention_need
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    hm = open_model(folder, max_memory=smallest)
+    need = attention_need(hm, extra=weights_bytes(hm))
+    out = run_cli("heads", "--model", str(folder), "--composition", "--out", str(tmp_path / "o"),
+                  "--max-memory", str(smallest))  # fmt: skip
+    assert_user_error(out, "opened layer by layer", f"--composition reads every layer's attention weights at once, "
+                      f"which needs about {memory.format_size(need)}")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_importance_refuses_layer_by_layer(folder, tmp_path, run_cli, monkeypatch):
+    """A backward pass through every layer: refused as before, naming the whole model's memory."""
+    _by_layer(monkeypatch)
+    out = run_cli("heads", "--model", str(folder), "--importance", "--out", str(tmp_path / "o"))
+    assert_user_error(out, "opened layer by layer", "--importance", "reads every layer's weights at once, which needs")
     assert not (tmp_path / "o").exists()
 
 

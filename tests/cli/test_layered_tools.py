@@ -1,7 +1,8 @@
-"""The other tools on a model opened layer by layer: ``patch`` (exact patching) equals the float32 route, its direct
-logit attribution skipped with a note naming the memory it needs; ``patch --method attribution``, ``qk`` and
-``circuit`` (every layer's weights at once) refused in one line naming it, nothing written; a bad budget names the
-smallest that works."""
+"""The other tools on a model opened layer by layer: ``patch`` (exact patching) and ``qk`` (every layer's attention
+parts kept in, the rest streamed) equal the float32 route, patch's direct logit attribution skipped with a note
+naming the memory it needs; ``patch --method attribution`` and ``circuit`` (every layer's weights at once), and ``qk``
+under a budget too small for the attention parts, refused in one line naming the memory, nothing written; a bad
+budget names the smallest that works."""
 
 from __future__ import annotations
 
@@ -61,21 +62,6 @@ def test_patch_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, 
     [
         lambda f, o: _patch(f, o, "--method", "attribution"),
         lambda f, o: (
-            "qk",
-            "--model",
-            str(f),
-            "--text",
-            CLEAN,
-            "--head",
-            "1.2",
-            "--query",
-            "-1",
-            "--out",
-            str(o),
-            "--max-memory",
-            "20GB",
-        ),  # fmt: skip
-        lambda f, o: (
             "circuit",
             "--model",
             str(f),
@@ -91,13 +77,59 @@ def test_patch_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, 
             str(o),
         ),  # fmt: skip
     ],
-    ids=["patch-attribution", "qk", "circuit"],
+    ids=["patch-attribution", "circuit"],
 )
 def test_tools_that_read_every_layer_refuse_by_name(run_cli, folder, tmp_path, monkeypatch, command):
     _by_layer(monkeypatch)
     out = run_cli(*command(folder, tmp_path / "o"))
     assert_user_error(out, "opened layer by layer", "reads every layer's weights at once, which needs about")
     assert not (tmp_path / "o").exists()
+
+
+def _qk(folder, out, budget="20GB"):
+    return ("qk", "--model", str(folder), "--text", CLEAN, "--head", "1.2", "--query", "-1", "--out", str(out),
+            "--max-memory", budget)  # fmt: skip
+
+
+def test_qk_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, monkeypatch):
+    whole = run_cli(*_qk(folder, tmp_path / "whole"))
+    assert whole.code == 0, whole.err
+    _by_layer(monkeypatch)
+    out = run_cli(*_qk(folder, tmp_path / "layers"))
+    assert out.code == 0, out.err
+    a = json.loads((tmp_path / "whole" / "qk.json").read_text())
+    b = json.loads((tmp_path / "layers" / "qk.json").read_text())
+    assert a.keys() == b.keys() and (a["key"], a["keys"], a["tokens"]) == (b["key"], b["keys"], b["tokens"])
+    for key in ("scores", "logits", "weights"):
+        torch.testing.assert_close(torch.tensor(b[key]), torch.tensor(a[key]), rtol=1e-5, atol=1e-7)
+    for side in ("query_parts", "key_parts"):
+        assert [p["part"] for p in a[side]] == [p["part"] for p in b[side]]
+        for field in ("term", "centred", "effect"):
+            got, ref = (torch.tensor([p[field] for p in x[side]], dtype=torch.float64) for x in (b, a))
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7, msg=f"{side} {field}")
+    assert [t["query_part"] + t["key_part"] for t in a["top_terms"]] == [
+        t["query_part"] + t["key_part"] for t in b["top_terms"]]  # fmt: skip
+    assert (tmp_path / "layers" / "qk.png").is_file()
+
+
+def test_qk_under_a_budget_too_small_for_the_attention_parts(run_cli, folder, tmp_path, monkeypatch):
+    """The smallest budget that opens the model layer by layer holds one layer; every layer's attention parts do
+    not fit it: one line naming the memory they need, nothing written."""
+    import headwise.models.memory as memory
+    from headwise.models import open_model
+    from headwise.models.pinned import attention_need
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    need = attention_need(open_model(folder, max_memory=smallest))
+    assert need > smallest
+    out = run_cli(*_qk(folder, tmp_path / "o", str(smallest)))
+    assert_user_error(out, "opened layer by layer", f"qk reads every layer's attention weights at once, which needs "
+                      f"about {memory.format_size(need)} (a --max-memory at least that)")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    out = run_cli(*_qk(folder, tmp_path / "o", str(need)))  # the memory it names is enough
+    assert out.code == 0, out.err
 
 
 @pytest.mark.parametrize("tool", ["patch", "qk"])

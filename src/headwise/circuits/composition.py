@@ -45,13 +45,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headwise.circuits.qk import side_weights
 from headwise.models.anatomy import affine, apply_qk_norm
-from headwise.models.anatomy_probe import probe_ids
+from headwise.models.anatomy_probe import input_embedding, probe_ids
+from headwise.models.pinned import attention_bytes, attention_pinned
 from headwise.patching import as_target, freeze_norm
 from headwise.patching.frozen_norm import FrozenNorm
+from headwise.points import unembedding
 
 __all__ = [
     "CompositionScores",
@@ -62,6 +64,7 @@ __all__ = [
     "head_weights",
     "ov_top_tokens",
     "qk_top_pairs",
+    "weights_bytes",
 ]
 
 
@@ -71,17 +74,21 @@ class HeadWeights:
 
     Attributes:
         W_Q: NL tensors ``(H, D, Dh)``; W_K, W_V: ``(Hkv, D, Dh)``; W_O: ``(H, Dh, D)``.
-        W_E: ``(V, D)`` token embeddings; W_U: ``(D, V)`` the unembedding with the final norm's gain folded in.
+        W_E: ``(V, D)`` token embeddings; W_U: ``(D, V)`` the unembedding with the final norm's gain folded in —
+            None where read from a model opened layer by layer (``UE`` alone is kept).
         name: the model's name.
+        UE: ``(D, D)`` ``W_U W_E``, formed a slice of the vocabulary at a time on a model opened layer by layer
+            (None: formed from ``W_U`` and ``W_E`` when asked).
     """
 
     W_Q: list[Tensor]
     W_K: list[Tensor]
     W_V: list[Tensor]
     W_O: list[Tensor]
-    W_E: Tensor
-    W_U: Tensor
+    W_E: Tensor | None
+    W_U: Tensor | None
     name: str = ""
+    UE: Tensor | None = None
 
     @property
     def heads_per_layer(self) -> list[int]:
@@ -124,15 +131,49 @@ def head_weights(model, ids=None) -> HeadWeights:
     one short forward pass freezes the norms whose gains are folded: the input norm, the QK-norms, a norm on the
     attention's write, the final norm.
 
+    A model opened layer by layer (``hm.stream``) keeps every layer's attention parts in for the call
+    (:func:`headwise.models.pinned.attention_pinned`), the rest streamed through the short pass; the embedding and
+    the unembedding are never held whole: ``W_U W_E`` ``(D, D)`` is summed over slices of the vocabulary's rows
+    (:meth:`~headwise.models.streamed.LayerStream.row_slices`) into :attr:`HeadWeights.UE`, and ``W_E`` / ``W_U``
+    are None. The matrices are the whole float32 route's.
+
     Args:
         model: see :func:`headwise.patching.as_target`.
         ids: a few token ids for that pass (default: the anatomy's probe ids — any ids do: only gains are read).
     Returns:
         :class:`HeadWeights` (float64, on the model's device).
     Raises:
-        ValueError: a structure headwise does not read (the anatomy's one sentence).
+        ValueError: a structure headwise does not read (the anatomy's one sentence); a model opened layer by layer
+            whose attention parts and these copies do not fit its budget (one line naming the memory,
+            :func:`weights_bytes`).
     """
     target = as_target(model)
+    with attention_pinned(target, "--composition", extra=weights_bytes(target)):
+        return _head_weights(target, ids)
+
+
+def weights_bytes(model) -> int:
+    """About the bytes the weights' circuits (:func:`head_weights`, then :func:`composition_scores` and
+    :func:`copying_scores`) hold beyond the parameters pinned on a model opened layer by layer: float64 copies of
+    every head's matrices (twice their float32 bytes), ``W_U W_E`` ``(D, D)`` in float64, one slice of the
+    embedding's and the unembedding's rows in float32 and float64, and the composition's float32 products (every
+    sender's ``(Dh, D)`` factor, a few ``(senders, H, Dh, Dh)`` blocks); 0 for a model opened whole."""
+    hm = as_target(model)
+    if hm.stream is None:
+        return 0
+    embed, unembed = input_embedding(hm.model), unembedding(hm.model)
+    if embed is None or unembed is None:
+        return 0  # head_weights refuses it by the anatomy's sentence
+    D = embed.weight.shape[1]
+    senders, H = hm.num_layers * hm.num_heads, hm.num_heads
+    Dh = max(1, D // H)
+    slices = sum(3 * hm.stream.slice_bytes(m) for m in {id(embed): embed, id(unembed): unembed}.values())
+    products = 4 * senders * (Dh * D + 5 * H * Dh * Dh)
+    return 2 * attention_bytes(hm) + 8 * D * D + slices + products
+
+
+def _head_weights(target, ids) -> HeadWeights:
+    """:func:`head_weights` of a view (its attention parts in)."""
     anatomy = target.anatomy
     if anatomy.unembed is None or affine(anatomy.unembed) is None or anatomy.embed is None:
         raise anatomy.refuse("it has no linear unembedding and token embedding to read")
@@ -196,9 +237,25 @@ def head_weights(model, ids=None) -> HeadWeights:
         W_V.append(_heads(Wv, Hkv))
         W_O.append(Wo.reshape(H, Dv, -1))
     final = frozen_of(anatomy.final_norm, "final norm", None, "resid_final")
+    if target.stream is not None:
+        UE = _ue_by_slices(target.stream, anatomy, final)
+        return HeadWeights(W_Q, W_K, W_V, W_O, None, None, target.name or "", UE)
     U = affine(anatomy.unembed)[0].detach().double().T * anatomy.logit_scale  # (D, V)
     E = anatomy.embed.weight.detach().double()
     return HeadWeights(W_Q, W_K, W_V, W_O, E, _fold(U, final), target.name or "")
+
+
+def _ue_by_slices(stream, anatomy, final: FrozenNorm | None) -> Tensor:
+    """``W_U W_E`` ``(D, D)`` float64 of a model opened layer by layer: ``Σ_s W_U[:, s] W_E[s]`` over slices ``s``
+    of the vocabulary's rows, each read from the checkpoint and dropped (the final norm's gain and centring act on
+    each column of ``W_U`` alone, so each slice is folded as the whole matrix is)."""
+    if not isinstance(anatomy.unembed, nn.Linear) or not hasattr(anatomy.embed, "weight"):
+        raise anatomy.refuse("its unembedding is not a linear map whose rows can be read a slice at a time")
+    UE = None
+    for _, (u, e) in stream.row_slices([anatomy.unembed, anatomy.embed]):  # (n, D) each
+        part = _fold(u.double().T * anatomy.logit_scale, final) @ e.double()  # (D, n) @ (n, D)
+        UE = part if UE is None else UE + part
+    return UE
 
 
 # -- composition -----------------------------------------------------------------------------------------------
@@ -321,7 +378,13 @@ class CopyingScores:
 
 
 def _ue(weights: HeadWeights) -> Tensor:
-    return weights.W_U @ weights.W_E  # (D, D)
+    return weights.UE if weights.UE is not None else weights.W_U @ weights.W_E  # (D, D)
+
+
+def _whole_matrices(weights: HeadWeights) -> None:
+    if weights.W_E is None or weights.W_U is None:
+        raise ValueError("weights: read from a model opened layer by layer, they hold W_U W_E alone, not the (V, D) "
+                         "embedding and unembedding a token's circuit reads; open the model whole")  # fmt: skip
 
 
 def copying_scores(weights: HeadWeights) -> CopyingScores:
@@ -344,6 +407,7 @@ def copying_scores(weights: HeadWeights) -> CopyingScores:
 
 
 def _check_head(weights: HeadWeights, layer: int, head: int) -> None:
+    _whole_matrices(weights)
     if not (isinstance(layer, int) and 0 <= layer < len(weights.W_Q)):
         raise ValueError(f"layer: expected 0 … {len(weights.W_Q) - 1}, got {layer!r}")
     if not (isinstance(head, int) and 0 <= head < weights.W_Q[layer].shape[0]):

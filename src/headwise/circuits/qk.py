@@ -31,7 +31,9 @@ A part's effect on the attention weights is exact, by removal: the row's weights
 taken out of every key's score (the norms stay frozen; the soft-cap, masks and sinks applied as the model
 applies them) subtracted from the model's weights — ``effect > 0``: the part raised that key's weight.
 
-Memory: the parts projected to one head (``(A + B) · J · Dh``) and one layer's writes at a time, never ``L²``.
+Memory: the parts projected to one head (``(A + B) · J · Dh``) and one layer's writes at a time, never ``L²``. A
+model opened layer by layer keeps every layer's attention parts in for the call, the rest streamed
+(:func:`headwise.models.pinned.attention_pinned`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from torch import Tensor, nn
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
 from headwise.models.anatomy import Side, apply_qk_norm
+from headwise.models.pinned import attention_pinned
 from headwise.patching import as_target, freeze_norm, residual_parts
 from headwise.patching.frozen_norm import FrozenNorm
 
@@ -280,7 +283,12 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         :class:`QKAttribution`.
     Raises:
         ValueError / TypeError: a layer, head or position out of range or not an int, more than one sequence;
-            a structure this attribution does not read, or parts that do not add up (the check named).
+            a structure this attribution does not read, or parts that do not add up (the check named); a model
+            opened layer by layer whose attention parts do not fit its budget (one line naming the memory).
+
+    A model opened layer by layer (``hm.stream``) keeps every layer's attention parts in for the call
+    (:func:`headwise.models.pinned.attention_pinned`: projections, QK-norms, norms and biases), the rest of each
+    layer streamed through the one forward pass; the result is the whole float32 route's.
     """
     target = as_target(model)
     layer, head = target.check_layer_head(layer, head)
@@ -294,7 +302,13 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         raise ValueError(f"query: expected a position 0 … {L - 1}, got {query!r}")
     if key is not None and (isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= query):
         raise ValueError(f"key: expected a position 0 … {query} (a key the query can see), got {key!r}")
+    with attention_pinned(target, "qk"):
+        return _attribution(target, ids, layer, head, query, key)
 
+
+def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: int | None) -> QKAttribution:
+    """:func:`qk_attribution` on checked arguments, ``ids (L,)``."""
+    L = ids.shape[0]
     part = target.anatomy[layer]
     captured: dict = {}
 

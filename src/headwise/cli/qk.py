@@ -15,8 +15,12 @@ not at all): ``qk.json`` (the row's keys, tokens, scores and weights; per part i
 effect on the weight at J; the top terms as the circuit page shows them) and ``qk.png`` (the matrix of the
 largest parts, beside the row's weights).
 
-Bad input — a head or position out of range, a key the query cannot see, an empty text — is one line on
-stderr and exit status 2, before anything is written.
+A model opened layer by layer (``--max-memory`` below its float32 size) keeps every layer's attention parts in
+for the run, the rest of each layer streamed (:func:`headwise.models.pinned.attention_pinned`): the same qk.json.
+
+Bad input — a head or position out of range, a key the query cannot see, an empty text, a budget too small for
+every layer's attention parts (naming the memory they need) — is one line on stderr and exit status 2, before
+anything is written.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def qk(
     from headwise._io import atomic_folder, write_text_atomic
     from headwise.circuits import qk_attribution
     from headwise.models import open_model
-    from headwise.models.memory import MemoryBudgetError, whole_refused
+    from headwise.models.memory import MemoryBudgetError
     from headwise.viz.qk import plot_qk
 
     if out.exists() and not out.is_dir():
@@ -89,8 +93,6 @@ def qk(
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder" or hm.tokenizer is None:
         raise CLIError(f"--model: {hm.name} is not a decoder with a tokenizer.json ({hm.kind}, {hm.family})")
-    if hm.stream is not None:  # the attribution reads the anatomy: every layer's weights at once
-        raise CLIError(whole_refused(hm.name, hm.memory, "qk (its parts read from every earlier layer's weights)"))
     layer, h = _head(head, hm)
     ids = list(hm.tokenizer.encode(text).ids)
     if len(ids) > hm.max_length:

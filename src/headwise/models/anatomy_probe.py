@@ -33,6 +33,7 @@ __all__ = [
     "QK_NORMS",
     "RESIDUAL_MULTIPLIERS",
     "SEPARATE",
+    "input_embedding",
     "probe_ids",
     "read_anatomy",
 ]
@@ -75,7 +76,7 @@ def _child(module: nn.Module, names) -> nn.Module | None:
 def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
     """``(1, length)`` token ids that cannot hide a structure: distinct, none special (the model's special ids,
     its config's pad / bos / eos ids), none whose embedding row is zero; drawn with a fixed seed."""
-    emb = _embedding(hm.model)
+    emb = input_embedding(hm.model)
     out = unembedding(hm.model)
     V = hm.vocab_size or (emb.weight.shape[0] if isinstance(getattr(emb, "weight", None), Tensor) else 0)
     if not V and isinstance(getattr(out, "weight", None), Tensor):
@@ -90,13 +91,12 @@ def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
     if hm.bos_id is not None:
         avoid.add(int(hm.bos_id))
     order = torch.randperm(V, generator=torch.Generator().manual_seed(0)).tolist() if V else []
+    order = [i for i in order if i not in avoid]
     chosen = []
-    for i in order:
-        if i in avoid:
-            continue
-        if emb is not None and i < emb.weight.shape[0] and not bool(emb.weight[i].detach().any()):
-            continue
-        chosen.append(i)
+    for k in range(0, len(order), 4 * length):  # candidates' rows read a few at a time (opened layer by layer too)
+        part = order[k : k + 4 * length]
+        nonzero = _nonzero_rows(hm, emb, part) if emb is not None else [True] * len(part)
+        chosen += [i for i, keep in zip(part, nonzero) if keep][: length - len(chosen)]
         if len(chosen) == length:
             break
     if len(chosen) < 2:
@@ -104,7 +104,20 @@ def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
     return torch.tensor([chosen], dtype=torch.long, device=hm.device)
 
 
-def _embedding(model: nn.Module) -> nn.Module | None:
+def _nonzero_rows(hm, emb: nn.Module, ids: list[int]) -> list[bool]:
+    """Whether each of the embedding's rows ``ids`` has a nonzero entry; ids past its rows count as nonzero. A
+    weight on the meta device (a model opened layer by layer) is read through ``hm.stream``, those rows alone."""
+    inside = sorted(i for i in ids if i < emb.weight.shape[0])
+    if emb.weight.device.type == "meta":
+        rows = hm.stream.weight_rows(emb, torch.tensor(inside, dtype=torch.long))  # (n, D)
+    else:
+        rows = emb.weight.detach()[torch.tensor(inside, dtype=torch.long, device=emb.weight.device)]
+    found = dict(zip(inside, rows.ne(0).any(-1).tolist()))
+    return [found.get(i, True) for i in ids]
+
+
+def input_embedding(model: nn.Module) -> nn.Module | None:
+    """A model's token embedding (``get_input_embeddings()``, or a child named as embeddings are), or None."""
     get = getattr(model, "get_input_embeddings", None)
     if callable(get):
         try:
@@ -385,7 +398,7 @@ def _read(hm) -> Anatomy:
         hooks.append((f"layers.{layer}.attn.qk", lambda rows, layer=layer: qk.__setitem__(layer, rows)))
         hooks.append((f"layers.{layer}.attn.pattern", lambda t, layer=layer: pattern.__setitem__(layer, t.detach())))
         hooks.append((f"layers.{layer}.attn.heads", lambda t, layer=layer: heads.__setitem__(layer, t.detach())))
-    embed = _embedding(hm.model)
+    embed = input_embedding(hm.model)
     unembed = unembedding(hm.model) if hm.kind == "decoder" else None
     outside = [m for m in hm.model.modules() if is_norm(m) and not _inside(m, blocks)]
     ids = probe_ids(hm)

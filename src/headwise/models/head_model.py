@@ -360,11 +360,13 @@ class HeadModel:
         multiplier, the MLP; the embeddings, final norm and unembedding. Every tool reads the model through it.
 
         Raises:
-            AnatomyError: a structure headwise does not read (one sentence, the same for every tool).
+            AnatomyError: a structure headwise does not read (one sentence, the same for every tool); ValueError:
+                a model opened layer by layer, outside :func:`headwise.models.pinned.attention_pinned`.
         """
+        if self.stream is not None and not self.__dict__.get("_pinned_depth"):
+            self.check_whole("this tool")
         found = self.__dict__.get("_anatomy")
         if found is None:
-            self.check_whole("this tool")
             from headwise.models.anatomy_probe import read_anatomy
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
@@ -424,12 +426,8 @@ class HeadModel:
             if not ids:
                 raise ValueError(f"texts[{k}]: the tokenizer gave no token for {texts[k]!r}")
             if len(ids) > self.max_length:
-                warnings.warn(
-                    f"texts[{k}]: {len(ids)} tokens, more than the model's {self.max_length} positions; "
-                    f"truncated to the first {self.max_length}",
-                    TruncationWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(f"texts[{k}]: {len(ids)} tokens, more than the model's {self.max_length} positions; "
+                              f"truncated to the first {self.max_length}", TruncationWarning, stacklevel=2)  # fmt: skip
                 ids = ids[: self.max_length]
             cut.append(len(enc.ids) > self.max_length)
             rows.append(ids)

@@ -270,11 +270,14 @@ def plan_memory(
     raise MemoryBudgetError(message, smallest, given=given)
 
 
-def whole_refused(name: str, plan: MemoryPlan, what: str) -> str:
-    """The line refusing ``what`` (a tool that reads every layer's weights at once) on a model opened layer by layer
-    under ``plan``, naming the memory it would need."""
-    need = plan.held + plan.whole
+def whole_refused(
+    name: str, plan: MemoryPlan, what: str, *, reads: str = "every layer's weights at once", need: int | None = None
+) -> str:
+    """The line refusing ``what`` (a tool that reads ``reads``: every layer's weights at once, or every layer's
+    attention weights) on a model opened layer by layer under ``plan``, naming the memory it would need (``need``
+    bytes; default: the whole model in float32 beside what the process held)."""
+    need = plan.held + plan.whole if need is None else need
     return (
-        f"model: {name} was opened layer by layer (budget {format_size(plan.budget)}); {what} reads every layer's "
-        f"weights at once, which needs about {format_size(need)} (a --max-memory at least that)"
+        f"model: {name} was opened layer by layer (budget {format_size(plan.budget)}); {what} reads {reads}, which "
+        f"needs about {format_size(need)} (a --max-memory at least that)"
     )

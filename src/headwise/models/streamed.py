@@ -16,7 +16,8 @@ unit) and the activations.
 - :class:`LayerStream` — the hooks, :func:`units_of` the units of a module. A checkpoint that reads rows
   (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a
   batch holds, and its large unembedding applied a slice of output rows at a time (:data:`SLICE_BYTES`), so neither
-  matrix is ever held whole in float32.
+  matrix is ever held whole in float32. :meth:`LayerStream.pinned` keeps chosen parameters in across passes (a tool's
+  attention parts, :mod:`headwise.models.pinned`); :meth:`LayerStream.row_slices` reads such a matrix outside a pass.
 
 Shape legend: NL layers, B batch, L length, V vocabulary (rows of an embedding or unembedding), D model width.
 """
@@ -272,6 +273,7 @@ class LayerStream:
         self._order = list(self.units)
         self.sliced = {u: n for u, m in self.units.items() if (n := self._by_rows(u, m)) is not None}
         self._padding: dict[str, int | None] = {}
+        self._pins: dict[str, set[str]] = {}  # unit -> relative names of its pinned parameters (:meth:`pinned`)
 
     def _by_rows(self, unit: str, module: nn.Module) -> str | None:
         """The stored name of ``unit``'s matrix when the unit is read by rows: an ``nn.Embedding`` (or a subclass that
@@ -298,6 +300,10 @@ class LayerStream:
     def _slot(module: nn.Module, rel: str) -> tuple[nn.Module, str]:
         owner, _, leaf = rel.rpartition(".")
         return (module.get_submodule(owner) if owner else module), leaf
+
+    def _current(self, module: nn.Module, rel: str) -> nn.Parameter:
+        owner, leaf = self._slot(module, rel)
+        return owner._parameters[leaf]
 
     def sizes(self) -> dict[str, tuple[int, int]]:
         """Unit name → ``(float32 bytes, stored bytes)`` held at once, what :func:`headwise.models.memory.plan_memory`
@@ -348,6 +354,7 @@ class LayerStream:
         if self.problem is not None:
             raise ValueError(self.problem)
         self.detach()
+        self._pins = {}
         done: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter loaded for it
         for unit, module in self.units.items():
             names = self.stored[unit]
@@ -410,34 +417,35 @@ class LayerStream:
             self.on_unit(unit, self._order.index(unit), len(self._order))
 
     def bring(self, unit: str) -> None:
-        """Read ``unit``'s tensors, in float32, onto its module (a unit already in: nothing)."""
+        """Read ``unit``'s tensors still on the meta device, in float32, onto its module (a unit already in, or whose
+        parameters are all pinned: nothing)."""
         import time
 
         module = self.units[unit]
         names = self.stored[unit]
-        if not names:
-            return
-        first = next(iter(names))
-        owner, leaf = self._slot(module, first)
-        if owner._parameters[leaf].device.type != "meta":
+        todo = [rel for rel in names if self._current(module, rel).device.type == "meta"]  # pinned ones are in
+        if not todo:
             return
         start = time.perf_counter()
-        loaded = self.tensors.load(list(dict.fromkeys(names.values())))
-        for rel, theirs in names.items():
+        loaded = self.tensors.load(list(dict.fromkeys(names[rel] for rel in todo)))
+        for rel in todo:
             owner, leaf = self._slot(module, rel)
-            owner._parameters[leaf] = nn.Parameter(loaded[theirs], requires_grad=False)
+            owner._parameters[leaf] = nn.Parameter(loaded[names[rel]], requires_grad=False)
         self.seconds += time.perf_counter() - start
         self._count(unit)
 
     def release(self, unit: str) -> None:
-        """Put ``unit``'s meta tensors back and drop what its modules kept of the weights."""
+        """Put ``unit``'s meta tensors back (its pinned parameters stay) and drop what its modules kept of the
+        weights."""
         from headwise.core.projections import forget_stacked
         from headwise.models.memory import return_freed
 
         module = self.units[unit]
+        pinned = self._pins.get(unit, ())
         for rel, meta in self._meta[unit].items():
-            owner, leaf = self._slot(module, rel)
-            owner._parameters[leaf] = meta
+            if rel not in pinned:
+                owner, leaf = self._slot(module, rel)
+                owner._parameters[leaf] = meta
         if unit in self._padding:
             module.padding_idx = self._padding.pop(unit)
         for m in module.modules():
@@ -459,17 +467,130 @@ class LayerStream:
                 self.release(u)
             self.attach()
 
+    # -- pinned parameters: kept in across the forward hooks' release -------------------------------------------
+
+    def select(self, keep: Callable[[str, nn.Parameter], bool]) -> dict[str, list[str]]:
+        """Unit → the relative names of its parameters that ``keep(full name, meta parameter)`` selects (full names as
+        ``model.named_parameters`` gives them: ``model.layers.3.self_attn.q_proj.weight``). A unit read by rows
+        (:attr:`sliced`) is never selected: its matrix is read a slice at a time."""
+        chosen = {}
+        for unit, metas in self._meta.items():
+            rels = [rel for rel, p in metas.items() if unit not in self.sliced and keep(f"{unit}.{rel}".lstrip("."), p)]
+            if rels:
+                chosen[unit] = rels
+        return chosen
+
+    def chosen_sizes(self, chosen: Mapping[str, Sequence[str]]) -> dict[str, tuple[int, int]]:
+        """Unit → ``(float32 bytes, stored bytes)`` of the parameters ``chosen`` names (:meth:`select`)."""
+        return {
+            unit: (sum(4 * self._meta[unit][r].numel() for r in rels),
+                   sum(self.tensors.stored_bytes(self.stored[unit][r]) for r in rels if r in self.stored[unit]))
+            for unit, rels in chosen.items()
+        }  # fmt: skip
+
+    @contextlib.contextmanager
+    def pinned(self, chosen: Mapping[str, Sequence[str]]) -> Iterator[None]:
+        """Within the block, the parameters ``chosen`` names (unit → relative names, :meth:`select`) are in, in
+        float32, and stay in when their unit's forward hook releases the rest of it; :meth:`bring` reads only what is
+        still on the meta device. After the block those this call pinned go back to the meta device (blocks nest:
+        an inner block leaves the outer one's pins).
+
+        Raises:
+            ValueError: a parameter the checkpoint lacks, or holds in another shape, naming the tensor.
+        """
+        if self.problem is not None:
+            raise ValueError(self.problem)
+        added: dict[str, list[str]] = {}
+        try:
+            done: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter read for it (tied: once)
+            for unit, rels in chosen.items():
+                module, names = self.units[unit], self.stored[unit]
+                new = [r for r in rels if r not in self._pins.get(unit, ())]
+                todo = [r for r in new if self._current(module, r).device.type == "meta"]
+                wanted = [r for r in todo if id(self._meta[unit][r]) not in done]
+                loaded = self.tensors.load(list(dict.fromkeys(names[r] for r in wanted))) if wanted else {}
+                for r in todo:
+                    meta = self._meta[unit][r]
+                    if id(meta) not in done:
+                        done[id(meta)] = nn.Parameter(loaded[names[r]], requires_grad=False)
+                    owner, leaf = self._slot(module, r)
+                    owner._parameters[leaf] = done[id(meta)]
+                del loaded
+                self._pins.setdefault(unit, set()).update(new)
+                added[unit] = new
+            yield
+        finally:
+            self._unpin(added)
+
+    def _unpin(self, added: Mapping[str, Sequence[str]]) -> None:
+        from headwise.core.projections import forget_stacked
+        from headwise.models.memory import return_freed
+
+        for unit, rels in added.items():
+            module = self.units[unit]
+            for r in rels:
+                self._pins[unit].discard(r)
+                owner, leaf = self._slot(module, r)
+                owner._parameters[leaf] = self._meta[unit][r]
+                forget_stacked(owner)
+            if not self._pins[unit]:
+                del self._pins[unit]
+        return_freed()
+
+    # -- an embedding's or unembedding's rows, outside a forward pass ----------------------------------------------
+
+    def _weight_name(self, module: nn.Module) -> str:
+        """The stored name of ``module``'s ``weight``, ``module`` a unit (an embedding, an unembedding)."""
+        for unit, m in self.units.items():
+            if m is module and "weight" in self.stored[unit]:
+                return self.stored[unit]["weight"]
+        raise ValueError(f"{self.where}: the {type(module).__name__} is not a part read on its own")
+
+    def _reads_rows(self, name: str) -> bool:
+        return hasattr(self.tensors, "load_rows") and self.tensors.rows_ok(name)
+
+    def weight_rows(self, module: nn.Module, rows: Tensor) -> Tensor:
+        """Rows ``rows`` (sorted, distinct, ``(n,)``) of ``module``'s ``weight`` ``(V, D)`` in float32, ``(n, D)``:
+        taken from the module where its weight is in, else read from the checkpoint — those rows alone where it
+        reads rows (:class:`RowTensors`), else the whole matrix, read and dropped. ``module``: a unit whose matrix
+        is ``weight`` (an embedding, an ``nn.Linear`` unembedding)."""
+        w = module.weight
+        if w.device.type != "meta":
+            return w.detach()[rows.to(w.device)].to(torch.float32)
+        name = self._weight_name(module)
+        if self._reads_rows(name):
+            return self.tensors.load_rows(name, rows)
+        return self.tensors.load([name])[name][rows]
+
+    def row_slices(self, modules: Sequence[nn.Module]) -> Iterator[tuple[int, list[Tensor]]]:
+        """``modules``' weights ``(V, D)`` (the same V: an embedding and an unembedding) in float32, a slice of rows
+        at a time: ``(r0, [rows r0 … r0 + n − 1 of each, (n, D)])`` — :data:`SLICE_BYTES` of rows where every
+        matrix reads rows, else one slice of all V rows. A matrix two modules share (a tied unembedding) is read
+        once per slice; each slice is dropped when the next is read."""
+        V = modules[0].weight.shape[0]
+        names = {id(m): None if m.weight.device.type != "meta" else self._weight_name(m) for m in modules}
+        by_rows = all(n is None or self._reads_rows(n) for n in names.values())
+        width = max(m.weight.shape[1] for m in modules)
+        step = max(1, SLICE_BYTES // (4 * width)) if by_rows else V
+        for r0 in range(0, V, step):
+            rows = torch.arange(r0, min(V, r0 + step))
+            read: dict = {}
+            for m in modules:
+                if (names[id(m)] or id(m)) not in read:
+                    read[names[id(m)] or id(m)] = self.weight_rows(m, rows)
+            yield r0, [read[names[id(m)] or id(m)] for m in modules]
+
+    def slice_bytes(self, module: nn.Module) -> int:
+        """Float32 bytes of one slice :meth:`row_slices` reads of ``module``'s weight (the whole matrix where the
+        checkpoint does not read rows)."""
+        (V, D), w = module.weight.shape, module.weight
+        whole = w.device.type == "meta" and not self._reads_rows(self._weight_name(module))
+        return 4 * D * (V if whole else min(V, max(1, SLICE_BYTES // (4 * D))))
+
     def whole_bytes(self) -> int:
         """Bytes of every parameter in float32 (a matrix shared by two units counted once)."""
         unique = {id(p): p for p in self.model.parameters()}
         return sum(4 * p.numel() for p in unique.values())
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def stored_names(mapping: Mapping[str, str]) -> Callable[[str], str | None]:

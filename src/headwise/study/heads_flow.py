@@ -158,15 +158,19 @@ def check_opened(hm, opts: HeadsOptions) -> None:
 
     Raises:
         ValueError: ``--composition`` or ``--queries-only`` without a decoder; ``--corpus`` of the untrained block
-            under torchrun.
+            under torchrun; opened layer by layer, ``--importance``, or ``--composition`` whose attention parts do
+            not fit the budget (one line naming the memory).
     """
     from headwise.distributed.ranks import launched
 
-    if hm is not None and hm.stream is not None:  # opened layer by layer: what needs every weight at once refuses
-        for flag, what in (("importance", "--importance (a backward pass through every layer)"),
-                           ("composition", "--composition")):  # fmt: skip
-            if getattr(opts, flag):
-                hm.check_whole(what)
+    if hm is not None and hm.stream is not None:  # opened layer by layer: a backward pass refuses; --composition
+        if opts.importance:  # keeps the attention parts in, within the budget
+            hm.check_whole("--importance (a backward pass through every layer)")
+        if opts.composition:
+            from headwise.circuits.composition import weights_bytes
+            from headwise.models.pinned import check_attention
+
+            check_attention(hm, "--composition", extra=weights_bytes(hm))
     if opts.composition and (hm is None or hm.kind != "decoder"):
         raise ValueError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if opts.queries_only and (hm is None or hm.kind != "decoder"):

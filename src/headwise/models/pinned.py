@@ -1,0 +1,92 @@
+"""A model opened layer by layer, its attention parts kept in for a tool that reads them from the weights
+(``headwise qk``'s attribution, ``heads --composition``'s circuits), the rest of each layer still streamed.
+
+Such a tool reads, of every layer, only what attention uses — the q / k / v / o projections, a QK-norm, the norms
+around the attention (and the final norm) — besides activations of one forward pass; the MLP's matrices, most of a
+layer's bytes, are needed by that pass alone. :func:`attention_pinned` pins every parameter of each layer's attention
+module and every 1-D parameter (norms' gains, biases) on the :class:`~headwise.models.streamed.LayerStream`
+(:meth:`~headwise.models.streamed.LayerStream.pinned`): they are read once, in float32, and stay in while the forward
+hooks bring in and release the rest of each layer as before. The anatomy (:attr:`HeadModel.anatomy`) is then read on
+the streamed model as on a whole one (its reading touches no MLP weight: the MLP's input and output are recorded);
+it keeps modules, never weights, so after the block the model streams again and holds what it held before.
+
+Before anything is read, the memory the tool needs is weighed against the budget (:func:`attention_need`): what the
+process holds now, the pinned parameters in float32, the largest part still streamed (its float32 and stored bytes),
+:data:`~headwise.models.memory.MIN_WORKING` for the activations, and what the tool adds (``extra``); over the budget,
+one line naming that memory (:func:`~headwise.models.memory.whole_refused`, worded as every tool words it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["READS", "attention_bytes", "attention_need", "attention_pinned", "check_attention"]
+
+#: What such a tool reads, as the refusal names it.
+READS = "every layer's attention weights at once"
+
+
+def _chosen(hm) -> dict[str, list[str]]:
+    """Unit → the relative names of the parameters pinned: each attention module's, and every 1-D parameter."""
+    ids = {id(m) for m in hm.attention_modules}
+    prefixes = tuple(f"{name}." for name, m in hm.model.named_modules() if id(m) in ids)
+    return hm.stream.select(lambda full, p: p.dim() <= 1 or full.startswith(prefixes))
+
+
+def attention_bytes(hm) -> int:
+    """Float32 bytes of the parameters :func:`attention_pinned` pins (0 for a model opened whole)."""
+    if hm.stream is None:
+        return 0
+    return sum(f32 for f32, _ in hm.stream.chosen_sizes(_chosen(hm)).values())
+
+
+def attention_need(hm, *, extra: int = 0) -> int:
+    """Bytes of peak resident memory a tool reading the attention parts needs on ``hm`` opened layer by layer: what
+    the process holds now, the pinned parameters in float32, the largest part still streamed (float32 and stored
+    bytes of what is not pinned of it), :data:`~headwise.models.memory.MIN_WORKING` and ``extra`` (what the tool
+    itself holds: copies of the weights, products)."""
+    from headwise.models import memory
+
+    pinned = hm.stream.chosen_sizes(_chosen(hm))
+    rest = max((f32 + st - sum(pinned.get(unit, (0, 0))) for unit, (f32, st) in hm.stream.sizes().items()), default=0)
+    return memory.current_rss() + sum(f32 for f32, _ in pinned.values()) + rest + memory.MIN_WORKING + extra
+
+
+def check_attention(hm, what: str, *, extra: int = 0) -> None:
+    """ValueError (one line naming the memory ``what`` would need, :func:`attention_need`) when ``hm`` was opened
+    layer by layer and its attention parts do not fit its budget; nothing for a model opened whole."""
+    if hm.stream is None or hm.__dict__.get("_pinned_depth"):
+        return
+    from headwise.models.memory import whole_refused
+
+    need = attention_need(hm, extra=extra)
+    if need > hm.memory.budget:
+        raise ValueError(whole_refused(hm.name, hm.memory, what, reads=READS, need=need))
+
+
+@contextlib.contextmanager
+def attention_pinned(hm, what: str, *, extra: int = 0) -> Iterator[None]:
+    """Within the block, a model opened layer by layer keeps every layer's attention parts in (see the module's
+    notes) and its anatomy can be read; after it, they go back to the meta device. A model opened whole: nothing
+    changes. Blocks nest (the outermost pins and checks).
+
+    Args:
+        hm: a :class:`~headwise.models.HeadModel`.
+        what: the tool, as the refusal names it (``"qk"``, ``"--composition"``).
+        extra: bytes the tool holds beyond the pinned parameters (see :func:`attention_need`).
+    Raises:
+        ValueError: over the budget — one line naming the memory needed (:func:`check_attention`).
+    """
+    if hm.stream is None:
+        yield
+        return
+    depth = hm.__dict__.get("_pinned_depth", 0)
+    if depth == 0:
+        check_attention(hm, what, extra=extra)
+    with hm.stream.pinned(_chosen(hm) if depth == 0 else {}):
+        hm.__dict__["_pinned_depth"] = depth + 1
+        try:
+            yield
+        finally:
+            hm.__dict__["_pinned_depth"] = depth
