@@ -9,6 +9,7 @@ import torch
 
 from _patching_models import Stack, hf_model
 from headwise.circuits import (
+    composition,
     composition_scores,
     copying_scores,
     head_weights,
@@ -63,6 +64,16 @@ def test_composition_scores_equal_the_full_matrices(case):
     assert top[0][4] == pytest.approx(float(torch.nan_to_num(fast.k, nan=-1).max()))
 
 
+@pytest.mark.parametrize("case", ["llama", "qwen3"])
+def test_senders_a_block_at_a_time_give_the_same_scores(case, monkeypatch):
+    w = head_weights(_model(case))
+    whole = composition_scores(w, dtype=torch.float64)
+    monkeypatch.setattr(composition, "BLOCK_BYTES", 1)  # one sender per block
+    blocks = composition_scores(w, dtype=torch.float64)
+    for kind in ("q", "k", "v", "k_group", "v_group"):
+        torch.testing.assert_close(getattr(blocks, kind), getattr(whole, kind), rtol=1e-12, atol=0, equal_nan=True)
+
+
 def _layer_input(model, layer):
     seen = {}
     blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
@@ -114,6 +125,23 @@ def test_post_norm_gain_folded_into_w_o():
         out = att.post_attention_layernorm(att.self_attn.o_proj(z))[0, 0].double()
     folded = sum(z[0, 0, h * 8 : (h + 1) * 8].double() @ w.W_O[0][h] for h in range(4))
     torch.testing.assert_close(out / out.norm(), folded / folded.norm(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2", "gemma2", "olmo2"])
+def test_w_u_w_e_by_slices_of_the_vocabulary_equals_the_whole_product(case, monkeypatch):
+    model = _model(case)
+    whole = head_weights(model)
+    monkeypatch.setattr(composition, "SLICE_BYTES", 4 * whole.W_E.shape[1] * 7)  # 7 rows a slice: many slices
+    sliced = head_weights(model, tokens=False)
+    assert sliced.W_E is None and sliced.W_U is None
+    torch.testing.assert_close(sliced.UE, whole.W_U @ whole.W_E, rtol=1e-12, atol=1e-12)
+    a, b = copying_scores(whole), copying_scores(sliced)
+    torch.testing.assert_close(b.copying, a.copying, rtol=1e-9, atol=1e-9, equal_nan=True)
+    with pytest.raises(
+        ValueError,
+        match=r"weights: they hold W_U W_E alone \(read from a model opened layer by layer, or with tokens=False\)",
+    ):
+        ov_top_tokens(sliced, 0, 0, 1)
 
 
 @pytest.mark.parametrize("case", ["llama", "gpt2", "stack"])

@@ -51,11 +51,13 @@ from headwise.circuits.qk import side_weights
 from headwise.models.anatomy import affine, apply_qk_norm
 from headwise.models.anatomy_probe import input_embedding, probe_ids
 from headwise.models.pinned import attention_bytes, attention_pinned
+from headwise.models.streamed import SLICE_BYTES
 from headwise.patching import as_target, freeze_norm
 from headwise.patching.frozen_norm import FrozenNorm
 from headwise.points import unembedding
 
 __all__ = [
+    "BLOCK_BYTES",
     "CompositionScores",
     "CopyingScores",
     "HeadWeights",
@@ -123,7 +125,7 @@ def _heads(W: Tensor, n: int) -> Tensor:
     return W.reshape(D, n, -1).permute(1, 0, 2)
 
 
-def head_weights(model, ids=None) -> HeadWeights:
+def head_weights(model, ids=None, *, tokens: bool = True) -> HeadWeights:
     """Read every head's ``W_Q``, ``W_K``, ``W_V``, ``W_O`` and the embedding / unembedding, norms folded.
 
     The parts come from the model's anatomy (:attr:`HeadModel.anatomy`: fused projections' layouts undone, a
@@ -135,11 +137,14 @@ def head_weights(model, ids=None) -> HeadWeights:
     (:func:`headwise.models.pinned.attention_pinned`), the rest streamed through the short pass; the embedding and
     the unembedding are never held whole: ``W_U W_E`` ``(D, D)`` is summed over slices of the vocabulary's rows
     (:meth:`~headwise.models.streamed.LayerStream.row_slices`) into :attr:`HeadWeights.UE`, and ``W_E`` / ``W_U``
-    are None. The matrices are the whole float32 route's.
+    are None. The matrices are the whole float32 route's. ``tokens=False`` does the same on a model opened whole
+    (what the composition and copying scores read, without float64 copies of two ``(V, D)`` matrices).
 
     Args:
         model: see :func:`headwise.patching.as_target`.
         ids: a few token ids for that pass (default: the anatomy's probe ids — any ids do: only gains are read).
+        tokens: keep ``W_E`` and ``W_U`` (what :func:`ov_top_tokens` and :func:`qk_top_pairs` read); False: ``UE``
+            alone, formed a slice of the vocabulary at a time.
     Returns:
         :class:`HeadWeights` (float64, on the model's device).
     Raises:
@@ -149,7 +154,7 @@ def head_weights(model, ids=None) -> HeadWeights:
     """
     target = as_target(model)
     with attention_pinned(target, "--composition", extra=weights_bytes(target)):
-        return _head_weights(target, ids)
+        return _head_weights(target, ids, tokens and target.stream is None)
 
 
 def weights_bytes(model) -> int:
@@ -157,7 +162,8 @@ def weights_bytes(model) -> int:
     :func:`copying_scores`) hold beyond the parameters pinned on a model opened layer by layer: float64 copies of
     every head's matrices (twice their float32 bytes), ``W_U W_E`` ``(D, D)`` in float64, one slice of the
     embedding's and the unembedding's rows in float32 and float64, and the composition's float32 products (every
-    sender's ``(Dh, D)`` factor, a few ``(senders, H, Dh, Dh)`` blocks); 0 for a model opened whole."""
+    sender's ``(Dh, D)`` factor, a block of senders' products, :data:`BLOCK_BYTES`, and a temporary as large); 0 for a
+    model opened whole."""
     hm = as_target(model)
     if hm.stream is None:
         return 0
@@ -168,11 +174,11 @@ def weights_bytes(model) -> int:
     senders, H = hm.num_layers * hm.num_heads, hm.num_heads
     Dh = max(1, D // H)
     slices = sum(3 * hm.stream.slice_bytes(m) for m in {id(embed): embed, id(unembed): unembed}.values())
-    products = 4 * senders * (Dh * D + 5 * H * Dh * Dh)
+    products = 4 * senders * Dh * D + 2 * BLOCK_BYTES  # every sender's factor; a block of products and a temporary
     return 2 * attention_bytes(hm) + 8 * D * D + slices + products
 
 
-def _head_weights(target, ids) -> HeadWeights:
+def _head_weights(target, ids, tokens: bool) -> HeadWeights:
     """:func:`head_weights` of a view (its attention parts in)."""
     anatomy = target.anatomy
     if anatomy.unembed is None or affine(anatomy.unembed) is None or anatomy.embed is None:
@@ -237,7 +243,7 @@ def _head_weights(target, ids) -> HeadWeights:
         W_V.append(_heads(Wv, Hkv))
         W_O.append(Wo.reshape(H, Dv, -1))
     final = frozen_of(anatomy.final_norm, "final norm", None, "resid_final")
-    if target.stream is not None:
+    if not tokens:
         UE = _ue_by_slices(target.stream, anatomy, final)
         return HeadWeights(W_Q, W_K, W_V, W_O, None, None, target.name or "", UE)
     U = affine(anatomy.unembed)[0].detach().double().T * anatomy.logit_scale  # (D, V)
@@ -246,16 +252,27 @@ def _head_weights(target, ids) -> HeadWeights:
 
 
 def _ue_by_slices(stream, anatomy, final: FrozenNorm | None) -> Tensor:
-    """``W_U W_E`` ``(D, D)`` float64 of a model opened layer by layer: ``Σ_s W_U[:, s] W_E[s]`` over slices ``s``
-    of the vocabulary's rows, each read from the checkpoint and dropped (the final norm's gain and centring act on
-    each column of ``W_U`` alone, so each slice is folded as the whole matrix is)."""
+    """``W_U W_E`` ``(D, D)`` float64: ``Σ_s W_U[:, s] W_E[s]`` over slices ``s`` of the vocabulary's rows — on a
+    model opened layer by layer (``stream``) each read from the checkpoint and dropped, else taken from the weights
+    in memory (the final norm's gain and centring act on each column of ``W_U`` alone, so each slice is folded as
+    the whole matrix is)."""
     if not isinstance(anatomy.unembed, nn.Linear) or not hasattr(anatomy.embed, "weight"):
         raise anatomy.refuse("its unembedding is not a linear map whose rows can be read a slice at a time")
+    modules = [anatomy.unembed, anatomy.embed]
+    slices = stream.row_slices(modules) if stream is not None else _rows_in_memory(modules)
     UE = None
-    for _, (u, e) in stream.row_slices([anatomy.unembed, anatomy.embed]):  # (n, D) each
+    for _, (u, e) in slices:  # (n, D) each
         part = _fold(u.double().T * anatomy.logit_scale, final) @ e.double()  # (D, n) @ (n, D)
         UE = part if UE is None else UE + part
     return UE
+
+
+def _rows_in_memory(modules: list[nn.Module]):
+    """``(r0, [rows r0 … r0 + n − 1 of each module's weight (V, D)])``, :data:`SLICE_BYTES` of rows at a time."""
+    V, D = modules[0].weight.shape
+    step = max(1, SLICE_BYTES // (4 * D))
+    for r0 in range(0, V, step):
+        yield r0, [m.weight.detach()[r0 : r0 + step] for m in modules]
 
 
 # -- composition -----------------------------------------------------------------------------------------------
@@ -288,6 +305,10 @@ class CompositionScores:
         order = finite[flat[finite].argsort(descending=True)][: max(0, n)]
         idx = [torch.unravel_index(o, s.shape) for o in order]
         return [(*(int(i) for i in ix), float(s[ix])) for ix in idx]
+
+
+#: Bytes of one block of senders' products in :func:`composition_scores` (the senders are taken a block at a time).
+BLOCK_BYTES = 32 * 2**20
 
 
 def _r_factor(X: Tensor) -> Tensor:
@@ -334,28 +355,36 @@ def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float
             "v": (Vg[g] @ RO.transpose(1, 2)).flatten(1).norm(dim=1),
         }
         r_norm["k"] = r_norm["q"]
-        Ls = torch.cat(left[:lr])  # (Ns, Dh, D)
-        ns = torch.cat(left_norm[:lr])  # (Ns,)
-        Ns, Dh = Ls.shape[0], Ls.shape[1]
         senders = [(ls, hs) for ls in range(lr) for hs in range(weights.heads_per_layer[ls])]
-        idx_l = torch.tensor([s[0] for s in senders])
-        idx_h = torch.tensor([s[1] for s in senders])
-        A = Ls.reshape(-1, Ls.shape[-1])  # (Ns·Dh, D)
+        Dh = left[0].shape[1]
+        # the senders a block at a time: one block's products and their (Dh, Dh) factors, at most (n, 6·H + 2·Hkv,
+        # Dh, Dh) at once, stay within BLOCK_BYTES
+        per_sender = (6 * H + 2 * Hkv) * Dh * Dh * torch.finfo(dtype).bits // 8
+        step = max(1, BLOCK_BYTES // per_sender)
+        for s0 in range(0, len(senders), step):
+            chunk = senders[s0 : s0 + step]
+            Ls = torch.stack([left[ls][hs] for ls, hs in chunk])  # (n, Dh, D)
+            ns = torch.stack([left_norm[ls][hs] for ls, hs in chunk])  # (n,)
+            idx_l = torch.tensor([s[0] for s in chunk])
+            idx_h = torch.tensor([s[1] for s in chunk])
+            Ns = Ls.shape[0]
+            A = Ls.reshape(-1, Ls.shape[-1])  # (n·Dh, D)
 
-        # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
-        # then each head's (Dh, Dh) factor
-        PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (Ns, H|Hkv, Dh, Dh)
-        fro = {
-            "q": (PQ @ RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (Ns, H)
-            "k": (PK[:, g] @ RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
-            "v": (PV[:, g] @ RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
-        }
-        for kind in "qkv":
-            scores = fro[kind] / (ns[:, None] * r_norm[kind][None]).clamp_min(1e-30)
-            out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
-        for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
-            scores = P.pow(2).sum((2, 3)).sqrt() / (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
-            groups[kind][idx_l, idx_h, lr, :Hkv] = scores.float().cpu()
+            # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
+            # then each head's (Dh, Dh) factor
+            PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (n, H|Hkv, Dh, Dh)
+            fro = {
+                "q": (PQ @ RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (n, H)
+                "k": (PK[:, g] @ RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+                "v": (PV[:, g] @ RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+            }
+            for kind in "qkv":
+                scores = fro[kind] / (ns[:, None] * r_norm[kind][None]).clamp_min(1e-30)
+                out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
+            for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
+                norm = (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
+                groups[kind][idx_l, idx_h, lr, :Hkv] = (P.pow(2).sum((2, 3)).sqrt() / norm).float().cpu()
+            del PQ, PK, PV, fro
     return CompositionScores(out["q"], out["k"], out["v"], groups["k"], groups["v"])
 
 
@@ -383,8 +412,9 @@ def _ue(weights: HeadWeights) -> Tensor:
 
 def _whole_matrices(weights: HeadWeights) -> None:
     if weights.W_E is None or weights.W_U is None:
-        raise ValueError("weights: read from a model opened layer by layer, they hold W_U W_E alone, not the (V, D) "
-                         "embedding and unembedding a token's circuit reads; open the model whole")  # fmt: skip
+        raise ValueError("weights: they hold W_U W_E alone (read from a model opened layer by layer, or with "
+                         "tokens=False), not the (V, D) embedding and unembedding a token's circuit reads; expected "
+                         "head_weights(model) of a model opened whole")  # fmt: skip
 
 
 def copying_scores(weights: HeadWeights) -> CopyingScores:

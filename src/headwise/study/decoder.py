@@ -305,7 +305,7 @@ def composition_columns(hm) -> tuple[dict[str, np.ndarray], dict]:
     """
     from headwise.circuits import composition_scores, copying_scores, head_weights
 
-    weights = head_weights(hm)
+    weights = head_weights(hm, tokens=False)  # W_U W_E alone: the (V, D) matrices are not copied
     scores = composition_scores(weights)
     copying = copying_scores(weights)
 
