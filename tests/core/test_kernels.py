@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import headwise
@@ -51,6 +51,7 @@ def _reference(q, k, v, blocked, bias, scale):
     threads=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**16),
 )
+@example(B=1, Hkv=2, G=3, S=497, Dh=64, Dv=None, spare=5, bf16=True, masked="none", threads=1, seed=1)  # 3.3e-6
 @pytest.mark.slow
 def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16, masked, threads, seed):
     torch.manual_seed(seed)
@@ -77,7 +78,10 @@ def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16,
         torch.set_num_threads(before)
     want = _reference(q, k, v, blocked, bias, scale)
     assert got.shape == (B, H, 1, Dv) and got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), want, rtol=TOL, atol=TOL)  # float32 sums: relative round-off
+    # float32 sums over S keys: round-off grows as √S (measured 3.3e-6 at S = 497); 4·ε·√S bounds it, well below any
+    # error of the maths (a wrong mask or scale moves the outputs by 1e-2 and more)
+    tol = max(TOL, 4 * torch.finfo(torch.float32).eps * S**0.5)
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     if blocked is not None:
         assert torch.equal(got[0, 0], torch.zeros(1, Dv))
 
