@@ -241,6 +241,9 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     if opts.queries_only:
         _queries_only(hm, opts, plan)
         return
+    early = None  # layer by layer, one process: the weights' circuits first, while the process holds least
+    if opts.composition and hm.stream is not None and not study.launched():
+        early = (study.composition_result(hm, warn=_warn, bars=_bars()),)
     prefetch_pictures()  # matplotlib imported beside the statistics, before the pictures are forked
     found = _collective(study.decoder_study, hm, opts, plan, warn=_warn, bars=_bars())
     if found is None:  # not rank 0: rank 0 prints and writes
@@ -253,7 +256,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     _print_found(console, found, layer, study.DECODER_COLUMNS, study.probe_line(plan.probe))
     columns, more = _importance(hm, opts, found, plan.probe, console)
     if opts.composition:
-        columns, more = _composition(hm, out, found, columns, more)
+        columns, more = _composition(hm, out, found, columns, more, early)
         if "composition" in extra:
             console.print(study.composition_line(extra["composition"]))
     extra["view"] = study.view_note(view)
@@ -282,14 +285,15 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _composition(hm, out: Path, found, columns, more):
-    """``--composition``: the weights' circuits' per-head columns (:func:`headwise.study.heads_composition`) and
-    ``composition.png``."""
+def _composition(hm, out: Path, found, columns, more, early=None):
+    """``--composition``: the weights' circuits' per-head columns (:func:`headwise.study.composition_result`, or
+    ``early``: its result already made, in a 1-tuple) and ``composition.png``."""
     from headwise.viz.qk import plot_composition
 
-    cols = study.heads_composition(hm, found, warn=_warn, bars=_bars())
-    if cols is None:
+    got = early[0] if early is not None else study.composition_result(hm, warn=_warn, bars=_bars())
+    if got is None:
         return columns, more
+    cols, found.extra["composition"] = got
     try:
         path = plot_composition(cols, out / "composition.png", title=f"{found.title} — the weights' circuits").path
     except OSError as e:

@@ -23,9 +23,9 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
 - :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
   :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
 - :func:`encoder_model`, :func:`encoder_study`, :func:`decoder_study` → :class:`HeadsFound` (progress through
-  :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition` and the table's
-  :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) — ``headwise heads``'s flow, on one process or across
-  ranks, everything it prints and draws computed.
+  :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition`
+  (:func:`composition_result`) and the table's :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) —
+  ``headwise heads``'s flow, on one process or across ranks, everything it prints and draws computed.
 - :func:`patch_study` → :class:`PatchFound`, :func:`patch_target`, :func:`parse_heads`, :func:`patching_json`,
   :func:`patch_csv`, :func:`top_line` — ``headwise patch``'s flow: the sweep on one process or across ranks, the
   direct logit attribution, ``patching.json`` / ``patching.csv`` assembled.
@@ -78,9 +78,9 @@ _MODULES = {
         "open_heads_model", "sweep_note", "view_command", "view_note",
     ],
     "headwise.study.heads_flow": [
-        "COLUMNS", "DECODER_COLUMNS", "Bars", "HeadsFound", "check_opened", "composition_line", "decoder_study",
-        "encoder_model", "encoder_study", "head_row", "heads_composition", "heads_importance", "positional_line",
-        "probe_line", "roles_line",
+        "COLUMNS", "DECODER_COLUMNS", "Bars", "HeadsFound", "check_opened", "composition_line", "composition_result",
+        "decoder_study", "encoder_model", "encoder_study", "head_row", "heads_composition", "heads_importance",
+        "positional_line", "probe_line", "roles_line",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",

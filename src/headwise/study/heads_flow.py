@@ -27,6 +27,7 @@ __all__ = [
     "encoder_model",
     "encoder_study",
     "head_row",
+    "composition_result",
     "heads_composition",
     "heads_importance",
     "positional_line",
@@ -363,6 +364,18 @@ def heads_composition(hm, found: HeadsFound, *, warn, bars: Bars = Bars()):
     """``--composition``: the weights' circuits' per-head columns (:func:`~headwise.study.composition_columns`), their
     summary added to ``found.extra``; None (said to ``warn``) for a structure the weights' reader does not know — the
     rest of the study stands."""
+    got = composition_result(hm, warn=warn, bars=bars)
+    if got is None:
+        return None
+    found.extra["composition"] = got[1]
+    return got[0]
+
+
+def composition_result(hm, *, warn, bars: Bars = Bars()) -> tuple[dict, dict] | None:
+    """:func:`~headwise.study.composition_columns` ``(columns, summary)`` with progress, or None (said to ``warn``) for
+    a structure the weights' reader does not know or a budget it does not fit. The command runs it before the
+    statistics on a model opened layer by layer (what the process holds then is what the budget check weighs; the
+    weights' copies are gone before the statistics' passes)."""
     from headwise.study.decoder import composition_columns
 
     try:
@@ -375,8 +388,7 @@ def heads_composition(hm, found: HeadsFound, *, warn, bars: Bars = Bars()):
     except ValueError as e:
         warn(f"--composition skipped: {' '.join(str(e).split())}")
         return None
-    found.extra["composition"] = summary
-    return cols
+    return cols, summary
 
 
 def composition_line(summary: dict) -> str:
