@@ -285,6 +285,70 @@ def test_ctrl_c_in_the_middle_of_a_picture_leaves_the_earlier_one(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pe.png"]
 
 
+@pytest.mark.parametrize("kind", [ImportError, ValueError, RuntimeError])
+def test_an_error_that_came_of_a_ctrl_c_is_an_interruption(kind, tmp_path, monkeypatch, capsys):
+    """Ctrl-C inside an extension module's import surfaces as ``ImportError: initialization failed`` raised from the
+    KeyboardInterrupt (matplotlib's ft2font, imported before a picture is forked): exit 130, "interrupted", no
+    traceback, the earlier picture kept — as for the KeyboardInterrupt itself; the same error alone is a bug's
+    traceback (or, for a ValueError, the one-line error)."""
+    import matplotlib.figure
+
+    out = tmp_path / "pe.png"
+    with pytest.raises(SystemExit):
+        main(["pe", "--max-len", "10", "--d-model", "8", "--out", str(out)])
+    before = out.read_bytes()
+    capsys.readouterr()
+
+    def interrupted_inside(self, fh, **kw):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise kind("initialization failed") from e
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", interrupted_inside)
+    with pytest.raises(SystemExit) as stop:
+        main(["pe", "--max-len", "30", "--d-model", "16", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and err.strip().splitlines()[-1] == "headwise: interrupted", err
+    assert "Traceback" not in err and out.read_bytes() == before and temporaries(tmp_path) == []
+
+    def plain_error(self, fh, **kw):
+        raise kind("initialization failed")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", plain_error)
+    if kind is ValueError:
+        with pytest.raises(SystemExit) as stop:
+            main(["pe", "--max-len", "30", "--d-model", "16", "--out", str(out)])
+        assert stop.value.code == 2
+    else:
+        with pytest.raises(kind, match="initialization failed"):
+            main(["pe", "--max-len", "30", "--d-model", "16", "--out", str(out)])
+    assert out.read_bytes() == before and temporaries(tmp_path) == []
+
+
+def test_a_stopped_drawing_child_does_not_print_what_python_could_not_raise(monkeypatch, capsys):
+    """SIGTERM's ``_Stopped`` raised where Python cannot raise (a finalizer; matplotlib's weakref callbacks) in a
+    forked drawing child: nothing printed, the signal sent again so that the child unwinds at the next point it can;
+    any other unraisable printed as Python prints it."""
+    from headwise.viz import report
+
+    sent = []
+    monkeypatch.setattr(report.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(sys, "unraisablehook", report._unraisable_in_child)
+
+    class Raises:
+        def __init__(self, error):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    Raises(report._Stopped())  # dropped at once: its finalizer raises where nothing can catch it
+    assert sent == [(os.getpid(), signal.SIGTERM)] and capsys.readouterr().err == ""
+    Raises(RuntimeError("boom"))
+    assert sent == [(os.getpid(), signal.SIGTERM)] and "RuntimeError: boom" in capsys.readouterr().err
+
+
 def test_atomic_write_leaves_nothing_on_error_and_replaces_whole(tmp_path):
     target = tmp_path / "a.txt"
     _io.write_text_atomic(target, "old\n")

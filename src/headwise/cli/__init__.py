@@ -51,6 +51,19 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _from_ctrl_c(e: BaseException | None) -> bool:
+    """Whether ``e`` came of a Ctrl-C: a KeyboardInterrupt in its chain of causes and contexts (an import, a callback
+    or a library that turned the interrupt into an error of its own — ``ImportError: initialization failed`` from an
+    extension module interrupted while it loaded)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``headwise`` console script and of ``python -m headwise``."""
     command = typer.main.get_command(app)
@@ -69,7 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     except _CLICK as e:
         _fail(e.format_message())
     except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        _fail(str(e))
+        if not _from_ctrl_c(e):
+            _fail(str(e))
+        rc = _INTERRUPTED
+    except Exception as e:  # a bug's traceback, unless the error came of a Ctrl-C
+        if not _from_ctrl_c(e):
+            raise
+        rc = _INTERRUPTED
     rc = rc if isinstance(rc, int) else 0
     if rc == _INTERRUPTED:  # typer turns Ctrl-C inside a command into exit status 130, silently
         print("headwise: interrupted", file=sys.stderr)

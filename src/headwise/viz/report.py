@@ -274,6 +274,7 @@ def _fork(draw) -> int | None:
         status = 1
         try:
             signal.signal(signal.SIGTERM, _stopped)
+            sys.unraisablehook = _unraisable_in_child
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             draw()
             status = 0
@@ -289,6 +290,18 @@ class _Stopped(BaseException):
 
 def _stopped(signum, frame):
     raise _Stopped
+
+
+def _unraisable_in_child(unraisable) -> None:
+    """A drawing child's ``sys.unraisablehook``: :class:`_Stopped` raised where Python cannot raise (a weakref
+    callback, a finalizer — matplotlib's transforms have them) is not printed ("Exception ignored in …") but the
+    SIGTERM sent again, so that the child unwinds at the next point it can; anything else as Python prints it."""
+    if isinstance(unraisable.exc_value, _Stopped):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 #: Seconds a stopped child has to unwind after SIGTERM before it is killed.

@@ -2,11 +2,16 @@
 and multi-seed induction, each rank's results written to ``OUT/rank<r>.json``.
 
 argv: OUT.
+
+The rank leaves with ``os._exit`` once its file is written and the group destroyed, as the ``headwise`` command does
+(``headwise.cli.entry``): at the interpreter's own exit a rank was seen to abort ("terminate called without an active
+exception", a C++ thread of the group's still joinable while static objects were torn down).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,3 +30,6 @@ heads = run_heads_vs_one(HEADS, workers="ranks")
 seeds = run_induction_seeds(INDUCTION, SEEDS)
 (out / f"rank{launch.rank}.json").write_text(json.dumps({"heads": heads, "induction": seeds}))
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
