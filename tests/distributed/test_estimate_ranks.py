@@ -5,8 +5,6 @@ thread "ranks", whichever way the batches are dealt."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -90,23 +88,12 @@ def test_reduce_seam_over_two_thread_ranks_equals_one_process(decoder, split):
     want = estimate_importance(hm, batches, **CASES[0])
     ranks = sys_path_ranks.ThreadRanks(2)
     models = [open_model(model) for _ in range(2)]  # a rank's own model (its hooks are the module's)
-    got: list = [None, None]
-    errors: list = []
 
     def run(rank):
-        try:
-            mine = [batches[i] for i in split[rank]]
-            got[rank] = estimate_importance(models[rank], mine, reduce=ranks.reduce(rank), **CASES[0])
-        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
-            ranks.barrier.abort()
+        mine = [batches[i] for i in split[rank]]
+        return estimate_importance(models[rank], mine, reduce=ranks.reduce(rank), **CASES[0])
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = ranks.run(run)
     assert ranks.calls == 2  # the estimate, then the measured heads with the pruning sets
     for rank in range(2):
         _same(_as_dict(got[rank]), want)

@@ -44,6 +44,27 @@ class ThreadRanks:
 
         return add
 
+    def run(self, work) -> list:
+        """``work(rank)`` in one thread per rank; the results in rank order. An error in one thread aborts the
+        barrier (the others stop waiting) and fails the test with every error."""
+        results: list = [None] * self.world
+        errors: list = []
+
+        def one(rank: int) -> None:
+            try:
+                results[rank] = work(rank)
+            except Exception as e:  # noqa: BLE001 - reported in the test's thread
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        return results
+
 
 def _open(folder):
     from headwise.models import open_model
@@ -86,29 +107,17 @@ def test_reduce_seam_over_two_thread_ranks_equals_one_process(decoder, split):
     batches = _batches(one_hm, lines, 4)  # 3 batches of 4 lines
     want = head_importance(one_hm, batches, seed=2, random_orders=2, points=9, copies=4)
     ranks = ThreadRanks(2)
-    got: list = [None, None]
-    errors: list = []
     # a rank's own model (the gates' and ablations' hooks are the module's), opened here: loading a model patches
     # torch and transformers globals for its duration, which two threads loading at once would leave patched
     models = [_open(folder) for _ in range(2)]
 
     def run(rank):
-        try:
-            hm = models[rank]
-            mine = [batches[i] for i in split[rank]]
-            got[rank] = head_importance(
-                hm, mine, seed=2, random_orders=2, points=9, copies=4, reduce=ranks.reduce(rank)
-            )
-        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
-            ranks.barrier.abort()
+        mine = [batches[i] for i in split[rank]]
+        return head_importance(
+            models[rank], mine, seed=2, random_orders=2, points=9, copies=4, reduce=ranks.reduce(rank)
+        )
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = ranks.run(run)
     assert ranks.calls == 3  # the importance and objective, the single-head ablations, the pruning sets
     for rank in range(2):
         _assert_same(got[rank], want)
