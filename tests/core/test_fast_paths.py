@@ -20,7 +20,7 @@ from torch import nn
 
 import headwise
 import headwise.reference as ref
-from _helpers import np64, ref_params
+from _helpers import assert_bf16_bounded, np64, ref_params
 from headwise import functional as HF
 from headwise.core import blocked as blocked_path
 from headwise.core import kernels, projections
@@ -295,34 +295,9 @@ def test_bf16_kv_cache_error_against_float32_cache_is_bounded(seed):
 
 
 # -- bf16 ---------------------------------------------------------------------------------------------
-# Measured at (2, 128, 256, 4), default init, x ~ N(0, 1): ‖err‖/‖ref‖ = 3.3e-3, max|err|/max|ref| = 5.1e-3
-# (bf16 keeps 8 significant bits: 2⁻⁹ ≈ 2e-3 per rounding). The bounds below leave a factor of about 3.
-BF16_REL_FRO = 1e-2
-BF16_REL_MAX = 2e-2
-
-
 @pytest.mark.parametrize("mode", ["bf16-module", "autocast"])
 def test_bf16_error_against_float64_reference_is_bounded(mode):
-    torch.manual_seed(0)
-    B, L, D, H = 2, 128, 256, 4
-    m64 = headwise.MultiHeadAttention(D, H).double().eval()
-    x = torch.randn(B, L, D, dtype=torch.float64)
-    want, _ = ref.multi_head_attention(np64(x), ref_params(m64), H)
-    with torch.no_grad():
-        if mode == "bf16-module":
-            m = headwise.MultiHeadAttention(D, H, dtype=torch.bfloat16).eval()
-            m.load_state_dict(m64.state_dict())
-            out, _ = m(x.bfloat16())
-        else:
-            m = headwise.MultiHeadAttention(D, H).eval()
-            m.load_state_dict(m64.state_dict())
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out, _ = m(x.float())
-    assert out.dtype == torch.bfloat16
-    err = np64(out) - want
-    assert np.linalg.norm(err) / np.linalg.norm(want) < BF16_REL_FRO
-    assert np.abs(err).max() / np.abs(want).max() < BF16_REL_MAX
-    assert np.abs(err).max() > 0  # it is bf16 arithmetic, not float64 in disguise
+    assert_bf16_bounded(mode)
 
 
 # -- blocked NumPy reference ----------------------------------------------------------------------------

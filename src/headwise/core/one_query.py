@@ -12,37 +12,24 @@ Dh head width, Dv value head width.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from torch import Tensor
 
-from headwise.core import kernels, masks
+from headwise.core import cpu, kernels, masks
 from headwise.core.blocked import rank4
 from headwise.core.guards import differentiated
 from headwise.core.primitives import softmax_
 
 
-@functools.cache
 def bf16_products() -> bool:
     """Whether a bf16 matrix product reads its bf16 operands at about their bytes' cost on this CPU, so that a
-    bf16 cache is read as bf16 rather than widened to float32 first (a copy twice its size).
-
-    True with bf16 dot-product instructions (``avx512_bf16``, AMX: oneDNN's ``brg_matmul:avx512_core_bf16``)
-    and on any AVX-512 CPU (oneDNN's ``gemm:jit:bf16`` widens in registers; measured with
-    ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``, see docs/performance.md). ``torch.backends.cpu.get_cpu_capability()``
-    names AVX-512 but not its bf16 instructions, so the flags are read from ``/proc/cpuinfo``; False where
-    neither is known (AVX2 and older: oneDNN may fall back to a reference kernel there)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool({"avx512_bf16", "amx_bf16"} & flags) or "avx512f" in flags
-    except OSError:
-        pass
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    bf16 cache is read as bf16 rather than widened to float32 first (a copy twice its size): where oneDNN
+    computes bf16 (AVX-512, AMX; :attr:`headwise.core.cpu.CPU.bf16_products`). False with AVX2 alone, where
+    ATen's reference bf16 product would run — also under ``ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX-512 machine,
+    which the CPU's flags alone would not tell."""
+    return cpu.capabilities().bf16_products
 
 
 DTYPES = (torch.float32, torch.bfloat16)

@@ -4,7 +4,8 @@ Nothing here is needed by the readable path (``backend="math"`` calls each ``nn.
 function computes what calling the Linears computes, faster, and is tested to agree with it
 (``tests/core/test_fast_paths.py``):
 
-- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue (a single
+- :func:`linear`: ``F.linear`` through oneDNN's matmul with the bias added in the kernel's epilogue, in the dtypes
+  oneDNN computes on this CPU (:mod:`headwise.core.cpu`: bf16 needs AVX-512 or AMX) (a single
   row too: a decoded token's projection, where oneDNN reads the weight on every thread and MKL's ``addmv`` on
   one); a few float32 rows by a weight of at least 16 MB through the compiled ``kernels.linear_rows``;
 - :func:`project`: a module's Q/K/V projections as one product when they share an input, the stacked weight
@@ -23,19 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.core import kernels
+from headwise.core import cpu, kernels
 from headwise.core.guards import differentiated
-
-
-def _onednn_linear_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
-_ONEDNN_LINEAR = _onednn_linear_available()
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 # Fewest tokens (B·S) for which Q/K/V (or K/V) run as one product while the stacked weight is formed per call
 # (autograd records, or the weights carry no version counter), which short inputs do not repay. Otherwise the
@@ -45,13 +35,14 @@ FUSE_MIN_TOKENS = 1024
 
 
 def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether oneDNN's linear gives exactly ``F.linear``'s result here: CPU float32/bf16 plain tensors,
-    no gradient recorded, no autocast, not inside ``torch.compile``."""
-    if not _ONEDNN_LINEAR or torch.compiler.is_compiling():
+    """Whether oneDNN's linear gives exactly ``F.linear``'s result here: CPU plain tensors in a dtype oneDNN computes
+    on this CPU (float32; bf16 where :func:`headwise.core.cpu.capabilities` says so — AVX-512 or AMX, not AVX2), no
+    gradient recorded, no autocast, not inside ``torch.compile``."""
+    if torch.compiler.is_compiling():
         return False
-    if type(x) is not Tensor or x.device.type != "cpu" or x.dtype not in _ONEDNN_DTYPES or x.dim() < 2:
+    if type(x) is not Tensor or x.device.type != "cpu" or x.dtype not in cpu.capabilities().linear_dtypes:
         return False
-    if weight.dtype != x.dtype or weight.device.type != "cpu" or x.numel() == 0:
+    if x.dim() < 2 or weight.dtype != x.dtype or weight.device.type != "cpu" or x.numel() == 0:
         return False
     if bias is not None and bias.dtype != x.dtype:
         return False
@@ -65,8 +56,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     On the CPU in float32 / bfloat16 with no gradient recorded, oneDNN's matmul with the bias added in
     its epilogue (``torch.ops.mkldnn._linear_pointwise``, the operator TorchInductor's CPU path emits)
-    instead of ``addmm``, which first copies the bias into the output and, in float32, calls MKL. The
-    result equals ``F.linear``'s up to round-off (tested). Everything else is ``F.linear``.
+    instead of ``addmm``, which first copies the bias into the output and, in float32, calls MKL — bf16 only
+    where oneDNN computes bf16 on this CPU (:func:`headwise.core.cpu.capabilities`; with AVX2 alone it cannot
+    create the primitive). The result equals ``F.linear``'s up to round-off (tested). Everything else is
+    ``F.linear``.
     """
     if _onednn_applies(x, weight, bias):
         if kernels.enabled and kernels.linear_rows_applies(x, weight, bias):
