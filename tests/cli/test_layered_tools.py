@@ -142,3 +142,12 @@ def test_a_bad_budget_names_the_smallest_that_works(run_cli, folder, tmp_path, t
     out = run_cli(*args, "--max-memory", "12XB")
     assert_user_error(out, "--max-memory", "expected a size such as", "the smallest budget that works")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("tool", ["heads", "patch", "qk"])
+def test_the_budget_help_says_80_percent_free(run_cli, monkeypatch, tool):
+    monkeypatch.setenv("COLUMNS", "200")  # the help's box wide enough that the sentence stays on one line
+    out = run_cli(tool, "--help")
+    assert out.code == 0, out.err
+    text = " ".join(out.out.replace("│", " ").split())
+    assert "(default 80% free)" in text and "%%" not in text

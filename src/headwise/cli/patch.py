@@ -64,7 +64,7 @@ def patch(
     ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Patched copies per forward pass.")] = 16,
     max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80% free).")
     ] = None,
 ) -> None:
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
