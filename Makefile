@@ -11,7 +11,7 @@ PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 LATEST := .venv-latest
 LPIP   := $(LATEST)/bin/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-slow test-deep test-all test-latest lock lint format bench bench-full verify clean
+.PHONY: demo test test-avx2 test-slow test-deep test-all test-latest lock lint format bench bench-full verify clean
 
 $(VENV)/.base: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ verify: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(PYTEST) -m "not slow" -q
+
+# The fast suite again as a laptop-class CPU sees it: oneDNN and ATen limited to AVX2 (no oneDNN bf16, so every
+# fast path that needs it must step aside) and Numba compiling for any x86-64 (its cache keys entries by the
+# target, so the host's AVX-512 kernels are not loaded back).
+AVX2 := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 NUMBA_CPU_NAME=generic
+
+test-avx2: $(VENV)/.dev
+	$(AVX2) $(PYTEST) -m "not slow" -q
 
 test-slow: $(VENV)/.dev
 	$(PYTEST) -m "slow" -q

@@ -93,3 +93,15 @@ def test_avx2_emulation_in_a_fresh_interpreter():
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "3 passed" in done.stdout
+
+
+def test_numba_caches_each_target_apart():
+    """Numba's on-disk cache keys an entry by ``(triple, CPU name, CPU features)``: kernels compiled for the host
+    (AVX-512) are not loaded back under ``NUMBA_CPU_NAME=generic``, which compiles for any x86-64 (no features)."""
+    pytest.importorskip("numba")
+    from numba.core.registry import cpu_target
+
+    _, name, features = cpu_target.target_context.codegen().magic_tuple()
+    assert name == cpu.numba_target()
+    if name == "generic":
+        assert features == ""
