@@ -118,3 +118,16 @@ def save_decoder(
 
 def config_of(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
+
+
+def routes_tol(folder: Path, *, scale: float) -> float:
+    """The tolerance between two float32 routes through the decoder saved in ``folder`` (whole or layer by layer,
+    another batch's shapes, another CPU's kernels), which differ in their sums' order alone: each layer's attention
+    and MLP and the unembedding are a stage of sums of at most ``max(hidden, intermediate)`` terms of about
+    ``scale`` (``_helpers.float32_tol``). Measured: 4.9e-5 on a patching metric of 3.8 on an AVX2 machine."""
+    from _helpers import float32_tol
+
+    c = config_of(folder)
+    width = max(c.get("hidden_size", c.get("n_embd", 1)), c.get("intermediate_size") or c.get("n_inner") or 1)
+    layers = c.get("num_hidden_layers", c.get("n_layer", 1))
+    return float32_tol(width, stages=2 * layers + 1, scale=scale)

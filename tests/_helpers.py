@@ -1,6 +1,24 @@
-"""Test helpers: headwise modules as NumPy reference parameters."""
+"""Test helpers: headwise modules as NumPy reference parameters; the tolerance between two float32 routes."""
+
+import math
 
 import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)  # 2⁻²³ ≈ 1.19e-7
+
+
+def float32_tol(terms: int, *, stages: int = 1, scale: float = 1.0) -> float:
+    """The tolerance between two float32 routes of the same maths that differ only in the order of their sums —
+    another kernel, another CPU's blocking (AVX2 against AVX-512), a model run whole or layer by layer.
+
+    A float32 sum of ``terms`` numbers is off by about ε·√terms of their magnitude: each addition rounds by at most
+    ε/2 of its partial sum, and the roundings, of either sign, add as a random walk (blocked and pairwise sums, as
+    every kernel here does them, stay near √terms, far from the worst case ε·terms). ``stages`` sums in a row (a
+    model's layers) add theirs; ``scale`` is the terms' magnitude where it is not about 1 (the round-off is
+    relative to the terms, not to the result, so a difference of two large numbers keeps theirs); a factor 4
+    leaves room for an unlucky draw. Never below 1e-6: the floor of a comparison of float32 outputs.
+    """
+    return max(1e-6, 4 * EPS32 * math.sqrt(terms) * stages * scale)
 
 
 def ref_params(m):
@@ -54,4 +72,29 @@ def assert_bf16_bounded(mode):
     assert np.abs(err).max() > 0  # it is bf16 arithmetic, not float64 in disguise
 
 
-__all__ = ["ref_params", "np64", "np", "assert_bf16_bounded"]
+def logits_scale(report: dict) -> float:
+    """The logits' magnitude behind a patching report's metrics (each a difference of two logits), taken as twice
+    the largest metric: the scale of their round-off (``float32_tol``)."""
+    return 2 * float(np.abs([report["metric_clean"], report["metric_corrupted"], *np.ravel(report["patched"])]).max())
+
+
+def assert_normalised(report: dict) -> None:
+    """A patching report's ``normalised = (patched - corrupted) / (clean - corrupted)`` is its own ``patched``
+    metrics normalised, within the file's six decimals carried through the quotient. (Compared between two routes
+    it would not say much: where clean and corrupted are close, the quotient multiplies their round-off.)"""
+    clean, corrupted = report["metric_clean"], report["metric_corrupted"]
+    want = (np.asarray(report["patched"], np.float64) - corrupted) / (clean - corrupted)
+    rounding = 5e-7 * (2 + 2 * np.abs(want)) / abs(clean - corrupted) + 5e-7
+    assert (np.abs(np.asarray(report["normalised"], np.float64) - want) <= rounding).all()
+
+
+__all__ = [
+    "EPS32",
+    "assert_bf16_bounded",
+    "assert_normalised",
+    "float32_tol",
+    "logits_scale",
+    "np",
+    "np64",
+    "ref_params",
+]

@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from _cli_helpers import assert_user_error  # noqa: E402
-from _decoders import save_decoder  # noqa: E402
+from _decoders import routes_tol, save_decoder  # noqa: E402
+from _helpers import assert_normalised, logits_scale  # noqa: E402
 
 CLEAN, CORRUPTED = "the cat sat on the mat and the dog", "the dog sat on the mat and the dog"
 
@@ -63,13 +64,15 @@ def test_the_files_hold_what_the_library_measures(run_cli, folder, tmp_path):
     assert report["clean_ids"] == c[0].tolist() and report["corrupted_ids"] == x[0].tolist()
     assert report["clean_ids"][0] == 0  # the tokenizer's <bos>, as the model reads it
     assert len(report["patched"]) == 2 and all(len(row) == 4 for row in report["patched"])
-    torch.testing.assert_close(torch.tensor(report["patched"]), sweep.mean_patched, atol=1e-5, rtol=0)
-    torch.testing.assert_close(torch.tensor(report["normalised"]), sweep.normalised, atol=1e-5, rtol=1e-5)
-    assert report["metric_clean"] == pytest.approx(float(sweep.metric_clean[0]), abs=1e-5)
-    assert report["metric_corrupted"] == pytest.approx(float(sweep.metric_corrupted[0]), abs=1e-5)
+    # the command's batches (3 rows) are not the library's: another order of sums, float32 round-off apart
+    tol = routes_tol(folder, scale=logits_scale(report))
+    torch.testing.assert_close(torch.tensor(report["patched"]), sweep.mean_patched, atol=tol, rtol=0)
+    assert_normalised(report)
+    assert report["metric_clean"] == pytest.approx(float(sweep.metric_clean[0]), abs=tol)
+    assert report["metric_corrupted"] == pytest.approx(float(sweep.metric_corrupted[0]), abs=tol)
     assert report["metric_clean"] != pytest.approx(report["metric_corrupted"], abs=1e-3)
     attribution = report["logit_attribution"]["clean"]
-    torch.testing.assert_close(torch.tensor(attribution["heads"]), dla.heads[0].float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(attribution["heads"]), dla.heads[0].float(), atol=tol, rtol=0)
     assert attribution["total"] == pytest.approx(report["metric_clean"], abs=1e-4)
     assert report["logit_attribution"]["corrupted"]["total"] == pytest.approx(report["metric_corrupted"], abs=1e-4)
     assert report["positions"]["heads"] == [[1, 2]] and len(report["positions"]["patched"][0]) == c.shape[1]
@@ -89,7 +92,8 @@ def test_attribution_and_noise(run_cli, folder, tmp_path):
     _, _, _, sweep, _ = _library(folder, "noise")
     report = json.loads((out / "patching.json").read_text())
     assert report["direction"] == "noise"
-    torch.testing.assert_close(torch.tensor(report["patched"]), sweep.mean_patched, atol=1e-5, rtol=0)
+    tol = routes_tol(folder, scale=logits_scale(report))
+    torch.testing.assert_close(torch.tensor(report["patched"]), sweep.mean_patched, atol=tol, rtol=0)
     out = tmp_path / "attribution"
     assert run_cli(*_args(folder, out, "--method", "attribution")).code == 0
     report = json.loads((out / "patching.json").read_text())

@@ -21,6 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import headwise
+from _helpers import float32_tol
 from headwise.core import decode, kernels, one_query
 from headwise.core.functional import attention_math
 
@@ -80,7 +81,7 @@ def test_one_query_attention_equals_the_maths(B, Hkv, G, S, Dh, Dv, spare, bf16,
     assert got.shape == (B, H, 1, Dv) and got.dtype == torch.float32
     # float32 sums over S keys: round-off grows as √S (measured 3.3e-6 at S = 497); 4·ε·√S bounds it, well below any
     # error of the maths (a wrong mask or scale moves the outputs by 1e-2 and more)
-    tol = max(TOL, 4 * torch.finfo(torch.float32).eps * S**0.5)
+    tol = float32_tol(S)
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     if blocked is not None:
         assert torch.equal(got[0, 0], torch.zeros(1, Dv))
