@@ -30,3 +30,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Tests run tiny shapes, where OpenMP's thread barriers cost more than they save — and on a loaded
 # 2-core machine a second thread made a 0.3 ms forward take 70 ms. One thread unless asked otherwise.
 torch.set_num_threads(int(os.environ.get("HEADWISE_TEST_THREADS", "1")))
+# Numba's pool as large as torch's (read when Numba's threading layer starts, after this). Its OpenMP pool (another
+# libgomp than torch's) keeps a worker it is not using busy: once a compiled kernel had run on one of two threads,
+# torch's work in the same process took 10-25x as long (3,000 small matmuls: 0.07 s before, 0.7-10 s after, on a
+# loaded 2-core machine; unchanged with a pool of one), and the suite's later tests with it — a tiny model's
+# anatomy tools 0.6 s alone, 9 s after a decode test.
+os.environ.setdefault("NUMBA_NUM_THREADS", str(torch.get_num_threads()))

@@ -241,7 +241,8 @@ def test_a_full_cache_still_raises_its_error():
 
 
 def test_kernels_use_torchs_thread_count():
-    """Torch's thread count; one thread for a kernel on its own over little data (``kernels.PARALLEL_BYTES``)."""
+    """Torch's thread count; one thread for a kernel on its own over little data (``kernels.PARALLEL_BYTES``).
+    (Two threads where Numba has them: ``HEADWISE_TEST_THREADS=2``; the suite gives it torch's one, conftest.py.)"""
     import numba
 
     small = torch.randn(1, 4, 30, 8)

@@ -72,7 +72,16 @@ def _brute_patch(eager, out_proj_name: str, layer_heads: int, head: int, clean, 
     return metric(logits)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+#: The families the fast suite runs, one for each structure the anatomy reads: Llama's GQA and rotation, GPT-2's
+#: Conv1D, GPT-NeoX's interleaved query_key_value with a parallel residual, Phi-3's fused qkv_proj, Granite's
+#: multipliers and logit scale, Gemma 2's soft-capping and extra norms, Qwen3's QK-norm, GPT-BigCode's multi-query
+#: c_attn, OPT refused. The other families, variations of these, run in the slow suite.
+FAST = {"llama", "gpt2", "gpt_neox", "phi3", "granite", "gemma2", "qwen3", "gpt_bigcode", "opt"}
+
+
+@pytest.mark.parametrize(
+    "family", [f if f in FAST else pytest.param(f, marks=pytest.mark.slow) for f in sorted(FAMILIES)]
+)
 def test_every_tool_works_exactly_or_all_refuse_alike(family):
     mine, eager = _models(family)
     hm = HeadModel(mine)
