@@ -32,7 +32,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(int(os.environ.get("HEADWISE_TEST_THREADS", "1")))
 # Numba's pool as large as torch's (read when Numba's threading layer starts, after this). Its OpenMP pool (another
 # libgomp than torch's) keeps a worker it is not using busy: once a compiled kernel had run on one of two threads,
-# torch's work in the same process took 10-25x as long (3,000 small matmuls: 0.07 s before, 0.7-10 s after, on a
-# loaded 2-core machine; unchanged with a pool of one), and the suite's later tests with it — a tiny model's
-# anatomy tools 0.6 s alone, 9 s after a decode test.
+# torch's work in the same process took up to a hundred times as long (3,000 small matmuls: 0.07-0.2 s before,
+# 0.26-10 s after, on a loaded 2-core machine; unchanged with a pool of one), and the suite's later tests with it —
+# a tiny model's anatomy tools 0.6 s alone, 9 s after a decode test.
 os.environ.setdefault("NUMBA_NUM_THREADS", str(torch.get_num_threads()))
