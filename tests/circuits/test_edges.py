@@ -223,7 +223,7 @@ def test_no_length_squared_map_is_kept_for_the_backward_pass(case):
     shapes = saved_shapes(model)
     assert shapes and not [s for s in shapes if s[-2:] == (L, L)]
     lw = wiring(model).layers[0]
-    D = lw.heads_out.shape[-1]
+    D = lw.heads_out().shape[-1]
     copies = [s for s in shapes if len(s) == 4 and s[0] == 2 and s[1] in (lw.num_heads, lw.num_kv) and s[-1] == D]
     assert not copies, copies
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -183,7 +183,7 @@ def edge_attribution(
     m_corr = metric(corr_logits).detach().float().cpu()
     e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
     factors = {  # a head's write change as its output change times its rows of W_O (no norm on the write)
-        ("heads", layer): LowRank(corr_raw[("z", layer)] - clean_raw[("z", layer)], lw.heads_out * lw.scale)
+        ("heads", layer): LowRank(corr_raw[("z", layer)] - clean_raw[("z", layer)], lw.heads_out() * lw.scale)
         for layer, lw in enumerate(w.layers)
         if lw.attn_post is None and method == "atp*"
     }
