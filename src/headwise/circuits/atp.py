@@ -36,6 +36,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from headwise.circuits.addresses import Receiver
 from headwise.core.rows import AttentionRows
 from headwise.models.anatomy import same
 
@@ -446,7 +447,7 @@ def atp_scores(
         reach[graph.sender_groups[k]] = factors[k].coef.ne(0).any(-1).any(0)
     for layer in range(graph.num_layers):
         lp = taps.layer(layer)
-        sq, sk = graph.groups[("q", layer)], graph.groups[("k", layer)]
+        sq, sk = graph.groups[Receiver("q", layer)], graph.groups[Receiver("k", layer)]
         upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
         where = reach[:upstream].any(0).nonzero()
         first = int(where[0, 0]) if where.numel() else lp.L

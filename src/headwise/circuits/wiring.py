@@ -60,17 +60,19 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from headwise.circuits.addresses import Receiver, Write
 from headwise.models.anatomy import LayerAnatomy, Side
 from headwise.models.head_model import HeadModel
 
 __all__ = ["Wiring", "wiring"]
 
-#: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group is ``("q"|"k"|"v"|"mlp", layer)`` or
-#: ``("logits", NL)``; ``writes`` the sender writes recorded so far in this pass (see :meth:`Wiring.run`).
-Deltas = Callable[[tuple[str, int], dict], "Tensor | None"]
+#: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group a :class:`Receiver` (``Receiver("q"|"k"|"v"|"mlp",
+#: layer)`` or ``Receiver("logits", NL)``); ``writes`` the :class:`Write` s recorded so far in this pass (see
+#: :meth:`Wiring.run`).
+Deltas = Callable[[Receiver, dict], "Tensor | None"]
 #: ``receive(group, grad (N, n, L, D))``: the metric's gradient with respect to the n inputs of a receiver group
 #: (see :meth:`Wiring.receiver_gradients`), called once per group during the backward pass.
-Receive = Callable[[tuple[str, int], Tensor], None]
+Receive = Callable[[Receiver, Tensor], None]
 
 
 class Wiring:
@@ -109,9 +111,10 @@ class Wiring:
         Args:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
                 reaches it (None: that group's inputs are left as they are).
-            record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
-                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it), and the
-                heads' outputs ``writes[("z", l)] (N, H, L, Dv)``.
+            record: record the senders' writes: ``writes[Write("embed", -1)] (N, 1, L, D)``,
+                ``writes[Write("heads", l)] (N, H, L, D)``, ``writes[Write("mlp", l)] (N, 1, L, D)`` (``deltas``
+                that read them need it), and the heads' outputs ``writes[Write("z", l)] (N, H, L, Dv)`` (see
+                :mod:`headwise.circuits.addresses`).
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
             extra: more ``(point name, hook)`` pairs registered for the pass (after this pass's own).
@@ -151,8 +154,8 @@ class Wiring:
             for side in part.sides.values():
                 hooks.append((f"layers.{layer}.attn.{side.name}", side_hook(residual, layer, side)))
             if part.mlp is not None:
-                hooks.append((f"layers.{layer}.mlp.resid", input_hook(("mlp", layer))))
-        hooks.append(("resid_final", input_hook(("logits", len(self.layers)))))
+                hooks.append((f"layers.{layer}.mlp.resid", input_hook(Receiver("mlp", layer))))
+        hooks.append(("resid_final", input_hook(Receiver("logits", len(self.layers)))))
         return hooks
 
     def _edit_hooks(self, deltas: Deltas, writes: dict) -> list:
@@ -209,28 +212,29 @@ class Wiring:
     # -- hooks (each at a named point of the view) ------------------------------------------------------------
     @staticmethod
     def _keep_embed(writes: dict, x: Tensor) -> None:
-        writes[("embed", -1)] = x[:, None]  # (N, 1, L, D)
+        writes[Write("embed", -1)] = x[:, None]  # (N, 1, L, D)
 
     @staticmethod
     def _keep(writes: dict, layer: int, part: LayerAnatomy, z: Tensor) -> None:
-        writes[("z", layer)] = z  # (N, H, L, Dv): the heads' outputs, whose change a head's write factors through
+        writes[Write("z", layer)] = z  # (N, H, L, Dv): the heads' outputs, whose change a head's write factors through
         heads = part.head_writes(z)  # (N, H, L, D)
         if part.attn_post is None:
-            writes[("heads", layer)] = heads if part.scale == 1.0 else heads * part.scale
+            writes[Write("heads", layer)] = heads if part.scale == 1.0 else heads * part.scale
         else:  # the post-norm's input comes next (attn.out): keep the projections, scale them there
-            writes[("o_heads", layer)] = heads
+            writes[Write("o_heads", layer)] = heads
 
     @staticmethod
     def _keep_post(writes: dict, layer: int, part: LayerAnatomy, o: Tensor) -> None:
         """At ``attn.out``: ``o (N, L, D)``, the attention's output, is the post-norm's input."""
-        writes[("o", layer)] = o
-        writes[("heads", layer)] = writes[("o_heads", layer)] * (part.attn_post_scale(o) * part.scale)[:, None]
+        writes[Write("o", layer)] = o
+        factor = part.attn_post_scale(o) * part.scale  # (N, L, D): the post-norm's scale frozen at this run
+        writes[Write("heads", layer)] = writes[Write("o_heads", layer)] * factor[:, None]
 
     @staticmethod
     def _keep_mlp(writes: dict, layer: int, part: LayerAnatomy, x: Tensor) -> None:
         """At ``mlp.out``: the MLP's write, through its post-norm and the layer's multiplier."""
         x = part.mlp_write(x)
-        writes[("mlp", layer)] = (x * part.scale if part.scale != 1.0 else x)[:, None]  # (N, 1, L, D)
+        writes[Write("mlp", layer)] = (x * part.scale if part.scale != 1.0 else x)[:, None]  # (N, 1, L, D)
 
     @staticmethod
     def _residual(store: dict, layer: int, x: Tensor) -> None:
@@ -238,7 +242,7 @@ class Wiring:
 
     def _project(self, residual, layer: int, side: Side, deltas: Deltas, writes, t: Tensor):
         """At ``attn.{q|k|v}`` (``t (N, L, n, Dh)``): each receiver's columns recomputed from ``norm(r + Δ_i)``."""
-        delta = deltas((side.name, layer), writes)
+        delta = deltas(Receiver(side.name, layer), writes)
         if delta is None:
             return None
         r = residual[layer]  # (N, L, D)
@@ -258,7 +262,7 @@ class Wiring:
     def _side_gradients(self, r: Tensor, layer: int, side: Side, receive: Receive, g: Tensor) -> None:
         W = self.weights(layer, side.name)[0]  # (n, Dh, D)
         u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
-        receive((side.name, layer), self.layers[layer].attn_norm_vjp(r, u))
+        receive(Receiver(side.name, layer), self.layers[layer].attn_norm_vjp(r, u))
 
     @staticmethod
     def _tapped(group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:

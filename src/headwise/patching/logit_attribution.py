@@ -103,6 +103,42 @@ def head_writes(out_proj: nn.Module, z: Tensor, H: int) -> tuple[Tensor, Tensor]
     return (each.double() - zero.double()), zero.double()
 
 
+def _layer_writes(target, anatomy, rec: Recorder, embed: Tensor):
+    """Each layer's writes at the read position — its heads ``(P, H, D)``, its bias and its MLP ``(P, D)`` each,
+    through a frozen norm on the write and times the layer's multiplier — checked to add up to each block's change
+    of the residual stream; and the last block's output. Returns ``(heads, biases, mlps, residual)``."""
+    residual = embed
+    head_parts, bias_parts, mlp_parts = [], [], []
+    for layer, part in enumerate(anatomy.layers):
+        H = target.heads_per_layer[layer]
+        each, bias = head_writes(part.out_proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
+        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
+        if not same(each.sum(1) + bias, o_out):
+            raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+        scale = part.scale
+        post = part.attn_post_frozen(o_out, rec.outputs.get(("attn_post", layer)))
+        if post is not None:
+            each, bias = post(each), post(bias.expand(embed.shape[0], -1)) + post.bias  # (P, H, D), (P, D)
+        else:
+            bias = bias.expand(embed.shape[0], -1)  # (P, D)
+        each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
+        if part.mlp is not None:
+            mlp_write = rec.outputs[("mlp", layer)].double() * scale  # (P, D)
+        else:
+            mlp_write = torch.zeros_like(embed)
+        after = rec.outputs[("block", layer)].double()
+        if not same(residual + each.sum(1) + bias + mlp_write, after):
+            raise ValueError(
+                f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
+                f"stream ({type(part.block).__name__} is not a residual block this decomposition reads)"
+            )
+        residual = after
+        head_parts.append(each)
+        bias_parts.append(bias)
+        mlp_parts.append(mlp_write)
+    return head_parts, bias_parts, mlp_parts, residual
+
+
 def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttribution:
     """Split ``logit(answer) − logit(wrong)`` at ``metric.position`` into the parts that write it.
 
@@ -138,35 +174,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
 
     # the residual stream's parts at the read position, each (P, D) or (P, H, D), float64
     embed = rec.inputs["embed"].double()
-    residual = embed
-    head_parts, bias_parts, mlp_parts = [], [], []
-    for layer, part in enumerate(anatomy.layers):
-        H = target.heads_per_layer[layer]
-        each, bias = head_writes(part.out_proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
-        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
-        if not same(each.sum(1) + bias, o_out):
-            raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-        scale = part.scale
-        post = part.attn_post_frozen(o_out, rec.outputs.get(("attn_post", layer)))
-        if post is not None:
-            each, bias = post(each), post(bias.expand(embed.shape[0], -1)) + post.bias  # (P, H, D), (P, D)
-        else:
-            bias = bias.expand(embed.shape[0], -1)  # (P, D)
-        each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
-        if part.mlp is not None:
-            mlp_write = rec.outputs[("mlp", layer)].double() * scale  # (P, D)
-        else:
-            mlp_write = torch.zeros_like(embed)
-        after = rec.outputs[("block", layer)].double()
-        if not same(residual + each.sum(1) + bias + mlp_write, after):
-            raise ValueError(
-                f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
-                f"stream ({type(part.block).__name__} is not a residual block this decomposition reads)"
-            )
-        residual = after
-        head_parts.append(each)
-        bias_parts.append(bias)
-        mlp_parts.append(mlp_write)
+    head_parts, bias_parts, mlp_parts, residual = _layer_writes(target, anatomy, rec, embed)
     x_final = rec.inputs["final"].double()
     if not same(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
