@@ -33,6 +33,17 @@ the final norm (scaled, soft-capped). Every comparison uses one tolerance, :data
 A structure the rules do not read is refused once, in one sentence (:class:`AnatomyError`, a ValueError:
 ``model: headwise cannot read the anatomy of this <family> model: <what>``), which every tool repeats. A family the
 rules miss gets one entry in one table of :mod:`headwise.models.anatomy_probe` (the names, the config attributes).
+
+The anatomy is also the one algebra of its parts, which tools call instead of copying fields: a side's weights in
+one of :data:`LAYOUTS` (:meth:`Side.weights`), its QK-norm applied or frozen (:meth:`Side.apply_norm`,
+:meth:`Side.norm_frozen`), a layer's input norm applied, frozen at a run or differentiated
+(:meth:`LayerAnatomy.attn_input`, :meth:`LayerAnatomy.attn_norm_frozen`, :meth:`LayerAnatomy.attn_norm_vjp`), the
+heads' writes and the norm and multiplier on them (:meth:`LayerAnatomy.head_writes`,
+:meth:`LayerAnatomy.attn_post_scale`, :attr:`LayerAnatomy.scale`), one head's q or k side frozen at a run
+(:meth:`LayerAnatomy.freeze_side`), the rotation (:mod:`headwise.models.rotation`), the final norm frozen
+(:meth:`Anatomy.final_norm_frozen`); norms of any class through :mod:`headwise.models.norms`::
+
+    frozen = hm.anatomy[3].attn_norm_frozen(r)    # layer 3's input norm at this run (r: the rows it read)
 """
 
 from __future__ import annotations
@@ -101,8 +112,8 @@ class Side:
         norm: the QK-norm applied to this side (``q_norm`` …), or None; ``norm_per_head``: it normalises each
             head's ``Dh`` (Qwen 3, Gemma 3) rather than the whole ``n·Dh`` (OLMo 2).
         scale: a factor the attention module puts on this side after the projection (and QK-norm) and before
-            the scores (OPT scales its queries by ``Dh^-1/2`` there; 1.0 elsewhere). :meth:`weight` and
-            :meth:`bias` are the projection's own; the side the attention uses is ``scale ×`` theirs.
+            the scores (OPT scales its queries by ``Dh^-1/2`` there; 1.0 elsewhere). :meth:`weights` are the
+            projection's own; the side the attention uses is ``scale ×`` theirs.
     """
 
     name: str
@@ -138,14 +149,6 @@ class Side:
             return W, b
         W, b = W.reshape(-1, W.shape[-1]), None if b is None else b.reshape(-1)  # (n·Dh, D), (n·Dh,)
         return (W, b) if layout == "rows" else (W.T, b)
-
-    def weight(self) -> Tensor:
-        """``(n, Dh, D)``: :meth:`weights` ``("heads")``'s ``W``."""
-        return self.weights("heads")[0]
-
-    def bias(self) -> Tensor | None:
-        """``(n, Dh)`` or None: :meth:`weights` ``("heads")``'s ``b``."""
-        return self.weights("heads")[1]
 
     def apply_norm(self, t: Tensor) -> Tensor:
         """``t (…, n, Dh)`` as projected -> through this side's QK-norm as the module applies it (per head, or over
