@@ -44,6 +44,9 @@ FAMILIES = {
         logits_scaling=4.0,
         attention_multiplier=0.2,
     ),
+    # norms stored otherwise: Nemotron's LayerNorm of 1 + w (a subclass of nn.LayerNorm), Gemma's RMS norm of 1 + w
+    "nemotron": dict(num_key_value_heads=2),
+    "gemma": dict(num_key_value_heads=2, head_dim=16),
     # refused by the anatomy: OPT's MLP is two loose linears in the block (no MLP module), GPT-J rotates inside
     # its attention from positions the attention computes itself
     "opt": dict(ffn_dim=96, word_embed_proj_dim=64),

@@ -10,7 +10,7 @@ import torch
 
 from _circuit_brute import edited_logits, frozen_change, reading_point, receiver_tuple
 from _patching_models import Stack, hf_model, pair
-from headwise.circuits import EdgeScores, edge_attribution, make_metric, patch_edges, wiring
+from headwise.circuits import EdgeScores, Write, edge_attribution, make_metric, patch_edges, wiring
 from headwise.patching import logit_difference
 
 pytest.importorskip("transformers")
@@ -170,8 +170,8 @@ def test_tapped_gradients_equal_the_edited_inputs_route(case):
     base, source = dict(clean_raw), dict(corr_raw)
     parts = sender_group_changes(w, graph, base, source)
     torch.testing.assert_close(torch.cat(parts, 1), diff, atol=0, rtol=0)  # a group at a time
-    assert not [k for k in base if k[0] in ("heads", "mlp", "o", "o_heads")]
-    e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]
+    assert not [k for k in base if k.kind in ("heads", "mlp", "o", "o_heads")]
+    e_clean, e_corr = clean_raw[Write("embed", -1)][:, 0], corr_raw[Write("embed", -1)][:, 0]
     point = e_corr + 0.4 * (e_clean - e_corr)
     s_idx, r_idx = torch.from_numpy(graph.edge_index[:, 0]), torch.from_numpy(graph.edge_index[:, 1])
     for embed in (None, lambda _x: point):
@@ -223,7 +223,7 @@ def test_no_length_squared_map_is_kept_for_the_backward_pass(case):
     shapes = saved_shapes(model)
     assert shapes and not [s for s in shapes if s[-2:] == (L, L)]
     lw = wiring(model).layers[0]
-    D = lw.heads_out.shape[-1]
+    D = lw.heads_out().shape[-1]
     copies = [s for s in shapes if len(s) == 4 and s[0] == 2 and s[1] in (lw.num_heads, lw.num_kv) and s[-1] == D]
     assert not copies, copies
     from torch.nn.attention import SDPBackend, sdpa_kernel

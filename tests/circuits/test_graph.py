@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from _patching_models import Stack, hf_model
-from headwise.circuits import Edge, Graph, build_graph, wiring
+from headwise.circuits import Edge, Graph, Receiver, build_graph, wiring
 
 pytest.importorskip("transformers")
 
@@ -42,8 +42,8 @@ def test_nodes_of_a_model():
     assert ids[1:10] == ["L0.H0", "L0.H1", "L0.H2", "L0.H3", "L0.KV0", "L0.KV1", "L0.MLP", "L1.H0", "L1.H1"]
     d = g.node("L1.KV1").to_dict()
     assert d == {"id": "L1.KV1", "kind": "kv", "layer": 1, "head": None, "kv_group": 1, "heads": [2, 3]}
-    assert g.receivers[g.groups[("k", 1)]] == [("L1.KV0", "k"), ("L1.KV1", "k")]
-    assert g.receiver("r", "L1.KV1.v") == g.groups[("v", 1)].start + 1
+    assert g.receivers[g.groups[Receiver("k", 1)]] == [("L1.KV0", "k"), ("L1.KV1", "k")]
+    assert g.receiver("r", "L1.KV1.v") == g.groups[Receiver("v", 1)].start + 1
     assert g.receiver("r", ("L1.MLP", "mlp")) == g.receiver("r", "L1.MLP")
     e = g.edge("e", "L0.H2->L1.KV1.k")
     assert g.edges[e] == Edge("L0.H2", "L1.KV1", "k") and g.edges[e].name == "L0.H2->L1.KV1.k"

@@ -16,6 +16,8 @@ import torch
 
 from _anatomy_models import FAMILIES, REFUSED, V, tiny
 from headwise.circuits import (
+    Receiver,
+    Write,
     composition_scores,
     edge_attribution,
     find_circuit,
@@ -164,8 +166,11 @@ def _check_atp_star(hm, w, clean, corrupted, metric):
     with torch.no_grad():
         _, base = w.run(clean, record=True)
         _, source = w.run(corrupted, record=True)
-    for sender, group, index, receiver in [("L0.H1", ("q", 1), 0, "L1.H0.q"), ("embed", ("k", 1), 0, "L1.KV0.k")]:
-        key = ("embed", -1) if sender == "embed" else ("heads", 0)
+    for sender, group, index, receiver in [
+        ("L0.H1", Receiver("q", 1), 0, "L1.H0.q"),
+        ("embed", Receiver("k", 1), 0, "L1.KV0.k"),
+    ]:
+        key = Write("embed", -1) if sender == "embed" else Write("heads", 0)
         change = group_change(w, key, base, source)[:, 0 if sender == "embed" else 1]  # (P, L, D)
         kept = {}
 

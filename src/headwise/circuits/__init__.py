@@ -10,6 +10,7 @@ above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study
 from __future__ import annotations
 
 # -- why a head attends, and the weights' circuits (docs/qk.md) --
+from headwise.circuits.addresses import Receiver, Write
 from headwise.circuits.composition import (
     CompositionScores,
     CopyingScores,
@@ -48,7 +49,9 @@ __all__ = [
     "Node",
     "PairShard",
     "PathPatching",
+    "Receiver",
     "Wiring",
+    "Write",
     "build_graph",
     "edge_attribution",
     "evaluate_mib",

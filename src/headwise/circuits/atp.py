@@ -36,9 +36,9 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from headwise.circuits.addresses import Receiver
 from headwise.core.rows import AttentionRows
 from headwise.models.anatomy import same
-from headwise.points import output_tensor
 
 __all__ = ["AttentionTaps", "LayerPatterns", "LowRank", "atp_scores", "head_use_gradients"]
 
@@ -54,6 +54,24 @@ class _LayerRecord:
     z: Tensor | None = None  # (N, H, L, Dv)
     gz: Tensor | None = None  # (N, H, L, Dv): ∂m/∂z from the backward pass
     pe: tuple | None = None
+
+
+@dataclass(eq=False)
+class _NormedColumns:
+    """A layer's input norm at the clean run as ``C(x)·g·(ms(C(x)) + ε)^-1/2 + b`` (``eps`` None: no norm), with
+    the query and key columns ``Wg = diag(g) W`` ``(D, C)``, ``cb = b W + bias`` ``(C,)``, the clean rows ``cr =
+    C(r)`` ``(N, L, D)``, their columns ``base = cr Wg`` and ``ms = ms(cr)`` ``(N, L)`` float64; ``checked`` /
+    ``failed``: the one check against the dense route."""
+
+    centred: bool
+    eps: float | None
+    Wg: Tensor
+    cb: Tensor
+    cr: Tensor
+    base: Tensor
+    ms: Tensor
+    checked: bool = False
+    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -105,7 +123,7 @@ class AttentionTaps:
             hooks.append((f"layers.{layer}.attn.qk", partial(self._keep_rows, rec)))
             hooks.append((f"layers.{layer}.attn.v", partial(self._keep, rec, "v")))
             hooks.append((f"layers.{layer}.attn.heads", partial(self._tap_heads, rec)))
-            if anatomy[layer].rotation.kind not in ("none", "headwise"):
+            if anatomy[layer].rotation.kind == "tables":
                 hooks.append((f"layers.{layer}.attn.rotary", partial(self._keep_pe, rec)))
         return hooks
 
@@ -147,8 +165,7 @@ class LayerPatterns:
 
     def __init__(self, w, layer: int, rec: _LayerRecord):
         self.w, self.layer, self.rec = w, layer, rec
-        self.part = w.target.anatomy[layer]
-        self.lw = w.layers[layer]
+        self.part = w.layers[layer]
         missing = [n for n in ("r", "rows", "v", "z") if getattr(rec, n) is None]
         if missing:
             raise RuntimeError(f"circuits: layer {layer}'s {missing} were not recorded in the gradient pass")
@@ -159,9 +176,7 @@ class LayerPatterns:
         self.pos = torch.arange(L, device=rows.q.device)
         with torch.no_grad():
             self.A = rows.weights(0, L, keys=rows.k.shape[-2]).float()  # (N, H, L, S)
-            v = rec.v
-            if self.part.v.norm is not None:
-                v = self._side_norm(self.part.v, v)
+            v = self.part.v.apply_norm(rec.v)
             v = (v * self.part.v.scale).transpose(1, 2).float()  # (N, Hkv, S, Dv)
             self.V = v.repeat_interleave(H // self.Hkv, 1)  # (N, H, S, Dv)
             z = torch.einsum("nhls,nhsd->nhld", self.A, self.V)
@@ -177,25 +192,25 @@ class LayerPatterns:
     def _refuse(self, what: str):
         return self.w.target.anatomy.refuse(f"layer {self.layer}: {what}")
 
-    @staticmethod
-    def _side_norm(side, t: Tensor) -> Tensor:
-        """``t (…, n, Dh)`` through the side's QK-norm, per head or over ``n·Dh``."""
-        if side.norm_per_head:
-            return output_tensor(side.norm(t))
-        return output_tensor(side.norm(t.flatten(-2))).reshape(t.shape)
+    def _qk_weights(self) -> tuple[Tensor, Tensor | None]:
+        """``(W (D, (H + Hkv)·Dh), b or None)``: the anatomy's query and key sides in the ``"columns"`` layout side by
+        side (both sides in one product), read once."""
+        if not hasattr(self, "_qk"):
+            (Wq, bq), (Wk, bk) = (self.part.sides[name].weights("columns") for name in ("q", "k"))
+            b = None
+            if bq is not None or bk is not None:
+                b = torch.cat([torch.zeros(W.shape[1]) if c is None else c for W, c in ((Wq, bq), (Wk, bk))])
+            self._qk = (torch.cat([Wq, Wk], 1).contiguous(), b)
+        return self._qk
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x (N, n, L', D)`` normalised -> the projections' columns ``(N, n, L', H·Dh)`` and ``(N, n, L', Hkv·Dh)``
         (before any QK-norm): both sides in one product."""
-        if not hasattr(self, "_W"):
-            parts = [self.lw.weights[name] for name in ("q", "k")]  # (m, Dh, D), (m, Dh) each
-            self._W = torch.cat([W.reshape(-1, W.shape[-1]) for W, _ in parts]).t().contiguous()  # (D, (H+Hkv)·Dh)
-            biases = [torch.zeros(W.shape[:2]) if b is None else b for W, b in parts]
-            self._b = None if all(b is None for _, b in parts) else torch.cat([b.reshape(-1) for b in biases])
+        W, b = self._qk_weights()
         N, n, L, D = x.shape
-        y = x.reshape(-1, D) @ self._W.to(x.dtype)
-        if self._b is not None:
-            y = y + self._b.to(y)
+        y = x.reshape(-1, D) @ W.to(x.dtype)
+        if b is not None:
+            y = y + b.to(y)
         y = y.reshape(N, n, L, -1)
         Hq = self.H * self.part.q.width
         return y[..., :Hq], y[..., Hq:]
@@ -206,8 +221,7 @@ class LayerPatterns:
         side = self.part.sides[name]
         N, n, L, _ = y.shape
         y = y.reshape(N, n, L, m, -1)
-        if side.norm is not None:
-            y = self._side_norm(side, y)
+        y = side.apply_norm(y)
         if side.scale != 1.0:
             y = y * side.scale
         t = y.permute(0, 1, 3, 2, 4)  # (N, n, m, L, Dh)
@@ -230,46 +244,35 @@ class LayerPatterns:
         if isinstance(delta, LowRank):
             return self._columns_low_rank(delta, first)
         r = self.rec.r[:, first:]
-        x = output_tensor(self.lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L', D)
+        x = self.part.attn_input(r[:, None] + delta.to(r.dtype))  # (N, n, L', D)
         return self._project(x)
 
-    def _norm_form(self) -> dict | None:
+    def _norm_form(self) -> _NormedColumns | None:
         """The input norm as ``C(x)·g·inv(x) + b``, ``inv(x) = (ms(C(x)) + ε)^-1/2`` (a LayerNorm or an RMS norm; the
-        identity: no norm), read at this run (:func:`~headwise.patching.frozen_norm.freeze_norm`, ε from its rows),
-        with the clean run's projected columns; None where the norm is not of that form."""
+        identity: no norm), frozen at this run by the anatomy (:meth:`LayerAnatomy.attn_norm_frozen`, one ε fitted
+        to its rows), with the clean run's projected columns; None where the norm is not of that form."""
         if hasattr(self, "_form"):
             return self._form
-        from headwise.patching.frozen_norm import freeze_norm
-
         self._form = None
-        self._project(self.rec.r[:, None, :1])  # the columns' weights
+        W, b = self._qk_weights()  # (D, C), (C,) or None
+        W = W.float()
+        b = torch.zeros(W.shape[1]) if b is None else b.float()
         r = self.rec.r.float()
         N, L, D = r.shape
-        W = self._W.float()  # (D, C)
-        b = torch.zeros(W.shape[1]) if self._b is None else self._b.float()
-        if not self.lw.has_norm:
-            form = {"gain": torch.ones(D), "bias": torch.zeros(D), "centred": False, "eps": None}
-        else:
-            norm = self.lw.attn_norm
-            with torch.no_grad():
-                y = output_tensor(norm(self.rec.r)).reshape(-1, D)
+        gain, bias, centred, eps = torch.ones(D), torch.zeros(D), False, None
+        if self.part.attn_norm is not None:
             try:
-                frozen = freeze_norm(norm, self.rec.r.reshape(-1, D), y, "input norm")
+                frozen = self.part.attn_norm_frozen(self.rec.r.reshape(-1, D))
             except ValueError:
                 return None
-            v = r.double() - r.double().mean(-1, keepdim=True) if frozen.centred else r.double()
-            ms = v.pow(2).mean(-1).reshape(-1)
-            eps = float((frozen.inv.double().pow(-2) - ms).mean())
-            if not same((ms + eps).rsqrt(), frozen.inv.double()):
+            eps = frozen.epsilon(r.reshape(-1, D))
+            if eps is None:
                 return None
-            form = {"gain": frozen.gain.float(), "bias": frozen.bias.float(), "centred": frozen.centred, "eps": eps}
-        cr = r - r.mean(-1, keepdim=True) if form["centred"] else r  # (N, L, D)
-        Wg = form["gain"][:, None] * W  # (D, C): the gain folded into the columns
-        form.update(
-            Wg=Wg, cb=form["bias"] @ W + b, cr=cr, base=cr @ Wg, ms=cr.double().pow(2).mean(-1), D=D, checked=False
-        )
-        self._form = form
-        return form
+            gain, bias, centred = frozen.gain.float(), frozen.bias.float(), frozen.centred
+        cr = r - r.mean(-1, keepdim=True) if centred else r  # (N, L, D)
+        Wg = gain[:, None] * W  # (D, C): the gain folded into the columns
+        self._form = _NormedColumns(centred, eps, Wg, bias @ W + b, cr, cr @ Wg, cr.double().pow(2).mean(-1))
+        return self._form
 
     def _columns_low_rank(self, change: LowRank, first: int) -> tuple[Tensor, Tensor]:
         """:meth:`columns` of factored changes: ``W(C(r + Δ))·g·inv + b`` with ``W C(Δ) = coef · (C(basis) W)`` and
@@ -278,30 +281,30 @@ class LayerPatterns:
         is of no such form."""
         form = self._norm_form()
         N, n, rows_per, k = change.coef.shape
-        D, C = change.basis.shape[-1], self._W.shape[1]
+        D, C = change.basis.shape[-1], self._qk_weights()[0].shape[1]
         rows = N * rows_per
         # the factors pay k·D·C per sender for their product with the columns: worth it over many rows only
-        if form is None or form.get("failed") or k * D * C + rows * k * (C + D) >= rows * D * C:
+        if form is None or form.failed or k * D * C + rows * k * (C + D) >= rows * D * C:
             return self.columns(change.dense(), first)
         B = change.basis.float()  # (n, k, D)
-        if form["centred"]:
+        if form.centred:
             B = B - B.mean(-1, keepdim=True)
         coef = change.coef.float()  # (N, n, L', k)
-        M = torch.einsum("ikd,dc->ikc", B, form["Wg"])  # (n, k, C)
-        proj = torch.einsum("xilk,ikc->xilc", coef, M).add_(form["base"][:, None, first:])  # (N, n, L', C)
-        if form["eps"] is not None:
-            cross = (coef * torch.einsum("xld,ikd->xilk", form["cr"][:, first:], B)).sum(-1)  # (N, n, L')
+        M = torch.einsum("ikd,dc->ikc", B, form.Wg)  # (n, k, C)
+        proj = torch.einsum("xilk,ikc->xilc", coef, M).add_(form.base[:, None, first:])  # (N, n, L', C)
+        if form.eps is not None:
+            cross = (coef * torch.einsum("xld,ikd->xilk", form.cr[:, first:], B)).sum(-1)  # (N, n, L')
             quad = torch.einsum("xilk,ikj,xilj->xil", coef, B @ B.transpose(1, 2), coef)
-            ms = form["ms"][:, None, first:] + (2 * cross.double() + quad.double()) / form["D"]
-            proj.mul_((ms + form["eps"]).rsqrt().float()[..., None])
-        cols = proj.add_(form["cb"])
+            ms = form.ms[:, None, first:] + (2 * cross.double() + quad.double()) / D
+            proj.mul_((ms + form.eps).rsqrt().float()[..., None])
+        cols = proj.add_(form.cb)
         Hq = self.H * self.part.q.width
         yq, yk = cols[..., :Hq], cols[..., Hq:]
-        if not form["checked"]:
-            form["checked"] = True
+        if not form.checked:
+            form.checked = True
             dq, dk = self.columns(change.part(0, 1, 0).dense(), first)
             if not (same(yq[:, :1], dq) and same(yk[:, :1], dk)):
-                form["failed"] = True
+                form.failed = True
                 return self.columns(change.dense(), first)
         return yq, yk
 
@@ -444,7 +447,7 @@ def atp_scores(
         reach[graph.sender_groups[k]] = factors[k].coef.ne(0).any(-1).any(0)
     for layer in range(graph.num_layers):
         lp = taps.layer(layer)
-        sq, sk = graph.groups[("q", layer)], graph.groups[("k", layer)]
+        sq, sk = graph.groups[Receiver("q", layer)], graph.groups[Receiver("k", layer)]
         upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
         where = reach[:upstream].any(0).nonzero()
         first = int(where[0, 0]) if where.numel() else lp.L
@@ -478,7 +481,7 @@ def head_use_gradients(taps: AttentionTaps, layer: int, name: str) -> Tensor:
     r = rec.r
     with torch.enable_grad():
         d = r.new_zeros(N, H, L, r.shape[-1]).float().requires_grad_(True)
-        x = output_tensor(lp.lw.attn_norm(r[:, None] + d.to(r.dtype))).float()  # (N, H, L, D)
+        x = lp.part.attn_input(r[:, None] + d.to(r.dtype)).float()  # (N, H, L, D)
         y = _per_head_side(lp, name, x)  # (N, L, H, Dh): head h's copy of its group's side
         if name == "v":
             z = torch.einsum("nhls,nhsd->nhld", lp.A, y.transpose(1, 2))
@@ -497,22 +500,22 @@ def _per_head_side(lp: LayerPatterns, name: str, x: Tensor) -> Tensor:
     copy with the other groups' columns at their clean values."""
     side = lp.part.sides[name]
     G = lp.H // lp.Hkv
-    W, b = lp.lw.weights[name]  # (Hkv, Dh, D), (Hkv, Dh)
+    W, b = side.weights("heads")  # (Hkv, Dh, D), (Hkv, Dh)
     Wh = W.float().repeat_interleave(G, 0)  # (H, Dh, D)
     y = torch.einsum("nhld,hwd->nlhw", x, Wh)
     if b is not None:
         y = y + b.float().repeat_interleave(G, 0)
     if side.norm is not None and side.norm_per_head:
-        y = LayerPatterns._side_norm(side, y)
+        y = side.apply_norm(y)
     elif side.norm is not None:
         r = lp.rec.r
-        xc = output_tensor(lp.lw.attn_norm(r)).float()  # (N, L, D)
+        xc = lp.part.attn_input(r).float()  # (N, L, D)
         clean = torch.einsum("nld,gwd->nlgw", xc, W.float())  # (N, L, Hkv, Dh)
         if b is not None:
             clean = clean + b.float()
         heads, groups = torch.arange(lp.H), torch.arange(lp.H) // G
         full = clean[:, :, None].expand(*clean.shape[:2], lp.H, *clean.shape[2:]).clone()  # (N, L, H, Hkv, Dh)
         full[:, :, heads, groups] = y
-        full = output_tensor(side.norm(full.flatten(-2))).reshape(full.shape)
+        full = side.apply_norm(full)
         y = full[:, :, heads, groups]
     return y * side.scale if side.scale != 1.0 else y

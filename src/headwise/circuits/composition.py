@@ -47,13 +47,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headwise.circuits.qk import side_weights
-from headwise.models.anatomy import affine, apply_qk_norm
+from headwise.models.anatomy import affine
 from headwise.models.anatomy_probe import input_embedding, probe_ids
+from headwise.models.norms import FrozenNorm
 from headwise.models.pinned import attention_bytes, attention_pinned
 from headwise.models.streamed import SLICE_BYTES
-from headwise.patching import as_target, freeze_norm
-from headwise.patching.frozen_norm import FrozenNorm
+from headwise.patching import as_target
 from headwise.points import unembedding
 
 __all__ = [
@@ -112,11 +111,8 @@ class HeadWeights:
 
 
 def _fold(W: Tensor, frozen: FrozenNorm | None) -> Tensor:
-    """``W (D, n)`` read through a norm: ``C diag(g) W`` (the gain, and LayerNorm's centring)."""
-    if frozen is None:
-        return W
-    G = frozen.gain[:, None].to(W) * W
-    return G - G.mean(0, keepdim=True) if frozen.centred else G
+    """``W (D, n)`` read through a frozen norm's gain and centring (:meth:`FrozenNorm.fold`); ``W`` without one."""
+    return W if frozen is None else frozen.fold(W)
 
 
 def _heads(W: Tensor, n: int) -> Tensor:
@@ -193,40 +189,15 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
     def rows(x: Tensor) -> Tensor:  # (1, L, …, D') -> (L·…, D')
         return x.reshape(-1, x.shape[-1])
 
-    def frozen_at(norm, x: Tensor, what: str):
-        """The norm frozen at its input ``x`` as the points recorded it (its output: the module applied)."""
-        with torch.no_grad():
-            y = norm(x)
-        y = y[0] if isinstance(y, (tuple, list)) else y
-        return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
-
-    def frozen_of(norm, what, layer=None, name=None):
-        if norm is None:
-            return None
-        if name == "input":  # the input norm: its input and output are both points
-            x, y = cache[f"layers.{layer}.resid_pre"], cache[f"layers.{layer}.attn.in"]
-            return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
-        if name in ("q", "k"):  # a QK-norm over each head or the whole projection, as the anatomy found it
-            t = cache[f"layers.{layer}.attn.{name}"]  # (1, L, n, Dh)
-            with torch.no_grad():
-                y, per_head = apply_qk_norm(norm, t)
-            x = t if per_head else t.flatten(-2)
-            y = y if per_head else y.flatten(-2)
-            return freeze_norm(norm, rows(x).double(), rows(y).double(), what)
-        return frozen_at(norm, cache[name], what)
-
     W_Q, W_K, W_V, W_O = [], [], [], []
     for layer, part in enumerate(anatomy.layers):
         H, Hkv = part.num_heads, part.num_kv
-        frozen = frozen_of(part.attn_norm, f"layer {layer}'s input norm", layer, "input")
-        Wq, Wk, Wv = (_fold(side_weights(s)[0], frozen) for s in (part.q, part.k, part.v))  # (D, n·Dh)
-        Dh = Wq.shape[1] // H
-        for side in (part.q, part.k):
-            g = torch.ones((), dtype=torch.float64)
-            if side.norm is not None:
-                g = frozen_of(side.norm, f"layer {layer}'s {side.name}_norm", layer, side.name).gain
-                g = g.reshape(-1).repeat(side.n) if g.numel() == Dh else g.reshape(-1)  # per head or over n·Dh
-            g = g * side.scale
+        r, x_in = cache[f"layers.{layer}.resid_pre"], cache[f"layers.{layer}.attn.in"]
+        frozen = part.attn_norm_frozen(rows(r).double(), rows(x_in).double())
+        Wq, Wk, Wv = (_fold(s.weights("columns")[0].detach().double(), frozen) for s in (part.q, part.k, part.v))
+        for side in (part.q, part.k):  # a QK-norm's gain as it acts (per head or over n·Dh), and the side's factor
+            g = side.norm_gain(cache[f"layers.{layer}.attn.{side.name}"])  # (n·Dh,) or None
+            g = (torch.ones((), dtype=torch.float64) if g is None else g) * side.scale
             if side.name == "q":
                 Wq = Wq * g.to(Wq)
             else:
@@ -234,15 +205,17 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
         Wo = part.heads_out().detach().double()  # (H, Dv, D)
         Dv = Wo.shape[1]
         Wo = Wo.reshape(H * Dv, -1)
-        post = frozen_of(part.attn_post, f"layer {layer}'s attention post-norm", layer, f"layers.{layer}.attn.out")
-        if post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
-            Wo = _fold(Wo.T, post).T
+        if part.attn_post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
+            o = cache[f"layers.{layer}.attn.out"]
+            Wo = _fold(Wo.T, part.attn_post_frozen(rows(o))).T
         Wo = Wo * part.scale
         W_Q.append(_heads(Wq, H))
         W_K.append(_heads(Wk, Hkv))
         W_V.append(_heads(Wv, Hkv))
         W_O.append(Wo.reshape(H, Dv, -1))
-    final = frozen_of(anatomy.final_norm, "final norm", None, "resid_final")
+    final = None
+    if anatomy.final_norm is not None:
+        final = anatomy.final_norm_frozen(rows(cache["resid_final"]))
     if not tokens:
         UE = _ue_by_slices(target.stream, anatomy, final)
         return HeadWeights(W_Q, W_K, W_V, W_O, None, None, target.name or "", UE)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from headwise.checks import one_of, positive_int
+from headwise.circuits.addresses import Receiver, Write
 from headwise.circuits.atp import AttentionTaps, LowRank, atp_scores, head_use_gradients
 from headwise.circuits.graph import Graph
 from headwise.circuits.paths import group_change, open_pair
@@ -136,7 +137,7 @@ def sender_group_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> l
     parts = []
     for key in graph.sender_groups:
         parts.append(group_change(w, key, base, source))
-        used = [key, ("o", key[1]), ("o_heads", key[1])] if key[0] == "heads" else [key]
+        used = [key, Write("o", key.layer), Write("o_heads", key.layer)] if key.kind == "heads" else [key]
         for k in used:
             base.pop(k, None)
             source.pop(k, None)
@@ -181,9 +182,11 @@ def edge_attribution(
         corr_logits, corr_raw = w.run(x, record=True, last_only=last_only)
     m_clean = metric(clean_logits).detach().float().cpu()
     m_corr = metric(corr_logits).detach().float().cpu()
-    e_clean, e_corr = clean_raw[("embed", -1)][:, 0], corr_raw[("embed", -1)][:, 0]  # (P, L, D)
+    e_clean, e_corr = clean_raw[Write("embed", -1)][:, 0], corr_raw[Write("embed", -1)][:, 0]  # (P, L, D)
     factors = {  # a head's write change as its output change times its rows of W_O (no norm on the write)
-        ("heads", layer): LowRank(corr_raw[("z", layer)] - clean_raw[("z", layer)], lw.heads_out * lw.scale)
+        Write("heads", layer): LowRank(
+            corr_raw[Write("z", layer)] - clean_raw[Write("z", layer)], lw.heads_out() * lw.scale
+        )
         for layer, lw in enumerate(w.layers)
         if lw.attn_post is None and method == "atp*"
     }
@@ -245,7 +248,7 @@ def _head_shares(taps: AttentionTaps, graph: Graph, diff: list, heads: dict, sid
     to ``heads[side][layer] (P, S, H)``."""
     groups = list(graph.sender_groups.values())
     for layer in range(graph.num_layers):
-        first = graph.groups[("q", layer)].start
+        first = graph.groups[Receiver("q", layer)].start
         for side in sides:
             grad = head_use_gradients(taps, layer, side)  # (P, H, L, D)
             P, H = grad.shape[:2]
@@ -266,7 +269,7 @@ def _edge_shares(graph: Graph, per_pair: Tensor, heads: dict) -> Tensor:
     for layer in range(graph.num_layers):
         per = graph.heads[layer] // graph.kv[layer]
         for side in ("k", "v"):
-            sl = graph.groups[(side, layer)]
+            sl = graph.groups[Receiver(side, layer)]
             e = np.nonzero((r_idx >= sl.start) & (r_idx < sl.stop))[0]
             if not len(e):
                 continue

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from headwise.circuits.addresses import RECEIVER_INPUTS, Receiver, Write
+
 __all__ = ["Edge", "Graph", "Node", "build_graph", "RECEIVER_INPUTS", "NODE_KINDS"]
 
-RECEIVER_INPUTS = ("q", "k", "v", "mlp", "logits")
 NODE_KINDS = ("embed", "head", "kv", "mlp", "logits")
 
 
@@ -77,9 +78,11 @@ class Graph:
         nodes: every :class:`Node`, in forward order.
         senders: sender node ids, in forward order (index s).
         receivers: ``(node id, input)`` in forward order (index r).
-        groups: receiver groups ``(kind, layer) -> slice`` of receiver indices, in forward order
-            (``("q", l)`` H receivers, ``("k", l)`` / ``("v", l)`` Hkv, ``("mlp", l)`` one, ``("logits", NL)``).
-        sender_groups: ``("embed", -1)`` / ``("heads", l)`` / ``("mlp", l)`` -> slice of sender indices.
+        groups: receiver groups :class:`~headwise.circuits.addresses.Receiver` ``-> slice`` of receiver indices, in
+            forward order (``Receiver("q", l)`` H receivers, ``("k", l)`` / ``("v", l)`` Hkv, ``("mlp", l)`` one,
+            ``("logits", NL)``).
+        sender_groups: :class:`~headwise.circuits.addresses.Write` ``("embed", -1)`` / ``("heads", l)`` /
+            ``("mlp", l)`` -> slice of sender indices.
         edges: every :class:`Edge` (index e), ordered by receiver then sender.
         edge_index: ``(E, 2)`` int array of (sender index, receiver index).
     """
@@ -92,9 +95,9 @@ class Graph:
         self.parallel = [False] * len(heads) if parallel is None else [bool(p) for p in parallel]
         self.nodes: list[Node] = [Node("embed", "embed")]
         self.senders: list[str] = ["embed"]
-        self.sender_groups: dict = {("embed", -1): slice(0, 1)}
+        self.sender_groups: dict[Write, slice] = {Write("embed", -1): slice(0, 1)}
         self.receivers: list[tuple[str, str]] = []
-        self.groups: dict = {}
+        self.groups: dict[Receiver, slice] = {}
         stage_s = [-1]  # the point of the forward pass where each sender writes
         stage_r = []  # … where each receiver reads
         for layer, (H, G, mlp, par) in enumerate(zip(heads, kv, mlps, self.parallel)):
@@ -106,22 +109,22 @@ class Graph:
             for g in range(G):
                 self.nodes.append(Node(kv_id(layer, g), "kv", layer, None, g, tuple(range(g * per, (g + 1) * per))))
             for kind, n, node in (("q", H, head_id), ("k", G, kv_id), ("v", G, kv_id)):
-                self.groups[(kind, layer)] = slice(len(self.receivers), len(self.receivers) + n)
+                self.groups[Receiver(kind, layer)] = slice(len(self.receivers), len(self.receivers) + n)
                 self.receivers += [(node(layer, i), kind) for i in range(n)]
                 stage_r += [2 * layer] * n
-            self.sender_groups[("heads", layer)] = slice(len(self.senders), len(self.senders) + H)
+            self.sender_groups[Write("heads", layer)] = slice(len(self.senders), len(self.senders) + H)
             self.senders += [head_id(layer, h) for h in range(H)]
             stage_s += [2 * layer] * H
             if mlp:
                 self.nodes.append(Node(mlp_id(layer), "mlp", layer))
-                self.groups[("mlp", layer)] = slice(len(self.receivers), len(self.receivers) + 1)
+                self.groups[Receiver("mlp", layer)] = slice(len(self.receivers), len(self.receivers) + 1)
                 self.receivers.append((mlp_id(layer), "mlp"))
                 stage_r.append(2 * layer if par else 2 * layer + 1)
-                self.sender_groups[("mlp", layer)] = slice(len(self.senders), len(self.senders) + 1)
+                self.sender_groups[Write("mlp", layer)] = slice(len(self.senders), len(self.senders) + 1)
                 self.senders.append(mlp_id(layer))
                 stage_s.append(2 * layer + 1)
         self.nodes.append(Node("logits", "logits"))
-        self.groups[("logits", self.num_layers)] = slice(len(self.receivers), len(self.receivers) + 1)
+        self.groups[Receiver("logits", self.num_layers)] = slice(len(self.receivers), len(self.receivers) + 1)
         self.receivers.append(("logits", "logits"))
         stage_r.append(2 * self.num_layers)
         self.stage_s, self.stage_r = np.array(stage_s), np.array(stage_r)

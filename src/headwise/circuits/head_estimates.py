@@ -29,6 +29,7 @@ from torch import Tensor
 from headwise.checks import one_of
 from headwise.circuits.atp import AttentionTaps, LowRank
 from headwise.circuits.wiring import Wiring, wiring
+from headwise.models.anatomy import LayerAnatomy
 from headwise.patching.metric import reads_last_position
 
 __all__ = ["HEAD_MODES", "head_ablation_estimates"]
@@ -75,7 +76,7 @@ def head_ablation_estimates(
     NL = len(w.layers)
     grads: dict = {}
     outputs: dict = {}
-    zero = torch.zeros((), dtype=w.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+    zero = torch.zeros((), dtype=w.weights(0, "q")[0].dtype, device=ids.device, requires_grad=True)
     # a zero added to every head's output first: its gradient reaches the taps whatever requires a gradient
     hooks = [(f"layers.{layer}.attn.heads", partial(_plus, zero)) for layer in range(NL)]
     hooks += taps.hooks()
@@ -102,7 +103,7 @@ def head_ablation_estimates(
                 gates[:, layer, : lw.num_heads] = (gz.float() * z).sum((2, 3)).cpu()
         if attention_aware and layer < NL - 1:
             exact, lin = _write_change(lw, dz, outputs.get(layer))
-            factors = None if lw.attn_post is not None else LowRank(dz, lw.heads_out.float() * lw.scale)
+            factors = None if lw.attn_post is not None else LowRank(dz, lw.heads_out().float() * lw.scale)
             changes.append((exact, lin, factors))
     if not attention_aware:
         return (out, gates) if gate_gradients else out
@@ -171,10 +172,10 @@ def _head_change(z: Tensor, mode: str, real: Tensor | None) -> Tensor:
     return mean - z
 
 
-def _write_change(lw, dz: Tensor, o: Tensor | None) -> tuple[Tensor, Tensor]:
+def _write_change(lw: LayerAnatomy, dz: Tensor, o: Tensor | None) -> tuple[Tensor, Tensor]:
     """Each head's write change alone ``(N, H, L, D)``: exact, and to first order (they differ only under a norm on
     the attention's write, with the layer's other heads at the clean run)."""
-    heads = torch.einsum("nhlv,hvd->nhld", dz, lw.heads_out.float())  # (N, H, L, D): Δo_h
+    heads = lw.head_writes(dz)  # (N, H, L, D): Δo_h
     if lw.attn_post is None:
         change = heads * lw.scale
         return change, change
@@ -200,8 +201,8 @@ def _qk_gradient(w: Wiring, layer: int, r: Tensor, grads: dict) -> Tensor:
         g = grads.get((layer, side))
         if g is None:
             continue
-        part = torch.einsum("nliw,iwd->nld", g.float(), lw.weights[side][0].float())
+        part = torch.einsum("nliw,iwd->nld", g.float(), w.weights(layer, side)[0].float())
         u = part if u is None else u + part
     if u is None:
         return torch.zeros_like(r, dtype=torch.float32)
-    return w.norm_vjp(lw.attn_norm, r, u[:, None].to(r.dtype))[:, 0].float()
+    return lw.attn_norm_vjp(r, u[:, None].to(r.dtype))[:, 0].float()

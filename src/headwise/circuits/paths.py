@@ -36,6 +36,7 @@ from torch import Tensor
 
 from headwise.analysis.batched import CopyJob, run_copies
 from headwise.checks import one_of, positive_int
+from headwise.circuits.addresses import Write
 from headwise.circuits.graph import Graph, build_graph
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.patching.exact import DIRECTIONS, check_pair
@@ -105,14 +106,14 @@ def _group_of(graph: Graph, s: int):
     raise IndexError(s)
 
 
-def _change(w: Wiring, key, members: list[int], base: dict, source: dict) -> Tensor:
+def _change(w: Wiring, key: Write, members: list[int], base: dict, source: dict) -> Tensor:
     """The exact change ``(P, L, D)`` of sender group ``key``'s write when ``members`` take the source's: for heads
     under a post-norm ``norm(o_base + Σ (o_h(source) − o_h(base))) − norm(o_base)``, else the difference of the
     writes."""
-    if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
-        layer = key[1]
-        o = base[("o", layer)]
-        delta = (source[("o_heads", layer)][:, members] - base[("o_heads", layer)][:, members]).sum(1)
+    if key.kind == "heads" and w.layers[key.layer].attn_post is not None:
+        layer = key.layer
+        o = base[Write("o", layer)]
+        delta = (source[Write("o_heads", layer)][:, members] - base[Write("o_heads", layer)][:, members]).sum(1)
         post, scale = w.layers[layer].attn_post, w.layers[layer].scale
         with torch.no_grad():
             return (post(o + delta) - post(o)) * scale
@@ -125,14 +126,14 @@ def sender_changes(w: Wiring, graph: Graph, base: dict, source: dict) -> Tensor:
     return torch.cat([group_change(w, key, base, source) for key in graph.sender_groups], 1)
 
 
-def group_change(w: Wiring, key: tuple[str, int], base: dict, source: dict) -> Tensor:
+def group_change(w: Wiring, key: Write, base: dict, source: dict) -> Tensor:
     """``(P, n, L, D)``: the change of write of each sender of the group ``key`` when it alone takes the source's:
     the difference of the writes, but under a post-norm each head's exact change with the layer's other heads at
     the base run (:func:`_change`)."""
-    if key[0] == "heads" and w.layers[key[1]].attn_post is not None:
-        layer = key[1]
-        o = base[("o", layer)][:, None]  # (P, 1, L, D)
-        delta = source[("o_heads", layer)] - base[("o_heads", layer)]  # (P, H, L, D)
+    if key.kind == "heads" and w.layers[key.layer].attn_post is not None:
+        layer = key.layer
+        o = base[Write("o", layer)][:, None]  # (P, 1, L, D)
+        delta = source[Write("o_heads", layer)] - base[Write("o_heads", layer)]  # (P, H, L, D)
         post, scale = w.layers[layer].attn_post, w.layers[layer].scale
         with torch.no_grad():
             return (post(o + delta) - post(o)) * scale

@@ -42,14 +42,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
-from headwise.models.anatomy import Side, apply_qk_norm
 from headwise.models.pinned import attention_pinned
-from headwise.patching import as_target, freeze_norm, residual_parts
-from headwise.patching.frozen_norm import FrozenNorm
+from headwise.patching import as_target, residual_parts
 
 __all__ = ["QKAttribution", "qk_attribution"]
 
@@ -169,92 +167,6 @@ class QKAttribution:
         }
 
 
-# -- one side's affine map -------------------------------------------------------------------------------------
-
-
-def side_weights(side: Side) -> tuple[Tensor, Tensor]:
-    """``(W (D, n·Dh), b (n·Dh,))`` float64: one side of the anatomy (q, k or v), heads side by side, in the
-    columns the attention reads them (a fused projection's layout undone)."""
-    W = side.weight().detach().double()  # (n, Dh, D)
-    b = side.bias()
-    b = torch.zeros(W.shape[:2], dtype=torch.float64, device=W.device) if b is None else b.detach().double()
-    return W.reshape(-1, W.shape[-1]).T, b.reshape(-1)
-
-
-class _Side:
-    """The affine map from the residual stream to one head's post-rotary query or key, frozen at this run."""
-
-    def __init__(self, W, b, input_norm: FrozenNorm | None, input_bias, qk_norm, rotate, scale: float = 1.0):
-        self.input_norm, self.qk_norm, self.rotate = input_norm, qk_norm, rotate  # qk_norm: (FrozenNorm, cols)
-        self.scale = scale  # a factor the module puts on this side after the projection (OPT's queries)
-        G = W if input_norm is None else input_norm.gain[:, None] * W  # (D, Dh): the gain folded into W
-        if input_norm is not None and input_norm.centred:
-            G = G - G.mean(0, keepdim=True)  # (v − mean v)·G = v·(G − mean of G's rows)
-        self.G = G
-        self.norm_bias = None if input_bias is None else input_bias @ W  # (Dh,)
-        self.b = b
-
-    def _after_projection(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
-        """``t (n, L', Dh)`` at positions ``pos (L',)``: the frozen QK-norm, then the rotation (unless not)."""
-        if self.qk_norm is not None:
-            frozen, cols = self.qk_norm
-            if frozen.centred:  # a LayerNorm QK-norm over each head's Dh (Persimmon): its centring is linear
-                t = t - t.mean(-1, keepdim=True)
-            t = t * frozen.gain[cols] * frozen.inv[pos][None, :, None]
-        if self.scale != 1.0:
-            t = t * self.scale
-        return self.rotate(t, pos) if rotate else t
-
-    def projected(self, t: Tensor, pos: Tensor, rotate: bool = True) -> Tensor:
-        """``t (n, L', Dh)``: residual parts at ``pos (L',)`` already multiplied by :attr:`G` -> ``(n, L', Dh)``
-        (``rotate=False``: before the rotation)."""
-        if self.input_norm is not None:
-            t = t * self.input_norm.inv[pos][None, :, None]
-        return self._after_projection(t, pos, rotate)
-
-    def constants(self, pos: Tensor, rotate: bool = True) -> Tensor:
-        """``(2, L', Dh)``: the input norm's bias and the projection's bias (with a QK-norm's), each through the
-        rest of the map (``rotate=False``: before the rotation)."""
-        n = pos.shape[0]
-        nb = torch.zeros_like(self.b) if self.norm_bias is None else self.norm_bias
-        t = torch.stack([nb, self.b])[:, None, :].expand(2, n, -1)
-        t = self._after_projection(t, pos, rotate=False)
-        if self.qk_norm is not None:
-            frozen, cols = self.qk_norm
-            t = t.clone()
-            t[1] = t[1] + frozen.bias[cols] * self.scale
-        return self.rotate(t, pos) if rotate else t
-
-
-def _qk_norm(side: Side, projected: Tensor | None, index: int, Dh: int):
-    """The frozen QK-norm of one head (rows: positions) and the head's columns in the norm's gain, or None.
-    ``projected (1, L, n, Dh)``: the side's heads at this run (``layers.{l}.attn.{q|k}``), through the norm as the
-    anatomy found it applied (per head, or over the whole ``n·Dh``)."""
-    if side.norm is None:
-        return None
-    with torch.no_grad():
-        y, per_head = apply_qk_norm(side.norm, projected)
-    x, y = projected.double(), y.double()
-    if per_head:  # each head's Dh (Qwen 3, Gemma 3, headwise's modules)
-        return freeze_norm(side.norm, x[0, :, index], y[0, :, index], f"{side.name}_norm"), slice(0, Dh)
-    L = x.shape[1]  # over the whole projection (OLMo 2): (L, n·Dh)
-    frozen = freeze_norm(side.norm, x[0].reshape(L, -1), y[0].reshape(L, -1), f"{side.name}_norm")
-    return frozen, slice(index * Dh, (index + 1) * Dh)
-
-
-# -- the input norm --------------------------------------------------------------------------------------------
-
-
-def input_norm(norm: nn.Module | None, residual: Tensor, x_in: Tensor, layer: int):
-    """``(FrozenNorm or None, its bias or None)``: the anatomy's input norm of layer ``layer`` between the residual
-    stream ``(L, D)`` (``layers.{l}.resid_pre``) and the attention's input ``(L, D)`` (``layers.{l}.attn.in``),
-    frozen per position (checked against them); None where the attention reads the residual stream itself."""
-    if norm is None:
-        return None, None
-    frozen = freeze_norm(norm, residual, x_in, f"layer {layer}'s input norm")
-    return frozen, frozen.bias
-
-
 # -- the attribution -------------------------------------------------------------------------------------------
 
 
@@ -306,10 +218,39 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         return _attribution(target, ids, layer, head, query, key)
 
 
-def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: int | None) -> QKAttribution:
-    """:func:`qk_attribution` on checked arguments, ``ids (L,)``."""
-    L = ids.shape[0]
-    part = target.anatomy[layer]
+@dataclass
+class _Row:
+    """The query's row at one layer, as the model forms it: ``keys (J,)`` the visible key positions, ``blocked
+    (S,)``, ``score_bias (S,)`` (a float mask / ALiBi), ``sink`` (a sink logit or None), the model's ``q (Dh,)`` and
+    its group's ``k (S, Dh)``, ``scores (S,)`` ``q·k·scale``, ``logits (S,)`` (capped, biased), ``weights (S,)``,
+    ``key`` (the key of the full matrix) and ``softcap``."""
+
+    keys: Tensor
+    blocked: Tensor
+    score_bias: Tensor
+    sink: Tensor | None
+    q: Tensor
+    k: Tensor
+    scale: float
+    scores: Tensor
+    logits: Tensor
+    weights: Tensor
+    key: int
+    softcap: float | None
+
+    def weights_without(self, part_terms: Tensor) -> Tensor:
+        """``(n, J)``: the row's weights minus the weights with each part's terms ``(n, J)`` removed from the score
+        (the soft-cap, masks and sinks applied as the model applies them)."""
+        S = self.scores.shape[0]
+        removed = self.scores.expand(part_terms.shape[0], S).clone()
+        removed[:, self.keys] -= part_terms
+        w = _row_weights(soft_cap(removed, self.softcap) + self.score_bias, self.blocked, self.sink)
+        return self.weights[self.keys][None] - w[:, self.keys]
+
+
+def _record(target, ids: Tensor, layer: int):
+    """One forward pass: the residual stream's parts entering ``layer`` and, at that layer, the attention's input,
+    rows, projected q and k and the rotary tables -> ``(parts, captured)``."""
     captured: dict = {}
 
     def keep(key):
@@ -332,39 +273,16 @@ def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: in
             t.run_with_cache(x, names=[])
 
     parts = residual_parts(target, ids[None], layer, forward=forward)
-    rows = captured["rows"]
-    residual = parts.residual[0]  # (L, D)
-    x_in = captured["input"][0].double()  # (L, D): the attention's input
-    in_norm, input_bias = input_norm(part.attn_norm, residual, x_in, layer)
+    return parts, captured
 
+
+def _row(rows, layer: int, head: int, group: int, query: int, key: int | None) -> _Row:
+    """The model's row of ``head`` at ``query`` (visible keys, scores, logits, weights), checked against the
+    model's own weights; the key of the full matrix (the one asked for, else the one with the largest weight)."""
     q_all, k_all = rows.q[0].double(), rows.k[0].double()  # (H, L, Dh), (Hkv, S, Dh)
-    H, Hkv, Dh = q_all.shape[0], k_all.shape[0], q_all.shape[-1]
-    group = head // (H // Hkv)
-    scale = 1.0 / math.sqrt(Dh) if rows.scale is None else float(rows.scale)
-    pe = captured.get("position_embeddings")
-    pe = None if pe is None else tuple(x.double() for x in pe)
-
-    def rotate(t: Tensor, pos: Tensor) -> Tensor:
-        return part.rotation(t, pos, pe)
-
-    sides = {}
-    for side, index in (("q", head), ("k", group)):
-        anatomy_side = part.sides[side]
-        W, b = side_weights(anatomy_side)  # (D, n·Dh), (n·Dh,)
-        cols = slice(index * Dh, (index + 1) * Dh)
-        W, b = W[:, cols], b[cols]
-        sides[side] = _Side(
-            W.to(residual.device),
-            b.to(residual.device),
-            in_norm,
-            input_bias,
-            _qk_norm(anatomy_side, captured[side].detach(), index, Dh),
-            rotate,
-            anatomy_side.scale,
-        )
-
-    # the row: visible keys, the model's scores, logits and weights
+    H, L, Dh = q_all.shape
     S = k_all.shape[1]
+    scale = 1.0 / math.sqrt(Dh) if rows.scale is None else float(rows.scale)
     q_i = q_all[head, query]  # (Dh,)
     k_g = k_all[group]  # (S, Dh)
     _, causal = rows.call.replace(q_offset=rows.q_offset + query).causality(1, S, device=q_i.device)
@@ -387,13 +305,22 @@ def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: in
     if key is not None and bool(blocked[key]):
         raise ValueError(f"key: position {key} is masked for query {query} at layer {layer}")
     key = int(keys[weights_all[keys].argmax()]) if key is None else key
+    return _Row(
+        keys, blocked, score_bias, sink, q_i, k_g, scale, scores_all, logits_all, weights_all, key, rows.softcap
+    )
 
-    # project every part: query side at i, key side at the visible keys. The key side is kept before the
-    # rotation: q · R_j k = k · w_j with w_j[e] = q · R_j e_e (the rotated unit vectors, one call for all keys)
+
+def _project_parts(parts, sides: dict, row: _Row, query: int):
+    """Every part projected: the query side at ``query``, the key side at the visible keys (kept before the
+    rotation: ``q · R_j k = k · w_j`` with ``w_j[e] = q · R_j e_e``, the rotated unit vectors in one call for all
+    keys). Returns ``q_parts (A, Dh)``, ``k_at_key (B, Dh)`` (rotated, at the row's key), ``key_terms (B, J)`` and
+    ``k_sum (J, Dh)`` (every key-side part, rotated)."""
+    keys, q_i = row.keys, row.q
+    Dh = q_i.shape[0]
     qpos = torch.tensor([query], device=q_i.device)
-    ci = int((keys == key).nonzero()[0, 0])
+    ci = int((keys == row.key).nonzero()[0, 0])
     basis = torch.eye(Dh, dtype=torch.float64, device=q_i.device)[:, None, :].expand(Dh, keys.numel(), Dh)
-    w = torch.einsum("ejd,d->je", sides["k"].rotate(basis, keys), q_i) * scale  # (J, Dh)
+    w = torch.einsum("ejd,d->je", sides["k"].rotate(basis, keys), q_i) * row.scale  # (J, Dh)
     q_parts, k_at_key, key_terms = [], [], []
     k_sum = torch.zeros(keys.numel(), Dh, dtype=torch.float64, device=q_i.device)  # before the rotation
     both = torch.cat([sides["q"].G, sides["k"].G], 1)  # (D, 2·Dh): each part projected once to both sides
@@ -409,34 +336,49 @@ def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: in
     k_sum += kc.sum(0)
     k_at_key.append(sides["k"].rotate(kc[:, ci : ci + 1], keys[ci : ci + 1])[:, 0])
     key_terms.append(torch.einsum("nje,je->nj", kc, w))
-    q_parts = torch.cat(q_parts)  # (A, Dh)
-    k_at_key = torch.cat(k_at_key)  # (B, Dh)
-    key_terms = torch.cat(key_terms)  # (B, J)
     k_sum = sides["k"].rotate(k_sum[None], keys)[0]
+    return torch.cat(q_parts), torch.cat(k_at_key), torch.cat(key_terms), k_sum
 
-    errors = {
-        "query": _relative(q_parts.sum(0), q_i),
-        "keys": _relative(k_sum, k_g[keys]),
+
+def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: int | None) -> QKAttribution:
+    """:func:`qk_attribution` on checked arguments, ``ids (L,)``."""
+    part = target.anatomy[layer]
+    parts, captured = _record(target, ids, layer)
+    rows = captured["rows"]
+    residual = parts.residual[0]  # (L, D)
+    x_in = captured["input"][0].double()  # (L, D): the attention's input
+    in_norm = part.attn_norm_frozen(residual, x_in)  # frozen per position; None: the residual read as it is
+    H, Hkv = rows.q.shape[1], rows.k.shape[1]
+    group = head // (H // Hkv)
+    pe = captured.get("position_embeddings")
+    pe = None if pe is None else tuple(x.double() for x in pe)
+    sides = {
+        name: part.freeze_side(
+            name, index, input_norm=in_norm, projected=captured[name][0].detach(), position_embeddings=pe
+        )
+        for name, index in (("q", head), ("k", group))
     }
-    query_terms = (q_parts @ k_g[keys].T) * scale  # (A, J)
-    terms = (q_parts @ k_at_key.T) * scale  # (A, B)
-    scores = scores_all[keys]
-    errors["terms"] = float((terms.sum() - scores[ci]).abs() / scores.abs().max().clamp_min(1e-30))
-    errors["query_terms"] = _relative(query_terms.sum(0), scores)
-    errors["key_terms"] = _relative(key_terms.sum(0), scores)
+    row = _row(rows, layer, head, group, query, key)
+    keys, ci = row.keys, int((row.keys == row.key).nonzero()[0, 0])
+    q_parts, k_at_key, key_terms, k_sum = _project_parts(parts, sides, row, query)
+
+    k_visible = row.k[keys]  # (J, Dh)
+    query_terms = (q_parts @ k_visible.T) * row.scale  # (A, J)
+    terms = (q_parts @ k_at_key.T) * row.scale  # (A, B)
+    scores = row.scores[keys]
+    errors = {
+        "query": _relative(q_parts.sum(0), row.q),
+        "keys": _relative(k_sum, k_visible),
+        "terms": float((terms.sum() - scores[ci]).abs() / scores.abs().max().clamp_min(1e-30)),
+        "query_terms": _relative(query_terms.sum(0), scores),
+        "key_terms": _relative(key_terms.sum(0), scores),
+    }
     worst = max(errors, key=errors.get)
     if errors[worst] > TOLERANCE:
         raise ValueError(
             f"model: the {worst} parts of layer {layer} head {head} do not add up to the model's "
             f"(relative error {errors[worst]:.2e} > {TOLERANCE}): a path this attribution does not see"
         )
-
-    def effect(part_terms: Tensor) -> Tensor:  # (n, J) -> the weight change of removing each part
-        removed = scores_all.expand(part_terms.shape[0], S).clone()
-        removed[:, keys] -= part_terms
-        w = _row_weights(soft_cap(removed, rows.softcap) + score_bias, blocked, sink)
-        return weights_all[keys][None] - w[:, keys]
-
     labels = parts.labels
     tokens = target.token_texts(ids.tolist()) if target.tokenizer is not None else []
     return QKAttribution(
@@ -445,7 +387,7 @@ def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: in
         group=group,
         query=query,
         keys=keys.cpu(),
-        key=key,
+        key=row.key,
         query_labels=labels + ["norm_bias", "q_bias"],
         key_labels=labels + ["norm_bias", "k_bias"],
         tokens=tokens,
@@ -454,12 +396,12 @@ def _attribution(target, ids: Tensor, layer: int, head: int, query: int, key: in
         key_terms=key_terms.cpu(),
         query_centred=(query_terms - query_terms.mean(1, keepdim=True)).cpu(),
         key_centred=(key_terms - key_terms.mean(1, keepdim=True)).cpu(),
-        query_effect=effect(query_terms).cpu(),
-        key_effect=effect(key_terms).cpu(),
+        query_effect=row.weights_without(query_terms).cpu(),
+        key_effect=row.weights_without(key_terms).cpu(),
         scores=scores.cpu(),
-        logits=logits_all[keys].cpu(),
-        weights=weights_all[keys].cpu(),
-        softcap=rows.softcap,
-        scale=scale,
+        logits=row.logits[keys].cpu(),
+        weights=row.weights[keys].cpu(),
+        softcap=row.softcap,
+        scale=row.scale,
         error=max(errors.values()),
     )

@@ -55,104 +55,45 @@ computes a head's change exactly instead, ``norm(o_base + o_h(source) − o_h(ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from headwise.models.anatomy import norm_epsilon, same
+from headwise.circuits.addresses import Receiver, Write
+from headwise.models.anatomy import LayerAnatomy, Side
 from headwise.models.head_model import HeadModel
-from headwise.points import output_tensor
 
-__all__ = ["LayerWiring", "Wiring", "wiring"]
+__all__ = ["Wiring", "wiring"]
 
-#: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group is ``("q"|"k"|"v"|"mlp", layer)`` or
-#: ``("logits", NL)``; ``writes`` the sender writes recorded so far in this pass (see :meth:`Wiring.run`).
-Deltas = Callable[[tuple[str, int], dict], "Tensor | None"]
+#: ``deltas(group, writes) -> Δ (N, n, L, D) or None``: group a :class:`Receiver` (``Receiver("q"|"k"|"v"|"mlp",
+#: layer)`` or ``Receiver("logits", NL)``); ``writes`` the :class:`Write` s recorded so far in this pass (see
+#: :meth:`Wiring.run`).
+Deltas = Callable[[Receiver, dict], "Tensor | None"]
 #: ``receive(group, grad (N, n, L, D))``: the metric's gradient with respect to the n inputs of a receiver group
 #: (see :meth:`Wiring.receiver_gradients`), called once per group during the backward pass.
-Receive = Callable[[tuple[str, int], Tensor], None]
-
-#: elements of the transient ``(N, n', L, D)`` input copies one norm vector–Jacobian product is taken on
-_VJP_ELEMENTS = 1 << 23
-_IDENTITY = nn.Identity()
-
-
-_out = output_tensor
-
-
-def _rms_gain(norm: nn.Module, width: int, like: Tensor) -> tuple[Tensor, float] | None:
-    """``(g, ε)`` of an RMS norm ``x · g / sqrt(mean(x²) + ε)`` (its gain read by probing it with ones), or None
-    when it names no epsilon."""
-    eps = norm_epsilon(norm)
-    if eps is None:
-        return None
-    with torch.no_grad():
-        gain = _out(norm(torch.ones(1, width, dtype=like.dtype, device=like.device)))[0] * (1.0 + eps) ** 0.5
-    return gain, eps
-
-
-def _rms_scale(gain: Tensor, eps: float, x: Tensor) -> Tensor:
-    return gain.to(x.dtype) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-@dataclass(eq=False)
-class LayerWiring:
-    """One layer's parts as the tracing uses them, read from the model's anatomy
-    (:class:`headwise.models.anatomy.LayerAnatomy`).
-
-    Attributes:
-        attn_norm: the norm whose output is the attention's input (the identity where it reads the residual).
-        sides: ``{"q": …, "k": …, "v": …}`` :class:`~headwise.models.anatomy.Side` s with ``n`` heads (H for q,
-            Hkv for k and v) and their columns of the projection's output.
-        heads_out: ``(H, Dv, D)`` each head's rows of W_O (a head's write is ``scale · z_h · heads_out[h]``).
-        mlp, mlp_norm: the MLP and its input norm (None: attention-only, or an MLP that reads the residual itself).
-        attn_post, mlp_post: an RMS norm on the attention's / the MLP's write before the residual (Gemma 2/3,
-            OLMo 2), or None.
-        scale: the multiplier on every write of the layer (Granite's residual multiplier; else 1).
-        parallel: the MLP reads the block's input (GPT-NeoX, Phi-2, Falcon): this layer's heads do not feed it.
-        shared_norm: the MLP reads the attention's own input norm (Phi-2, GPT-J, Cohere).
-    """
-
-    attn_norm: nn.Module
-    sides: dict
-    heads_out: Tensor
-    mlp: nn.Module | None
-    mlp_norm: nn.Module | None
-    attn_post: nn.Module | None = None
-    mlp_post: nn.Module | None = None
-    post_gain: tuple | None = None
-    scale: float = 1.0
-    parallel: bool = False
-    shared_norm: bool = False
-    has_norm: bool = True
-    weights: dict | None = None
-
-    def post_scale(self, o: Tensor) -> Tensor:
-        """``(N, L, D)``: the attention's post-norm at ``o (N, L, D)`` as a per-element factor, its scale frozen
-        (``post(o) = o · post_scale(o)``)."""
-        return _rms_scale(*self.post_gain, o)
-
-    @property
-    def num_heads(self) -> int:
-        return self.sides["q"].n
-
-    @property
-    def num_kv(self) -> int:
-        return self.sides["k"].n
+Receive = Callable[[Receiver, Tensor], None]
 
 
 class Wiring:
     """The residual structure of one model (see the module docstring) and the pass that edits receivers.
 
-    Build it with :func:`wiring`. Attributes: ``target`` (the :class:`HeadModel`), ``layers`` (NL
-    :class:`LayerWiring`).
+    Build it with :func:`wiring`. Attributes: ``target`` (the :class:`HeadModel`), ``layers`` (its anatomy's NL
+    :class:`~headwise.models.anatomy.LayerAnatomy`, whose operations the pass calls).
     """
 
-    def __init__(self, target: HeadModel, layers: list[LayerWiring]):
+    def __init__(self, target: HeadModel, layers: list[LayerAnatomy]):
         self.target = target
         self.layers = layers
+        self._weights: dict = {}
+
+    def weights(self, layer: int, side: str) -> tuple[Tensor, Tensor | None]:
+        """``(W (n, Dh, D), b (n, Dh) or None)``: the anatomy's side ``side`` of ``layer`` in the ``"heads"`` layout,
+        read once per wiring."""
+        key = (layer, side)
+        if key not in self._weights:
+            self._weights[key] = self.layers[layer].sides[side].weights("heads")
+        return self._weights[key]
 
     # -- the pass ------------------------------------------------------------------------------------------
     def run(
@@ -164,59 +105,72 @@ class Wiring:
         embed: Callable[[Tensor], Tensor] | None = None,
         last_only: bool = False,
         extra: list | tuple = (),
-        _taps: tuple[Tensor, Receive] | None = None,
     ) -> tuple[Tensor, dict]:
         """One forward pass of ``ids (N, L)``, every edit and recording at the model view's named points.
 
         Args:
             deltas: ``fn(group, writes) -> Δ (N, n, L, D) or None`` asked for each receiver group as the pass
                 reaches it (None: that group's inputs are left as they are).
-            record: record the senders' writes: ``writes[("embed", -1)] (N, 1, L, D)``, ``writes[("heads", l)]
-                (N, H, L, D)``, ``writes[("mlp", l)] (N, 1, L, D)`` (``deltas`` that read them need it), and the
-                heads' outputs ``writes[("z", l)] (N, H, L, Dv)``.
+            record: record the senders' writes: ``writes[Write("embed", -1)] (N, 1, L, D)``,
+                ``writes[Write("heads", l)] (N, H, L, D)``, ``writes[Write("mlp", l)] (N, 1, L, D)`` (``deltas``
+                that read them need it), and the heads' outputs ``writes[Write("z", l)] (N, H, L, Dv)`` (see
+                :mod:`headwise.circuits.addresses`).
             embed: ``fn(first block's input) -> replacement`` (EAP-IG's interpolated embeddings).
             last_only: a Hugging Face model's logits at the last position only.
             extra: more ``(point name, hook)`` pairs registered for the pass (after this pass's own).
         Returns:
             ``(logits (N, L or 1, V), writes)``.
         """
-        tgt = self.target
         writes: dict = {}
-        hooks: list = []
-        NL = len(self.layers)
-        if embed is not None:
-            hooks.append(("layers.0.resid_pre", embed))
-        if record:
-            hooks.append(("layers.0.resid_pre", partial(self._keep, writes, ("embed", -1), None)))
-            for layer, lw in enumerate(self.layers):
-                hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, ("heads", layer), lw)))
-                if lw.attn_post is not None:
-                    hooks.append((f"layers.{layer}.attn.out", partial(self._keep_post, writes, layer, lw)))
-                if lw.mlp is not None:
-                    hooks.append((f"layers.{layer}.mlp.out", partial(self._keep_mlp, writes, ("mlp", layer), lw)))
-        if deltas is not None or _taps is not None:
-            residual: dict = {}
-            for layer, lw in enumerate(self.layers):
-                hooks.append((f"layers.{layer}.resid_pre", partial(self._residual, residual, layer)))
-                for side in lw.sides.values():
-                    if deltas is not None:
-                        fn = partial(self._project, residual, layer, lw, side, deltas, writes)
-                    else:
-                        fn = partial(self._tap, residual, layer, lw, side, *_taps)
-                    hooks.append((f"layers.{layer}.attn.{side.name}", fn))
-                if lw.mlp is not None:
-                    if deltas is not None:
-                        fn = partial(self._add, ("mlp", layer), deltas, writes)
-                    else:
-                        fn = partial(self._tapped, ("mlp", layer), *_taps)
-                    hooks.append((f"layers.{layer}.mlp.resid", fn))
-            if deltas is not None:
-                hooks.append(("resid_final", partial(self._add, ("logits", NL), deltas, writes)))
-            else:
-                hooks.append(("resid_final", partial(self._tapped, ("logits", NL), *_taps)))
-        with tgt.hooks([*hooks, *extra]):
-            logits = tgt.logits(ids, last_only=last_only)
-        return logits, writes
+        hooks = self._record_hooks(writes) if record else []
+        if deltas is not None:
+            hooks += self._edit_hooks(deltas, writes)
+        return self._forward(ids, hooks, embed, last_only, extra), writes
+
+    def _forward(self, ids: Tensor, hooks: list, embed, last_only: bool, extra) -> Tensor:
+        """The model's logits of ``ids`` with ``hooks`` (after ``embed``'s, before ``extra``)."""
+        first = [("layers.0.resid_pre", embed)] if embed is not None else []
+        with self.target.hooks([*first, *hooks, *extra]):
+            return self.target.logits(ids, last_only=last_only)
+
+    def _record_hooks(self, writes: dict) -> list:
+        """The hooks that record every sender's write into ``writes``."""
+        hooks = [("layers.0.resid_pre", partial(self._keep_embed, writes))]
+        for layer, part in enumerate(self.layers):
+            hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, layer, part)))
+            if part.attn_post is not None:
+                hooks.append((f"layers.{layer}.attn.out", partial(self._keep_post, writes, layer, part)))
+            if part.mlp is not None:
+                hooks.append((f"layers.{layer}.mlp.out", partial(self._keep_mlp, writes, layer, part)))
+        return hooks
+
+    def _receiver_hooks(self, side_hook, input_hook) -> list:
+        """A hook at every receiver group's input: ``side_hook(residual, layer, side)`` at each projection's side,
+        ``input_hook(group)`` at each MLP's input and the logits' (the residual each layer reads kept first)."""
+        residual: dict = {}
+        hooks = []
+        for layer, part in enumerate(self.layers):
+            hooks.append((f"layers.{layer}.resid_pre", partial(self._residual, residual, layer)))
+            for side in part.sides.values():
+                hooks.append((f"layers.{layer}.attn.{side.name}", side_hook(residual, layer, side)))
+            if part.mlp is not None:
+                hooks.append((f"layers.{layer}.mlp.resid", input_hook(Receiver("mlp", layer))))
+        hooks.append(("resid_final", input_hook(Receiver("logits", len(self.layers)))))
+        return hooks
+
+    def _edit_hooks(self, deltas: Deltas, writes: dict) -> list:
+        """The hooks that add each receiver group's ``Δ`` to its input (:meth:`run`)."""
+        return self._receiver_hooks(
+            lambda residual, layer, side: partial(self._project, residual, layer, side, deltas, writes),
+            lambda group: partial(self._add, group, deltas, writes),
+        )
+
+    def _tap_hooks(self, zero: Tensor, receive: Receive) -> list:
+        """The hooks that hand each receiver group's input gradient to ``receive`` (:meth:`receiver_gradients`)."""
+        return self._receiver_hooks(
+            lambda residual, layer, side: partial(self._tap, residual, layer, side, zero, receive),
+            lambda group: partial(self._tapped, group, zero, receive),
+        )
 
     def receiver_gradients(
         self,
@@ -247,81 +201,68 @@ class Wiring:
         Returns:
             ``(N,)`` the metric (detached).
         """
-        zero = torch.zeros((), dtype=self.layers[0].heads_out.dtype, device=ids.device, requires_grad=True)
+        dtype = self.weights(0, "q")[0].dtype
+        zero = torch.zeros((), dtype=dtype, device=ids.device, requires_grad=True)
         with torch.enable_grad():
-            logits, _ = self.run(ids, embed=embed, last_only=last_only, extra=extra, _taps=(zero, receive))
+            logits = self._forward(ids, self._tap_hooks(zero, receive), embed, last_only, extra)
             value = metric(logits)  # (N,)
             torch.autograd.grad(value.sum(), [zero], allow_unused=True)
         return value.detach()
 
     # -- hooks (each at a named point of the view) ------------------------------------------------------------
     @staticmethod
-    def _keep(writes: dict, key, lw: LayerWiring | None, x: Tensor) -> None:
-        if lw is None:
-            writes[key] = x[:, None]  # (N, 1, L, D)
-            return
-        writes[("z", key[1])] = x  # (N, H, L, Dv): the heads' outputs, whose change a head's write factors through
-        heads = torch.einsum("nhlv,hvd->nhld", x, lw.heads_out.to(x.dtype))  # z (N, H, L, Dv) -> (N, H, L, D)
-        if lw.attn_post is None:
-            writes[key] = heads if lw.scale == 1.0 else heads * lw.scale
+    def _keep_embed(writes: dict, x: Tensor) -> None:
+        writes[Write("embed", -1)] = x[:, None]  # (N, 1, L, D)
+
+    @staticmethod
+    def _keep(writes: dict, layer: int, part: LayerAnatomy, z: Tensor) -> None:
+        writes[Write("z", layer)] = z  # (N, H, L, Dv): the heads' outputs, whose change a head's write factors through
+        heads = part.head_writes(z)  # (N, H, L, D)
+        if part.attn_post is None:
+            writes[Write("heads", layer)] = heads if part.scale == 1.0 else heads * part.scale
         else:  # the post-norm's input comes next (attn.out): keep the projections, scale them there
-            writes[("o_heads", key[1])] = heads
+            writes[Write("o_heads", layer)] = heads
 
     @staticmethod
-    def _keep_post(writes: dict, layer: int, lw: LayerWiring, o: Tensor) -> None:
+    def _keep_post(writes: dict, layer: int, part: LayerAnatomy, o: Tensor) -> None:
         """At ``attn.out``: ``o (N, L, D)``, the attention's output, is the post-norm's input."""
-        writes[("o", layer)] = o
-        writes[("heads", layer)] = writes[("o_heads", layer)] * (lw.post_scale(o) * lw.scale)[:, None]
+        writes[Write("o", layer)] = o
+        factor = part.attn_post_scale(o) * part.scale  # (N, L, D): the post-norm's scale frozen at this run
+        writes[Write("heads", layer)] = writes[Write("o_heads", layer)] * factor[:, None]
 
     @staticmethod
-    def _keep_mlp(writes: dict, key, lw: LayerWiring, x: Tensor) -> None:
-        """At ``mlp.out``: the MLP's write, through its post-norm and the layer's multiplier. A copy: a family may
-        add to the MLP's output in place (Falcon: mlp_output += attention_output)."""
-        if lw.mlp_post is not None:
-            y = lw.mlp_post(x)
-            x = y[0] if isinstance(y, (tuple, list)) else y
-        writes[key] = (x * lw.scale if lw.scale != 1.0 else x.clone())[:, None]  # (N, 1, L, D)
+    def _keep_mlp(writes: dict, layer: int, part: LayerAnatomy, x: Tensor) -> None:
+        """At ``mlp.out``: the MLP's write, through its post-norm and the layer's multiplier."""
+        x = part.mlp_write(x)
+        writes[Write("mlp", layer)] = (x * part.scale if part.scale != 1.0 else x)[:, None]  # (N, 1, L, D)
 
     @staticmethod
     def _residual(store: dict, layer: int, x: Tensor) -> None:
         store[layer] = x  # (N, L, D): the residual the attention reads (the block's input)
 
-    @staticmethod
-    def _project(residual, layer, lw: LayerWiring, side, deltas: Deltas, writes, t: Tensor):
+    def _project(self, residual, layer: int, side: Side, deltas: Deltas, writes, t: Tensor):
         """At ``attn.{q|k|v}`` (``t (N, L, n, Dh)``): each receiver's columns recomputed from ``norm(r + Δ_i)``."""
-        delta = deltas((side.name, layer), writes)
+        delta = deltas(Receiver(side.name, layer), writes)
         if delta is None:
             return None
         r = residual[layer]  # (N, L, D)
-        x = _out(lw.attn_norm(r[:, None] + delta.to(r.dtype)))  # (N, n, L, D)
-        W, bias = lw.weights[side.name]  # (n, Dh, D), (n, Dh) or None
+        x = self.layers[layer].attn_input(r[:, None] + delta.to(r.dtype))  # (N, n, L, D)
+        W, bias = self.weights(layer, side.name)  # (n, Dh, D), (n, Dh) or None
         new = torch.einsum("nild,iwd->nliw", x, W.to(x.dtype))  # (N, L, n, Dh)
         return new if bias is None else new + bias.to(x.dtype)
 
-    def _tap(self, residual, layer, lw: LayerWiring, side, zero: Tensor, receive: Receive, t: Tensor) -> Tensor:
+    def _tap(self, residual, layer: int, side: Side, zero: Tensor, receive: Receive, t: Tensor) -> Tensor:
         """At ``attn.{q|k|v}``: the same values, a node whose gradient ``∂m/∂y (N, L, n, Dh)`` goes back to each
         receiver's input through the input norm's vector–Jacobian product at ``r``."""
         y = t + zero.to(t.dtype)
         r = residual[layer].detach()
-        y.register_hook(partial(self._side_gradients, r, layer, lw, side, receive))
+        y.register_hook(partial(self._side_gradients, r, layer, side, receive))
         return y
 
-    def _side_gradients(self, r: Tensor, layer: int, lw: LayerWiring, side, receive: Receive, g: Tensor) -> None:
-        W = lw.weights[side.name][0]  # (n, Dh, D)
+    def _side_gradients(self, r: Tensor, layer: int, side: Side, receive: Receive, g: Tensor) -> None:
+        W = self.weights(layer, side.name)[0]  # (n, Dh, D)
         u = torch.einsum("nliw,iwd->nild", g, W.to(g.dtype))  # (N, n, L, D): cotangents on norm(r)
-        receive((side.name, layer), self.norm_vjp(lw.attn_norm, r, u))
-
-    @staticmethod
-    def norm_vjp(norm: nn.Module, r: Tensor, u: Tensor) -> Tensor:
-        """``(N, n, L, D)``: the vector–Jacobian product of ``norm`` at ``r (N, L, D)`` with each ``u[:, i]``."""
-        step = max(1, _VJP_ELEMENTS // max(1, r.numel()))
-        parts = []
-        for i in range(0, u.shape[1], step):
-            c = u[:, i : i + step]
-            with torch.enable_grad():
-                x = r[:, None].expand(c.shape).to(c.dtype).clone().requires_grad_(True)
-                parts.append(torch.autograd.grad(_out(norm(x)), x, c)[0])
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        receive(Receiver(side.name, layer), self.layers[layer].attn_norm_vjp(r, u))
 
     @staticmethod
     def _tapped(group, zero: Tensor, receive: Receive, x: Tensor) -> Tensor:
@@ -338,39 +279,6 @@ class Wiring:
         return None if delta is None else x + delta[:, 0].to(x.dtype)
 
 
-def _layer(target: HeadModel, part) -> LayerWiring:
-    """A :class:`LayerWiring` of one :class:`~headwise.models.anatomy.LayerAnatomy`; an attention post-norm must
-    be an RMS norm ``x·g/rms(x)`` (its scale frozen per run), checked here on a draw of the probe's width."""
-    heads_out = part.heads_out()
-    post_gain = None
-    if part.attn_post is not None:
-        D = heads_out.shape[-1]
-        x = torch.randn(3, D, generator=torch.Generator().manual_seed(0)).to(heads_out)
-        post_gain = _rms_gain(part.attn_post, D, x)
-        with torch.no_grad():
-            ok = post_gain is not None and same(x * _rms_scale(*post_gain, x), _out(part.attn_post(x)))
-        if not ok:
-            raise target.anatomy.refuse(
-                f"layer {part.index} normalises its attention's write with a {type(part.attn_post).__name__} that "
-                "is not an RMS norm x·g/rms(x), so its heads' writes cannot be separated"
-            )
-    return LayerWiring(
-        attn_norm=part.attn_norm if part.attn_norm is not None else _IDENTITY,
-        sides=part.sides,
-        heads_out=heads_out,
-        mlp=part.mlp,
-        mlp_norm=part.mlp_norm,
-        attn_post=part.attn_post,
-        mlp_post=part.mlp_post,
-        post_gain=post_gain,
-        scale=part.scale,
-        parallel=part.parallel,
-        shared_norm=part.shared_norm,
-        has_norm=part.attn_norm is not None,
-        weights={name: (side.weight(), side.bias()) for name, side in part.sides.items()},
-    )
-
-
 def wiring(model) -> Wiring:
     """Read ``model``'s residual structure from its anatomy (:attr:`HeadModel.anatomy`).
 
@@ -385,4 +293,11 @@ def wiring(model) -> Wiring:
     target = as_target(model)
     if target.kind != "decoder":
         raise ValueError(f"model: circuits trace decoders; the {target.family} is an {target.kind}")
-    return Wiring(target, [_layer(target, part) for part in target.anatomy.layers])
+    anatomy = target.anatomy
+    for part in anatomy.layers:  # a norm on the attention's write: its scale frozen per run, so an RMS norm
+        if part.attn_post is not None and part.attn_post_rms() is None:
+            raise anatomy.refuse(
+                f"layer {part.index} normalises its attention's write with a {type(part.attn_post).__name__} that "
+                "is not an RMS norm x·g/rms(x), so its heads' writes cannot be separated"
+            )
+    return Wiring(target, anatomy.layers)

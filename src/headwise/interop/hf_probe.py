@@ -28,7 +28,8 @@ RECORDING = "headwise_interop_recording"  # the attention function that records 
 
 
 def probe_rotation(m, probe: nn.Module, mine: MultiHeadAttention, head_dim: int) -> str | None:
-    """How the layer rotates queries and keys: ``"half"``, ``"interleaved"`` or None (it does not).
+    """How the layer rotates queries and keys: one of :data:`headwise.positional.rope.CONVENTIONS` (``"half"``,
+    ``"interleaved"``) or None (it does not).
 
     The float64 copy ``probe`` of the module runs its own forward (eager attention, no mask) on random hidden
     states with ``position_embeddings`` laid out for each candidate, beside ``mine`` (the headwise module
@@ -78,8 +79,10 @@ def probe_rotation(m, probe: nn.Module, mine: MultiHeadAttention, head_dim: int)
 
 
 def rotary_tables(c: Tensor, s: Tensor) -> tuple[tuple[Tensor, Tensor], ...]:
-    """``cos, sin (L, Dh/2)`` as the families' rotary embeddings hand them to their layers: Llama's ``cat``
-    ``(1, L, Dh)``, GPT-OSS's half width ``(1, L, Dh/2)``, Cohere's ``repeat_interleave`` ``(1, L, Dh)``."""
+    """``cos, sin (L, Dh/2)`` as the families' rotary embeddings hand them to their layers, in the order of
+    :data:`headwise.models.rotation.TABLES` (the anatomy's names for them): ``"full"``, Llama's ``cat`` ``(1, L,
+    Dh)``; ``"halved"``, GPT-OSS's half width ``(1, L, Dh/2)``; ``"interleaved"``, Cohere's ``repeat_interleave``
+    ``(1, L, Dh)``."""
     return (
         (torch.cat([c, c], -1)[None], torch.cat([s, s], -1)[None]),
         (c[None], s[None]),

@@ -33,6 +33,17 @@ the final norm (scaled, soft-capped). Every comparison uses one tolerance, :data
 A structure the rules do not read is refused once, in one sentence (:class:`AnatomyError`, a ValueError:
 ``model: headwise cannot read the anatomy of this <family> model: <what>``), which every tool repeats. A family the
 rules miss gets one entry in one table of :mod:`headwise.models.anatomy_probe` (the names, the config attributes).
+
+The anatomy is also the one algebra of its parts, which tools call instead of copying fields: a side's weights in
+one of :data:`LAYOUTS` (:meth:`Side.weights`), its QK-norm applied or frozen (:meth:`Side.apply_norm`,
+:meth:`Side.norm_frozen`), a layer's input norm applied, frozen at a run or differentiated
+(:meth:`LayerAnatomy.attn_input`, :meth:`LayerAnatomy.attn_norm_frozen`, :meth:`LayerAnatomy.attn_norm_vjp`), the
+heads' writes and the norm and multiplier on them (:meth:`LayerAnatomy.head_writes`,
+:meth:`LayerAnatomy.attn_post_scale`, :attr:`LayerAnatomy.scale`), one head's q or k side frozen at a run
+(:meth:`LayerAnatomy.freeze_side`), the rotation (:mod:`headwise.models.rotation`), the final norm frozen
+(:meth:`Anatomy.final_norm_frozen`); norms of any class through :mod:`headwise.models.norms`::
+
+    frozen = hm.anatomy[3].attn_norm_frozen(r)    # layer 3's input norm at this run (r: the rows it read)
 """
 
 from __future__ import annotations
@@ -42,13 +53,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from headwise.points import ArgumentPoint, ColumnsPoint, NormedInputPoint, Point
+from headwise.models.frozen_side import FrozenSide
+from headwise.models.norms import TOLERANCE, FrozenNorm, apply_qk_norm, freeze, norm_epsilon, norm_vjp, same
+from headwise.models.rotation import Rotation
+from headwise.points import ArgumentPoint, ColumnsPoint, NormedInputPoint, Point, output_tensor
+
+#: The layouts a side's weights come in (:meth:`Side.weights`).
+LAYOUTS = ("heads", "rows", "columns")
 
 __all__ = [
+    "LAYOUTS",
     "TOLERANCE",
     "Anatomy",
     "AnatomyError",
     "LayerAnatomy",
+    "Rotation",
     "Side",
     "affine",
     "anatomy_points",
@@ -57,10 +76,6 @@ __all__ = [
     "apply_qk_norm",
     "same",
 ]
-
-#: Relative tolerance of "these two tensors are the same" (max |a − b| ≤ TOLERANCE · max(1, max |b|)), float32.
-TOLERANCE = 1e-4
-_EPS_NAMES = ("variance_epsilon", "eps", "epsilon", "variance_eps", "layer_norm_eps")
 
 
 class AnatomyError(ValueError):
@@ -76,16 +91,6 @@ def is_norm(module: nn.Module) -> bool:
     return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
 
 
-def same(a: Tensor | None, b: Tensor | None, tol: float = TOLERANCE) -> bool:
-    """Whether ``a`` and ``b`` have one shape and ``max |a − b| ≤ tol · max(1, max |b|)`` (the one check)."""
-    if a is None or b is None or a.shape != b.shape:
-        return False
-    if b.numel() == 0:
-        return True
-    a, b = a.detach().double(), b.detach().double()
-    return bool((a - b).abs().max() <= tol * max(1.0, float(b.abs().max())))
-
-
 def affine(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     """``(W (out, in), b (out,) or None)`` of an ``nn.Linear`` or GPT-2's ``Conv1D`` (stored ``(in, out)``) — the
     one weight reader, in ``nn.Linear``'s orientation; None for any other module."""
@@ -93,15 +98,6 @@ def affine(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
         return module.weight, module.bias
     if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "weight", None), Tensor):
         return module.weight.t(), module.bias
-    return None
-
-
-def norm_epsilon(norm: nn.Module) -> float | None:
-    """A norm's epsilon, by the attribute names norms use (None when it names none)."""
-    for name in _EPS_NAMES:
-        value = getattr(norm, name, None)
-        if isinstance(value, float):
-            return value
     return None
 
 
@@ -116,8 +112,8 @@ class Side:
         norm: the QK-norm applied to this side (``q_norm`` …), or None; ``norm_per_head``: it normalises each
             head's ``Dh`` (Qwen 3, Gemma 3) rather than the whole ``n·Dh`` (OLMo 2).
         scale: a factor the attention module puts on this side after the projection (and QK-norm) and before
-            the scores (OPT scales its queries by ``Dh^-1/2`` there; 1.0 elsewhere). :meth:`weight` and
-            :meth:`bias` are the projection's own; the side the attention uses is ``scale ×`` theirs.
+            the scores (OPT scales its queries by ``Dh^-1/2`` there; 1.0 elsewhere). :meth:`weights` are the
+            projection's own; the side the attention uses is ``scale ×`` theirs.
     """
 
     name: str
@@ -137,75 +133,63 @@ class Side:
         """Dh (Dv for v)."""
         return self.columns.shape[1]
 
-    def weight(self) -> Tensor:
-        """``(n, Dh, D)``: each head's rows of the projection (``y_i = W[i] x + b[i]``)."""
-        W, _ = affine(self.module)
-        return W[self.columns.to(W.device)]
+    def weights(self, layout: str = "heads") -> tuple[Tensor, Tensor | None]:
+        """``(W, b)``: this side's weights and bias (None without one) in ``layout``, one of :data:`LAYOUTS` —
+        ``"heads"`` ``W (n, Dh, D)``, ``b (n, Dh)`` (``y_i = W[i] x + b[i]``); ``"rows"`` ``W (n·Dh, D)``, ``b
+        (n·Dh,)`` (``nn.Linear``'s orientation, heads side by side); ``"columns"`` ``W (D, n·Dh)``, ``b (n·Dh,)`` (the
+        row-vector convention ``x W + b``). A fused projection's layout undone; the projection's own (not times
+        :attr:`scale`), as stored (dtype, autograd)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        W, b = affine(self.module)
+        cols = self.columns.to(W.device)
+        W = W[cols]  # (n, Dh, D)
+        b = None if b is None else b[cols]  # (n, Dh)
+        if layout == "heads":
+            return W, b
+        W, b = W.reshape(-1, W.shape[-1]), None if b is None else b.reshape(-1)  # (n·Dh, D), (n·Dh,)
+        return (W, b) if layout == "rows" else (W.T, b)
 
-    def bias(self) -> Tensor | None:
-        """``(n, Dh)`` or None."""
-        _, b = affine(self.module)
-        return None if b is None else b[self.columns.to(b.device)]
+    def apply_norm(self, t: Tensor) -> Tensor:
+        """``t (…, n, Dh)`` as projected -> through this side's QK-norm as the module applies it (per head, or over
+        the whole ``n·Dh``); ``t`` itself without one."""
+        if self.norm is None:
+            return t
+        if self.norm_per_head:
+            return output_tensor(self.norm(t))
+        return output_tensor(self.norm(t.flatten(-2))).reshape(t.shape)
+
+    def norm_frozen(self, t: Tensor, index: int) -> tuple[FrozenNorm, slice] | None:
+        """The QK-norm frozen at this run for head (group) ``index``: ``t (L, n, Dh)`` the side's heads as projected
+        (``layers.{l}.attn.{q|k}``) -> ``(frozen, cols)``, its rows the L positions and ``cols`` the head's entries
+        of its gain (``0 … Dh`` per head, ``index·Dh …`` over the whole projection); None without a QK-norm."""
+        if self.norm is None:
+            return None
+        with torch.no_grad():
+            y = self.apply_norm(t)
+        x, y, Dh = t.double(), y.double(), t.shape[-1]
+        what = f"{self.name}_norm"
+        if self.norm_per_head:  # each head's Dh (Qwen 3, Gemma 3, headwise's modules)
+            return freeze(self.norm, x[:, index], y[:, index], what=what), slice(0, Dh)
+        L = x.shape[0]  # over the whole projection (OLMo 2): (L, n·Dh)
+        frozen = freeze(self.norm, x.reshape(L, -1), y.reshape(L, -1), what=what)
+        return frozen, slice(index * Dh, (index + 1) * Dh)
+
+    def norm_gain(self, t: Tensor) -> Tensor | None:
+        """``(n·Dh,)`` float64: the QK-norm's gain as it acts, frozen at ``t (…, n, Dh)`` (every head's entries, a
+        per-head gain repeated); None without a QK-norm."""
+        if self.norm is None:
+            return None
+        with torch.no_grad():
+            y = self.apply_norm(t)
+        x, y = (t, y) if self.norm_per_head else (t.flatten(-2), y.flatten(-2))
+        rows = x.reshape(-1, x.shape[-1]).double(), y.reshape(-1, y.shape[-1]).double()
+        g = freeze(self.norm, *rows, what=f"{self.name}_norm").gain.reshape(-1)
+        return g.repeat(self.n) if self.norm_per_head else g
 
     def take(self, y: Tensor) -> Tensor:
         """``y (…, out)`` the module's output -> ``(…, n, Dh)`` this side's heads."""
         return y[..., self.columns.to(y.device)]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], -1)
-
-
-def _rotate_pairs(x: Tensor) -> Tensor:
-    return torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """How a layer rotates its queries and keys by position (linear at each position).
-
-    ``kind``: ``"none"``; ``"headwise"`` (the module's own part, ``part.rotate_qk``); with the ``(cos, sin)``
-    the model hands its attention (``position_embeddings``): ``"half"`` (the first ``cos.shape[-1]`` dims rotated
-    as halves, Hugging Face's ``rotate_half``: Llama, GPT-NeoX, Phi's partial rotary), ``"half-compact"`` (the
-    same with one angle per pair of halves: GPT-OSS), ``"pairs"`` (adjacent pairs, the frequencies from the first
-    half of ``cos``: GLM) or ``"pairs-interleaved"`` (adjacent pairs, ``cos`` already in that layout: Cohere).
-    """
-
-    kind: str
-    part: object | None = None
-
-    def __call__(self, t: Tensor, pos: Tensor, position_embeddings=None) -> Tensor:
-        """``t (n, L', Dh)`` at positions ``pos (L',)`` rotated; ``position_embeddings``: the ``(cos (1, L, r),
-        sin)`` of the run (for ``"half"`` / ``"pairs"``), indexed at ``pos``."""
-        if self.kind == "none":
-            return t
-        if self.kind == "headwise":
-            t4 = t[:, None]
-            return self.part.rotate_qk(t4, t4, pos, pos)[0][:, 0]
-        cos, sin = (x[0][pos].to(t.dtype) for x in position_embeddings)  # (L', r)
-        if self.kind == "half-compact":  # one angle per pair of halves (GPT-OSS): (L', r/2) -> (L', r)
-            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-        r = cos.shape[-1]
-        rot, rest = t[..., :r], t[..., r:]
-        if self.kind in ("half", "half-compact") and not (torch.is_grad_enabled() and t.requires_grad):
-            h = r // 2  # x·cos + rotate_half(x)·sin, written half by half in place
-            x1, x2 = rot[..., :h], rot[..., h:]
-            out = torch.empty_like(t)
-            torch.mul(x1, cos[..., :h], out=out[..., :h]).addcmul_(x2, sin[..., :h], value=-1.0)
-            torch.mul(x2, cos[..., h:], out=out[..., h:r]).addcmul_(x1, sin[..., h:])
-            if r < t.shape[-1]:
-                out[..., r:] = rest
-            return out
-        if self.kind in ("half", "half-compact"):
-            out = rot * cos + _rotate_half(rot) * sin
-        elif self.kind == "pairs":
-            c = cos[..., : r // 2].repeat_interleave(2, -1)
-            s_ = sin[..., : r // 2].repeat_interleave(2, -1)
-            out = rot * c + _rotate_pairs(rot) * s_
-        else:  # "pairs-interleaved": (cos, sin) already in the pairs' layout (Cohere)
-            out = rot * cos + _rotate_pairs(rot) * sin
-        return torch.cat([out, rest], -1)
 
 
 @dataclass(eq=False)
@@ -244,6 +228,7 @@ class LayerAnatomy:
     parallel: bool
     scale: float
     rotation: Rotation = field(default_factory=lambda: Rotation("none"))
+    _memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def shared_norm(self) -> bool:
@@ -268,6 +253,89 @@ class LayerAnatomy:
         W, _ = affine(self.out_proj)  # (D, H·Dv)
         D, width = W.shape
         return W.t().reshape(self.num_heads, width // self.num_heads, D)
+
+    def head_writes(self, z: Tensor) -> Tensor:
+        """``z (N, H, L, Dv)`` the heads' outputs -> ``(N, H, L, D)`` each head's projected write ``z_h · W_O[h]``
+        (no bias, before a norm on the write and the multiplier :attr:`scale`)."""
+        return torch.einsum("nhlv,hvd->nhld", z, self.heads_out().to(z.dtype))
+
+    # -- the input norm ----------------------------------------------------------------------------------------
+    def attn_input(self, r: Tensor) -> Tensor:
+        """``r (…, D)`` the residual stream -> the attention's input ``(…, D)``: the input norm applied (``r``
+        itself where the attention reads the residual stream)."""
+        return r if self.attn_norm is None else output_tensor(self.attn_norm(r))
+
+    def attn_norm_frozen(self, r: Tensor, y: Tensor | None = None) -> FrozenNorm | None:
+        """The input norm frozen at this run: ``r (N, D)`` the residual rows it read, ``y (N, D)`` its outputs
+        (None: computed) -> :class:`~headwise.models.norms.FrozenNorm` (``y = frozen(r) + frozen.bias``, linear in
+        parts of ``r``); None where the attention reads the residual stream itself. Raises a ValueError where the
+        norm is neither a LayerNorm nor an RMS norm at this run."""
+        if self.attn_norm is None:
+            return None
+        return freeze(self.attn_norm, r, y, what=f"layer {self.index}'s input norm")
+
+    def attn_norm_vjp(self, r: Tensor, u: Tensor) -> Tensor:
+        """``(N, n, L, D)``: the input norm's vector–Jacobian product at ``r (N, L, D)`` with each ``u[:, i]``."""
+        return norm_vjp(self.attn_norm, r, u)
+
+    def freeze_side(
+        self, name: str, index: int, *, input_norm: FrozenNorm | None, projected: Tensor, position_embeddings=None
+    ) -> FrozenSide:
+        """Head (group) ``index``'s side ``name`` (``"q"`` or ``"k"``) frozen at a run, as a
+        :class:`~headwise.models.frozen_side.FrozenSide` on the residual's device: ``input_norm`` this layer's input
+        norm frozen there (:meth:`attn_norm_frozen`), ``projected (L, n, Dh)`` the side's heads as projected
+        (``layers.{l}.attn.{q|k}``: the QK-norm frozen on them), ``position_embeddings`` the ``(cos, sin)`` of the
+        run (``layers.{l}.attn.rotary``) for the rotation."""
+        side = self.sides[name]
+        W, b = side.weights("columns")  # (D, n·Dh), (n·Dh,)
+        W = W.detach().double()
+        b = torch.zeros(W.shape[1], dtype=torch.float64, device=W.device) if b is None else b.detach().double()
+        Dh = side.width
+        cols = slice(index * Dh, (index + 1) * Dh)
+        device = projected.device if input_norm is None else input_norm.inv.device
+        rotation = self.rotation
+
+        def rotate(t: Tensor, pos: Tensor) -> Tensor:
+            return rotation(t, pos, position_embeddings)
+
+        qk_norm = side.norm_frozen(projected, index)
+        return FrozenSide(W[:, cols].to(device), b[cols].to(device), input_norm, qk_norm, rotate, side.scale)
+
+    # -- the write ---------------------------------------------------------------------------------------------
+    def attn_post_frozen(self, o: Tensor, y: Tensor | None = None) -> FrozenNorm | None:
+        """The norm on the attention's write frozen at this run (``o (N, D)`` the output projection's output, ``y``
+        the norm's); None without one."""
+        if self.attn_post is None:
+            return None
+        return freeze(self.attn_post, o, y, what=f"layer {self.index}'s attention norm")
+
+    def attn_post_rms(self) -> tuple[Tensor, float] | None:
+        """``(g (D,), ε)`` of a norm on the attention's write that is an RMS norm ``x·g/sqrt(ms(x) + ε)`` without
+        bias (read once, on a seeded draw); None without one, or where it is not of that form."""
+        if "post_rms" not in self._memo:
+            self._memo["post_rms"] = None
+            if self.attn_post is not None:
+                W, _ = affine(self.out_proj)
+                x = torch.randn(3, W.shape[0], generator=torch.Generator().manual_seed(0)).to(W)
+                try:
+                    frozen = freeze(self.attn_post, x, what="")
+                except ValueError:
+                    frozen = None
+                if frozen is not None and not frozen.centred and not frozen.bias.any():
+                    eps = frozen.epsilon(x)
+                    self._memo["post_rms"] = None if eps is None else (frozen.gain, eps)
+        return self._memo["post_rms"]
+
+    def attn_post_scale(self, o: Tensor) -> Tensor:
+        """``(…, D)``: the RMS norm on the attention's write at ``o (…, D)`` as a per-element factor, its scale
+        frozen (``post(o) = o · attn_post_scale(o)``); see :meth:`attn_post_rms`."""
+        gain, eps = self.attn_post_rms()
+        return gain.to(o.dtype) * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+
+    def mlp_write(self, out: Tensor) -> Tensor:
+        """``out (…, D)`` the MLP's output -> its write before the multiplier: through a norm on it (or a copy: a
+        family may add to the MLP's output in place, Falcon's ``mlp_output += attention_output``)."""
+        return out.clone() if self.mlp_post is None else output_tensor(self.mlp_post(out))
 
 
 @dataclass(eq=False)
@@ -295,23 +363,12 @@ class Anatomy:
         """The one error for a structure a tool cannot use (raise it)."""
         return AnatomyError(self.family, what)
 
-
-def apply_qk_norm(norm: nn.Module, t: Tensor) -> tuple[Tensor, bool] | None:
-    """``t (…, n, Dh)`` through a QK-norm module, per head or over ``n·Dh`` (whichever its gain's size allows and
-    runs): ``(result, per_head)``; None when neither layout runs."""
-    weight = getattr(norm, "weight", None)
-    wide = weight is not None and weight.numel() == t.shape[-2] * t.shape[-1] and t.shape[-2] > 1 and weight.dim() == 1
-    tries = [(False, lambda: norm(t.flatten(-2)).reshape(t.shape))] if wide else []
-    tries.append((True, lambda: norm(t)))
-    for per_head, run in tries:
-        try:
-            with torch.no_grad():
-                y = run()
-        except (RuntimeError, ValueError):
-            continue
-        if isinstance(y, Tensor) and y.shape == t.shape:
-            return y, per_head
-    return None
+    def final_norm_frozen(self, x: Tensor, y: Tensor | None = None) -> FrozenNorm | None:
+        """The final norm frozen at this run (``x (N, D)`` its input rows, ``y`` its outputs or None: computed);
+        None where the unembedding reads the last block's output."""
+        if self.final_norm is None:
+            return None
+        return freeze(self.final_norm, x, y, what="final norm")
 
 
 def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
@@ -332,7 +389,7 @@ def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
         for side in (part.q, part.k, part.v):
             name = f"layers.{i}.attn.{side.name}"
             points[name] = ColumnsPoint(name, side.module, side.columns)
-        if part.rotation.kind not in ("none", "headwise"):
+        if part.rotation.kind == "tables":
             name = f"layers.{i}.attn.rotary"
             points[name] = ArgumentPoint(name, part.attention, "position_embeddings")
         if part.mlp is not None:

@@ -296,7 +296,8 @@ def _sides(hm, layer: int, attention: nn.Module, rec: _Recording, qk, pattern, h
                     raise AnatomyError(
                         family,
                         f"layer {layer} rotates its queries and keys by position in a way this does not read "
-                        "(neither headwise's part nor rotate_half / pairs on the (cos, sin) handed to the attention)",
+                        "(neither headwise's part nor the half or interleaved convention on the (cos, sin) handed to "
+                        "the attention)",
                     )
                 got["rotation"] = rotation
                 return got
@@ -328,8 +329,7 @@ def _rotation_of(attention: nn.Module, sides: dict, rec: _Recording, layer: int,
     if positional is not None and hasattr(positional, "rotate_qk"):
         candidates.append(Rotation("headwise", positional))
     if pe is not None:
-        kinds = ("half", "half-compact", "pairs", "pairs-interleaved")
-        candidates += [Rotation(kind) for kind in kinds]
+        candidates += Rotation.candidates()
     scalings = [{n: sides[n].scale for n in ("q", "k")}]
     if any(v != 1.0 for v in scalings[0].values()):
         scalings.append({"q": 1.0, "k": 1.0})

@@ -21,6 +21,8 @@ See ``docs/patching.md`` for the indirect-object experiment on SmolLM2-135M.
 
 from __future__ import annotations
 
+from headwise.models.norms import FrozenNorm
+from headwise.models.norms import freeze as _freeze
 from headwise.patching.attribution import attribution_patch
 from headwise.patching.exact import (
     DIRECTIONS,
@@ -37,12 +39,18 @@ from headwise.patching.exact import (
     run_with_cache,
     sweep_cost,
 )
-from headwise.patching.frozen_norm import FrozenNorm, freeze_norm
 from headwise.patching.logit_attribution import LogitAttribution, direct_logit_attribution
 from headwise.patching.metric import LogitDifference, logit_difference
 from headwise.patching.recording import read_structure
 from headwise.patching.residual_parts import ResidualParts, affine_weight, residual_parts
 from headwise.patching.target import as_target
+
+
+def freeze_norm(norm, x, y, what: str) -> FrozenNorm:
+    """A norm frozen at a run: :func:`headwise.models.norms.freeze` (the anatomy's one way,
+    ``hm.anatomy[l].attn_norm_frozen(x)`` for a layer's input norm)."""
+    return _freeze(norm, x, y, what=what)
+
 
 __all__ = [
     "DIRECTIONS",

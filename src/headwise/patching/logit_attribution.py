@@ -38,9 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from headwise.models.anatomy import affine, same
-from headwise.patching.frozen_norm import frozen_parts
 from headwise.patching.metric import LogitDifference
-from headwise.patching.recording import Recorder, structure_of
+from headwise.patching.recording import Recorder, decomposed_anatomy
 from headwise.patching.target import as_target
 from headwise.points import output_tensor
 
@@ -104,6 +103,42 @@ def head_writes(out_proj: nn.Module, z: Tensor, H: int) -> tuple[Tensor, Tensor]
     return (each.double() - zero.double()), zero.double()
 
 
+def _layer_writes(target, anatomy, rec: Recorder, embed: Tensor):
+    """Each layer's writes at the read position — its heads ``(P, H, D)``, its bias and its MLP ``(P, D)`` each,
+    through a frozen norm on the write and times the layer's multiplier — checked to add up to each block's change
+    of the residual stream; and the last block's output. Returns ``(heads, biases, mlps, residual)``."""
+    residual = embed
+    head_parts, bias_parts, mlp_parts = [], [], []
+    for layer, part in enumerate(anatomy.layers):
+        H = target.heads_per_layer[layer]
+        each, bias = head_writes(part.out_proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
+        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
+        if not same(each.sum(1) + bias, o_out):
+            raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+        scale = part.scale
+        post = part.attn_post_frozen(o_out, rec.outputs.get(("attn_post", layer)))
+        if post is not None:
+            each, bias = post(each), post(bias.expand(embed.shape[0], -1)) + post.bias  # (P, H, D), (P, D)
+        else:
+            bias = bias.expand(embed.shape[0], -1)  # (P, D)
+        each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
+        if part.mlp is not None:
+            mlp_write = rec.outputs[("mlp", layer)].double() * scale  # (P, D)
+        else:
+            mlp_write = torch.zeros_like(embed)
+        after = rec.outputs[("block", layer)].double()
+        if not same(residual + each.sum(1) + bias + mlp_write, after):
+            raise ValueError(
+                f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
+                f"stream ({type(part.block).__name__} is not a residual block this decomposition reads)"
+            )
+        residual = after
+        head_parts.append(each)
+        bias_parts.append(bias)
+        mlp_parts.append(mlp_write)
+    return head_parts, bias_parts, mlp_parts, residual
+
+
 def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttribution:
     """Split ``logit(answer) − logit(wrong)`` at ``metric.position`` into the parts that write it.
 
@@ -127,8 +162,8 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     P = ids.shape[0]
     if len(metric.answer) != P:
         raise ValueError(f"metric: expected one answer per prompt ({P}), got {len(metric.answer)}")
-    st = structure_of(target)
-    rec = Recorder(target, st, metric.position, upto=target.num_layers, final=True)
+    anatomy = decomposed_anatomy(target)
+    rec = Recorder(target, anatomy, metric.position, upto=target.num_layers, final=True)
     with torch.no_grad(), target.hooks(rec.hooks()):
         logits = target.logits(ids)  # (P, L, V)
     rec.finish()
@@ -139,51 +174,24 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
 
     # the residual stream's parts at the read position, each (P, D) or (P, H, D), float64
     embed = rec.inputs["embed"].double()
-    residual = embed
-    head_parts, bias_parts, mlp_parts = [], [], []
-    for layer, (block, proj, mlp) in enumerate(zip(st.blocks, st.out_projs, st.mlps)):
-        H = target.heads_per_layer[layer]
-        each, bias = head_writes(proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
-        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
-        if not same(each.sum(1) + bias, o_out):
-            raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-        norm, post, scale = st.attn_posts[layer], st.mlp_posts[layer], st.scales[layer]
-        if norm is not None:
-            lin, nb = frozen_parts(norm, o_out, rec.outputs[(layer, id(norm))], f"layer {layer}'s attention norm")
-            each, bias = lin(each), lin(bias.expand(embed.shape[0], -1)) + nb  # (P, H, D), (P, D)
-        else:
-            bias = bias.expand(embed.shape[0], -1)  # (P, D)
-        each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
-        if mlp is not None:
-            mlp_write = rec.outputs[(layer, id(post if post is not None else mlp))].double() * scale  # (P, D)
-        else:
-            mlp_write = torch.zeros_like(embed)
-        after = rec.outputs[("block", layer)].double()
-        if not same(residual + each.sum(1) + bias + mlp_write, after):
-            raise ValueError(
-                f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
-                f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
-            )
-        residual = after
-        head_parts.append(each)
-        bias_parts.append(bias)
-        mlp_parts.append(mlp_write)
+    head_parts, bias_parts, mlp_parts, residual = _layer_writes(target, anatomy, rec, embed)
     x_final = rec.inputs["final"].double()
     if not same(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
-    if st.final_norm is not None:
-        lin, norm_bias = frozen_parts(st.final_norm, x_final, rec.outputs["final_out"], "final norm")
+    final = anatomy.final_norm_frozen(x_final, rec.outputs.get("final_out"))
+    if final is not None:
+        lin, norm_bias = final, final.bias
     else:
         lin, norm_bias = (lambda v: v), torch.zeros(x_final.shape[-1], dtype=torch.float64, device=x_final.device)
 
-    U = affine(st.unembed)[0].detach().double()  # (V, D)
+    U = affine(anatomy.unembed)[0].detach().double()  # (V, D)
     direction = (U[a] - U[w]).to(embed.device)  # (P, D)
 
     def through(part: Tensor) -> Tensor:  # (P, …, D) -> (P, …)
         d = direction.reshape(P, *([1] * (part.dim() - 2)), -1)
         return (lin(part) * d).sum(-1)
 
-    ub = affine(st.unembed)[1]
+    ub = affine(anatomy.unembed)[1]
     unembed_bias = (ub[a] - ub[w]).double() if ub is not None else torch.zeros(P, dtype=torch.float64)
     heads = torch.full((P, target.num_layers, target.max_heads), float("nan"), dtype=torch.float64)
     for layer, each in enumerate(head_parts):

@@ -6,60 +6,34 @@ Shape legend: P prompts, L length, D model width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from headwise.models.anatomy import affine
+from headwise.models.anatomy import Anatomy, affine
 from headwise.models.head_model import HeadModel
 from headwise.patching.target import as_target
 from headwise.points import output_tensor
 
-__all__ = ["FlatRecorder", "Recorder", "Structure", "read_structure", "structure_of"]
+__all__ = ["FlatRecorder", "Recorder", "decomposed_anatomy", "read_structure"]
 
 
-@dataclass
-class Structure:
-    """The parts this decomposition reads, per attention layer (from the model's anatomy)."""
-
-    blocks: list[nn.Module]
-    out_projs: list[nn.Module]
-    mlps: list[nn.Module | None]
-    attn_posts: list[nn.Module | None]
-    mlp_posts: list[nn.Module | None]
-    scales: list[float]
-    final_norm: nn.Module | None
-    unembed: nn.Module
-
-
-def structure_of(target: HeadModel) -> Structure:
+def decomposed_anatomy(target: HeadModel) -> Anatomy:
+    """The model's anatomy (:attr:`HeadModel.anatomy`), refused (its one sentence) where its unembedding is not a
+    linear map (what the decompositions read)."""
     anatomy = target.anatomy
     if anatomy.unembed is None or affine(anatomy.unembed) is None:
         raise anatomy.refuse("its unembedding is not a linear map")
-    layers = anatomy.layers
-    return Structure(
-        [p.block for p in layers],
-        [p.out_proj for p in layers],
-        [p.mlp for p in layers],
-        [p.attn_post for p in layers],
-        [p.mlp_post for p in layers],
-        [p.scale for p in layers],
-        anatomy.final_norm,
-        anatomy.unembed,
-    )
+    return anatomy
 
 
-def read_structure(model) -> Structure:
-    """The modules this decomposition reads, from the model's anatomy (:attr:`HeadModel.anatomy`): ``blocks``,
-    ``out_projs``, ``mlps`` (None for attention-only blocks), ``attn_posts`` / ``mlp_posts`` (norms on the writes),
-    ``scales`` (each layer's multiplier on its writes), per attention layer, then ``final_norm`` (None: the
-    unembedding reads the last block's output) and ``unembed``.
+def read_structure(model) -> Anatomy:
+    """The parts the decompositions read: the model's anatomy (:attr:`HeadModel.anatomy` — per layer the block,
+    the output projection, the MLP, the norms and multiplier on the writes; the final norm and the unembedding).
 
     Raises:
         ValueError: a structure headwise does not read (the anatomy's one sentence).
     """
-    return structure_of(as_target(model))
+    return decomposed_anatomy(as_target(model))
 
 
 class Recorder:
@@ -68,7 +42,8 @@ class Recorder:
 
     Keys: ``"embed"`` (the first block's input), per recorded layer ``("proj", l)`` (the output projection's input,
     the heads side by side, and its output, the attention's write), ``("block", l)`` (the block's output),
-    ``(l, id(module))`` (the MLP's output, a post-norm's output), then ``"resid"`` (the input of block ``upto``),
+    ``("attn_post", l)`` (the norm on the attention's write, its output), ``("mlp", l)`` (the MLP's write, through
+    a norm on it), then ``"resid"`` (the input of block ``upto``),
     ``"final"`` / ``"final_out"`` (the final norm's input and output) and ``"unembed"`` (the unembedding's
     output). The norms on the writes, the final norm and the unembedding are applied to what the points recorded
     (pure functions of their input), so nothing but the named points is hooked.
@@ -76,8 +51,8 @@ class Recorder:
     Use: ``with target.hooks(rec.hooks()): …`` then ``rec.finish()``.
     """
 
-    def __init__(self, target: HeadModel, st: Structure, position, *, upto: int, final: bool):
-        self.target, self.st, self.position = target, st, position
+    def __init__(self, target: HeadModel, anatomy: Anatomy, position, *, upto: int, final: bool):
+        self.target, self.anatomy, self.position = target, anatomy, position
         self.upto, self.final = upto, final
         self.inputs: dict[object, Tensor] = {}
         self.outputs: dict[object, Tensor] = {}
@@ -99,7 +74,7 @@ class Recorder:
         for layer in range(self.upto):
             out.append((f"layers.{layer}.attn.heads", lambda z, k=("z", layer): self._keep_heads(k, z)))
             out.append((f"layers.{layer}.attn.out", lambda x, k=("o", layer): self._keep(k, x)))
-            if self.st.mlps[layer] is not None:
+            if self.anatomy[layer].mlp is not None:
                 out.append((f"layers.{layer}.mlp.out", lambda x, k=("mlp", layer): self._keep(k, x)))
             after = f"layers.{layer + 1}.resid_pre" if layer + 1 < NL else "resid_final"
             out.append((after, lambda x, k=("block", layer): self._keep(k, x)))
@@ -111,32 +86,27 @@ class Recorder:
 
     def finish(self) -> None:
         """Fill :attr:`inputs` / :attr:`outputs` from what the points recorded."""
-        raw, st = self._raw, self.st
+        raw, anatomy = self._raw, self.anatomy
         self.inputs["embed"] = raw["embed"]
         with torch.no_grad():
             for layer in range(self.upto):
+                part = anatomy[layer]
                 self.inputs[("proj", layer)] = raw[("z", layer)]
                 self.outputs[("proj", layer)] = raw[("o", layer)]
                 self.outputs[("block", layer)] = raw[("block", layer)]
-                if st.attn_posts[layer] is not None:
-                    self.outputs[(layer, id(st.attn_posts[layer]))] = output_tensor(
-                        st.attn_posts[layer](raw[("o", layer)])
-                    )
-                mlp = st.mlps[layer]
-                if mlp is not None:
-                    self.outputs[(layer, id(mlp))] = raw[("mlp", layer)]
-                    if st.mlp_posts[layer] is not None:
-                        post = output_tensor(st.mlp_posts[layer](raw[("mlp", layer)]))
-                        self.outputs[(layer, id(st.mlp_posts[layer]))] = post
+                if part.attn_post is not None:
+                    self.outputs[("attn_post", layer)] = output_tensor(part.attn_post(raw[("o", layer)]))
+                if part.mlp is not None:
+                    self.outputs[("mlp", layer)] = part.mlp_write(raw[("mlp", layer)])
             if "resid" in raw:
                 self.inputs["resid"] = raw["resid"]
             if self.final:
                 x = raw["final"]
                 self.inputs["final"] = x
-                if st.final_norm is not None:
-                    x = output_tensor(st.final_norm(x))
+                if anatomy.final_norm is not None:
+                    x = output_tensor(anatomy.final_norm(x))
                     self.outputs["final_out"] = x
-                self.outputs["unembed"] = output_tensor(st.unembed(x))
+                self.outputs["unembed"] = output_tensor(anatomy.unembed(x))
 
 
 class FlatRecorder:

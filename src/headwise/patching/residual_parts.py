@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headwise.models.anatomy import affine, same
+from headwise.models.anatomy import Anatomy, affine, same
 from headwise.models.head_model import HeadModel
-from headwise.patching.frozen_norm import freeze_norm, frozen_parts
 from headwise.patching.logit_attribution import head_writes
-from headwise.patching.recording import FlatRecorder, Recorder, Structure, structure_of
+from headwise.patching.recording import FlatRecorder, Recorder, decomposed_anatomy
 from headwise.patching.target import as_target
 
 __all__ = ["ResidualParts", "affine_weight", "residual_parts"]
@@ -39,7 +38,7 @@ class ResidualParts:
     residual: Tensor
     labels: list[str]
     _target: HeadModel
-    structure_of: Structure
+    _anatomy: Anatomy
     _recorder: Recorder
 
     def parts(self, project: Tensor | None = None):
@@ -52,7 +51,7 @@ class ResidualParts:
         projection is an ``nn.Linear`` or ``Conv1D``, each head's write is then formed as ``z_h (W_O,h project)``
         (never in D: ``L·H·Dh·E`` multiply-adds instead of ``L·H·(H·Dh)·D``), the heads' sum checked against
         the projection's output on the first rows, the block's sum in D as before."""
-        rec, st, target = self._recorder, self.structure_of, self._target
+        rec, target = self._recorder, self._target
         embed = rec.inputs["embed"].double()  # (P, L, D)
         P, L, D = embed.shape
 
@@ -62,12 +61,13 @@ class ResidualParts:
         residual = embed
         yield ["embed"], out(embed)[None]
         for layer in range(self.layer):
-            block, proj, mlp = st.blocks[layer], st.out_projs[layer], st.mlps[layer]
+            part = self._anatomy[layer]
+            proj = part.out_proj
             H = target.heads_per_layer[layer]
             z = rec.inputs[("proj", layer)].reshape(P * L, -1)
             o_out = rec.outputs[("proj", layer)].reshape(P * L, D).double()
             flat = FlatRecorder(rec, P * L)
-            norm, post, scale = st.attn_posts[layer], st.mlp_posts[layer], st.scales[layer]
+            scale = part.scale
             W = affine_weight(proj) if project is not None else None
             if W is not None:  # heads formed in the projected space
                 bias = head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
@@ -78,12 +78,9 @@ class ResidualParts:
                 zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
                 M = project.to(W.device)
                 attn_write = o_out
-                if norm is not None:
-                    frozen = freeze_norm(
-                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
-                    )
-                    M = frozen.gain[:, None] * M
-                    M = M - M.mean(0, keepdim=True) if frozen.centred else M
+                frozen = part.attn_post_frozen(o_out, flat.outputs.get(("attn_post", layer)))
+                if frozen is not None:
+                    M = frozen.fold(M)
                     heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
                     bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
                     attn_write = frozen(o_out) + frozen.bias
@@ -96,11 +93,9 @@ class ResidualParts:
                 each, bias = head_writes(proj, z, H)  # (P·L, H, D), (D,)
                 if not same(each.sum(1) + bias, o_out):
                     raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-                if norm is not None:
-                    lin, nb = frozen_parts(
-                        norm, o_out, flat.outputs[(layer, id(norm))], f"layer {layer}'s attention norm"
-                    )
-                    each, bias = lin(each), lin(bias.expand(P * L, -1)) + nb
+                frozen = part.attn_post_frozen(o_out, flat.outputs.get(("attn_post", layer)))
+                if frozen is not None:
+                    each, bias = frozen(each), frozen(bias.expand(P * L, -1)) + frozen.bias
                 else:
                     bias = bias.expand(P * L, -1)
                 attn_write = each.sum(1) + bias
@@ -109,8 +104,8 @@ class ResidualParts:
                 writes = [w * scale for w in writes]
             labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
             total = attn_write.reshape(P, L, D) * scale
-            if mlp is not None:
-                mlp_write = flat.outputs[(layer, id(post if post is not None else mlp))].double() * scale
+            if part.mlp is not None:
+                mlp_write = flat.outputs[("mlp", layer)].double() * scale
                 labels.append(f"L{layer}.mlp")
                 writes.append(out(mlp_write.reshape(1, P, L, D)))
                 total = total + mlp_write.reshape(P, L, D)
@@ -118,7 +113,7 @@ class ResidualParts:
             if not same(residual + total, after):
                 raise ValueError(
                     f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
-                    f"stream ({type(block).__name__} is not a residual block this decomposition reads)"
+                    f"stream ({type(part.block).__name__} is not a residual block this decomposition reads)"
                 )
             residual = after
             yield labels, torch.cat(writes, 0)
@@ -153,8 +148,8 @@ def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
     target = as_target(model)
     layer = layer_number("layer", layer, target.num_layers)
     ids, _ = check_pair(target, ids, ids)
-    st = structure_of(target)
-    rec = Recorder(target, st, slice(None), upto=layer, final=False)
+    anatomy = decomposed_anatomy(target)
+    rec = Recorder(target, anatomy, slice(None), upto=layer, final=False)
     with torch.no_grad(), target.hooks(rec.hooks()):
         if forward is None:
             target.run_with_cache(ids, names=[])
@@ -164,6 +159,6 @@ def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
     labels = ["embed"]
     for l_ in range(layer):
         labels += [f"L{l_}.H{h}" for h in range(target.heads_per_layer[l_])] + [f"L{l_}.attn_bias"]
-        if st.mlps[l_] is not None:
+        if anatomy[l_].mlp is not None:
             labels.append(f"L{l_}.mlp")
-    return ResidualParts(layer, rec.inputs["resid"].double(), labels, target, st, rec)
+    return ResidualParts(layer, rec.inputs["resid"].double(), labels, target, anatomy, rec)
