@@ -333,10 +333,15 @@ class NamedPoints(Mapping):
         attention_hooks: ``module -> object`` with the module's ``hook_heads`` / ``hook_qk`` / ``hook_pattern``
             HookPoints (the module itself for headwise's modules; :func:`headwise.hf.backend.hook_points`).
 
+        provider: a callable returning further points, declared with the rest (the model view's anatomy points:
+            ``attn.q`` …, ``mlp.resid``); asked once, on the first lookup of a name the structure does not give or
+            on listing the names; a ValueError from it (a structure the anatomy does not read) leaves those points
+            out.
+
     The attention points are found at once; the block and MLP points on the first lookup of one of them or of
-    the list of names. ``more``: a callable returning further points (the model view's anatomy points:
-    ``attn.q`` …, ``mlp.resid``), asked once, on the first lookup of a name not found otherwise or on listing
-    the names; a ValueError from it (a structure the anatomy does not read) leaves those points out.
+    the list of names. A lookup (``points[name]``, ``name in points``, the names listed) has one meaning: every
+    point the model has, the provider's included. :meth:`found` is what the provider itself reads while it
+    works: the points of the structure alone.
     """
 
     def __init__(
@@ -344,11 +349,11 @@ class NamedPoints(Mapping):
         root: nn.Module,
         attention: list[nn.Module],
         attention_hooks: Callable[[nn.Module], object],
-        more: Callable[[], Mapping[str, Point]] | None = None,
+        provider: Callable[[], Mapping[str, Point]] | None = None,
     ):
         self.root = root
         self.attention = list(attention)
-        self.more = more
+        self._provider = provider
         self._attention: dict[str, Point] = {}
         for layer, m in enumerate(self.attention):
             hooks = attention_hooks(m)
@@ -397,12 +402,12 @@ class NamedPoints(Mapping):
         return table
 
     def _extend(self) -> bool:
-        """Add the points of ``more`` (once); whether any were added."""
-        more, self.more = self.more, None
-        if more is None:
+        """Add the provider's points (asked once); whether any were added."""
+        provider, self._provider = self._provider, None
+        if provider is None:
             return False
         try:
-            found = dict(more())
+            found = dict(provider())
         except ValueError:
             return False
         table = self._table()
@@ -411,8 +416,8 @@ class NamedPoints(Mapping):
         return bool(found)
 
     def found(self, name: str) -> Point | None:
-        """The point ``name`` among those found from the structure itself, or None — never asks ``more`` (what the
-        anatomy reads while it is being found)."""
+        """The point ``name`` among those found from the structure itself, or None — never asks the provider (what
+        the anatomy reads while it is being found)."""
         return self._attention.get(name) or self._table().get(name)
 
     # -- the mapping -------------------------------------------------------------------------------------------

@@ -30,13 +30,18 @@ import contextlib
 import functools
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headwise.models.memory import whole_refused
 from headwise.models.token_text import token_pieces, token_texts
+
+if TYPE_CHECKING:
+    from headwise.models.memory import MemoryPlan
+    from headwise.models.streamed import LayerStream
 
 __all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
 
@@ -77,10 +82,10 @@ class _Headwise:
             )
         return modules
 
-    def points(self, model, attention: list):
+    def points(self, model, attention: list, provider):
         from headwise.points import NamedPoints
 
-        return NamedPoints(model, attention, _itself)
+        return NamedPoints(model, attention, _itself, provider)
 
     def num_heads(self, module) -> int:
         return int(module.num_heads)
@@ -188,11 +193,11 @@ class _HuggingFace:
 
         return headwise.hf.attention_layers(model)
 
-    def points(self, model, attention: list):
+    def points(self, model, attention: list, provider):
         from headwise.hf.backend import hook_points
         from headwise.points import NamedPoints
 
-        return NamedPoints(model, attention, hook_points)
+        return NamedPoints(model, attention, hook_points, provider)
 
     def num_heads(self, module) -> int:
         import headwise.hf
@@ -249,6 +254,13 @@ def _itself(module):
     return module
 
 
+def _in_vocabulary(token: int | None, vocab_size: int | None) -> int | None:
+    """``token`` where it is an id of the vocabulary (any id where the size is not known), else None."""
+    if token is None or vocab_size is None or 0 <= token < vocab_size:
+        return token
+    return None
+
+
 def _runner(model):
     from torch import nn
 
@@ -279,11 +291,13 @@ class HeadModel:
     """A model, ready for head analysis and for the tools that act on its named points.
 
     ``HeadModel(module, *, kind=None, family=None, name=None, max_length=None, vocab_size=None, tokenizer=None,
-    bos_id=None, special_ids=())`` — the one constructor, for every kind: headwise's own modules (BERT, the lab's
-    ``TransformerLM``, any ``nn.Module`` holding headwise's attention modules, run as ``module(ids)``) and
-    Hugging Face ``PreTrainedModel`` s on headwise's attention backend. What is not given is read from the
-    module (the config's ``model_type``, its positions and vocabulary); the loaders of
-    :func:`headwise.models.open_model` give the rest (name, tokenizer, special ids).
+    bos_id=None, special_ids=(), stream=None, memory=None)`` — the one constructor, for every kind: headwise's own
+    modules (BERT, the lab's ``TransformerLM``, any ``nn.Module`` holding headwise's attention modules, run as
+    ``module(ids)``) and Hugging Face ``PreTrainedModel`` s on headwise's attention backend. What is not given is
+    read from the module (the config's ``model_type``, its positions and vocabulary); the loaders of
+    :func:`headwise.models.open_model` give the rest (name, tokenizer, special ids, the stream and the memory
+    plan). The view is whole when made: nothing outside it sets its attributes; the points the anatomy adds are
+    declared to its :class:`~headwise.points.NamedPoints` here (the anatomy itself is found on first use).
 
     Attributes:
         model: the ``torch.nn.Module``.
@@ -297,8 +311,13 @@ class HeadModel:
             :data:`MAX_ANALYSIS_LENGTH`.
         vocab_size: V (None where the module does not say).
         tokenizer: a ``tokenizers.Tokenizer`` or None (the folder has none).
-        bos_id: the id a probe starts with (the config's ``bos_token_id``), or None.
-        special_ids: ids the probe never draws (the tokenizer's special tokens, BOS / EOS / PAD).
+        bos_id: the id a probe starts with (given; else the config's ``bos_token_id`` where it is inside the
+            vocabulary), or None.
+        special_ids: ids the probe never draws (the tokenizer's special tokens, BOS / EOS / PAD; those outside
+            the vocabulary dropped).
+        stream: the :class:`~headwise.models.streamed.LayerStream` of a model opened layer by layer (it owns the
+            hooks and the pins), else None.
+        memory: the :class:`~headwise.models.memory.MemoryPlan` :func:`~headwise.models.open_model` chose, or None.
         backend: ``"headwise"`` (headwise's own modules) or ``"hf+headwise"`` (Hugging Face on headwise
             attention).
         attention_modules: the NL attention modules, in layer order.
@@ -319,15 +338,16 @@ class HeadModel:
         vocab_size: int | None = None,
         tokenizer=None,
         bos_id: int | None = None,
-        special_ids: tuple[int, ...] = (),
+        special_ids: Iterable[int] = (),
+        stream: LayerStream | None = None,
+        memory: MemoryPlan | None = None,
     ):
         runner = _runner(model)
         self._runner = runner
         self.model = model
         self.backend = runner.backend
         self.attention_modules = runner.attention(model)
-        self.points = runner.points(model, self.attention_modules)
-        self.points.more = self._anatomy_points
+        self.points = runner.points(model, self.attention_modules, self._anatomy_points)
         self.heads_per_layer = [runner.num_heads(m) for m in self.attention_modules]
         self.num_layers = len(self.attention_modules)
         self.num_heads = max(self.heads_per_layer)
@@ -337,9 +357,10 @@ class HeadModel:
         self.max_length = int(max_length or runner.max_length(model, self.kind))
         self.vocab_size = vocab_size if vocab_size is not None else runner.vocab_size(model)
         self.tokenizer = tokenizer
-        self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
-        self.special_ids = tuple(special_ids)
-        self.memory = self.stream = None  # open_model's MemoryPlan; the LayerStream of a model opened layer by layer
+        self.bos_id = bos_id if bos_id is not None else _in_vocabulary(runner.bos_id(model), self.vocab_size)
+        self.special_ids = tuple(i for i in special_ids if _in_vocabulary(i, self.vocab_size) is not None)
+        self.memory = memory
+        self.stream = stream
 
     def __repr__(self) -> str:
         return f"HeadModel({self.title}, backend={self.backend!r})"
@@ -363,9 +384,9 @@ class HeadModel:
             AnatomyError: a structure headwise does not read (one sentence, the same for every tool); ValueError:
                 a model opened layer by layer, outside :func:`headwise.models.pinned.attention_pinned`.
         """
-        if self.stream is not None and not self.__dict__.get("_pinned_depth"):
+        if self.stream is not None and not self.stream.pin_depth:
             self.check_whole("this tool")
-        found = self.__dict__.get("_anatomy")
+        found = self.__dict__.get("_anatomy")  # kept once found (not made before: a refusal leaves no entry)
         if found is None:
             from headwise.models.anatomy_probe import read_anatomy
 

@@ -56,7 +56,7 @@ def attention_need(hm, *, extra: int = 0) -> int:
 def check_attention(hm, what: str, *, extra: int = 0) -> None:
     """ValueError (one line naming the memory ``what`` would need, :func:`attention_need`) when ``hm`` was opened
     layer by layer and its attention parts do not fit its budget; nothing for a model opened whole."""
-    if hm.stream is None or hm.__dict__.get("_pinned_depth"):
+    if hm.stream is None or hm.stream.pin_depth:
         return
     from headwise.models.memory import whole_refused
 
@@ -81,12 +81,8 @@ def attention_pinned(hm, what: str, *, extra: int = 0) -> Iterator[None]:
     if hm.stream is None:
         yield
         return
-    depth = hm.__dict__.get("_pinned_depth", 0)
-    if depth == 0:
+    outermost = hm.stream.pin_depth == 0
+    if outermost:
         check_attention(hm, what, extra=extra)
-    with hm.stream.pinned(_chosen(hm) if depth == 0 else {}):
-        hm.__dict__["_pinned_depth"] = depth + 1
-        try:
-            yield
-        finally:
-            hm.__dict__["_pinned_depth"] = depth
+    with hm.stream.pinned(_chosen(hm) if outermost else {}):  # the stream counts its open blocks
+        yield

@@ -274,6 +274,7 @@ class LayerStream:
         self.sliced = {u: n for u, m in self.units.items() if (n := self._by_rows(u, m)) is not None}
         self._padding: dict[str, int | None] = {}
         self._pins: dict[str, set[str]] = {}  # unit -> relative names of its pinned parameters (:meth:`pinned`)
+        self._pin_depth = 0  # blocks of :meth:`pinned` open now
 
     def _by_rows(self, unit: str, module: nn.Module) -> str | None:
         """The stored name of ``unit``'s matrix when the unit is read by rows: an ``nn.Embedding`` (or a subclass that
@@ -518,9 +519,19 @@ class LayerStream:
                 del loaded
                 self._pins.setdefault(unit, set()).update(new)
                 added[unit] = new
-            yield
+            self._pin_depth += 1
+            try:
+                yield
+            finally:
+                self._pin_depth -= 1
         finally:
             self._unpin(added)
+
+    @property
+    def pin_depth(self) -> int:
+        """How many blocks of :meth:`pinned` are open now (0: nothing pinned; the model view reads its anatomy on a
+        model opened layer by layer only inside one, :func:`headwise.models.pinned.attention_pinned`)."""
+        return self._pin_depth
 
     def _unpin(self, added: Mapping[str, Sequence[str]]) -> None:
         from headwise.core.projections import forget_stacked
