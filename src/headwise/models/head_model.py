@@ -396,7 +396,7 @@ class HeadModel:
     def check_whole(self, what: str) -> None:
         """ValueError (one line naming the memory ``what`` would need) when the model was opened layer by layer."""
         if self.stream is not None:
-            raise ValueError(whole_refused(self.name, self.memory, what))
+            raise whole_refused(self.name, self.memory, what)
 
     def _anatomy_points(self) -> dict:
         """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""

@@ -62,7 +62,7 @@ def check_attention(hm, what: str, *, extra: int = 0) -> None:
 
     need = attention_need(hm, extra=extra)
     if need > hm.memory.budget:
-        raise ValueError(whole_refused(hm.name, hm.memory, what, reads=READS, need=need))
+        raise whole_refused(hm.name, hm.memory, what, reads=READS, need=need)
 
 
 @contextlib.contextmanager

@@ -392,7 +392,6 @@ def open_model(
     cache: bool = True,
     backend: str = "auto",
     max_memory: str | int | None = None,
-    memory_name: str = "max_memory",
     by_layer: bool | None = None,
 ) -> HeadModel:
     """Open a model as a :class:`HeadModel`: a folder of any supported kind, a GGUF file, a bundled name
@@ -415,7 +414,7 @@ def open_model(
             A Hugging Face family or a Llama-family folder (safetensors, any dtype) that does not fit whole in float32
             opens layer by layer (:mod:`headwise.models.layered`): its parameters stay on the ``meta`` device and each
             layer's are read and turned to float32 when that layer runs (``hm.memory`` says the route, ``hm.stream``
-            holds the hooks). memory_name: how errors name the budget (``"--max-memory"`` from the command line).
+            holds the hooks).
         by_layer: True opens such a model layer by layer whatever the budget (to compare the two routes on one
             model); False never; None (default): as the budget says.
     Returns:
@@ -424,7 +423,9 @@ def open_model(
         UnsupportedBackend (a ValueError): ``backend="headwise"`` for a checkpoint headwise's decoder does not open
             (naming the family or the config key and what is supported), before any weight is read.
         MemoryBudgetError (a ValueError): ``max_memory`` not a size, or smaller than the smallest budget that
-            works (named); a model that cannot go layer by layer and does not fit whole.
+            works (named); a model that cannot go layer by layer and does not fit whole. It carries the budget, the
+            need and the route; ``str(e)`` names the budget ``max_memory``, ``e.worded("--max-memory")`` as a
+            caller's own option (the command line's).
         FileNotFoundError / ValueError: see :func:`inspect_source`; weights that do not fit the config; a
         tokenizer.json that does not load — one line naming the file. OSError: a cache directory that
         cannot be written (nothing is left in it).
@@ -449,7 +450,7 @@ def open_model(
         _check_native(info)  # refused by name unless Llama-family, before the memory is planned
     if info.kind == "gguf":
         info, cache = _gguf_route(info, cache, native)
-    plan, layered = memory_route(info, max_memory, native=native, name=memory_name, by_layer=by_layer, cache=cache)
+    plan, layered = memory_route(info, max_memory, native=native, by_layer=by_layer, cache=cache)
     stream = None
     if layered is not None:
         tokenizer = None
