@@ -67,6 +67,9 @@ __all__ = [
     "with_hidden",
     "output_tensor",
     "unembedding",
+    "child",
+    "layer_list",
+    "blocks",
 ]
 
 Hook = Callable[[Tensor], "Tensor | None"]
@@ -298,30 +301,58 @@ def unembedding(root: nn.Module) -> nn.Module | None:
             found = None
         if isinstance(found, nn.Module):
             return found
-    return _child(root, ("unembed", "lm_head"))
+    return child(root, ("unembed", "lm_head"))
 
 
-def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+def child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    """``module``'s first child module among ``names`` (``child(block, MLP_NAMES)``), or None: the one way a part is
+    found by its name."""
     for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
+        found = getattr(module, name, None)
+        if isinstance(found, nn.Module):
+            return found
     return None
 
 
-def _blocks(root: nn.Module, attention: list[nn.Module]) -> list[nn.Module] | None:
-    """Each attention module's block (its deepest ancestor that is an item of a module list), or None when some
-    attention module has none or two share one (cross-attention: no single residual stream per layer)."""
+# -- the blocks: one finder, for the points and for a model streamed layer by layer ----------------------------------
+
+
+def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The model's list of blocks: the ``nn.ModuleList`` holding the most parameters (``model.layers``,
+    ``transformer.h``, ``gpt_neox.layers``), with its name.
+
+    Raises:
+        ValueError: a model without one.
+    """
+    best = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m):
+            count = sum(p.numel() for p in m.parameters())
+            if best is None or count > best[0]:
+                best = (count, name, m)
+    if best is None:
+        raise ValueError(f"model: no list of layers in the {type(model).__name__} to run one layer at a time")
+    return best[1], best[2]
+
+
+def blocks(root: nn.Module, attention: list[nn.Module]) -> list[nn.Module] | None:
+    """Each attention module's block: the item of the model's list of blocks (:func:`layer_list`) that holds it, or
+    None when the model has no such list, an attention module is outside it (or is an item itself), or two share a
+    block (cross-attention: no single residual stream per layer)."""
+    try:
+        prefix, items = layer_list(root)
+    except ValueError:
+        return None
     paths = {id(m): name for name, m in root.named_modules()}
-    modules = dict(root.named_modules())
-    blocks = []
+    start = f"{prefix}." if prefix else ""
+    found = []
     for m in attention:
-        parts = paths.get(id(m), "").split(".")
-        cut = [k for k in range(1, len(parts)) if parts[k - 1].isdigit()]
-        if not cut:
+        path = paths.get(id(m), "")
+        index, dot, rest = path.removeprefix(start).partition(".")
+        if not path.startswith(start) or not index.isdigit() or not dot or not rest:
             return None
-        blocks.append(modules[".".join(parts[: cut[-1]])])
-    return blocks if len({id(b) for b in blocks}) == len(blocks) else None
+        found.append(items[int(index)])
+    return found if len({id(b) for b in found}) == len(found) else None
 
 
 class NamedPoints(Mapping):
@@ -370,7 +401,7 @@ class NamedPoints(Mapping):
         return self._all
 
     def _build(self) -> dict[str, Point]:
-        blocks = _blocks(self.root, self.attention)
+        found = blocks(self.root, self.attention)
         table: dict[str, Point] = {}
 
         def add(name: str, module: nn.Module | None, where: str) -> None:
@@ -378,7 +409,7 @@ class NamedPoints(Mapping):
                 table[name] = Point(name, module, where)
 
         for layer, m in enumerate(self.attention):
-            block = blocks[layer] if blocks else None
+            block = found[layer] if found else None
             add(f"layers.{layer}.resid_pre", block, "input")
             add(f"layers.{layer}.attn.in", m, "input")
             for kind in ATTENTION_POINTS:
@@ -387,17 +418,17 @@ class NamedPoints(Mapping):
                     table[name] = self._attention[name]
             if block is None:
                 continue
-            add(f"layers.{layer}.attn.out", m if _child(m, OUT_PROJ_NAMES) is not None else None, "output")
-            mlp = _child(block, MLP_NAMES)
-            pair = [_child(block, (n,)) for n in _MLP_PAIR]
+            add(f"layers.{layer}.attn.out", m if child(m, OUT_PROJ_NAMES) is not None else None, "output")
+            mlp = child(block, MLP_NAMES)
+            pair = [child(block, (n,)) for n in _MLP_PAIR]
             if mlp is None and None not in pair:
                 add(f"layers.{layer}.mlp.in", pair[0], "input")
                 add(f"layers.{layer}.mlp.out", pair[1], "output")
             else:
                 add(f"layers.{layer}.mlp.in", mlp, "input")
                 add(f"layers.{layer}.mlp.out", mlp, "output")
-        if blocks:
-            add("resid_final", blocks[-1], "output")
+        if found:
+            add("resid_final", found[-1], "output")
         add("unembed.in", unembedding(self.root), "input")
         return table
 

@@ -18,6 +18,8 @@ import re
 import resource
 from dataclasses import dataclass
 
+from headwise._machine import free_memory
+
 __all__ = [
     "WORKING",
     "FREE_SHARE",
@@ -130,24 +132,16 @@ def parse_size(value: str | int | float) -> int:
     return int(size)
 
 
-def available_memory() -> int:
-    """Bytes this machine can give a new allocation now: ``MemAvailable`` of ``/proc/meminfo`` (free memory plus the
-    page cache it can drop), else the free pages (``os.sysconf``)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+#: Bytes this machine can give a new allocation now: the one reader of free memory,
+#: :func:`headwise._machine.free_memory` (the host's ``MemAvailable``, else its free pages).
+available_memory = free_memory
 
 
 def default_budget() -> int:
     """The budget when none is given: what this process holds now plus :data:`FREE_SHARE` of what the machine has
     available (the rest left to others), and at least :data:`FLOOR_SHARE` of the machine's memory."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return current_rss() + max(int(FREE_SHARE * available_memory()), int(FLOOR_SHARE * machine))
+    return current_rss() + max(int(FREE_SHARE * free_memory()), int(FLOOR_SHARE * machine))
 
 
 def current_rss() -> int:

@@ -33,6 +33,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from headwise.points import layer_list
+
 __all__ = [
     "SLICE_BYTES",
     "RowTensors",
@@ -180,24 +182,6 @@ def meta_parameters() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The model's list of blocks: the ``nn.ModuleList`` holding the most parameters (``model.layers``,
-    ``transformer.h``, ``gpt_neox.layers``), with its name.
-
-    Raises:
-        ValueError: a model without one.
-    """
-    best = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m):
-            count = sum(p.numel() for p in m.parameters())
-            if best is None or count > best[0]:
-                best = (count, name, m)
-    if best is None:
-        raise ValueError(f"model: no list of layers in the {type(model).__name__} to run one layer at a time")
-    return best[1], best[2]
-
-
 def units_of(model: nn.Module) -> dict[str, nn.Module]:
     """The parts brought in one at a time, in forward order where the module tree says it: every block of
     :func:`layer_list`, and every module outside it that holds parameters itself (the embeddings, the final norm, the
@@ -248,7 +232,7 @@ class LayerStream:
         self.stored_bytes: dict[str, int] = {}
         for unit, module in self.units.items():
             names, f32, st = {}, 0, 0
-            recurse = unit in self._blocks()
+            recurse = unit in self._block_units()
             for rel, p in module.named_parameters(recurse=recurse, remove_duplicate=False):
                 full = f"{unit}.{rel}" if unit else rel
                 theirs = stored_name(full)
@@ -293,7 +277,7 @@ class LayerStream:
         weight = self.units[unit].weight
         return max(1, SLICE_BYTES // (4 * weight[0].numel()))
 
-    def _blocks(self) -> set[str]:
+    def _block_units(self) -> set[str]:
         prefix, blocks = layer_list(self.model)
         return {f"{prefix}.{k}" for k in range(len(blocks))}
 
