@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from headwise.core.hooks import HookPoint
+from headwise.structure import blocks, child
 
 __all__ = [
     "Point",
@@ -67,9 +68,6 @@ __all__ = [
     "with_hidden",
     "output_tensor",
     "unembedding",
-    "child",
-    "layer_list",
-    "blocks",
 ]
 
 Hook = Callable[[Tensor], "Tensor | None"]
@@ -302,57 +300,6 @@ def unembedding(root: nn.Module) -> nn.Module | None:
         if isinstance(found, nn.Module):
             return found
     return child(root, ("unembed", "lm_head"))
-
-
-def child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    """``module``'s first child module among ``names`` (``child(block, MLP_NAMES)``), or None: the one way a part is
-    found by its name."""
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, nn.Module):
-            return found
-    return None
-
-
-# -- the blocks: one finder, for the points and for a model streamed layer by layer ----------------------------------
-
-
-def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The model's list of blocks: the ``nn.ModuleList`` holding the most parameters (``model.layers``,
-    ``transformer.h``, ``gpt_neox.layers``), with its name.
-
-    Raises:
-        ValueError: a model without one.
-    """
-    best = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m):
-            count = sum(p.numel() for p in m.parameters())
-            if best is None or count > best[0]:
-                best = (count, name, m)
-    if best is None:
-        raise ValueError(f"model: no list of layers in the {type(model).__name__} to run one layer at a time")
-    return best[1], best[2]
-
-
-def blocks(root: nn.Module, attention: list[nn.Module]) -> list[nn.Module] | None:
-    """Each attention module's block: the item of the model's list of blocks (:func:`layer_list`) that holds it, or
-    None when the model has no such list, an attention module is outside it (or is an item itself), or two share a
-    block (cross-attention: no single residual stream per layer)."""
-    try:
-        prefix, items = layer_list(root)
-    except ValueError:
-        return None
-    paths = {id(m): name for name, m in root.named_modules()}
-    start = f"{prefix}." if prefix else ""
-    found = []
-    for m in attention:
-        path = paths.get(id(m), "")
-        index, dot, rest = path.removeprefix(start).partition(".")
-        if not path.startswith(start) or not index.isdigit() or not dot or not rest:
-            return None
-        found.append(items[int(index)])
-    return found if len({id(b) for b in found}) == len(found) else None
 
 
 class NamedPoints(Mapping):

@@ -26,7 +26,7 @@ from headwise.models.anatomy import (
     same,
 )
 from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor, unembedding
-from headwise.points import child as _child
+from headwise.structure import child as _child
 
 __all__ = [
     "FUSED",
