@@ -6,7 +6,12 @@ every mistake is a :class:`~headwise.cli._app.CLIError` naming the option.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from headwise.cli._app import MEMORY, CLIError
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["open_decoder", "encode_text", "encode_token"]
 
@@ -43,7 +48,7 @@ def open_decoder(
     return hm
 
 
-def encode_text(hm, option: str, text: str) -> list[int]:
+def encode_text(hm: HeadModel, option: str, text: str) -> list[int]:
     """``text`` as the model reads it (its tokenizer, its own special tokens)."""
     if not text.strip():
         raise CLIError(f"{option}: expected a non-empty text, got {text!r}")
@@ -53,7 +58,7 @@ def encode_text(hm, option: str, text: str) -> list[int]:
     return ids
 
 
-def encode_token(hm, option: str, token: str) -> int:
+def encode_token(hm: HeadModel, option: str, token: str) -> int:
     """The one id ``token`` encodes to (no special tokens added), else a one-line error saying what it gave."""
     tok = hm.tokenizer
     enc = tok.encode(token, add_special_tokens=False)

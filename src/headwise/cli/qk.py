@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from headwise.cli._app import MEMORY, CLIError, app
 from headwise.cli._output import write_failed
 
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
+
 OUTPUTS = ("qk.json", "qk.png")
 
 
-def _head(spec: str, hm) -> tuple[int, int]:
+def _head(spec: str, hm: HeadModel) -> tuple[int, int]:
     from headwise.checks import head_number, layer_number
 
     parts = spec.split(".")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from headwise.study.corpus_ranks import CorpusRun
 from headwise.study.importance import estimated, importance_batches, importance_texts
 from headwise.study.importance_ranks import estimate_across_ranks, importance_across_ranks
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "COMMAND_TEXT_UP_TO",
@@ -215,7 +219,7 @@ class RankedHeads:
 
 
 def heads_across_ranks(
-    hm,
+    hm: HeadModel,
     opts: HeadsOptions,
     corpus: Callable[[Callable[[int, int], None] | None], CorpusRun],
     probe,
