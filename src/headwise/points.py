@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from headwise.core.hooks import HookPoint
+from headwise.structure import blocks, child
 
 __all__ = [
     "Point",
@@ -298,30 +299,7 @@ def unembedding(root: nn.Module) -> nn.Module | None:
             found = None
         if isinstance(found, nn.Module):
             return found
-    return _child(root, ("unembed", "lm_head"))
-
-
-def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
-    return None
-
-
-def _blocks(root: nn.Module, attention: list[nn.Module]) -> list[nn.Module] | None:
-    """Each attention module's block (its deepest ancestor that is an item of a module list), or None when some
-    attention module has none or two share one (cross-attention: no single residual stream per layer)."""
-    paths = {id(m): name for name, m in root.named_modules()}
-    modules = dict(root.named_modules())
-    blocks = []
-    for m in attention:
-        parts = paths.get(id(m), "").split(".")
-        cut = [k for k in range(1, len(parts)) if parts[k - 1].isdigit()]
-        if not cut:
-            return None
-        blocks.append(modules[".".join(parts[: cut[-1]])])
-    return blocks if len({id(b) for b in blocks}) == len(blocks) else None
+    return child(root, ("unembed", "lm_head"))
 
 
 class NamedPoints(Mapping):
@@ -333,10 +311,15 @@ class NamedPoints(Mapping):
         attention_hooks: ``module -> object`` with the module's ``hook_heads`` / ``hook_qk`` / ``hook_pattern``
             HookPoints (the module itself for headwise's modules; :func:`headwise.hf.backend.hook_points`).
 
+        provider: a callable returning further points, declared with the rest (the model view's anatomy points:
+            ``attn.q`` …, ``mlp.resid``); asked once, on the first lookup of a name the structure does not give or
+            on listing the names; a ValueError from it (a structure the anatomy does not read) leaves those points
+            out.
+
     The attention points are found at once; the block and MLP points on the first lookup of one of them or of
-    the list of names. ``more``: a callable returning further points (the model view's anatomy points:
-    ``attn.q`` …, ``mlp.resid``), asked once, on the first lookup of a name not found otherwise or on listing
-    the names; a ValueError from it (a structure the anatomy does not read) leaves those points out.
+    the list of names. A lookup (``points[name]``, ``name in points``, the names listed) has one meaning: every
+    point the model has, the provider's included. :meth:`found` is what the provider itself reads while it
+    works: the points of the structure alone.
     """
 
     def __init__(
@@ -344,11 +327,11 @@ class NamedPoints(Mapping):
         root: nn.Module,
         attention: list[nn.Module],
         attention_hooks: Callable[[nn.Module], object],
-        more: Callable[[], Mapping[str, Point]] | None = None,
+        provider: Callable[[], Mapping[str, Point]] | None = None,
     ):
         self.root = root
         self.attention = list(attention)
-        self.more = more
+        self._provider = provider
         self._attention: dict[str, Point] = {}
         for layer, m in enumerate(self.attention):
             hooks = attention_hooks(m)
@@ -365,7 +348,7 @@ class NamedPoints(Mapping):
         return self._all
 
     def _build(self) -> dict[str, Point]:
-        blocks = _blocks(self.root, self.attention)
+        found = blocks(self.root, self.attention)
         table: dict[str, Point] = {}
 
         def add(name: str, module: nn.Module | None, where: str) -> None:
@@ -373,7 +356,7 @@ class NamedPoints(Mapping):
                 table[name] = Point(name, module, where)
 
         for layer, m in enumerate(self.attention):
-            block = blocks[layer] if blocks else None
+            block = found[layer] if found else None
             add(f"layers.{layer}.resid_pre", block, "input")
             add(f"layers.{layer}.attn.in", m, "input")
             for kind in ATTENTION_POINTS:
@@ -382,27 +365,27 @@ class NamedPoints(Mapping):
                     table[name] = self._attention[name]
             if block is None:
                 continue
-            add(f"layers.{layer}.attn.out", m if _child(m, OUT_PROJ_NAMES) is not None else None, "output")
-            mlp = _child(block, MLP_NAMES)
-            pair = [_child(block, (n,)) for n in _MLP_PAIR]
+            add(f"layers.{layer}.attn.out", m if child(m, OUT_PROJ_NAMES) is not None else None, "output")
+            mlp = child(block, MLP_NAMES)
+            pair = [child(block, (n,)) for n in _MLP_PAIR]
             if mlp is None and None not in pair:
                 add(f"layers.{layer}.mlp.in", pair[0], "input")
                 add(f"layers.{layer}.mlp.out", pair[1], "output")
             else:
                 add(f"layers.{layer}.mlp.in", mlp, "input")
                 add(f"layers.{layer}.mlp.out", mlp, "output")
-        if blocks:
-            add("resid_final", blocks[-1], "output")
+        if found:
+            add("resid_final", found[-1], "output")
         add("unembed.in", unembedding(self.root), "input")
         return table
 
     def _extend(self) -> bool:
-        """Add the points of ``more`` (once); whether any were added."""
-        more, self.more = self.more, None
-        if more is None:
+        """Add the provider's points (asked once); whether any were added."""
+        provider, self._provider = self._provider, None
+        if provider is None:
             return False
         try:
-            found = dict(more())
+            found = dict(provider())
         except ValueError:
             return False
         table = self._table()
@@ -411,8 +394,8 @@ class NamedPoints(Mapping):
         return bool(found)
 
     def found(self, name: str) -> Point | None:
-        """The point ``name`` among those found from the structure itself, or None — never asks ``more`` (what the
-        anatomy reads while it is being found)."""
+        """The point ``name`` among those found from the structure itself, or None — never asks the provider (what
+        the anatomy reads while it is being found)."""
         return self._attention.get(name) or self._table().get(name)
 
     # -- the mapping -------------------------------------------------------------------------------------------

@@ -130,8 +130,11 @@ def test_budgets_name_the_smallest_that_works(tmp_path):
     for bad in ("0", "12XB", "1MB"):
         smallest_named = r"the smallest budget that works for m(:| is) [0-9.]+ [kMG]?B"
         with pytest.raises(MemoryBudgetError, match=smallest_named) as e:
-            open_model(folder, max_memory=bad, memory_name="--max-memory")
-        assert str(e.value).startswith("--max-memory: ") and "\n" not in str(e.value)
+            open_model(folder, max_memory=bad)
+        assert str(e.value).startswith("max_memory: ") and "\n" not in str(e.value)
+        assert e.value.worded("--max-memory") == "--max-memory" + str(e.value).removeprefix("max_memory")
+        assert e.value.need == e.value.smallest and e.value.budget == (1_000_000 if bad == "1MB" else None)
+        assert e.value.route == ("layers" if bad == "1MB" else None)
         smallest = e.value.smallest
     hm = open_model(folder, max_memory=smallest + 2**24)  # the smallest named opens it (the process's memory drifts)
     assert hm.memory.budget == smallest + 2**24

@@ -17,7 +17,7 @@ import torch
 from _anatomy_models import tiny
 from headwise.circuits import composition_scores, copying_scores, head_weights, qk_attribution
 from headwise.models import open_model
-from headwise.models.memory import format_size
+from headwise.models.memory import MemoryBudgetError, format_size
 from headwise.models.pinned import attention_bytes, attention_need, attention_pinned
 
 RESULTS = ("terms", "query_terms", "key_terms", "query_centred", "key_centred", "query_effect", "key_effect",
@@ -177,10 +177,12 @@ def test_a_budget_too_small_for_the_attention_parts_is_refused(tmp_path, monkeyp
     hm.memory = dataclasses.replace(hm.memory, budget=need - 1)
     said = (
         rf"model: {hm.name} was opened layer by layer \(budget {format_size(need - 1)}\); qk reads every layer's "
-        rf"attention weights at once, which needs about {format_size(need)} \(a --max-memory at least that\)"
+        rf"attention weights at once, which needs about {format_size(need)} \(a max_memory at least that\)"
     )
-    with pytest.raises(ValueError, match=said):
+    with pytest.raises(MemoryBudgetError, match=said) as e:
         qk_attribution(hm, _ids(), 1, 0, 8)
+    assert (e.value.budget, e.value.need, e.value.route) == (need - 1, need, "layers")
+    assert e.value.worded("--max-memory").endswith("(a --max-memory at least that)")
     with pytest.raises(ValueError, match="--composition reads every layer's attention weights at once"):
         head_weights(hm)
     assert _all_meta(hm) and "_anatomy" not in hm.__dict__  # refused before anything was read

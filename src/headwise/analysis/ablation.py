@@ -20,7 +20,7 @@ from headwise.analysis.objective import (
     scoring,
     token_losses,
 )
-from headwise.analysis.protocol import SweptModel
+from headwise.analysis.protocol import GatedModel, SweptModel
 from headwise.analysis.sweep_plan import Part, bytes_per_token, pass_plan, row_parts
 from headwise.checks import one_of, positive_int
 
@@ -175,5 +175,5 @@ def ablation_objectives(
     return sums / max(count, 1)
 
 
-def _forward(hm, part: Part):
+def _forward(hm: GatedModel, part: Part):
     return hm.forward(part.ids, part.mask)

@@ -9,7 +9,8 @@ pruning curve. J jobs run as one forward of J·P rows: copy j of the input carri
 replaces only copy j's heads of job j — with zeros (``"zero"``: Michel et al. 2019's ξ_h = 0), with the head's mean
 over the copy's real positions (``"mean"``: :func:`headwise.hf.ablate`'s ``mode="mean"``, whose mean is taken over
 the real positions of the batch in the same forward call) or with another run's heads (activation patching,
-:mod:`headwise.patching.exact`, which calls :func:`replace_heads`). Rows never mix: row ``j·P + p`` is input p run
+:mod:`headwise.patching.exact`) — through :func:`headwise.replacement.replace_heads`, the one function that replaces
+heads, which :func:`headwise.hf.ablate` calls too. Rows never mix: row ``j·P + p`` is input p run
 with job j, equal to running it alone (tested to 1e-5 against one run per job).
 
 **Prefix reuse.** Nothing below a job's lowest layer changes, so when every job of a pass starts at layer l or above
@@ -33,10 +34,12 @@ whole batch and never splits it).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
+
+from headwise._machine import free_memory
+from headwise.replacement import MODES, replace_heads
 
 __all__ = [
     "MODES",
@@ -57,8 +60,6 @@ __all__ = [
     "start_groups",
 ]
 
-#: How a removed head's output is replaced: zeros, or its mean over the copy's real positions.
-MODES = ("zero", "mean")
 
 Job = Mapping[int, Sequence[int]]  # {layer: [head, …]}
 
@@ -95,26 +96,6 @@ class SweepCost:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def free_memory(device=None) -> int:
-    """Bytes free for new tensors on ``device``: a CUDA device's free memory, else the host's available memory
-    (``MemAvailable`` of ``/proc/meminfo``, else the free pages; 4 GiB where neither can be read)."""
-    import torch
-
-    if device is not None and torch.device(device).type == "cuda":
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
 
 
 #: Most tokens one pass holds, by device type: past these a bigger pass is no faster per row (on a CPU a pass of
@@ -225,44 +206,6 @@ def job_masks(model, jobs: Sequence, length: int, device=None) -> dict:
             else:
                 mask[j, head, list(positions)] = True
     return {layer: m.to(device) if device is not None else m for layer, m in masks.items()}
-
-
-def replace_heads(out, keep, J: int, replacement="zero", real=None):
-    """Copy j's heads where ``keep[j]`` is True, replaced; the other heads and copies as they are — the one place
-    heads are zeroed, mean-ablated or patched.
-
-    Args:
-        out: the per-head outputs ``(J·P, H, L, Dh)`` of one layer (row ``j·P + p`` is input p of copy j).
-        keep: bool ``(J, H)`` (every position) or ``(J, H, L)`` (the positions marked).
-        J: copies.
-        replacement: ``"zero"``; ``"mean"`` (the head's mean over copy j's real positions, all P rows together);
-            or a tensor ``(P, H, L, Dh)``, another run's heads (patching).
-        real: ``"mean"``: bool ``(P, L)``, True at real (non-padding) positions (None: every position).
-    Returns:
-        ``(J·P, H, L, Dh)``.
-    """
-    import torch
-
-    N, H, L, Dh = out.shape
-    P = N // J
-    x = out.reshape(J, P, H, L, Dh)
-    mask = keep[:, None, :, :, None] if keep.dim() == 3 else keep[:, None, :, None, None]  # (J, 1, H, L|1, 1)
-    if isinstance(replacement, str):
-        if replacement == "zero":
-            return torch.where(mask, torch.zeros((), dtype=out.dtype, device=out.device), x).reshape(N, H, L, Dh)
-        if replacement != "mean":
-            raise ValueError(f"replacement: expected one of {MODES} or a tensor, got {replacement!r}")
-        w = torch.ones(P, L, dtype=out.dtype, device=out.device) if real is None else real.to(out.dtype)
-        w = w.to(out.device)[None, :, None, :, None]  # (1, P, 1, L, 1)
-        count = w.sum()
-        if float(count) == 0:
-            raise ValueError("real: mean ablation found no real (non-padding) position in the batch")
-        mean = (x * w).sum(dim=(1, 3), keepdim=True) / count  # (J, 1, H, 1, Dh)
-        return torch.where(mask, mean, x).reshape(N, H, L, Dh)
-    src = replacement.to(out.dtype)
-    if tuple(src.shape) != (P, H, L, Dh):
-        raise RuntimeError(f"replace_heads: the layer gave heads {tuple(out.shape)}, the source {tuple(src.shape)}")
-    return torch.where(mask, src[None], x).reshape(N, H, L, Dh)
 
 
 def start_layer(model, jobs: Sequence) -> int:

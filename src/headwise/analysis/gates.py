@@ -143,7 +143,7 @@ def gate_importance(hm: GatedModel, batches: Sequence, *, scored: str | None = N
 
 
 @contextlib.contextmanager
-def recomputed(hm, on: bool):
+def recomputed(hm: GatedModel, on: bool):
     """Inside the block (``on``), every block at ``layers.{i}.resid_pre`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): the backward recomputes each block from its input, so a gradient
     pass keeps one block's activations instead of NL. Gradients are the same (the recomputation is the same

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from headwise.analysis.protocol import GatedModel
+from headwise.analysis.protocol import GatedModel, SweptModel
 from headwise.checks import one_of
 
 __all__ = [
@@ -121,7 +121,7 @@ LOSS_CHUNK = 1024
 
 
 @contextlib.contextmanager
-def scored_rows(hm, index):
+def scored_rows(hm: SweptModel, index):
     """Inside the block the decoder's LM head runs on the flat positions ``index`` ``(n,)`` of its input ``(N, L, D)``
     alone (a replacement at the view's ``unembed.in`` point) and the forward returns ``(n, V)`` logits (the model's
     own code after the head, soft-capping included, acts on them) — no logits of padding, of unscored positions or
@@ -134,7 +134,7 @@ def scored_rows(hm, index):
         yield True
 
 
-def scored_logits(hm, forward, index):
+def scored_logits(hm: SweptModel, forward, index):
     """``(n, V)`` logits of the flat positions ``index`` of ``forward()``'s ``(N, L, V)`` output."""
     with scored_rows(hm, index) as selected:
         out = forward()
@@ -158,7 +158,7 @@ def token_losses(logits, targets):
 
 
 @contextlib.contextmanager
-def no_cache(hm):
+def no_cache(hm: GatedModel):
     """Inside the block a Hugging Face model builds no key/value cache (``config.use_cache`` False): a pass reads its
     logits once, and a recomputed block must not append its keys a second time."""
     config = getattr(hm.model, "config", None)

@@ -52,6 +52,7 @@ from headwise import checks
 from headwise.analysis.block import RowBlock
 from headwise.analysis.divergence import js_sums_torch
 from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING
+from headwise.analysis.protocol import RowModel
 from headwise.analysis.row_readers import DetectorSums, HeadSums, KeptRows, Layout, PooledMaps
 from headwise.analysis.tokens import TokenInfo
 
@@ -271,7 +272,7 @@ class RowReader(BlockPass):
 
 
 def read_rows(
-    hm,
+    hm: RowModel,
     ids,
     mask=None,
     info: TokenInfo | None = None,

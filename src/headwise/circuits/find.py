@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +26,9 @@ from headwise.circuits.prompts import answer_ids, prompt_ids
 from headwise.circuits.result import Circuit
 from headwise.circuits.wiring import wiring
 from headwise.patching.metric import LogitDifference
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["CIRCUIT_METHODS", "PairShard", "find_circuit", "spearman"]
 
@@ -71,7 +75,7 @@ def _node_details(target, graph: Graph, ids: Tensor, answer: int, wrong: int) ->
 
 
 def find_circuit(
-    hm,
+    hm: HeadModel,
     clean,
     corrupted,
     *,

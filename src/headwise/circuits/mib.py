@@ -34,6 +34,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -47,6 +48,9 @@ from headwise.circuits.metrics import METRICS, make_metric
 from headwise.circuits.prompts import answer_ids, prompt_ids
 from headwise.circuits.prune import prune, top_kept
 from headwise.circuits.wiring import Wiring, wiring
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "IMPORTANCES",
@@ -373,7 +377,7 @@ def model_width(model) -> int:
 
 
 def evaluate_mib(
-    hm,
+    hm: HeadModel,
     clean,
     corrupted,
     *,

@@ -19,7 +19,7 @@ import threading
 import click
 import typer
 
-from headwise.cli._app import CLIError, app
+from headwise.cli._app import MEMORY, CLIError, app
 
 try:  # typer >= 0.29 carries its own copy of click, whose exceptions are not click's
     from typer._click import exceptions as _typer_click
@@ -64,6 +64,14 @@ def _from_ctrl_c(e: BaseException | None) -> bool:
     return False
 
 
+def _said(e: Exception) -> str:
+    """A user's mistake as one line: a memory error worded with ``--max-memory`` (the library names the budget by its
+    keyword), anything else as it says itself."""
+    from headwise.models.memory import MemoryBudgetError  # loaded by whatever raised one
+
+    return e.worded(MEMORY) if isinstance(e, MemoryBudgetError) else str(e)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``headwise`` console script and of ``python -m headwise``."""
     command = typer.main.get_command(app)
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(e.format_message())
     except (CLIError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
         if not _from_ctrl_c(e):
-            _fail(str(e))
+            _fail(_said(e))
         rc = _INTERRUPTED
     except Exception as e:  # a bug's traceback, unless the error came of a Ctrl-C
         if not _from_ctrl_c(e):

@@ -6,7 +6,12 @@ every mistake is a :class:`~headwise.cli._app.CLIError` naming the option.
 
 from __future__ import annotations
 
-from headwise.cli._app import CLIError
+from typing import TYPE_CHECKING
+
+from headwise.cli._app import MEMORY, CLIError
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["open_decoder", "encode_text", "encode_token"]
 
@@ -29,9 +34,9 @@ def open_decoder(
     from headwise.models.memory import MemoryBudgetError, whole_refused
 
     try:
-        hm = open_model(model, max_memory=max_memory, memory_name="--max-memory")
+        hm = open_model(model, max_memory=max_memory)
     except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
-        raise CLIError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
+        raise CLIError(("" if e.given else "--model: ") + " ".join(e.worded(MEMORY).split())) from None
     except (OSError, ValueError) as e:  # OSError: a GGUF cache that cannot be written
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder":
@@ -39,11 +44,11 @@ def open_decoder(
     if hm.tokenizer is None:
         raise CLIError(f"--model: {hm.name} has no tokenizer.json; --clean and --corrupted are texts")
     if whole is not None and hm.stream is not None:
-        raise CLIError(whole_refused(hm.name, hm.memory, whole))
+        raise CLIError(whole_refused(hm.name, hm.memory, whole).worded(MEMORY))
     return hm
 
 
-def encode_text(hm, option: str, text: str) -> list[int]:
+def encode_text(hm: HeadModel, option: str, text: str) -> list[int]:
     """``text`` as the model reads it (its tokenizer, its own special tokens)."""
     if not text.strip():
         raise CLIError(f"{option}: expected a non-empty text, got {text!r}")
@@ -53,7 +58,7 @@ def encode_text(hm, option: str, text: str) -> list[int]:
     return ids
 
 
-def encode_token(hm, option: str, token: str) -> int:
+def encode_token(hm: HeadModel, option: str, token: str) -> int:
     """The one id ``token`` encodes to (no special tokens added), else a one-line error saying what it gave."""
     tok = hm.tokenizer
     enc = tok.encode(token, add_special_tokens=False)

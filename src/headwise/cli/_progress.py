@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 
 @contextmanager
@@ -80,7 +84,7 @@ def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
 
 
 @contextmanager
-def row_progress(hm, n: int) -> Iterator[Callable[[int, int, int], None] | None]:
+def row_progress(hm: HeadModel, n: int) -> Iterator[Callable[[int, int, int], None] | None]:
     """A bar over layers × rows for a long example (≥ 2,048 tokens) of ``hm``; yields ``rows(layer, done, length)``
     (the streaming pass's ``row_progress``), or None for a shorter one."""
     if n < 2048:
@@ -133,7 +137,7 @@ LAYER_EVERY = 5.0
 
 
 @contextmanager
-def layer_progress(hm) -> Iterator[None]:
+def layer_progress(hm: HeadModel) -> Iterator[None]:
     """While ``hm`` (opened layer by layer: ``hm.stream``) runs, one line on stderr at most every :data:`LAYER_EVERY`
     seconds: the pass, the layer it reached and the time left in that pass, from the seconds its layers took so far
     (reading and computing); nothing for a model opened whole, or for passes quicker than that."""

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -56,6 +56,9 @@ from headwise.cli._app import CLIError, app
 from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import stage_progress
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 METHODS = ("eap", "eap-ig", "atp*", "exact")
 METRICS = ("logit_diff", "prob", "kl")
@@ -119,7 +122,7 @@ def options_pairs(clean: list[str], corrupted: list[str], answer: list[str], wro
     return [dict(zip(FIELDS, row)) for row in zip(clean, corrupted, answer, wrong)]
 
 
-def encode_pairs(hm, pairs: list[dict], source: str) -> dict[str, list]:
+def encode_pairs(hm: HeadModel, pairs: list[dict], source: str) -> dict[str, list]:
     """The pairs as the model reads them: ``{"clean", "corrupted": P lists of L ids, "answer", "wrong": P ids}``.
 
     Every text encodes within the model, every pair has one token length (the same for all pairs), every
@@ -296,7 +299,7 @@ def circuit(
         typer.echo(f"wrote MIB's importances and {len(written) - len(OUTPUTS) - 1} circuits to {mib}")
 
 
-def _evaluate(hm, ids: dict, path: Path, out: Path, **options) -> None:
+def _evaluate(hm: HeadModel, ids: dict, path: Path, out: Path, **options) -> None:
     """``--evaluate``: the MIB-format file scored on the pairs, printed and written to ``--out/mib.json``."""
     import time
 

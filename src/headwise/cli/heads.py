@@ -44,7 +44,7 @@ rows (``docs/heads.md``, "Long inputs").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -52,6 +52,9 @@ from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import prepare_folder, print_head_table, table_console, write_failed, write_pruning
 from headwise.cli._progress import corpus_progress, layer_progress, row_progress, stage_progress
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 
 def _warn(message: str) -> None:
@@ -173,7 +176,7 @@ def _bars():
     return study.Bars(corpus=corpus_progress, rows=row_progress, stages=stage_progress)
 
 
-def _encoder(hm, opts: study.HeadsOptions) -> None:
+def _encoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
     """The encoder flow (and the untrained block, ``hm`` None): :func:`headwise.study.encoder_study`, printed and
     drawn; importance."""
     from headwise.viz.report import write_heads_outputs
@@ -214,7 +217,7 @@ def _print_found(console, found, layer: int | None, columns, note: str) -> None:
     console.print(note)
 
 
-def _importance(hm, opts: study.HeadsOptions, found, probe, console):
+def _importance(hm: HeadModel, opts: study.HeadsOptions, found, probe, console):
     """``--importance`` (:func:`headwise.study.heads_importance`) printed, then ``pruning.png`` / ``pruning.csv``.
     Returns ``(columns for heads.json / heads.csv or None, paths)``."""
     if not opts.importance:
@@ -228,7 +231,7 @@ def _importance(hm, opts: study.HeadsOptions, found, probe, console):
     return columns, paths
 
 
-def _decoder(hm, opts: study.HeadsOptions) -> None:
+def _decoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
     """The decoder flow: :func:`headwise.study.decoder_study` printed and drawn; importance, composition. A pooled head
     view shows :func:`headwise.study.view_command` with the queries the user chooses; ``--queries-only``:
     :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
@@ -285,7 +288,7 @@ def _decoder(hm, opts: study.HeadsOptions) -> None:
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _composition(hm, out: Path, found, columns, more, early=None):
+def _composition(hm: HeadModel, out: Path, found, columns, more, early=None):
     """``--composition``: the weights' circuits' per-head columns (:func:`headwise.study.composition_result`, or
     ``early``: its result already made, in a 1-tuple) and ``composition.png``."""
     from headwise.viz.qk import plot_composition
@@ -301,7 +304,7 @@ def _composition(hm, out: Path, found, columns, more, early=None):
     return {**(columns or {}), **cols}, {**more, "composition.png": path}
 
 
-def _queries_only(hm, opts: study.HeadsOptions, plan) -> None:
+def _queries_only(hm: HeadModel, opts: study.HeadsOptions, plan) -> None:
     """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1 in ``headview_queries.html``, from one
     forward pass that forms those rows of every head and nothing else (no statistics, no other file written)."""
     a, b = plan.queries

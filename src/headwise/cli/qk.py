@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from headwise.cli._app import CLIError, app
+from headwise.cli._app import MEMORY, CLIError, app
 from headwise.cli._output import write_failed
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 OUTPUTS = ("qk.json", "qk.png")
 
 
-def _head(spec: str, hm) -> tuple[int, int]:
+def _head(spec: str, hm: HeadModel) -> tuple[int, int]:
     from headwise.checks import head_number, layer_number
 
     parts = spec.split(".")
@@ -86,9 +89,9 @@ def qk(
     if not text.strip():
         raise CLIError(f"--text: expected a non-empty text, got {text!r}")
     try:
-        hm = open_model(model, max_memory=max_memory, memory_name="--max-memory")
+        hm = open_model(model, max_memory=max_memory)
     except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
-        raise CLIError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
+        raise CLIError(("" if e.given else "--model: ") + " ".join(e.worded(MEMORY).split())) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder" or hm.tokenizer is None:
@@ -104,6 +107,8 @@ def qk(
         raise CLIError(f"--key: position {j} comes after the query {i}; a decoder's query sees keys 0 … {i}")
     try:
         result = qk_attribution(hm, torch.tensor(ids), layer, h, i, j)
+    except MemoryBudgetError as e:  # every layer's attention parts do not fit the budget: named as the option
+        raise CLIError(e.worded(MEMORY)) from None
     except ValueError as e:
         raise CLIError(f"--key: {e}" if str(e).startswith("key:") else str(e)) from None
 

@@ -5,7 +5,8 @@ contribution is its slice of ``o_proj``'s *input*: the attention output ``(B, L,
 reshapes to ``(B, L, H·Dv)`` for ``o_proj`` (GPT-2's ``c_proj``, BERT's ``attention.output.dense``). Inside
 ``with ablate(model, {layer: [head, …]}):`` the model runs on headwise attention and those heads' slices are
 replaced there, at each layer's ``hook_heads`` (:func:`headwise.hf.backend.hook_points`), before the
-projection — equal to editing ``o_proj``'s input (tested ≤ 1e-5).
+projection — equal to editing ``o_proj``'s input (tested ≤ 1e-5) — by :func:`headwise.replacement.replace_heads`, the
+function the batched engine replaces heads with.
 
 Shape legend: B batch, L query length, H query heads, Dv value head width.
 """
@@ -23,8 +24,7 @@ from torch import Tensor, nn
 from headwise.checks import head_number, layer_number, one_of
 from headwise.hf._model import named_points, num_heads, on_headwise
 from headwise.points import attention_point
-
-MODES = ("zero", "mean")
+from headwise.replacement import MODES, replace_heads
 
 
 class _PaddingMasks:
@@ -72,6 +72,9 @@ class _PaddingMasks:
 
 
 class _Ablation:
+    """A ``hook_heads`` hook removing heads through :func:`headwise.replacement.replace_heads` (one copy of the batch:
+    the function the batched engine replaces heads with)."""
+
     def __init__(self, mode: str, padding: _PaddingMasks | None):
         self._mode = mode
         self._padding = padding
@@ -83,17 +86,14 @@ class _Ablation:
         B, H, L, Dv = out.shape
         if max(heads) >= H:
             raise ValueError(f"heads: head {max(heads)} is out of range for an attention call with {H} heads")
-        index = torch.tensor(heads, device=out.device)
-        if self._mode == "zero":
-            return out.index_fill(1, index, 0.0)
-        real = self._padding.real(B, L, out.device)  # (B, L)
-        count = int(real.sum())
-        if count == 0:
-            raise ValueError("attention_mask: mode='mean' found no real (non-padding) position in the batch")
-        chosen = out.index_select(1, index)  # (B, k, L, Dv)
-        keep = real[:, None, :, None].to(out.dtype)  # (B, 1, L, 1)
-        mean = (chosen * keep).sum(dim=(0, 2)) / count  # (k, Dv)
-        return out.index_copy(1, index, mean[None, :, None, :].expand(B, -1, L, Dv).contiguous())
+        keep = torch.zeros(1, H, dtype=torch.bool, device=out.device)  # (J = 1, H)
+        keep[0, heads] = True
+        real = None
+        if self._mode == "mean":
+            real = self._padding.real(B, L, out.device)  # (B, L)
+            if not bool(real.any()):
+                raise ValueError("attention_mask: mode='mean' found no real (non-padding) position in the batch")
+        return replace_heads(out, keep, 1, self._mode, real)
 
 
 def _check_heads(heads, modules: list[nn.Module]) -> dict[int, list[int]]:

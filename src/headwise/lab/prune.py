@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ from headwise.analysis.importance import ImportanceResult, gate_importance
 from headwise.analysis.importance import head_importance as michel_importance
 from headwise.models.sources import lab_head_model
 from headwise.models.transformer_lm import TransformerLM
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["PruneRun", "head_importance", "prune_batches", "prune_model", "pruning_curves"]
 
@@ -117,7 +121,7 @@ class PruneRun:
 
 
 def prune_model(
-    hm,
+    hm: HeadModel,
     *,
     sequences: int,
     random_orders: int,

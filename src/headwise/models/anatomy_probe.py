@@ -26,6 +26,7 @@ from headwise.models.anatomy import (
     same,
 )
 from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor, unembedding
+from headwise.structure import child as _child
 
 __all__ = [
     "FUSED",
@@ -63,14 +64,6 @@ def _first_tensor(args, kwargs) -> Tensor | None:
 
 
 _out = output_tensor
-
-
-def _child(module: nn.Module, names) -> nn.Module | None:
-    for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
-    return None
 
 
 def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:

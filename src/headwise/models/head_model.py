@@ -7,8 +7,9 @@ V vocabulary.
 modules — or a Hugging Face model running on headwise's attention backend) with what the analysis needs: its kind
 (encoder / decoder), head counts, tokenizer, the ids a probe must not draw. One constructor builds it for every
 kind, from the module alone (``HeadModel(module, name=…, tokenizer=…)``); it picks the module's *runner* once
-(headwise encoder, headwise decoder, Hugging Face), which knows how that backend runs and where its attention
-modules are. Its methods encode texts, run the model, return every layer's per-head weights and gate heads.
+(:mod:`headwise.models.runners`: headwise encoder, headwise decoder, Hugging Face), which knows how that backend runs
+and where its attention modules are. Its methods encode texts, run the model, return every layer's per-head weights
+and gate heads.
 
 **Named points.** Every hook point has a stable name (:mod:`headwise.points`: ``layers.{i}.attn.heads``,
 ``layers.{i}.attn.qk``, ``layers.{i}.attn.pattern``, ``layers.{i}.resid_pre``, ``layers.{i}.attn.out``,
@@ -28,21 +29,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headwise.models.memory import whole_refused
+from headwise.models.runners import MAX_ANALYSIS_LENGTH, runner_for
 from headwise.models.token_text import token_pieces, token_texts
 
-__all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
+if TYPE_CHECKING:
+    from headwise.models.memory import MemoryPlan
+    from headwise.models.streamed import LayerStream
 
-#: Longest input an encoder is analysed on (tokens): its maps are L × L per head. Decoders are read by the
-#: streaming pass (:mod:`headwise.analysis.streaming`) up to their context.
-MAX_ANALYSIS_LENGTH = 1024
+__all__ = ["HeadModel", "EncodedTexts", "MAX_ANALYSIS_LENGTH"]
 
 
 @dataclass
@@ -56,220 +58,11 @@ class EncodedTexts:
     truncated: list[bool] = field(default_factory=list)
 
 
-# -- runners: how each backend runs, chosen once ----------------------------------------------------------------
-
-
-class _Headwise:
-    """A module built from headwise's attention modules: a decoder ``module(ids) -> logits`` (or a tuple whose
-    first item they are)."""
-
-    backend = "headwise"
-    kind = "decoder"
-
-    def attention(self, model) -> list:
-        from headwise.core.hooks import HookPoint
-
-        modules = [m for m in model.modules() if isinstance(getattr(m, "hook_heads", None), HookPoint)]
-        if not modules:
-            raise ValueError(
-                f"model: no attention module with a hook_heads point in the {type(model).__name__}: expected "
-                "headwise's attention modules or a Hugging Face model on headwise's backend"
-            )
-        return modules
-
-    def points(self, model, attention: list):
-        from headwise.points import NamedPoints
-
-        return NamedPoints(model, attention, _itself)
-
-    def num_heads(self, module) -> int:
-        return int(module.num_heads)
-
-    def family(self, model) -> str:
-        return type(model).__name__
-
-    def max_length(self, model, kind: str) -> int:
-        return int(getattr(model, "context_length", None) or MAX_ANALYSIS_LENGTH)
-
-    def vocab_size(self, model) -> int | None:
-        value = getattr(model, "vocab_size", None)
-        return int(value) if value is not None else None
-
-    def bos_id(self, model) -> int | None:
-        return None
-
-    def run(self, model, ids, mask):
-        """The output (logits for a decoder, last hidden states for an encoder)."""
-        out = model(ids)
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-    def logits(self, model, ids, last_only: bool):
-        return self.run(model, ids, None)
-
-    def read(self, model, ids, mask) -> None:
-        """One pass whose output nobody reads (hooked points do)."""
-        model(ids)
-
-    def attentions(self, model, ids, mask) -> list:
-        return list(model(ids, need_weights=True)[1])
-
-    def math_path(self, attention: list, on: bool):
-        return _on_math_path(attention if on else [])
-
-
-class _HeadwiseEncoder(_Headwise):
-    """headwise's BERT: ``module(ids, mask, output_attentions=…)`` -> :class:`~headwise.models.BertOutput`."""
-
-    kind = "encoder"
-
-    def family(self, model) -> str:
-        return "bert"
-
-    def max_length(self, model, kind: str) -> int:
-        return min(int(model.config.max_position_embeddings), MAX_ANALYSIS_LENGTH)
-
-    def vocab_size(self, model) -> int:
-        return int(model.config.vocab_size)
-
-    def run(self, model, ids, mask):
-        return model(ids, mask, output_attentions=False).last_hidden_state
-
-    def read(self, model, ids, mask) -> None:
-        model(ids, mask)
-
-    def attentions(self, model, ids, mask) -> list:
-        return list(model(ids, mask, output_attentions=True).attentions)
-
-
-class _HeadwiseLM(_Headwise):
-    """headwise's :class:`~headwise.models.llama.LlamaLM`: ``module(ids, mask)`` -> logits, and
-    ``module.hidden_states(ids, mask)`` for a pass whose logits nobody reads (no ``(L, V)`` unembedding)."""
-
-    def max_length(self, model, kind: str) -> int:
-        return int(model.context_length)
-
-    def bos_id(self, model) -> int | None:
-        return model.config.bos_token_id
-
-    def run(self, model, ids, mask):
-        return model(ids, mask)
-
-    def logits(self, model, ids, last_only: bool):
-        if not last_only:
-            return model(ids)
-        return model.lm_head(model.hidden_states(ids)[:, -1:])  # (B, 1, V)
-
-    def read(self, model, ids, mask) -> None:
-        model.hidden_states(ids, mask)
-
-    def attentions(self, model, ids, mask) -> list:
-        return list(model.hidden_states(ids, mask, need_weights=True)[1])  # no (L, V) unembedding nobody reads
-
-
-class _HuggingFace:
-    """A transformers ``PreTrainedModel`` on headwise's attention backend."""
-
-    backend = "hf+headwise"
-
-    def __init__(self, model):
-        import headwise.hf
-
-        implementation = getattr(model.config, "_attn_implementation", None)
-        if implementation != headwise.hf.NAME:
-            raise ValueError(
-                f"model: runs on {implementation!r} attention; the named points act where heads meet the output "
-                f"projection on headwise's backend: load it with attn_implementation={headwise.hf.NAME!r} (after "
-                f"import headwise.hf) or call model.set_attn_implementation({headwise.hf.NAME!r})"
-            )
-        self.kind = "decoder" if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) else "encoder"
-
-    def attention(self, model) -> list:
-        import headwise.hf
-
-        return headwise.hf.attention_layers(model)
-
-    def points(self, model, attention: list):
-        from headwise.hf.backend import hook_points
-        from headwise.points import NamedPoints
-
-        return NamedPoints(model, attention, hook_points)
-
-    def num_heads(self, module) -> int:
-        import headwise.hf
-
-        return headwise.hf.num_heads(module)
-
-    def family(self, model) -> str:
-        import headwise.hf
-
-        return headwise.hf.family(model)
-
-    @staticmethod
-    def _text_config(model):
-        c = model.config
-        return c.get_text_config() if hasattr(c, "get_text_config") else c
-
-    def max_length(self, model, kind: str) -> int:
-        positions = getattr(self._text_config(model), "max_position_embeddings", None) or MAX_ANALYSIS_LENGTH
-        return int(positions if kind == "decoder" else min(positions, MAX_ANALYSIS_LENGTH))
-
-    def vocab_size(self, model) -> int:
-        return int(self._text_config(model).vocab_size)
-
-    def bos_id(self, model) -> int | None:
-        return getattr(self._text_config(model), "bos_token_id", None)
-
-    def run(self, model, ids, mask):
-        out = model(input_ids=ids, attention_mask=mask)  # a causal LM's logits, an encoder's hidden states
-        logits = getattr(out, "logits", None)
-        return logits if logits is not None else out.last_hidden_state
-
-    def logits(self, model, ids, last_only: bool):
-        keep = {"logits_to_keep": 1} if last_only else {}
-        return model(input_ids=ids, use_cache=False, **keep).logits
-
-    def read(self, model, ids, mask) -> None:
-        """The base model (no language-model head: an 8,192-token pass would otherwise form ``(L, V)`` logits
-        nobody reads)."""
-        base = getattr(model, "base_model", None) or model
-        base(input_ids=ids, attention_mask=mask)
-
-    def attentions(self, model, ids, mask) -> list:
-        import headwise.hf
-
-        with headwise.hf.capture(model) as attn:
-            model(input_ids=ids, attention_mask=mask)
-        return list(attn.weights)
-
-    def math_path(self, attention: list, on: bool):
-        return contextlib.nullcontext()
-
-
-def _itself(module):
-    return module
-
-
-def _runner(model):
-    from torch import nn
-
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            "model: expected an nn.Module (headwise's modules, or a Hugging Face model on headwise's attention), "
-            f"got {type(model).__name__}"
-        )
-    if "transformers.modeling_utils" in sys.modules:  # no PreTrainedModel before its module is imported (importing
-        try:  # it for the check would hold 0.12 GB: a GGUF file read layer by layer imports transformers' GGUF parts)
-            from transformers import PreTrainedModel
-        except ImportError:  # pragma: no cover - the hf extra is missing
-            PreTrainedModel = ()  # noqa: N806
-        if isinstance(model, PreTrainedModel):
-            return _HuggingFace(model)
-    from headwise.models.bert import BertEncoder
-    from headwise.models.llama import LlamaLM
-
-    if isinstance(model, LlamaLM):
-        return _HeadwiseLM()
-    return _HeadwiseEncoder() if isinstance(model, BertEncoder) else _Headwise()
+def _in_vocabulary(token: int | None, vocab_size: int | None) -> int | None:
+    """``token`` where it is an id of the vocabulary (any id where the size is not known), else None."""
+    if token is None or vocab_size is None or 0 <= token < vocab_size:
+        return token
+    return None
 
 
 # -- the view -----------------------------------------------------------------------------------------------------
@@ -279,11 +72,13 @@ class HeadModel:
     """A model, ready for head analysis and for the tools that act on its named points.
 
     ``HeadModel(module, *, kind=None, family=None, name=None, max_length=None, vocab_size=None, tokenizer=None,
-    bos_id=None, special_ids=())`` — the one constructor, for every kind: headwise's own modules (BERT, the lab's
-    ``TransformerLM``, any ``nn.Module`` holding headwise's attention modules, run as ``module(ids)``) and
-    Hugging Face ``PreTrainedModel`` s on headwise's attention backend. What is not given is read from the
-    module (the config's ``model_type``, its positions and vocabulary); the loaders of
-    :func:`headwise.models.open_model` give the rest (name, tokenizer, special ids).
+    bos_id=None, special_ids=(), stream=None, memory=None)`` — the one constructor, for every kind: headwise's own
+    modules (BERT, the lab's ``TransformerLM``, any ``nn.Module`` holding headwise's attention modules, run as
+    ``module(ids)``) and Hugging Face ``PreTrainedModel`` s on headwise's attention backend. What is not given is
+    read from the module (the config's ``model_type``, its positions and vocabulary); the loaders of
+    :func:`headwise.models.open_model` give the rest (name, tokenizer, special ids, the stream and the memory
+    plan). The view is whole when made: nothing outside it sets its attributes; the points the anatomy adds are
+    declared to its :class:`~headwise.points.NamedPoints` here (the anatomy itself is found on first use).
 
     Attributes:
         model: the ``torch.nn.Module``.
@@ -297,8 +92,13 @@ class HeadModel:
             :data:`MAX_ANALYSIS_LENGTH`.
         vocab_size: V (None where the module does not say).
         tokenizer: a ``tokenizers.Tokenizer`` or None (the folder has none).
-        bos_id: the id a probe starts with (the config's ``bos_token_id``), or None.
-        special_ids: ids the probe never draws (the tokenizer's special tokens, BOS / EOS / PAD).
+        bos_id: the id a probe starts with (given; else the config's ``bos_token_id`` where it is inside the
+            vocabulary), or None.
+        special_ids: ids the probe never draws (the tokenizer's special tokens, BOS / EOS / PAD; those outside
+            the vocabulary dropped).
+        stream: the :class:`~headwise.models.streamed.LayerStream` of a model opened layer by layer (it owns the
+            hooks and the pins), else None.
+        memory: the :class:`~headwise.models.memory.MemoryPlan` :func:`~headwise.models.open_model` chose, or None.
         backend: ``"headwise"`` (headwise's own modules) or ``"hf+headwise"`` (Hugging Face on headwise
             attention).
         attention_modules: the NL attention modules, in layer order.
@@ -319,15 +119,16 @@ class HeadModel:
         vocab_size: int | None = None,
         tokenizer=None,
         bos_id: int | None = None,
-        special_ids: tuple[int, ...] = (),
+        special_ids: Iterable[int] = (),
+        stream: LayerStream | None = None,
+        memory: MemoryPlan | None = None,
     ):
-        runner = _runner(model)
+        runner = runner_for(model)
         self._runner = runner
         self.model = model
         self.backend = runner.backend
         self.attention_modules = runner.attention(model)
-        self.points = runner.points(model, self.attention_modules)
-        self.points.more = self._anatomy_points
+        self.points = runner.points(model, self.attention_modules, self._anatomy_points)
         self.heads_per_layer = [runner.num_heads(m) for m in self.attention_modules]
         self.num_layers = len(self.attention_modules)
         self.num_heads = max(self.heads_per_layer)
@@ -337,9 +138,10 @@ class HeadModel:
         self.max_length = int(max_length or runner.max_length(model, self.kind))
         self.vocab_size = vocab_size if vocab_size is not None else runner.vocab_size(model)
         self.tokenizer = tokenizer
-        self.bos_id = bos_id if bos_id is not None else runner.bos_id(model)
-        self.special_ids = tuple(special_ids)
-        self.memory = self.stream = None  # open_model's MemoryPlan; the LayerStream of a model opened layer by layer
+        self.bos_id = bos_id if bos_id is not None else _in_vocabulary(runner.bos_id(model), self.vocab_size)
+        self.special_ids = tuple(i for i in special_ids if _in_vocabulary(i, self.vocab_size) is not None)
+        self.memory = memory
+        self.stream = stream
 
     def __repr__(self) -> str:
         return f"HeadModel({self.title}, backend={self.backend!r})"
@@ -363,9 +165,9 @@ class HeadModel:
             AnatomyError: a structure headwise does not read (one sentence, the same for every tool); ValueError:
                 a model opened layer by layer, outside :func:`headwise.models.pinned.attention_pinned`.
         """
-        if self.stream is not None and not self.__dict__.get("_pinned_depth"):
+        if self.stream is not None and not self.stream.pin_depth:
             self.check_whole("this tool")
-        found = self.__dict__.get("_anatomy")
+        found = self.__dict__.get("_anatomy")  # kept once found (not made before: a refusal leaves no entry)
         if found is None:
             from headwise.models.anatomy_probe import read_anatomy
 
@@ -375,7 +177,7 @@ class HeadModel:
     def check_whole(self, what: str) -> None:
         """ValueError (one line naming the memory ``what`` would need) when the model was opened layer by layer."""
         if self.stream is not None:
-            raise ValueError(whole_refused(self.name, self.memory, what))
+            raise whole_refused(self.name, self.memory, what)
 
     def _anatomy_points(self) -> dict:
         """The points the anatomy adds to the view (:func:`headwise.models.anatomy.anatomy_points`)."""
@@ -583,16 +385,3 @@ class HeadModel:
 
         layer = layer_number("layer", layer, self.num_layers, subject=str(layer))
         return layer, head_number("head", head, layer, self.heads_per_layer[layer], subject=str(head))
-
-
-@contextlib.contextmanager
-def _on_math_path(modules):
-    """Inside the block, ``modules`` run ``backend="math"``; each gets its own backend back after."""
-    saved = [m.backend for m in modules]
-    try:
-        for m in modules:
-            m.backend = "math"
-        yield
-    finally:
-        for m, backend in zip(modules, saved):
-            m.backend = backend

@@ -39,7 +39,6 @@ def memory_route(
     max_memory,
     *,
     native: bool,
-    name: str = "max_memory",
     by_layer: bool | None = None,
     cache: bool = True,
 ) -> tuple[MemoryPlan, Layered | None]:
@@ -48,14 +47,14 @@ def memory_route(
 
     Args:
         info: the source; max_memory: the budget (a size, ``"1.5GB"``; None: what the machine has free, with a
-            margin); native: headwise's own Llama decoder (``backend="headwise"``); name: the option errors name.
+            margin); native: headwise's own Llama decoder (``backend="headwise"``).
         by_layer: True: layer by layer whatever the budget (where the kind allows; to compare the routes); False:
             whole, planned against the budget all the same; None: as the budget says.
         cache: a GGUF file: False (no float32 copy cached) lets it go layer by layer, its blocks de-quantised when
             their layer runs (:mod:`headwise.models.gguf_stream`; ``info.config``: the file's config already read).
     Raises:
         MemoryBudgetError (a ValueError): a budget that is not a size or is smaller than the smallest that works,
-            naming that smallest budget.
+            naming that smallest budget (and carrying it, the budget and the route).
     """
     subject = info.name or info.folder.name
     whole = 4 * info.num_parameters + _file_bytes(info)
@@ -64,7 +63,7 @@ def memory_route(
         plan = None
         if not by_layer:  # the whole route, when it fits, without building anything
             try:
-                plan = plan_memory(max_memory, whole=whole, units=None, name=name, subject=subject)
+                plan = plan_memory(max_memory, whole=whole, units=None, subject=subject)
             except ValueError:
                 plan = None
         if plan is not None:
@@ -72,14 +71,14 @@ def memory_route(
         layered = build()
         stream = layered.stream
         whole = stream.whole_bytes() + _file_bytes(info)
-        plan = plan_memory(max_memory, whole=whole, units=stream.sizes(), name=name, subject=subject)
+        plan = plan_memory(max_memory, whole=whole, units=stream.sizes(), subject=subject)
         if by_layer and plan.route == "whole":
             plan = dataclasses.replace(plan, route="layers")
         if plan.route == "layers":
             stream.attach()
             return plan, layered
         return plan, None
-    return plan_memory(max_memory, whole=whole, units=None, name=name, subject=subject), None
+    return plan_memory(max_memory, whole=whole, units=None, subject=subject), None
 
 
 def _builder(info: FolderInfo, native: bool, cache: bool):

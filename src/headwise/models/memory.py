@@ -18,6 +18,8 @@ import re
 import resource
 from dataclasses import dataclass
 
+from headwise._machine import free_memory
+
 __all__ = [
     "WORKING",
     "FREE_SHARE",
@@ -28,6 +30,7 @@ __all__ = [
     "format_size",
     "parse_size",
     "MIN_WORKING",
+    "OPTION",
     "map_large_allocations",
     "peak_rss",
     "plan_memory",
@@ -57,17 +60,45 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 EXPECTED = "a size such as 1.5GB, 400MB or 2GiB"
 
 
-class MemoryBudgetError(ValueError):
-    """A budget that is not a size, or one smaller than the smallest that opens the model; the message names it.
+#: How the library's memory errors name the budget: :func:`headwise.models.open_model`'s keyword. A caller with an
+#: option of its own (the command line's ``--max-memory``) words the same error with it (:meth:`MemoryBudgetError.
+#: worded`).
+OPTION = "max_memory"
 
+
+class MemoryBudgetError(ValueError):
+    """A memory budget that does not do: not a size, smaller than the smallest that opens the model, or too small
+    for a tool on a model opened layer by layer. One line; ``str(e)`` names the budget as :data:`OPTION`,
+    :meth:`worded` as the caller's own option.
+
+    Args:
+        message: the line, with ``{option}`` wherever the budget's name goes.
     Attributes:
-        smallest: the smallest budget in bytes that works for the model (None where not known).
+        smallest: the smallest budget in bytes that works (None where not known).
         given: whether the budget was the caller's (else the default: the model is what does not fit).
+        budget: the budget in bytes (None: not a size); need: the bytes needed (the smallest budget that opens the
+            model, or what the tool needs); route: ``"whole"`` or ``"layers"``, the route the budget was weighed
+            for (None where it was not a size).
     """
 
-    def __init__(self, message: str, smallest: int | None = None, *, given: bool = True):
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        smallest: int | None = None,
+        *,
+        given: bool = True,
+        budget: int | None = None,
+        need: int | None = None,
+        route: str | None = None,
+    ):
+        super().__init__(message.replace("{option}", OPTION))
+        self.template = message
         self.smallest, self.given = smallest, given
+        self.budget, self.need, self.route = budget, need, route
+
+    def worded(self, option: str) -> str:
+        """The line with ``option`` naming the budget (``e.worded("--max-memory")`` on the command line)."""
+        return self.template.replace("{option}", option)
 
 
 def format_size(n: float) -> str:
@@ -78,46 +109,39 @@ def format_size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def parse_size(value: str | int | float, *, name: str = "max_memory") -> int:
+def parse_size(value: str | int | float) -> int:
     """A size in bytes: an int, or a string ``NUMBER[UNIT]`` — ``B``, ``kB``/``MB``/``GB``/``TB`` (powers of 1000),
     ``KiB``/``MiB``/``GiB``/``TiB`` (powers of 1024), ``K``/``M``/``G``/``T`` as the decimal ones; case ignored.
 
     Raises:
-        MemoryBudgetError: naming ``name``, the value and what is expected: not a size, an unknown unit, 0 or less.
+        MemoryBudgetError: naming the budget (:data:`OPTION`), the value and what is expected: not a size, an unknown
+            unit, 0 or less.
     """
     if isinstance(value, bool):
-        raise MemoryBudgetError(f"{name}: expected {EXPECTED}, got {value!r}")
+        raise MemoryBudgetError(f"{{option}}: expected {EXPECTED}, got {value!r}")
     if isinstance(value, (int, float)):
         size = value
     else:
         match = _SIZE.match(str(value))
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
-            raise MemoryBudgetError(f"{name}: expected {EXPECTED}, got {value!r}")
+            raise MemoryBudgetError(f"{{option}}: expected {EXPECTED}, got {value!r}")
         size = float(match.group(1)) * _UNITS[unit]
     if not size >= 1:
-        raise MemoryBudgetError(f"{name}: expected {EXPECTED} (more than 0), got {value!r}")
+        raise MemoryBudgetError(f"{{option}}: expected {EXPECTED} (more than 0), got {value!r}")
     return int(size)
 
 
-def available_memory() -> int:
-    """Bytes this machine can give a new allocation now: ``MemAvailable`` of ``/proc/meminfo`` (free memory plus the
-    page cache it can drop), else the free pages (``os.sysconf``)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+#: Bytes this machine can give a new allocation now: the one reader of free memory,
+#: :func:`headwise._machine.free_memory` (the host's ``MemAvailable``, else its free pages).
+available_memory = free_memory
 
 
 def default_budget() -> int:
     """The budget when none is given: what this process holds now plus :data:`FREE_SHARE` of what the machine has
     available (the rest left to others), and at least :data:`FLOOR_SHARE` of the machine's memory."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return current_rss() + max(int(FREE_SHARE * available_memory()), int(FLOOR_SHARE * machine))
+    return current_rss() + max(int(FREE_SHARE * free_memory()), int(FLOOR_SHARE * machine))
 
 
 def current_rss() -> int:
@@ -218,7 +242,6 @@ def plan_memory(
     *,
     whole: int,
     units: dict[str, tuple[int, int]] | None,
-    name: str = "max_memory",
     subject: str = "this model",
 ) -> MemoryPlan:
     """The route for a model under ``max_memory``.
@@ -229,12 +252,12 @@ def plan_memory(
         units: the parts the layer route loads one at a time: name → ``(float32 bytes, stored bytes)``; None where the
             model cannot go layer by layer. The whole route is taken when its weights and :data:`WORKING` fit; the
             layer route needs the largest unit and at least :data:`MIN_WORKING` for the activations.
-        name: the option named in errors (``"--max-memory"`` from the command line); subject: the model, for errors.
+        subject: the model, for errors.
     Returns:
         a :class:`MemoryPlan`: ``"whole"`` when it fits the budget, else ``"layers"``.
     Raises:
         MemoryBudgetError: a budget that is not a size, or smaller than the smallest that works — one line naming the
-            smallest budget that works.
+            smallest budget that works; it carries the budget, that smallest budget (``need``) and the route.
     """
     held = current_rss()
     need_whole = whole + WORKING
@@ -247,10 +270,10 @@ def plan_memory(
     smallest = held + min(need_layers, need_whole)
     given = max_memory is not None
     try:
-        budget = parse_size(max_memory, name=name) if given else default_budget()
+        budget = parse_size(max_memory) if given else default_budget()
     except MemoryBudgetError as e:
-        raise MemoryBudgetError(f"{e}; the smallest budget that works for {subject} is {format_size(smallest)}",
-                                smallest) from None  # fmt: skip
+        raise MemoryBudgetError(f"{e.template}; the smallest budget that works for {subject} is "
+                                f"{format_size(smallest)}", smallest, need=smallest) from None  # fmt: skip
     if held + need_whole <= budget:
         return MemoryPlan("whole", budget, given, held, need_whole, need_layers, largest)
     if units and held + need_layers <= budget:
@@ -261,23 +284,26 @@ def plan_memory(
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     beyond = f", more than this machine's {format_size(machine)} of memory" if smallest > machine else ""
     if given:
-        message = (f"{name}: {format_size(budget)} is less than the smallest budget that works for {subject}: "
+        message = (f"{{option}}: {format_size(budget)} is less than the smallest budget that works for {subject}: "
                    f"{format_size(smallest)} {parts}{beyond}")  # fmt: skip
     else:
         message = (f"{subject}: the smallest budget that works is {format_size(smallest)} {parts}, more than the "
                    f"{format_size(budget)} available (80% of what the machine has free, at least a quarter of "
                    f"its memory){beyond}")  # fmt: skip
-    raise MemoryBudgetError(message, smallest, given=given)
+    route = "layers" if units else "whole"
+    raise MemoryBudgetError(message, smallest, given=given, budget=budget, need=smallest, route=route)
 
 
 def whole_refused(
     name: str, plan: MemoryPlan, what: str, *, reads: str = "every layer's weights at once", need: int | None = None
-) -> str:
-    """The line refusing ``what`` (a tool that reads ``reads``: every layer's weights at once, or every layer's
+) -> MemoryBudgetError:
+    """The error refusing ``what`` (a tool that reads ``reads``: every layer's weights at once, or every layer's
     attention weights) on a model opened layer by layer under ``plan``, naming the memory it would need (``need``
-    bytes; default: the whole model in float32 beside what the process held)."""
+    bytes; default: the whole model in float32 beside what the process held). Raise it; it carries the budget, the
+    need and the route (``"layers"``)."""
     need = plan.held + plan.whole if need is None else need
-    return (
+    message = (
         f"model: {name} was opened layer by layer (budget {format_size(plan.budget)}); {what} reads {reads}, which "
-        f"needs about {format_size(need)} (a --max-memory at least that)"
+        f"needs about {format_size(need)} (a {{option}} at least that)"
     )
+    return MemoryBudgetError(message, given=plan.given, budget=plan.budget, need=need, route="layers")

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.models.head_model import HeadModel
 
 __all__ = ["READS", "attention_bytes", "attention_need", "attention_pinned", "check_attention"]
 
@@ -27,21 +31,21 @@ __all__ = ["READS", "attention_bytes", "attention_need", "attention_pinned", "ch
 READS = "every layer's attention weights at once"
 
 
-def _chosen(hm) -> dict[str, list[str]]:
+def _chosen(hm: HeadModel) -> dict[str, list[str]]:
     """Unit → the relative names of the parameters pinned: each attention module's, and every 1-D parameter."""
     ids = {id(m) for m in hm.attention_modules}
     prefixes = tuple(f"{name}." for name, m in hm.model.named_modules() if id(m) in ids)
     return hm.stream.select(lambda full, p: p.dim() <= 1 or full.startswith(prefixes))
 
 
-def attention_bytes(hm) -> int:
+def attention_bytes(hm: HeadModel) -> int:
     """Float32 bytes of the parameters :func:`attention_pinned` pins (0 for a model opened whole)."""
     if hm.stream is None:
         return 0
     return sum(f32 for f32, _ in hm.stream.chosen_sizes(_chosen(hm)).values())
 
 
-def attention_need(hm, *, extra: int = 0) -> int:
+def attention_need(hm: HeadModel, *, extra: int = 0) -> int:
     """Bytes of peak resident memory a tool reading the attention parts needs on ``hm`` opened layer by layer: what
     the process holds now, the pinned parameters in float32, the largest part still streamed (float32 and stored
     bytes of what is not pinned of it), :data:`~headwise.models.memory.MIN_WORKING` and ``extra`` (what the tool
@@ -53,20 +57,20 @@ def attention_need(hm, *, extra: int = 0) -> int:
     return memory.current_rss() + sum(f32 for f32, _ in pinned.values()) + rest + memory.MIN_WORKING + extra
 
 
-def check_attention(hm, what: str, *, extra: int = 0) -> None:
+def check_attention(hm: HeadModel, what: str, *, extra: int = 0) -> None:
     """ValueError (one line naming the memory ``what`` would need, :func:`attention_need`) when ``hm`` was opened
     layer by layer and its attention parts do not fit its budget; nothing for a model opened whole."""
-    if hm.stream is None or hm.__dict__.get("_pinned_depth"):
+    if hm.stream is None or hm.stream.pin_depth:
         return
     from headwise.models.memory import whole_refused
 
     need = attention_need(hm, extra=extra)
     if need > hm.memory.budget:
-        raise ValueError(whole_refused(hm.name, hm.memory, what, reads=READS, need=need))
+        raise whole_refused(hm.name, hm.memory, what, reads=READS, need=need)
 
 
 @contextlib.contextmanager
-def attention_pinned(hm, what: str, *, extra: int = 0) -> Iterator[None]:
+def attention_pinned(hm: HeadModel, what: str, *, extra: int = 0) -> Iterator[None]:
     """Within the block, a model opened layer by layer keeps every layer's attention parts in (see the module's
     notes) and its anatomy can be read; after it, they go back to the meta device. A model opened whole: nothing
     changes. Blocks nest (the outermost pins and checks).
@@ -81,12 +85,8 @@ def attention_pinned(hm, what: str, *, extra: int = 0) -> Iterator[None]:
     if hm.stream is None:
         yield
         return
-    depth = hm.__dict__.get("_pinned_depth", 0)
-    if depth == 0:
+    outermost = hm.stream.pin_depth == 0
+    if outermost:
         check_attention(hm, what, extra=extra)
-    with hm.stream.pinned(_chosen(hm) if depth == 0 else {}):
-        hm.__dict__["_pinned_depth"] = depth + 1
-        try:
-            yield
-        finally:
-            hm.__dict__["_pinned_depth"] = depth
+    with hm.stream.pinned(_chosen(hm) if outermost else {}):  # the stream counts its open blocks
+        yield

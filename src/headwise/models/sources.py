@@ -37,12 +37,18 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headwise.models import lab_checkpoint
 from headwise.models.checkpoint import load_bert
 from headwise.models.folder import FolderInfo, check_memory, inspect_folder
 from headwise.models.head_model import HeadModel
+
+if TYPE_CHECKING:
+    from headwise.models.memory import MemoryPlan
+    from headwise.models.streamed import LayerStream
 
 __all__ = [
     "open_model",
@@ -162,7 +168,19 @@ def _hf_class(config: dict):
     return hf_class(config)
 
 
-def _load_hf(info: FolderInfo) -> HeadModel:
+@dataclass
+class _Loaded:
+    """A loaded module and what its loader knows of it, before the one :class:`HeadModel` is made of it
+    (:func:`_view`): ``kind`` (a Hugging Face model's, None: read from the module), ``tokenizer`` (a GGUF file's,
+    None where the folder's ``tokenizer.json`` gives it) and the :class:`FolderInfo` that names it."""
+
+    model: object
+    info: FolderInfo
+    kind: str | None = None
+    tokenizer: object = None
+
+
+def _load_hf(info: FolderInfo) -> _Loaded:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -183,13 +201,13 @@ def _load_hf(info: FolderInfo) -> HeadModel:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    return _hf_head_model(model, kind, info)
+    return _hf_loaded(model, kind, info)
 
 
-def _hf_head_model(model, kind: str, info: FolderInfo) -> HeadModel:
-    """A loaded Hugging Face model (attention on headwise's backend) as a :class:`HeadModel`."""
+def _hf_loaded(model, kind: str, info: FolderInfo, tokenizer=None) -> _Loaded:
+    """A loaded Hugging Face model (attention on headwise's backend), in eval mode."""
     model.eval()
-    return HeadModel(model, kind=kind, family=info.model_type, name=info.name or info.folder.name)
+    return _Loaded(model, info, kind, tokenizer)
 
 
 def _check_native(info: FolderInfo) -> None:
@@ -210,19 +228,15 @@ def _check_native(info: FolderInfo) -> None:
     )
 
 
-def _native_head_model(model, info: FolderInfo) -> HeadModel:
-    return HeadModel(model, family=info.model_type, name=info.name or info.folder.name)
-
-
-def _load_native(info: FolderInfo) -> HeadModel:
+def _load_native(info: FolderInfo) -> _Loaded:
     """A Llama-family folder on headwise's :class:`~headwise.models.llama.LlamaLM` (:func:`load_llama`)."""
     from headwise.models.llama import load_llama
 
     _check_native(info)
-    return _native_head_model(load_llama(info.folder, info.config, files=info.weights), info)
+    return _Loaded(load_llama(info.folder, info.config, files=info.weights), info)
 
 
-def _load_bert(folder: Path | None) -> HeadModel:
+def _load_bert(folder: Path | None, plan: MemoryPlan | None = None) -> HeadModel:
     model, tokenizer = load_bert(folder)
     return HeadModel(
         model,
@@ -233,11 +247,8 @@ def _load_bert(folder: Path | None) -> HeadModel:
             for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")
             if tokenizer.token_to_id(t) is not None
         ),
+        memory=plan,
     )
-
-
-def _load_lab(info: FolderInfo) -> HeadModel:
-    return lab_head_model(lab_checkpoint.load(info.folder), name=info.folder.name)
 
 
 def lab_head_model(model, *, name: str = "TransformerLM") -> HeadModel:
@@ -246,27 +257,67 @@ def lab_head_model(model, *, name: str = "TransformerLM") -> HeadModel:
     return HeadModel(model, family=lab_checkpoint.MODEL_TYPE, name=name)
 
 
-def _special_ids(hm: HeadModel, config: dict) -> tuple[int, ...]:
+def _special_ids(config: dict, tokenizer) -> tuple[int, ...]:
+    """The ids a probe never draws: the config's BOS / EOS / PAD / decoder-start ids and the tokenizer's special
+    tokens (the view keeps those inside the vocabulary)."""
     ids = set()
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         v = config.get(key)
         for x in v if isinstance(v, list) else [v]:
-            if isinstance(x, int) and 0 <= x < hm.vocab_size:
+            if isinstance(x, int) and x >= 0:
                 ids.add(x)
-    if hm.tokenizer is not None:
-        for tid, tok in hm.tokenizer.get_added_tokens_decoder().items():
-            if tok.special and tid < hm.vocab_size:
+    if tokenizer is not None:
+        for tid, tok in tokenizer.get_added_tokens_decoder().items():
+            if tok.special:
                 ids.add(int(tid))
     return tuple(sorted(ids))
 
 
-def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[HeadModel, FolderInfo]:
+def _folder_tokenizer(info: FolderInfo):
+    """The folder's ``tokenizer.json``, or None where it has none.
+
+    Raises:
+        ValueError: a tokenizer.json that does not load, naming the file.
+    """
+    if info.tokenizer is None:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(os.fspath(info.tokenizer))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise ValueError(f"{info.tokenizer}: not a valid tokenizer.json ({' '.join(str(e).split())})") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def _view(loaded: _Loaded, family: str, *, plan: MemoryPlan | None, stream: LayerStream | None = None) -> HeadModel:
+    """The one :class:`HeadModel` of a loaded module, made whole: its tokenizer (the folder's ``tokenizer.json``,
+    else the loader's), the ids a probe never draws, the memory plan and, layer by layer, the stream."""
+    info = loaded.info
+    tokenizer = _folder_tokenizer(info)
+    tokenizer = loaded.tokenizer if tokenizer is None else tokenizer
+    return HeadModel(
+        loaded.model,
+        kind=loaded.kind,
+        family=family,
+        name=info.name or info.folder.name,
+        tokenizer=tokenizer,
+        special_ids=_special_ids(info.config, tokenizer),
+        stream=stream,
+        memory=plan,
+    )
+
+
+def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> _Loaded:
     """A GGUF file de-quantised to float32 on headwise's attention: through its cached safetensors folder
     (:func:`headwise.models.gguf.gguf_folder`, written on first use), or in memory only (``cache=False``): a file the
     layer route reads (its config from the header, :func:`_gguf_route`) through that reader whole
     (:meth:`~headwise.models.streamed.LayerStream.load_all`), another through transformers' GGUF loader.
     ``native``: on headwise's :class:`~headwise.models.llama.LlamaLM` (:class:`UnsupportedBackend` when it is not
-    a Llama-family model)."""
+    a Llama-family model). The returned info is the one naming the model (the cache folder's, or what transformers'
+    loader read)."""
     from headwise.models import gguf, llama
 
     path, header = info.weights[0], info.header
@@ -274,17 +325,17 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
         counted = llama.native_parameters if native else None
         folder_info = inspect_folder(gguf.gguf_folder(path, header=header), native=counted)
         folder_info.name = info.name
-        return (_load_native(folder_info) if native else _load_hf(folder_info)), folder_info
+        return _load_native(folder_info) if native else _load_hf(folder_info)
     if "num_hidden_layers" in info.config:  # config read from the header (_gguf_route): the layer route's reader
         from headwise.models.gguf_stream import header_tokenizer
         from headwise.models.layered import gguf_layered
 
         layered = gguf_layered(header, native=native, config=info.config)
         layered.stream.load_all()
-        hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
-            info.config)[0], info)  # fmt: skip
-        hm.tokenizer = header_tokenizer(header)
-        return hm, info
+        tokenizer = header_tokenizer(header)
+        if native:
+            return _Loaded(layered.model, info, tokenizer=tokenizer)
+        return _hf_loaded(layered.model, _hf_class(info.config)[0], info, tokenizer)
     import headwise.hf
 
     model, tokenizer = gguf.load_gguf(path, header)
@@ -295,15 +346,10 @@ def _load_gguf(info: FolderInfo, cache: bool, native: bool = False) -> tuple[Hea
         except UnsupportedBackend as e:
             e.info = info  # the GGUF file itself: open_model(e.info, cache=False) de-quantises it again
             raise
-        hm = _native_head_model(
-            llama.llama_from_state_dict(loaded.config, model.state_dict(), source=path.name), loaded
-        )
-        hm.tokenizer = tokenizer.backend_tokenizer
-        return hm, loaded
+        module = llama.llama_from_state_dict(loaded.config, model.state_dict(), source=path.name)
+        return _Loaded(module, loaded, tokenizer=tokenizer.backend_tokenizer)
     model.set_attn_implementation(headwise.hf.NAME)
-    hm = _hf_head_model(model, "decoder", loaded)
-    hm.tokenizer = tokenizer.backend_tokenizer
-    return hm, loaded
+    return _hf_loaded(model, "decoder", loaded, tokenizer.backend_tokenizer)
 
 
 def _gguf_route(info: FolderInfo, cache: bool, native: bool) -> tuple[FolderInfo, bool]:
@@ -346,7 +392,6 @@ def open_model(
     cache: bool = True,
     backend: str = "auto",
     max_memory: str | int | None = None,
-    memory_name: str = "max_memory",
     by_layer: bool | None = None,
 ) -> HeadModel:
     """Open a model as a :class:`HeadModel`: a folder of any supported kind, a GGUF file, a bundled name
@@ -369,7 +414,7 @@ def open_model(
             A Hugging Face family or a Llama-family folder (safetensors, any dtype) that does not fit whole in float32
             opens layer by layer (:mod:`headwise.models.layered`): its parameters stay on the ``meta`` device and each
             layer's are read and turned to float32 when that layer runs (``hm.memory`` says the route, ``hm.stream``
-            holds the hooks). memory_name: how errors name the budget (``"--max-memory"`` from the command line).
+            holds the hooks).
         by_layer: True opens such a model layer by layer whatever the budget (to compare the two routes on one
             model); False never; None (default): as the budget says.
     Returns:
@@ -378,7 +423,9 @@ def open_model(
         UnsupportedBackend (a ValueError): ``backend="headwise"`` for a checkpoint headwise's decoder does not open
             (naming the family or the config key and what is supported), before any weight is read.
         MemoryBudgetError (a ValueError): ``max_memory`` not a size, or smaller than the smallest budget that
-            works (named); a model that cannot go layer by layer and does not fit whole.
+            works (named); a model that cannot go layer by layer and does not fit whole. It carries the budget, the
+            need and the route; ``str(e)`` names the budget ``max_memory``, ``e.worded("--max-memory")`` as a
+            caller's own option (the command line's).
         FileNotFoundError / ValueError: see :func:`inspect_source`; weights that do not fit the config; a
         tokenizer.json that does not load — one line naming the file. OSError: a cache directory that
         cannot be written (nothing is left in it).
@@ -403,42 +450,31 @@ def open_model(
         _check_native(info)  # refused by name unless Llama-family, before the memory is planned
     if info.kind == "gguf":
         info, cache = _gguf_route(info, cache, native)
-    plan, layered = memory_route(info, max_memory, native=native, name=memory_name, by_layer=by_layer, cache=cache)
+    plan, layered = memory_route(info, max_memory, native=native, by_layer=by_layer, cache=cache)
+    stream = None
     if layered is not None:
-        hm = _native_head_model(layered.model, info) if native else _hf_head_model(layered.model, _hf_class(
-            info.config)[0], info)  # fmt: skip
-        hm.stream = layered.stream
+        tokenizer = None
         if info.kind == "gguf":
             from headwise.models.gguf_stream import header_tokenizer
 
-            hm.tokenizer = header_tokenizer(info.header)
+            tokenizer = header_tokenizer(info.header)
+        kind = None if native else _hf_class(info.config)[0]
+        loaded, stream = _Loaded(layered.model, info, kind, tokenizer), layered.stream
+        if not native:
+            layered.model.eval()
     elif info.kind == "gguf":
-        hm, info = _load_gguf(info, cache, native)
+        loaded = _load_gguf(info, cache, native)
     elif native:
-        hm = _load_native(info)  # refused by name unless Llama-family; its errors name the file and the tensor
+        loaded = _load_native(info)  # refused by name unless Llama-family; its errors name the file and the tensor
     elif info.kind == "bert":
-        hm = _load_bert(info.folder)
-        hm.memory = plan
-        return hm
+        return _load_bert(info.folder, plan)
     elif info.kind == "lab":
-        hm = _load_lab(info)
+        loaded = _Loaded(lab_checkpoint.load(info.folder), info)
+        return _view(loaded, lab_checkpoint.MODEL_TYPE, plan=plan)
     else:
         try:
-            hm = _load_hf(info)
+            loaded = _load_hf(info)
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, ImportError) as e:
             msg = " ".join(str(e).split())
             raise ValueError(f"{info.folder}: cannot load the checkpoint ({msg[:300]})") from None
-    if info.tokenizer is not None:
-        from tokenizers import Tokenizer
-
-        try:
-            hm.tokenizer = Tokenizer.from_file(os.fspath(info.tokenizer))
-        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-            raise ValueError(f"{info.tokenizer}: not a valid tokenizer.json ({' '.join(str(e).split())})") from None
-        hm.tokenizer.no_padding()
-        hm.tokenizer.no_truncation()
-    hm.memory = plan
-    hm.special_ids = _special_ids(hm, info.config)
-    if hm.bos_id is not None and not 0 <= hm.bos_id < hm.vocab_size:
-        hm.bos_id = None
-    return hm
+    return _view(loaded, loaded.info.model_type, plan=plan, stream=stream)

@@ -11,7 +11,8 @@ layer i with layer i's weights alone, then layer i + 1: the maths is the float32
 process holds one unit's weights (float32, plus the stored bytes read to make them, whose mapping is closed with the
 unit) and the activations.
 
-- :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders.
+- :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders
+  (:mod:`headwise.models.stored`, what the stream reads from; re-exported here).
 - :func:`meta_parameters` — a context in which modules are built with meta parameters and real buffers.
 - :class:`LayerStream` — the hooks, :func:`units_of` the units of a module. A checkpoint that reads rows
   (:class:`RowTensors`: safetensors files, a GGUF file) has its large embedding read for the rows of the tokens a
@@ -25,13 +26,13 @@ Shape legend: NL layers, B batch, L length, V vocabulary (rows of an embedding o
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+
+from headwise.models.stored import RowTensors, SafetensorsTensors, StoredTensors
+from headwise.structure import layer_list
 
 __all__ = [
     "SLICE_BYTES",
@@ -42,123 +43,13 @@ __all__ = [
     "meta_parameters",
     "units_of",
     "layer_list",
+    "stored_names",
 ]
-
-
-class StoredTensors(Protocol):
-    """A checkpoint's tensors by their stored names, read a group at a time."""
-
-    def names(self) -> list[str]:
-        """Every stored tensor's name."""
-        ...
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """A stored tensor's shape, as the model holds it."""
-        ...
-
-    def stored_bytes(self, name: str) -> int:
-        """The bytes of a stored tensor in the file (what reading it touches)."""
-        ...
-
-    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
-        """The tensors ``names`` as new float32 tensors (nothing of the file kept mapped after the call)."""
-        ...
-
-
-class RowTensors(StoredTensors, Protocol):
-    """A checkpoint that can also read some rows of a matrix (:class:`LayerStream` then reads an embedding's rows for
-    the tokens it is given, and an unembedding a slice of rows at a time)."""
-
-    def rows_ok(self, name: str) -> bool:
-        """Whether :meth:`load_rows` reads ``name`` (a matrix stored row by row, the rows finished alone)."""
-        ...
-
-    def load_rows(self, name: str, rows: Tensor) -> Tensor:
-        """Rows ``rows`` (sorted, distinct, ``(n,)``) of matrix ``name`` as a new float32 ``(n, D)`` tensor."""
-        ...
 
 
 #: An embedding or unembedding larger than this in float32 is read by rows where the checkpoint can (RowTensors); an
 #: unembedding is then applied this many bytes of float32 rows at a time.
 SLICE_BYTES = 16 * 2**20
-
-
-class SafetensorsTensors:
-    """The tensors of a folder's safetensors files (one, or shards), read with ``safe_open`` per call.
-
-    ``safe_open`` memory-maps the file; the pages a conversion touches count in the process's resident memory until
-    the file is closed, so each :meth:`load` opens the files it needs, copies its tensors into float32 and closes
-    them. Raises ValueError naming the file where safetensors cannot read it.
-    """
-
-    def __init__(self, files: Sequence[str | os.PathLike]):
-        from safetensors import SafetensorError, safe_open
-
-        self._where: dict[str, Path] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
-        self._bytes: dict[str, int] = {}
-        for path in map(Path, files):
-            try:
-                with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
-                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                        sl = f.get_slice(name)
-                        shape = tuple(sl.get_shape())
-                        self._where.setdefault(name, path)
-                        self._shapes[name] = shape
-                        numel = 1
-                        for d in shape:
-                            numel *= d
-                        self._bytes[name] = numel * _DTYPE_BYTES.get(sl.get_dtype(), 4)
-            except (SafetensorError, OSError) as e:
-                raise ValueError(f"{path}: cannot read the safetensors file ({' '.join(str(e).split())})") from None
-
-    def names(self) -> list[str]:
-        return list(self._where)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
-
-    def stored_bytes(self, name: str) -> int:
-        return self._bytes[name]
-
-    def rows_ok(self, name: str) -> bool:
-        """Every matrix reads by rows (``get_slice``)."""
-        return len(self._shapes[name]) == 2
-
-    def load_rows(self, name: str, rows: Tensor) -> Tensor:
-        """Rows ``rows`` (sorted, distinct, ``(n,)``) of matrix ``name`` in float32, ``(n, D)``: each run of
-        consecutive rows read at once through ``get_slice`` (only those rows' pages touched), the file closed after."""
-        from safetensors import safe_open
-
-        index = [int(r) for r in rows]
-        out = torch.empty(len(index), self._shapes[name][1], dtype=torch.float32)  # (n, D)
-        with safe_open(os.fspath(self._where[name]), framework="pt", device="cpu") as f:
-            part = f.get_slice(name)
-            k = 0
-            while k < len(index):
-                end = k + 1
-                while end < len(index) and index[end] == index[end - 1] + 1:
-                    end += 1
-                out[k:end] = part[index[k] : index[end - 1] + 1].to(torch.float32)
-                k = end
-        return out
-
-    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
-        from safetensors import safe_open
-
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self._where[name], []).append(name)
-        out = {}
-        for path, group in by_file.items():
-            with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
-                for name in group:
-                    # a copy even when stored as float32: the mapped tensor must not outlive the file
-                    out[name] = f.get_tensor(name).to(torch.float32, copy=True)
-        return out
-
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 @contextlib.contextmanager
@@ -178,24 +69,6 @@ def meta_parameters() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register
-
-
-def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The model's list of blocks: the ``nn.ModuleList`` holding the most parameters (``model.layers``,
-    ``transformer.h``, ``gpt_neox.layers``), with its name.
-
-    Raises:
-        ValueError: a model without one.
-    """
-    best = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m):
-            count = sum(p.numel() for p in m.parameters())
-            if best is None or count > best[0]:
-                best = (count, name, m)
-    if best is None:
-        raise ValueError(f"model: no list of layers in the {type(model).__name__} to run one layer at a time")
-    return best[1], best[2]
 
 
 def units_of(model: nn.Module) -> dict[str, nn.Module]:
@@ -248,7 +121,7 @@ class LayerStream:
         self.stored_bytes: dict[str, int] = {}
         for unit, module in self.units.items():
             names, f32, st = {}, 0, 0
-            recurse = unit in self._blocks()
+            recurse = unit in self._block_units()
             for rel, p in module.named_parameters(recurse=recurse, remove_duplicate=False):
                 full = f"{unit}.{rel}" if unit else rel
                 theirs = stored_name(full)
@@ -274,6 +147,7 @@ class LayerStream:
         self.sliced = {u: n for u, m in self.units.items() if (n := self._by_rows(u, m)) is not None}
         self._padding: dict[str, int | None] = {}
         self._pins: dict[str, set[str]] = {}  # unit -> relative names of its pinned parameters (:meth:`pinned`)
+        self._pin_depth = 0  # blocks of :meth:`pinned` open now
 
     def _by_rows(self, unit: str, module: nn.Module) -> str | None:
         """The stored name of ``unit``'s matrix when the unit is read by rows: an ``nn.Embedding`` (or a subclass that
@@ -292,7 +166,7 @@ class LayerStream:
         weight = self.units[unit].weight
         return max(1, SLICE_BYTES // (4 * weight[0].numel()))
 
-    def _blocks(self) -> set[str]:
+    def _block_units(self) -> set[str]:
         prefix, blocks = layer_list(self.model)
         return {f"{prefix}.{k}" for k in range(len(blocks))}
 
@@ -518,9 +392,19 @@ class LayerStream:
                 del loaded
                 self._pins.setdefault(unit, set()).update(new)
                 added[unit] = new
-            yield
+            self._pin_depth += 1
+            try:
+                yield
+            finally:
+                self._pin_depth -= 1
         finally:
             self._unpin(added)
+
+    @property
+    def pin_depth(self) -> int:
+        """How many blocks of :meth:`pinned` are open now (0: nothing pinned; the model view reads its anatomy on a
+        model opened layer by layer only inside one, :func:`headwise.models.pinned.attention_pinned`)."""
+        return self._pin_depth
 
     def _unpin(self, added: Mapping[str, Sequence[str]]) -> None:
         from headwise.core.projections import forget_stacked

@@ -28,8 +28,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headwise.study.shards import json_sha256
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"]
 
@@ -168,7 +172,7 @@ class _Stages:
 
 
 def circuit_across_ranks(
-    hm,
+    hm: HeadModel,
     clean,
     corrupted,
     *,

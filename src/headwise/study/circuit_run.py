@@ -11,6 +11,10 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "CIRCUIT_STEPS",
@@ -45,7 +49,7 @@ class CircuitFound:
 
 
 def circuit_study(
-    hm, clean, corrupted, *, answer, wrong, out: Path, stages: Callable = contextlib.nullcontext, **options
+    hm: HeadModel, clean, corrupted, *, answer, wrong, out: Path, stages: Callable = contextlib.nullcontext, **options
 ) -> CircuitFound | None:
     """:func:`headwise.circuits.find_circuit` on the prompt pairs ``clean`` / ``corrupted`` ``(P, L)`` (``answer``,
     ``wrong``: P ids; ``options``: its method, metric, ablation, …) — under torchrun the pairs split across the ranks
@@ -93,7 +97,7 @@ def circuit_heads(report: dict, n: int) -> list[dict]:
 
 
 def add_qk(
-    hm,
+    hm: HeadModel,
     report: dict,
     ids: list[int],
     n: int,
@@ -162,7 +166,7 @@ def mib_lines(mib: dict) -> list[str]:
 SHARED_METHODS: tuple[str, ...] = ("eap", "eap-ig", "atp*")
 
 
-def check_mib(hm, method: str, option: str = "--mib") -> None:
+def check_mib(hm: HeadModel, method: str, option: str = "--mib") -> None:
     """Refuse, before any work, a run whose MIB files could not be written: a model MIB's graph cannot state
     (:func:`headwise.circuits.mib.mib_layout`), or GQA with a method that gives no shares (ValueError naming
     ``option``)."""
@@ -182,7 +186,7 @@ def check_mib(hm, method: str, option: str = "--mib") -> None:
         )
 
 
-def write_mib(hm, circuit, folder: Path) -> list[str]:
+def write_mib(hm: HeadModel, circuit, folder: Path) -> list[str]:
     """The run's MIB files in ``folder`` (:func:`headwise.circuits.write_mib_dir`): its edges' scores as
     ``importances.json`` (``in_graph``: the circuit chosen) and the circuits at MIB's fractions. Returns the names."""
     import torch
@@ -197,7 +201,9 @@ def write_mib(hm, circuit, folder: Path) -> list[str]:
     return write_mib_dir(folder, graph, scores, circuit.shares, d_model=model_width(hm), in_graph=chosen)
 
 
-def mib_evaluation(hm, clean, corrupted, *, answer, wrong, path: Path, option: str, progress=None, **options) -> dict:
+def mib_evaluation(
+    hm: HeadModel, clean, corrupted, *, answer, wrong, path: Path, option: str, progress=None, **options
+) -> dict:
     """:func:`headwise.circuits.evaluate_mib` of the MIB-format file ``path`` on the prompt pairs ``clean`` /
     ``corrupted`` ``(P, L)`` (``answer``, ``wrong``: P ids; ``options``: metric, ablation, batch_size), errors naming
     ``option`` and the file; the report gains ``"file"``."""

@@ -36,10 +36,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from headwise.distributed.ranks import ranks
 from headwise.study.options import HeadsOptions
 from headwise.study.shards import Shard, open_corpus_store, reduce_sums, shard_sums, unpack_state
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["CorpusRun", "corpus_heads", "widen_state"]
 
@@ -91,7 +95,7 @@ def widen_state(state: dict, max_length: int) -> dict:
 
 
 def corpus_heads(
-    hm,
+    hm: HeadModel,
     options: HeadsOptions,
     plan,
     *,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from headwise.study.inputs import (
     text_batches,
 )
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "PROBE_CHUNK",
@@ -99,7 +103,7 @@ class DecoderHeads:
     example: ExampleView
 
 
-def plan_decoder(hm, options: HeadsOptions) -> DecoderPlan:
+def plan_decoder(hm: HeadModel, options: HeadsOptions) -> DecoderPlan:
     """Check ``options`` against the decoder ``hm`` before anything is computed or written.
 
     Raises:
@@ -148,7 +152,7 @@ def decoder_texts(options: HeadsOptions) -> tuple[Iterator[str] | None, int]:
 
 
 def decoder_heads(
-    hm,
+    hm: HeadModel,
     options: HeadsOptions,
     plan: DecoderPlan,
     texts: Iterable[str] | None,
@@ -186,7 +190,7 @@ def decoder_heads(
 
 
 def decoder_report(
-    hm, batches: Iterable[tuple], probe, *, progress=None, block_size=None, queries=None, row_progress=None
+    hm: HeadModel, batches: Iterable[tuple], probe, *, progress=None, block_size=None, queries=None, row_progress=None
 ):
     """Stream ``(ids (b, T), mask (b, T))`` batches and the probe into a :class:`~headwise.analysis.DecoderReport`,
     every head's statistics reduced inside attention a block of query rows at a time
@@ -222,7 +226,7 @@ def decoder_report(
     return stats.result(probe_detectors(hm, probe, block_size=block_size), probe), example
 
 
-def probe_detectors(hm, probe, *, block_size=None) -> dict:
+def probe_detectors(hm: HeadModel, probe, *, block_size=None) -> dict:
     """The detectors' scores on the probe's sequences, :data:`PROBE_CHUNK` per forward pass: name → ``(NL, H)``
     (:meth:`headwise.analysis.DetectorStats.result`)."""
     from headwise.analysis import DetectorStats
@@ -236,7 +240,7 @@ def probe_detectors(hm, probe, *, block_size=None) -> dict:
     return detectors.result()
 
 
-def _view(hm, ids, mask, n: int, reader=None) -> ExampleView:
+def _view(hm: HeadModel, ids, mask, n: int, reader=None) -> ExampleView:
     """The first sequence's view: what ``reader`` (a streaming pass) pooled and kept; the full maps, from one more
     forward pass of that sequence, when it pooled nothing (or there was no pass)."""
     pooled = None if reader is None else reader.pooled
@@ -251,7 +255,7 @@ def _view(hm, ids, mask, n: int, reader=None) -> ExampleView:
     return ExampleView(**view)
 
 
-def example_view(hm, ids, mask, *, queries=None, block_size=None, row_progress=None) -> ExampleView:
+def example_view(hm: HeadModel, ids, mask, *, queries=None, block_size=None, row_progress=None) -> ExampleView:
     """The first sequence's :class:`ExampleView` alone (no statistics): its maps when it is short and no queries are
     kept, else one streaming pass that pools and keeps them."""
     from headwise.analysis.streaming import read_rows
@@ -266,7 +270,9 @@ def example_view(hm, ids, mask, *, queries=None, block_size=None, row_progress=N
     return _view(hm, ids, mask, n, reader)
 
 
-def query_rows(hm, options: HeadsOptions, plan: DecoderPlan, *, warn: Callable[[str], None], row_progress=None):
+def query_rows(
+    hm: HeadModel, options: HeadsOptions, plan: DecoderPlan, *, warn: Callable[[str], None], row_progress=None
+):
     """The example's queries A … B − 1 over keys A … B − 1 (``plan.queries``) from one forward pass that forms those
     rows of every head and nothing else: an :class:`ExampleView` with ``kept`` and ``queries`` alone (no maps, no
     statistics). The example is TEXT, else the corpus's first line, else the probe's first sequence.
@@ -291,7 +297,7 @@ def query_rows(hm, options: HeadsOptions, plan: DecoderPlan, *, warn: Callable[[
     return ExampleView(ids=ids[0, :n].tolist(), kept=reader.kept.numpy(), queries=reader.keep)
 
 
-def composition_columns(hm) -> tuple[dict[str, np.ndarray], dict]:
+def composition_columns(hm: HeadModel) -> tuple[dict[str, np.ndarray], dict]:
     """The weights' circuits of every head (:mod:`headwise.circuits.composition`, Elhage et al. 2021) for
     ``heads.json`` / ``heads.csv``: ``(columns, summary)``.
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "UNTRAINED",
@@ -55,7 +59,7 @@ def check_encoder(options: HeadsOptions) -> None:
         raise ValueError("--importance: expected --corpus FILE (the sentences the objective is measured on)")
 
 
-def encoder_attend(model: str | None, hm=None) -> EncoderAttend:
+def encoder_attend(model: str | None, hm: HeadModel = None) -> EncoderAttend:
     """The :class:`EncoderAttend` of ``--model``: ``"untrained"`` (the first article's ``AttentionBlock``, seeded, on
     the bundled model's WordPiece tokens), or the encoder ``hm`` opened through :func:`headwise.models.open_model`:
     headwise's BERT through :func:`headwise.models.model_attend`, a Hugging Face encoder through
@@ -90,7 +94,7 @@ def encoder_attend(model: str | None, hm=None) -> EncoderAttend:
     return EncoderAttend(attend, hm.num_layers, hm.num_heads, hm.model.config.max_position_embeddings, title)
 
 
-def _head_model_attend(hm):
+def _head_model_attend(hm: HeadModel):
     """``attend(texts) -> (maps, TokenInfo)`` for a Hugging Face encoder: its own classifier and separator."""
     from headwise.analysis import token_info
 
@@ -165,7 +169,7 @@ def encoder_report(reader, model: EncoderAttend, batch_size: int, *, warn: Calla
     return report
 
 
-def sentence_heads(hm, text: str, model: EncoderAttend, *, warn: Callable[[str], None]):
+def sentence_heads(hm: HeadModel, text: str, model: EncoderAttend, *, warn: Callable[[str], None]):
     """The example sentence's heads (:func:`headwise.analysis.analyze_sentence`) with its tokens as the text they add
     (:meth:`HeadModel.token_texts`; ``hm`` None: the untrained block on the bundled WordPiece tokens), and their ids.
 
@@ -190,7 +194,7 @@ def sentence_heads(hm, text: str, model: EncoderAttend, *, warn: Callable[[str],
     return dataclasses.replace(sentence, tokens=shown), sentence.tokens, ids
 
 
-def _sentence_texts(hm, text: str, pieces: list[str]) -> tuple[list[str], list[int] | None]:
+def _sentence_texts(hm: HeadModel, text: str, pieces: list[str]) -> tuple[list[str], list[int] | None]:
     """The example sentence's tokens as text and their ids. Falls back to the pieces if the text does not re-encode
     to them (it always should: the same tokenizer read it)."""
     from headwise import models

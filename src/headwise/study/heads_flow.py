@@ -13,8 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "COLUMNS",
@@ -141,7 +145,7 @@ def _importance_bar(bar, suffix: str = ""):
     return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 
 
-def _ranked(hm, opts: HeadsOptions, corpus, probe, bars: Bars):
+def _ranked(hm: HeadModel, opts: HeadsOptions, corpus, probe, bars: Bars):
     """:func:`headwise.study.heads_across_ranks` under rank 0's bar. Returns the
     :class:`~headwise.study.RankedHeads` (``heads`` None on ranks other than 0)."""
     from headwise.distributed.ranks import first_rank
@@ -153,7 +157,7 @@ def _ranked(hm, opts: HeadsOptions, corpus, probe, bars: Bars):
         return heads_across_ranks(hm, opts, corpus, probe, progress=shards, importance_progress=bar)
 
 
-def check_opened(hm, opts: HeadsOptions) -> None:
+def check_opened(hm: HeadModel, opts: HeadsOptions) -> None:
     """The checks of ``opts`` against the model ``--model`` opened (``hm`` None: the untrained block or the bundled
     encoder, not yet opened), before anything is written.
 
@@ -194,7 +198,7 @@ def positional_line(report) -> str:
     )
 
 
-def encoder_model(hm, opts: HeadsOptions, *, warn: Callable[[str], None]):
+def encoder_model(hm: HeadModel, opts: HeadsOptions, *, warn: Callable[[str], None]):
     """The encoder a heads study reads, checked against the options before anything is written: ``(hm, attend)`` —
     ``hm`` None is the untrained block; ``--model`` not given, the bundled encoder, opened here.
 
@@ -213,7 +217,7 @@ def encoder_model(hm, opts: HeadsOptions, *, warn: Callable[[str], None]):
 
 
 def encoder_study(
-    hm, enc, opts: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars()
+    hm: HeadModel, enc, opts: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars()
 ) -> HeadsFound | None:
     """An encoder's heads (from :func:`encoder_model`) over TEXT or the corpus, and the example sentence. Under
     torchrun with a corpus the documents are split across the ranks (:func:`~headwise.study.encoder_corpus`); ranks
@@ -260,7 +264,7 @@ def encoder_study(
 
 
 def decoder_study(
-    hm, opts: HeadsOptions, plan, *, warn: Callable[[str], None], bars: Bars = Bars()
+    hm: HeadModel, opts: HeadsOptions, plan, *, warn: Callable[[str], None], bars: Bars = Bars()
 ) -> HeadsFound | None:
     """A decoder's heads over TEXT, the corpus or the probe (:func:`~headwise.study.decoder_heads`; ``plan`` from
     :func:`~headwise.study.plan_decoder`), and the example drawn. Under torchrun with a corpus the documents are split
@@ -319,7 +323,7 @@ def probe_line(probe) -> str:
     )
 
 
-def heads_importance(hm, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars()):
+def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars()):
     """``--importance`` on the corpus's lines (a decoder without a tokenizer: its ``probe``) under the stage bar:
     :func:`~headwise.study.estimate_importance` (every head estimated, the top ``--top-k`` and a few at random
     measured, the pruning curve at a small grid; a decoder the circuits' wiring does not read: said to ``warn``, and
@@ -360,7 +364,7 @@ def heads_importance(hm, opts: HeadsOptions, found: HeadsFound, probe=None, *, w
     return result, importance_columns(result)
 
 
-def heads_composition(hm, found: HeadsFound, *, warn, bars: Bars = Bars()):
+def heads_composition(hm: HeadModel, found: HeadsFound, *, warn, bars: Bars = Bars()):
     """``--composition``: the weights' circuits' per-head columns (:func:`~headwise.study.composition_columns`), their
     summary added to ``found.extra``; None (said to ``warn``) for a structure the weights' reader does not know — the
     rest of the study stands."""
@@ -371,7 +375,7 @@ def heads_composition(hm, found: HeadsFound, *, warn, bars: Bars = Bars()):
     return got[0]
 
 
-def composition_result(hm, *, warn, bars: Bars = Bars()) -> tuple[dict, dict] | None:
+def composition_result(hm: HeadModel, *, warn, bars: Bars = Bars()) -> tuple[dict, dict] | None:
     """:func:`~headwise.study.composition_columns` ``(columns, summary)`` with progress, or None (said to ``warn``) for
     a structure the weights' reader does not know or a budget it does not fit. The command runs it before the
     statistics on a model opened layer by layer (what the process holds then is what the budget check weighs; the

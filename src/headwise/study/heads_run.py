@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from headwise.study.corpus_ranks import CorpusRun
 from headwise.study.importance import estimated, importance_batches, importance_texts
 from headwise.study.importance_ranks import estimate_across_ranks, importance_across_ranks
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "COMMAND_TEXT_UP_TO",
@@ -64,13 +68,13 @@ def open_heads_model(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheHealedWarning)
             warnings.simplefilter("always", CacheSkippedWarning)
-            memory = {"max_memory": max_memory, "memory_name": "--max-memory"}
             try:
-                hm = open_model(source, cache=cache, backend=backend, **memory)
+                hm = open_model(source, cache=cache, backend=backend, max_memory=max_memory)
             except UnsupportedBackend as e:
-                hm = open_model(e.info, cache=cache, **memory)
+                hm = open_model(e.info, cache=cache, max_memory=max_memory)
     except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
-        raise ValueError(("" if e.given else "--model: ") + " ".join(str(e).split())) from None
+        said = " ".join(e.worded("--max-memory").split())  # the budget named as the command's option
+        raise ValueError(("" if e.given else "--model: ") + said) from None
     except (OSError, ValueError) as e:  # FileNotFoundError included; OSError: the GGUF cache cannot be written
         raise ValueError(f"--model: {' '.join(str(e).split())}") from None
     for w in caught:  # a damaged cache entry rebuilt: one line each; other warnings as they were
@@ -215,7 +219,7 @@ class RankedHeads:
 
 
 def heads_across_ranks(
-    hm,
+    hm: HeadModel,
     opts: HeadsOptions,
     corpus: Callable[[Callable[[int, int], None] | None], CorpusRun],
     probe,

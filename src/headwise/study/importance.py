@@ -6,11 +6,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headwise.study.inputs import first_lines, probe_batches, text_batches
 from headwise.study.options import HeadsOptions
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "check_top_k",
@@ -28,7 +32,9 @@ def importance_texts(options: HeadsOptions) -> list[str]:
     return first_lines(options.corpus_path, options.importance_sentences)
 
 
-def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn: Callable[[str], None]) -> list[tuple]:
+def importance_batches(
+    hm: HeadModel, texts: list[str] | None, probe, batch_size: int, warn: Callable[[str], None]
+) -> list[tuple]:
     """``(ids (b, T), mask (b, T))`` batches of ``texts``, or of the probe's sequences when there are none; texts cut
     to the model's context are reported to ``warn`` once."""
     if texts:
@@ -36,14 +42,14 @@ def importance_batches(hm, texts: list[str] | None, probe, batch_size: int, warn
     return probe_batches(hm, probe, batch_size)
 
 
-def check_top_k(hm, opts: HeadsOptions) -> None:
+def check_top_k(hm: HeadModel, opts: HeadsOptions) -> None:
     """``--top-k`` against the opened model's heads (ValueError naming it, before anything is written)."""
     n = hm.num_layers * hm.num_heads
     if opts.top_k is not None and opts.top_k > n:
         raise ValueError(f"--top-k: expected at most the model's {n} heads, got {opts.top_k}")
 
 
-def estimated(hm, opts: HeadsOptions, warn: Callable[[str], None]) -> bool:
+def estimated(hm: HeadModel, opts: HeadsOptions, warn: Callable[[str], None]) -> bool:
     """Whether ``--importance`` takes the estimate route (:func:`~headwise.study.estimate_importance`): not with
     ``--exact``; an encoder always; a decoder when the circuits' wiring reads it (else its sentence said to ``warn``
     and the exact route taken)."""
@@ -62,7 +68,7 @@ def estimated(hm, opts: HeadsOptions, warn: Callable[[str], None]) -> bool:
 
 
 def run_importance(
-    hm,
+    hm: HeadModel,
     batches,
     *,
     seed: int,

@@ -32,12 +32,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from headwise.analysis.importance import ImportanceResult
 from headwise.circuits.areas import spearman
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement"]
 
@@ -118,7 +122,7 @@ def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top
     return out
 
 
-def _decoder_estimates(hm, parts, mode: str, estimator, progress) -> tuple[np.ndarray, np.ndarray, float]:
+def _decoder_estimates(hm: HeadModel, parts, mode: str, estimator, progress) -> tuple[np.ndarray, np.ndarray, float]:
     """``(estimate sums (NL, H), Michel's sums Σ_rows |∂L_row/∂ξ| (NL, H), [sequences, loss sum])`` over ``parts``
     (:class:`~headwise.analysis.sweep_plan.Part`): one forward and one backward pass each."""
 
@@ -151,7 +155,7 @@ def _decoder_estimates(hm, parts, mode: str, estimator, progress) -> tuple[np.nd
 
 
 def estimate_importance(
-    hm,
+    hm: HeadModel,
     batches: Sequence,
     *,
     seed: int = 0,
@@ -311,7 +315,7 @@ def _job(heads: Sequence[int], h: int) -> dict[int, list[int]]:
     return job
 
 
-def _attention_aware(estimates, wired, hm, ids, metric, **kwargs):
+def _attention_aware(estimates, wired, hm: HeadModel, ids, metric, **kwargs):
     """The estimator of the default route: ``estimates`` (:func:`~headwise.circuits.head_ablation_estimates`) on the
     model's wiring, attention-aware."""
     return estimates(wired, ids, metric, attention_aware=True, **kwargs)

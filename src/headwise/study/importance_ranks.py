@@ -17,11 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headwise.distributed.ranks import agree, barrier, ranks, refuse_together
 from headwise.study.shards import ShardStore, reduce_sums, shard_sums, unpack_state, weights_sha256
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["IMPORTANCE_FORMAT", "ImportanceRun", "estimate_across_ranks", "importance_across_ranks"]
 
@@ -73,7 +77,7 @@ def _tensors_sha256(batches: Sequence) -> str:
 
 
 def importance_across_ranks(
-    hm,
+    hm: HeadModel,
     batches: Sequence,
     *,
     seed: int,
@@ -268,7 +272,7 @@ def importance_across_ranks(
 
 
 def estimate_across_ranks(
-    hm,
+    hm: HeadModel,
     batches: Sequence,
     *,
     timeout_s: float | None = None,

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "MAX_QUERIES",
@@ -24,7 +28,7 @@ __all__ = [
 MAX_QUERIES = 512
 
 
-def make_probe(hm, *, length: int, repeats: int, seed: int):
+def make_probe(hm: HeadModel, *, length: int, repeats: int, seed: int):
     """The :class:`~headwise.analysis.Probe` for ``hm``: the segment shortened to fit the model's positions (BOS
     included), 8 sequences.
 
@@ -45,7 +49,7 @@ def make_probe(hm, *, length: int, repeats: int, seed: int):
     return Probe(length=n, repeats=repeats, batch=8, seed=seed, bos=bos)
 
 
-def probe_ids(hm, probe):
+def probe_ids(hm: HeadModel, probe):
     """The probe's token ids ``(probe.batch, probe.total_length)`` (int64), the model's special ids excluded."""
     import torch
 
@@ -54,7 +58,7 @@ def probe_ids(hm, probe):
     return torch.from_numpy(repeated_random_tokens(hm.vocab_size, probe, exclude=hm.special_ids))
 
 
-def probe_batches(hm, probe, batch_size: int) -> list[tuple]:
+def probe_batches(hm: HeadModel, probe, batch_size: int) -> list[tuple]:
     """The probe as ``(ids (b, T), mask (b, T))`` batches of at most ``batch_size`` sequences (every token real)."""
     import torch
 
@@ -83,7 +87,7 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-def check_length(hm, text: str) -> int:
+def check_length(hm: HeadModel, text: str) -> int:
     """The tokens of ``text``; ValueError (naming ``TEXT``) when it is longer than the model's context."""
     n = len(hm.tokenizer.encode(text).ids)
     if n > hm.max_length:
@@ -111,7 +115,7 @@ def parse_queries(value: str | None, n: int) -> tuple[int, int] | None:
     return a, b
 
 
-def text_batches(hm, texts: Iterable[str], batch_size: int, warn: Callable[[str], None]) -> Iterator[tuple]:
+def text_batches(hm: HeadModel, texts: Iterable[str], batch_size: int, warn: Callable[[str], None]) -> Iterator[tuple]:
     """``(ids (b, T), mask (b, T))`` per batch of ``batch_size`` texts, encoded by ``hm``; the texts cut to the
     model's context are counted and reported to ``warn`` once, after the last batch."""
     from headwise.models import TruncationWarning

@@ -30,8 +30,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headwise.study.shards import json_sha256
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"]
 
@@ -114,7 +118,7 @@ def _fit(heads: int, positions: int, world: int) -> int:
 
 
 def patch_across_ranks(
-    hm,
+    hm: HeadModel,
     clean,
     corrupted,
     metric,

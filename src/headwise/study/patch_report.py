@@ -14,6 +14,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "parse_heads", "patch_csv", "patching_json", "patch_study",
@@ -86,7 +90,7 @@ class PatchFound:
     lines: list[str] = field(default_factory=list)
 
 
-def patch_target(hm):
+def patch_target(hm: HeadModel):
     """The model as patching reads it (:func:`headwise.patching.as_target`); ValueError ``--model: …`` when it cannot
     (a Hugging Face model without a language-model head)."""
     from headwise.patching import as_target
@@ -98,7 +102,7 @@ def patch_target(hm):
 
 
 def patch_study(
-    hm,
+    hm: HeadModel,
     target,
     c,
     x,
@@ -169,7 +173,7 @@ def patch_study(
     return PatchFound(result, positions, dla, notes, lines)
 
 
-def patching_json(hm, found: PatchFound, chosen, *, direction: str, texts: dict, ids: dict) -> dict:
+def patching_json(hm: HeadModel, found: PatchFound, chosen, *, direction: str, texts: dict, ids: dict) -> dict:
     """``patching.json``: the model, the texts (``texts``: ``{"clean", "corrupted", "answer", "wrong"}`` as typed;
     ``ids``: the clean and corrupted ids and the answer's and wrong token's id), both metrics, the patched metric and
     its normalised effect per layer and head, the per-position patches and the direct logit attribution."""
