@@ -23,7 +23,6 @@ half-written. The progress bars live here; the lab reports through callbacks.
 from __future__ import annotations
 
 import contextlib
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -283,31 +282,16 @@ def prune(
     (random tokens with one segment of 8-24 tokens repeated); importance is estimated on other
     sequences of the same kind.
     """
-    _positive("--sequences", sequences)
-    _positive("--random-orders", random_orders)
-    _positive("--threads", threads)
-    if seed < 0:
-        raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    if ablation not in ("zero", "mean"):
-        raise CLIError(f"--ablation: expected one of zero, mean, got {ablation!r}")
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.prune import prune_model
+    from headwise.commands import lab as flow
     from headwise.lab.records import json_text
-    from headwise.lab.trainer import threads as torch_threads
-    from headwise.models import open_model
-    from headwise.models.lab_checkpoint import read_config
 
-    read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
-    hm = open_model(model)  # the one door: the folder's checks, then the weights, once
-    out = _out_folder(model / "pruning" if out is None else out)
-    n_heads = hm.num_layers * hm.num_heads
-    title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(hm.model.vocab_size):.2f})"
-    with torch_threads(threads), atomic_folder(out) as tmp:
-        with stage_progress() as progress:
-            run = prune_model(
-                hm, sequences=sequences, random_orders=random_orders, seed=seed, ablation=ablation, progress=progress
-            )
-        write_pruning(run.result, tmp, title)
+    options = flow.PruneOptions(model=model, out=out, sequences=sequences, random_orders=random_orders, seed=seed,
+                                threads=threads, ablation=ablation)  # fmt: skip
+    run = flow.run(options, stages=stage_progress)
+    out, n_heads = run.out, run.hm.num_layers * run.hm.num_heads
+    with atomic_folder(out) as tmp:
+        write_pruning(run.result, tmp, run.title)
         write_text_atomic(tmp / "importance.json", json_text({"importance": run.importance, "order": run.order}))
     ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(run.importance.items(), key=lambda kv: -kv[1]))
     curves, half = run.result.curves, n_heads // 2
