@@ -64,7 +64,10 @@ __all__ = [
     "ablation_objectives",
     "gate_importance",
     "objective",
+    "order_curves",
+    "prefix_sets",
     "pruning_steps",
+    "removal_orders",
     "OBJECTIVES",
     "SCORED",
 ]
@@ -212,17 +215,7 @@ def head_importance(
     """
     import time
 
-    from headwise.analysis.batched import MODES
-
-    if not batches:
-        raise ValueError("batches: expected at least one batch, got none")
-    positive_int("random_orders", random_orders)
-    one_of("mode", mode, MODES)
-    scored = scoring(hm, scored)
-    same = eval_batches is None
-    eval_batches = batches if eval_batches is None else eval_batches
-    if not eval_batches:
-        raise ValueError("eval_batches: expected at least one batch, got none")
+    scored, same, eval_batches = _checked(hm, batches, scored, eval_batches, random_orders, mode)
     t0 = time.perf_counter()
     sweep = _Sweep(hm, batches, eval_batches, scored=scored, ablate=ablate, mode=mode, copies=copies, memory=memory,
                    progress=progress or (lambda *_: None), reduce=reduce,
@@ -232,14 +225,10 @@ def head_importance(
     importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
     ablation = sweep.pooled(sweep.measure([(flat,) for flat in range(sweep.n)], "ablation")) - base
     steps = pruning_steps(sweep.n, points)
-    orders = {
-        "importance": np.argsort(importance_norm.ravel(), kind="stable"),
-        "ablation": np.argsort(ablation, kind="stable"),
-    }
-    seeds = tuple(seed + r for r in range(random_orders))
-    for s in seeds:
-        orders[f"random{s}"] = np.random.default_rng(s).permutation(sweep.n)
-    curves, random, head_sets = _pruning_curves(sweep, orders, steps, seeds, base)
+    by = {"importance": importance_norm.ravel(), "ablation": ablation}
+    orders, seeds = removal_orders(by, sweep.n, seed, random_orders)
+    sets = prefix_sets(orders, steps)
+    curves, random = order_curves(sweep.pooled(sweep.measure(list(sets), "pruning")), sets, orders, steps, seeds, base)
     return ImportanceResult(
         kind=hm.kind,
         objective=OBJECTIVES[scored],
@@ -254,8 +243,25 @@ def head_importance(
         num_tokens=tokens,
         order=orders["importance"],
         random_curves=random,
-        sweep=sweep.report(sweep.n + head_sets, time.perf_counter() - t0),
+        sweep=sweep.report(sweep.n + len(sets), time.perf_counter() - t0),
     )
+
+
+def _checked(hm, batches, scored, eval_batches, random_orders, mode) -> tuple[str, bool, Sequence]:
+    """:func:`head_importance`'s arguments checked (ValueError naming the argument): ``(scored, the objective measured
+    on the importance's batches, eval_batches)``."""
+    from headwise.analysis.batched import MODES
+
+    if not batches:
+        raise ValueError("batches: expected at least one batch, got none")
+    positive_int("random_orders", random_orders)
+    one_of("mode", mode, MODES)
+    scored = scoring(hm, scored)
+    same = eval_batches is None
+    eval_batches = batches if eval_batches is None else eval_batches
+    if not eval_batches:
+        raise ValueError("eval_batches: expected at least one batch, got none")
+    return scored, same, eval_batches
 
 
 class _Sweep:
@@ -356,22 +362,35 @@ class _Sweep:
         }
 
 
-def _pruning_curves(sweep: _Sweep, orders: dict, steps: np.ndarray, seeds: tuple, base: float):
-    """The loss as heads go in each order: every distinct head set of the orders' prefixes measured once (stage
-    ``"pruning"``). Returns ``(curves, random (orders, K), head sets measured)``."""
-    sets: dict[tuple[int, ...], int] = {}
+def removal_orders(by: dict[str, np.ndarray], n: int, seed: int, random_orders: int) -> tuple[dict, tuple[int, ...]]:
+    """The orders in which heads are removed: ``by[name]``'s heads ascending (stable), then ``random_orders`` random
+    permutations of the ``n`` heads (seeds ``seed``, ``seed + 1``, …, named ``"random<seed>"``). Returns ``(orders,
+    seeds)``."""
+    orders = {name: np.argsort(values, kind="stable") for name, values in by.items()}
+    seeds = tuple(seed + r for r in range(random_orders))
+    for s in seeds:
+        orders[f"random{s}"] = np.random.default_rng(s).permutation(n)
+    return orders, seeds
+
+
+def prefix_sets(orders: dict, steps: np.ndarray, sets: dict | None = None) -> dict[tuple[int, ...], int]:
+    """Every order's first k heads for each k of ``steps`` (k > 0) as a sorted head set, numbered in the order first
+    met after those already in ``sets``: each distinct set measured once."""
+    sets = {} if sets is None else dict(sets)
     for order in orders.values():
         for k in steps:
             if k > 0:
                 sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
-    measured = sweep.pooled(sweep.measure(list(sets), "pruning"))
-    curves: dict[str, np.ndarray] = {}
-    for name, order in orders.items():
-        curves[name] = np.array(
-            [base if k == 0 else measured[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps]
-        )
+    return sets
+
+
+def order_curves(values: np.ndarray, sets: dict, orders: dict, steps: np.ndarray, seeds: tuple, base: float):
+    """The objective as heads go in each order (``values[sets[s]]``: with head set s removed; ``base`` with none);
+    the random orders' curves pooled into their mean, minimum and maximum. Returns ``(curves, random (orders, K))``."""
+    curves = {
+        name: np.array([base if k == 0 else values[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps])
+        for name, order in orders.items()
+    }
     random = np.stack([curves.pop(f"random{s}") for s in seeds])  # (orders, K)
-    curves["random_mean"] = random.mean(axis=0)
-    curves["random_min"] = random.min(axis=0)
-    curves["random_max"] = random.max(axis=0)
-    return curves, random, len(sets)
+    curves |= {"random_mean": random.mean(axis=0), "random_min": random.min(axis=0), "random_max": random.max(axis=0)}
+    return curves, random
