@@ -97,6 +97,7 @@ START = t0 - (now - float(sys.argv[1]))  # the launch, on this process's clock
 import headwise.cli.heads as H
 import headwise.study as S
 import headwise.study.decoder as D
+import headwise.study.heads_model as M
 import headwise.viz.report as R
 from headwise.cli import entry
 phases = {}
@@ -113,7 +114,7 @@ def timed(owner, name, phase):
             phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - start
     setattr(owner, name, wrapped)
 
-timed(H, "load", "model open")
+timed(M, "open_heads_model", "model open")
 timed(S, "decoder_heads", "statistics (text pass and probe)")
 timed(D, "probe_detectors", "of which the probe")
 timed(H, "print_head_table", "table")

@@ -71,19 +71,21 @@ def rich_users(sources: list[Source]) -> list[str]:
     ]
 
 
-#: What each package never imports: the floors ``cli → viz → lab → study → analysis → models / hf → core`` run
-#: one way; the analysis is handed models and never opens one; hf imports only the core. Beyond this table,
-#: only ``cli/`` itself and ``__main__.py`` import ``cli/``.
+#: What each package never imports: the floors ``cli → commands → viz / lab / study → circuits → patching → analysis
+#: / models / hf → core`` run one way — a command's flow (commands/) is the one place that combines the pictures, the
+#: lab and the studies, which never import one another; the analysis is handed models and never opens one; hf imports
+#: only the core. Beyond this table, only ``cli/`` itself and ``__main__.py`` import ``cli/``.
 NEVER = {
-    "viz": {"cli", "lab", "study"},
-    "lab": {"cli", "viz"},
-    "study": {"cli", "viz", "lab"},
-    "circuits": {"cli", "viz", "lab", "study"},
-    "patching": {"cli", "viz", "lab", "study", "circuits"},
-    "analysis": {"cli", "viz", "lab", "study", "models", "hf", "circuits"},
-    "models": {"cli", "viz", "lab", "study", "analysis", "circuits"},
-    "hf": {"cli", "viz", "lab", "study", "analysis", "models", "circuits"},
-    "core": {"cli", "viz", "lab", "study", "analysis", "models", "hf", "reference", "circuits"},
+    "commands": {"cli"},
+    "viz": {"cli", "commands", "lab", "study"},
+    "lab": {"cli", "commands", "viz", "study"},
+    "study": {"cli", "commands", "viz", "lab"},
+    "circuits": {"cli", "commands", "viz", "lab", "study"},
+    "patching": {"cli", "commands", "viz", "lab", "study", "circuits"},
+    "analysis": {"cli", "commands", "viz", "lab", "study", "models", "hf", "circuits"},
+    "models": {"cli", "commands", "viz", "lab", "study", "analysis", "circuits"},
+    "hf": {"cli", "commands", "viz", "lab", "study", "analysis", "models", "circuits"},
+    "core": {"cli", "commands", "viz", "lab", "study", "analysis", "models", "hf", "reference", "circuits"},
 }
 
 
@@ -101,9 +103,9 @@ def floor_breaches(sources: list[Source], subpackages: set[str]) -> list[str]:
     return breaches
 
 
-#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks, progress bars and decoder — never
-#: another command, nor a pipeline (pipelines live in the library, ``study/``).
-CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress", "headwise.cli._decoder"}
+#: What a command of ``cli/`` may import from ``cli/``: the shared app, output checks and progress bars — never another
+#: command, nor a flow (flows live in the library, ``commands/``).
+CLI_SHARED = {"headwise.cli._app", "headwise.cli._output", "headwise.cli._progress"}
 
 
 def command_reaches(sources: list[Source]) -> list[str]:
@@ -274,9 +276,10 @@ def test_rich_outside_the_command_line_is_reported():
         ("viz/heads.py", "import rich.progress\n"),
         ("analysis/corpus.py", "x = 1\nfrom rich import print\n"),
         ("_io.py", "import rich\n"),
+        ("commands/heads.py", "def show():\n    from rich.console import Console\n"),
         ("cli/heads.py", "from rich.table import Table\nimport rich\n"),
     ]
-    assert rich_users(sources) == ["viz/heads.py:1", "analysis/corpus.py:2", "_io.py:1"]
+    assert rich_users(sources) == ["viz/heads.py:1", "analysis/corpus.py:2", "_io.py:1", "commands/heads.py:2"]
 
 
 def test_clean_sources_pass_both_scans():
@@ -296,14 +299,21 @@ def test_a_floor_importing_one_above_it_is_reported():
         ("analysis/corpus.py", "def f():\n    from headwise.models import open_model\n"),
         ("sizing/hf_config.py", "from headwise.cli._app import CLIError\n"),
         ("lab/prune.py", "from headwise.study import run_importance\nfrom headwise.models import open_model\n"),
-        ("cli/lab.py", "from headwise.study import run_importance\nfrom headwise.cli._app import app\n"),
+        ("lab/induction.py", "from headwise.commands.lab import run\n"),
+        ("commands/lab.py", "from headwise.study import run_importance\nfrom headwise.lab import prune\n"),
+        ("commands/heads.py", "from headwise.cli.heads import show\nfrom headwise.viz.report import OUTPUTS\n"),
+        ("cli/lab.py", "from headwise.commands.lab import run\nfrom headwise.cli._app import app\n"),
         ("__main__.py", "from headwise.cli import main\n"),
         ("viz/report.py", "from headwise.analysis import HeadReport\n"),
     ]
-    assert floor_breaches(sources, {"study", "viz", "analysis", "models", "cli", "lab", "sizing"}) == [
+    packages = {"study", "viz", "analysis", "models", "cli", "lab", "sizing", "commands"}
+    assert floor_breaches(sources, packages) == [
         "study/decoder.py:1: headwise.viz.headview",
         "analysis/corpus.py:2: headwise.models",
         "sizing/hf_config.py:1: headwise.cli._app",
+        "lab/prune.py:1: headwise.study",
+        "lab/induction.py:1: headwise.commands.lab",
+        "commands/heads.py:1: headwise.cli.heads",
     ]
 
 

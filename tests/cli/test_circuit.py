@@ -247,8 +247,8 @@ def test_the_folder_appears_whole_or_not_at_all(run_cli, folder, tmp_path, monke
 
 def test_the_page_carries_the_qk_attribution_of_the_circuits_strongest_heads(run_cli, folder, tmp_path):
     from headwise.circuits import qk_attribution
+    from headwise.commands.circuit import circuit_heads
     from headwise.models import open_model
-    from headwise.study import circuit_heads
 
     out = tmp_path / "out"
     assert run_cli(*_args(folder, out, "--exact-top", "0", "--qk-heads", "3")).code == 0

@@ -19,7 +19,7 @@ from _helpers import ref_params
 from _pictures import assert_not_blank, read_png
 from _smollm2 import smollm2_installed
 from headwise import reference as ref
-from headwise.cli.demo import real_model_available, tokenize, vocabulary
+from headwise.commands.demo import real_model_available, tokenize, vocabulary
 
 TEXT = "the cat sat on the mat"
 
@@ -148,7 +148,7 @@ def test_demo_default_is_the_pretrained_model(run_cli, tmp_path):
 
 
 def test_demo_auto_falls_back_to_the_untrained_block(run_cli, tmp_path, monkeypatch):
-    import headwise.cli.demo as demo
+    import headwise.commands.demo as demo
 
     monkeypatch.setattr(demo, "real_model_available", lambda: False)
     outcome = run_cli("demo", "--out", str(tmp_path), "--text", "a b")

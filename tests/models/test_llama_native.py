@@ -169,9 +169,10 @@ def _close(a, b, path: str = "") -> None:
 
 def _heads_files(hm, out, **options) -> dict:
     from headwise.cli import heads
+    from headwise.commands import heads as flow
 
     opts = study.HeadsOptions(model="x", out=out, **options)
-    heads._decoder(hm, opts)
+    heads.show(flow.run(opts, warn=lambda m: None, hm=hm))
     return {p.name: p for p in sorted(out.iterdir())}
 
 
@@ -283,8 +284,6 @@ def test_unsupported_configs_are_refused_by_key(overrides, key):
 
 
 def test_an_unsupported_folder_names_the_backend_and_falls_back(tmp_path):
-    from headwise.cli.heads import load
-
     llama3 = _hf("llama", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}))
     _saved(tmp_path / "linear", llama3)
     save_decoder(tmp_path / "gpt2", "gpt2")
@@ -293,7 +292,8 @@ def test_an_unsupported_folder_names_the_backend_and_falls_back(tmp_path):
     with pytest.raises(UnsupportedBackend, match=r"backend='headwise'.*'gpt2' model.*llama / mistral") as err:
         open_model(tmp_path / "gpt2", backend="headwise")
     assert err.value.info.model_type == "gpt2"
-    hm = load(str(tmp_path / "gpt2"), backend="headwise")  # the command: every other checkpoint on the default route
+    # the command: every other checkpoint on the default route
+    hm = study.open_heads_model(str(tmp_path / "gpt2"), backend="headwise", warn=lambda m: None)
     assert (hm.backend, hm.family) == ("hf+headwise", "gpt2")
     with pytest.raises(ValueError, match=r"backend: expected one of 'auto', 'headwise', got 'native'"):
         open_model(tmp_path / "gpt2", backend="native")

@@ -64,7 +64,10 @@ __all__ = [
     "ablation_objectives",
     "gate_importance",
     "objective",
+    "order_curves",
+    "prefix_sets",
     "pruning_steps",
+    "removal_orders",
     "OBJECTIVES",
     "SCORED",
 ]
@@ -212,9 +215,42 @@ def head_importance(
     """
     import time
 
-    import torch
+    scored, same, eval_batches = _checked(hm, batches, scored, eval_batches, random_orders, mode)
+    t0 = time.perf_counter()
+    sweep = _Sweep(hm, batches, eval_batches, scored=scored, ablate=ablate, mode=mode, copies=copies, memory=memory,
+                   progress=progress or (lambda *_: None), reduce=reduce,
+                   run=stages if stages is not None else (lambda name, work, sets: work()))  # fmt: skip
+    importance, sequences, base, tokens = sweep.gates_and_intact(same)
+    norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
+    importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
+    ablation = sweep.pooled(sweep.measure([(flat,) for flat in range(sweep.n)], "ablation")) - base
+    steps = pruning_steps(sweep.n, points)
+    by = {"importance": importance_norm.ravel(), "ablation": ablation}
+    orders, seeds = removal_orders(by, sweep.n, seed, random_orders)
+    sets = prefix_sets(orders, steps)
+    curves, random = order_curves(sweep.pooled(sweep.measure(list(sets), "pruning")), sets, orders, steps, seeds, base)
+    return ImportanceResult(
+        kind=hm.kind,
+        objective=OBJECTIVES[scored],
+        importance=importance,
+        importance_norm=importance_norm,
+        base_loss=base,
+        ablation=ablation.reshape(hm.num_layers, hm.num_heads),
+        removed=steps,
+        curves=curves,
+        random_seeds=seeds,
+        num_sequences=sequences,
+        num_tokens=tokens,
+        order=orders["importance"],
+        random_curves=random,
+        sweep=sweep.report(sweep.n + len(sets), time.perf_counter() - t0),
+    )
 
-    from headwise.analysis.batched import MODES, SweepCost
+
+def _checked(hm: SweptModel, batches, scored, eval_batches, random_orders, mode) -> tuple[str, bool, Sequence]:
+    """:func:`head_importance`'s arguments checked (ValueError naming the argument): ``(scored, the objective measured
+    on the importance's batches, eval_batches)``."""
+    from headwise.analysis.batched import MODES
 
     if not batches:
         raise ValueError("batches: expected at least one batch, got none")
@@ -225,121 +261,138 @@ def head_importance(
     eval_batches = batches if eval_batches is None else eval_batches
     if not eval_batches:
         raise ValueError("eval_batches: expected at least one batch, got none")
-    progress = progress or (lambda *_: None)
-    nl, h = hm.num_layers, hm.num_heads
-    n = nl * h
-    t0 = time.perf_counter()
+    return scored, same, eval_batches
 
-    references = None
-    if scored == "embedding":
-        with torch.no_grad():
-            outs = [(hm.forward(ids, mask), mask) for ids, mask in eval_batches]
-        references = [mean_pooled(out, mask) for out, mask in outs]
-        cosines = [torch.nn.functional.cosine_similarity(e, e, dim=-1) for e in references]
-        base = float(sum(float((1 - c).sum()) for c in cosines)) / max(sum(c.numel() for c in cosines), 1)
-        tokens = sum(c.numel() for c in cosines)
-    run = stages if stages is not None else (lambda name, work, sets: work())
 
-    def gates_and_intact() -> tuple:  # (importance (NL, H), sequences, base, tokens) of this process's share
+class _Sweep:
+    """One :func:`head_importance` run's model, batches and engine: the gates' pass and the intact objective
+    (:meth:`gates_and_intact`), the objective with head sets removed (:meth:`measure`), the means over every
+    process's share (:meth:`pooled`) and what the engine ran (:meth:`report`)."""
+
+    def __init__(
+        self, hm: SweptModel, batches, eval_batches, *, scored, ablate, mode, copies, memory, progress, reduce, run
+    ):
+        import torch
+
+        from headwise.analysis.batched import SweepCost
+
+        self.hm, self.batches, self.eval_batches, self.scored = hm, batches, eval_batches, scored
+        self.ablate, self.mode, self.copies, self.memory = ablate, mode, copies, memory
+        self.progress, self.reduce, self.run = progress, reduce, run
+        self.nl, self.h = hm.num_layers, hm.num_heads
+        self.n = self.nl * self.h
+        self.cost = SweepCost()
+        self.references = None
         if scored == "embedding":
-            if same:  # the intact embeddings just formed are the importance's references too
-                return (*encoder_importance(hm, batches, references, progress), base, tokens)
-            return (*gate_importance(hm, batches, scored=scored, progress=progress), base, tokens)
-        if same:
-            return decoder_importance(hm, batches, scored, progress)
-        intact = objective(hm, eval_batches, scored=scored)
-        return (*gate_importance(hm, batches, scored=scored, progress=progress), *intact)
+            with torch.no_grad():
+                outs = [(hm.forward(ids, mask), mask) for ids, mask in eval_batches]
+            self.references = [mean_pooled(out, mask) for out, mask in outs]
+            cosines = [torch.nn.functional.cosine_similarity(e, e, dim=-1) for e in self.references]
+            self.base = float(sum(float((1 - c).sum()) for c in cosines)) / max(sum(c.numel() for c in cosines), 1)
+            self.tokens = sum(c.numel() for c in cosines)
 
-    importance, sequences, base, tokens = run("importance", gates_and_intact, None)
-    local_tokens = tokens
-    if reduce is not None:  # this process's sums and counts → every process's, then divided
-        r = reduce(np.concatenate([importance.ravel() * sequences, [sequences, base * tokens, tokens]]))
-        sequences, tokens = int(round(r[n])), int(round(r[n + 2]))
-        importance, base = r[:n].reshape(nl, h) / max(sequences, 1), float(r[n + 1]) / max(tokens, 1)
+    def gates_and_intact(self, same: bool) -> tuple:
+        """``(importance (NL, H), sequences, base, tokens)`` over every process's share (stage ``"importance"``;
+        ``same``: the objective is measured on the importance's batches)."""
+        hm, batches, scored, progress = self.hm, self.batches, self.scored, self.progress
 
-    def pooled(values: np.ndarray) -> np.ndarray:  # token-weighted means over every process's share
-        return values if reduce is None else reduce(values * local_tokens) / max(tokens, 1)
+        def work() -> tuple:  # (importance (NL, H), sequences, base, tokens) of this process's share
+            if scored == "embedding":
+                if same:  # the intact embeddings just formed are the importance's references too
+                    return (*encoder_importance(hm, batches, self.references, progress), self.base, self.tokens)
+                return (*gate_importance(hm, batches, scored=scored, progress=progress), self.base, self.tokens)
+            if same:
+                return decoder_importance(hm, batches, scored, progress)
+            intact = objective(hm, self.eval_batches, scored=scored)
+            return (*gate_importance(hm, batches, scored=scored, progress=progress), *intact)
 
-    if not math.isfinite(base):
-        raise ValueError(f"the intact model's objective is not finite ({base})")
-    norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
-    importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
-    cost = SweepCost()
+        importance, sequences, base, tokens = self.run("importance", work, None)
+        self.local_tokens = self.tokens = tokens
+        if self.reduce is not None:  # this process's sums and counts → every process's, then divided
+            n = self.n
+            r = self.reduce(np.concatenate([importance.ravel() * sequences, [sequences, base * tokens, tokens]]))
+            sequences, self.tokens = int(round(r[n])), int(round(r[n + 2]))
+            importance, base = r[:n].reshape(self.nl, self.h) / max(sequences, 1), float(r[n + 1]) / max(self.tokens, 1)
+        if not math.isfinite(base):
+            raise ValueError(f"the intact model's objective is not finite ({base})")
+        return importance, sequences, base, self.tokens
 
-    def measure_all(sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
-        return run(stage, lambda: measure_here(sets, stage), sets)
+    def pooled(self, values: np.ndarray) -> np.ndarray:
+        """Token-weighted means over every process's share."""
+        return values if self.reduce is None else self.reduce(values * self.local_tokens) / max(self.tokens, 1)
 
-    def measure_here(sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
-        """The objective with each head set removed (``sets`` distinct, none empty)."""
-        if ablate is None:
+    def measure(self, sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
+        """The objective with each head set removed (``sets`` distinct, none empty), this process's share, through
+        the run's hold on ``stage``."""
+        return self.run(stage, lambda: self._measure_here(sets, stage), sets)
+
+    def _measure_here(self, sets: list[tuple[int, ...]], stage: str) -> np.ndarray:
+        hm, eval_batches, h, cost, progress = self.hm, self.eval_batches, self.h, self.cost, self.progress
+        if self.ablate is None:
             return ablation_objectives(
                 hm,
                 eval_batches,
                 [_spec(s, h) for s in sets],
-                scored=scored,
-                reference=references,
-                mode=mode,
-                copies=copies,
-                memory=memory,
+                scored=self.scored,
+                reference=self.references,
+                mode=self.mode,
+                copies=self.copies,
+                memory=self.memory,
                 cost=cost,
                 progress=lambda done, total: progress(stage, done, total),
             )
         values = np.zeros(len(sets))
         for i, s in enumerate(sets):
-            with ablate(_spec(s, h)):
-                values[i] = objective(hm, eval_batches, reference=references, scored=scored)[0]
+            with self.ablate(_spec(s, h)):
+                values[i] = objective(hm, eval_batches, reference=self.references, scored=self.scored)[0]
             cost.passes += len(eval_batches)
             cost.rows += sum(b[0].shape[0] for b in eval_batches)
             progress(stage, i + 1, len(sets))
         return values
 
-    ablation = pooled(measure_all([(flat,) for flat in range(n)], "ablation")) - base
+    def report(self, head_sets: int, seconds: float) -> dict:
+        """What the engine ran (:attr:`ImportanceResult.sweep`)."""
+        cost = self.cost
+        rows_in = sum(b[0].shape[0] for b in self.eval_batches)
+        if self.ablate is not None:
+            cost.layer_rows = cost.rows * self.nl
+            cost.forward_equivalents = cost.layer_rows / max(self.nl * rows_in, 1)
+        return cost.to_dict() | {
+            "mode": self.mode if self.ablate is None else "given",
+            "head_sets": head_sets,
+            "seconds_total": seconds,
+        }
 
-    steps = pruning_steps(n, points)
-    orders = {
-        "importance": np.argsort(importance_norm.ravel(), kind="stable"),
-        "ablation": np.argsort(ablation, kind="stable"),
-    }
+
+def removal_orders(by: dict[str, np.ndarray], n: int, seed: int, random_orders: int) -> tuple[dict, tuple[int, ...]]:
+    """The orders in which heads are removed: ``by[name]``'s heads ascending (stable), then ``random_orders`` random
+    permutations of the ``n`` heads (seeds ``seed``, ``seed + 1``, …, named ``"random<seed>"``). Returns ``(orders,
+    seeds)``."""
+    orders = {name: np.argsort(values, kind="stable") for name, values in by.items()}
     seeds = tuple(seed + r for r in range(random_orders))
     for s in seeds:
         orders[f"random{s}"] = np.random.default_rng(s).permutation(n)
-    sets: dict[tuple[int, ...], int] = {}
+    return orders, seeds
+
+
+def prefix_sets(orders: dict, steps: np.ndarray, sets: dict | None = None) -> dict[tuple[int, ...], int]:
+    """Every order's first k heads for each k of ``steps`` (k > 0) as a sorted head set, numbered in the order first
+    met after those already in ``sets``: each distinct set measured once."""
+    sets = {} if sets is None else dict(sets)
     for order in orders.values():
         for k in steps:
             if k > 0:
                 sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
-    measured = pooled(measure_all(list(sets), "pruning"))
-    curves: dict[str, np.ndarray] = {}
-    for name, order in orders.items():
-        curves[name] = np.array(
-            [base if k == 0 else measured[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps]
-        )
-    random = np.stack([curves.pop(f"random{s}") for s in seeds])  # (orders, K)
-    curves["random_mean"] = random.mean(axis=0)
-    curves["random_min"] = random.min(axis=0)
-    curves["random_max"] = random.max(axis=0)
-    rows_in = sum(b[0].shape[0] for b in eval_batches)
-    if ablate is not None:
-        cost.layer_rows = cost.rows * nl
-        cost.forward_equivalents = cost.layer_rows / max(nl * rows_in, 1)
-    sweep = cost.to_dict() | {
-        "mode": mode if ablate is None else "given",
-        "head_sets": n + len(sets),
-        "seconds_total": time.perf_counter() - t0,
+    return sets
+
+
+def order_curves(values: np.ndarray, sets: dict, orders: dict, steps: np.ndarray, seeds: tuple, base: float):
+    """The objective as heads go in each order (``values[sets[s]]``: with head set s removed; ``base`` with none);
+    the random orders' curves pooled into their mean, minimum and maximum. Returns ``(curves, random (orders, K))``."""
+    curves = {
+        name: np.array([base if k == 0 else values[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps])
+        for name, order in orders.items()
     }
-    return ImportanceResult(
-        kind=hm.kind,
-        objective=OBJECTIVES[scored],
-        importance=importance,
-        importance_norm=importance_norm,
-        base_loss=base,
-        ablation=ablation.reshape(nl, h),
-        removed=steps,
-        curves=curves,
-        random_seeds=seeds,
-        num_sequences=sequences,
-        num_tokens=tokens,
-        order=orders["importance"],
-        random_curves=random,
-        sweep=sweep,
-    )
+    random = np.stack([curves.pop(f"random{s}") for s in seeds])  # (orders, K)
+    curves |= {"random_mean": random.mean(axis=0), "random_min": random.min(axis=0), "random_max": random.max(axis=0)}
+    return curves, random

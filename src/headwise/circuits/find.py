@@ -142,7 +142,20 @@ def find_circuit(
         model structure the tracing does not read.
     """
     t0 = time.perf_counter()
-    head_shares = None
+    batch_size, steps = _checked(method, metric, ablation, fraction, exact_top, batch_size, steps)
+    run = _pairs_run(hm, clean, corrupted, answer, wrong, metric=metric, ablation=ablation, pairs=pairs)
+    keep = stages if stages is not None else (lambda name, work: work())
+    graph = build_graph(run.w)
+    scored = _scored_edges(run, graph, method=method, steps=steps, shares=shares, exact_top=exact_top,
+                           exact_batch=batch_size or 16, keep=keep, progress=progress)  # fmt: skip
+    curves = _curves(run, scored.scores, fraction, ablation=ablation, batch_size=batch_size or 8, keep=keep,
+                     progress=progress)  # fmt: skip
+    return _circuit(run, graph, scored, curves, method=method, metric=metric, ablation=ablation, steps=steps,
+                    fraction=fraction, seconds=lambda: time.perf_counter() - t0)  # fmt: skip
+
+
+def _checked(method, metric, ablation, fraction, exact_top, batch_size, steps) -> tuple[int | None, int]:
+    """:func:`find_circuit`'s options checked (ValueError / TypeError naming the argument); ``(batch_size, steps)``."""
     one_of("method", method, CIRCUIT_METHODS)
     one_of("metric", metric, METRICS)
     one_of("ablation", ablation, ABLATIONS)
@@ -158,6 +171,40 @@ def find_circuit(
         batch_size = positive_int("batch_size", batch_size)
     if method == "eap-ig":
         steps = positive_int("steps", steps)
+    return batch_size, steps
+
+
+@dataclass
+class _PairsRun:
+    """The prompt pairs of one :func:`find_circuit` call as this process runs them.
+
+    Attributes:
+        w: the model's wiring; target: its patching view.
+        c, x: ``(P', L)`` this process's clean and corrupted ids (P' = P without a :class:`PairShard`).
+        c_all: ``(P, L)`` every pair's clean ids; a_all, w_all: every pair's answer and wrong ids.
+        shown: ``{"clean", "corrupted", "answer", "wrong"}``: every pair's prompts as the result lists them.
+        fn: the metric on this process's pairs; gather: their per-pair values put in pair order (a collective
+            under a shard); reference: the mean ablation's runs (every pair's, under a shard), else None;
+        main: whether this process builds the parts read from the first pair alone.
+    """
+
+    w: object
+    target: object
+    c: Tensor
+    x: Tensor
+    c_all: Tensor
+    a_all: list
+    w_all: list
+    shown: dict
+    fn: object
+    gather: Callable[[Tensor], Tensor]
+    reference: Tensor | None
+    main: bool
+
+
+def _pairs_run(hm: HeadModel, clean, corrupted, answer, wrong, *, metric: str, ablation: str, pairs) -> _PairsRun:
+    """The pairs read against the model (ValueError naming the argument), this process's share taken, the metric
+    made (``"kl"``: the clean run's last logits)."""
     w = wiring(hm)
     target = w.target
     c, c_shown = prompt_ids("clean", clean, target)
@@ -169,7 +216,7 @@ def find_circuit(
     w_ids, w_shown = answer_ids("wrong", wrong, P, target)
     c, x = c.to(target.device), x.to(target.device)
     gather, reference, main = _all_pairs, None, True
-    c_all, x_all, a_all, w_all = c, x, a_ids, w_ids
+    c_all, a_all, w_all = c, a_ids, w_ids
     if pairs is not None:
         mine = _shard_indices(pairs, P)
         gather, main = pairs.gather, pairs.main
@@ -182,76 +229,107 @@ def find_circuit(
         with torch.no_grad():
             clean_last = target.logits(c, last_only=True)[:, -1]  # (P, V)
     fn = make_metric(metric, a_ids, w_ids, clean_last)
+    shown = {"clean": c_shown, "corrupted": x_shown, "answer": a_shown, "wrong": w_shown}
+    return _PairsRun(w, target, c, x, c_all, a_all, w_all, shown, fn, gather, reference, main)
 
-    def stage(name):
-        return None if progress is None else (lambda done, total: progress(name, done, total))
 
-    exact_batch = batch_size or 16
-    keep = stages if stages is not None else (lambda name, work: work())
-    graph = build_graph(w)
+def _stage(progress: Progress | None, name: str):
+    """``progress`` of one stage as ``fn(done, total)`` (None: no progress)."""
+    return None if progress is None else (lambda done, total: progress(name, done, total))
+
+
+@dataclass
+class _Scored:
+    """Every edge's score over every pair ``(E,)``, the exact patches ``{edge: effect}``, the estimate's agreement
+    with them (None: fewer than two, or method ``"exact"``), and the key/value group edges' shares ``(E, G)`` or
+    None."""
+
+    scores: Tensor
+    exact: dict
+    agreement: dict | None
+    shares: Tensor | None
+
+
+def _scored_edges(run: _PairsRun, graph: Graph, *, method, steps, shares, exact_top, exact_batch, keep, progress):
+    """Steps 1 and 2 of :func:`find_circuit`: every edge scored by ``method``, the strongest ``exact_top`` patched
+    exactly beside the estimate (stages ``"attribution"`` and ``"exact"``)."""
 
     def exact_patches(edges: list, name: str) -> Tensor:  # (P, J) patched − base of every pair
-        ex = patch_edges(w, c, x, fn, edges, batch_size=exact_batch, progress=stage(name))
-        return _pair_effects(ex, gather)
+        ex = patch_edges(run.w, run.c, run.x, run.fn, edges, batch_size=exact_batch, progress=_stage(progress, name))
+        return _pair_effects(ex, run.gather)
 
     if method == "exact":
         scores = keep("attribution", lambda: exact_patches(graph.edges, "attribution")).mean(0)
-        exact = {e: float(v) for e, v in enumerate(scores)}
-        agreement = None
-    else:
+        return _Scored(scores, {e: float(v) for e, v in enumerate(scores)}, None, None)
 
-        def attribution() -> Tensor:  # (P, E) every pair's scores, or (P, E, G) their shares
-            est = edge_attribution(
-                w, c, x, fn, method=method, steps=steps, shares=shares, progress=stage("attribution")
-            )
-            return gather(est.per_pair_shares if shares else est.per_pair)
+    def attribution() -> Tensor:  # (P, E) every pair's scores, or (P, E, G) their shares
+        est = edge_attribution(
+            run.w, run.c, run.x, run.fn, method=method, steps=steps, shares=shares,
+            progress=_stage(progress, "attribution"),
+        )  # fmt: skip
+        return run.gather(est.per_pair_shares if shares else est.per_pair)
 
-        values = keep("attribution", attribution)
-        if values.dim() == 3:  # every edge's shares of its query heads: they add up to its score
-            head_shares, values = values.mean(0), values.sum(-1)
-        scores = values.mean(0)  # (E,): est.scores, over every pair
-        exact, agreement = {}, None
-        if exact_top:
-            top = torch.argsort(scores.abs(), descending=True, stable=True)[: min(exact_top, len(graph.edges))]
-            top = top.tolist()  # EdgeScores.top of the scores over every pair: the same edges on every process
-            effect = keep("exact", lambda: exact_patches([graph.edges[e] for e in top], "exact")).mean(0)
-            exact = {e: float(v) for e, v in zip(top, effect)}
-            if len(top) >= 2:
-                k = max(1, min(10, len(top) // 2))
-                a, b = scores[top], effect
-                ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
-                tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
-                agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
+    values, head_shares = keep("attribution", attribution), None
+    if values.dim() == 3:  # every edge's shares of its query heads: they add up to its score
+        head_shares, values = values.mean(0), values.sum(-1)
+    scores = values.mean(0)  # (E,): est.scores, over every pair
+    exact, agreement = {}, None
+    if exact_top:
+        top = torch.argsort(scores.abs(), descending=True, stable=True)[: min(exact_top, len(graph.edges))]
+        top = top.tolist()  # EdgeScores.top of the scores over every pair: the same edges on every process
+        effect = keep("exact", lambda: exact_patches([graph.edges[e] for e in top], "exact")).mean(0)
+        exact = {e: float(v) for e, v in zip(top, effect)}
+        if len(top) >= 2:
+            k = max(1, min(10, len(top) // 2))
+            a, b = scores[top], effect
+            ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
+            tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
+            agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
+    return _Scored(scores, exact, agreement, head_shares)
+
+
+def _curves(run: _PairsRun, scores: Tensor, fraction, *, ablation, batch_size, keep, progress):
+    """Steps 3 and 4 of :func:`find_circuit`: the faithfulness curve, the smallest circuit recovering ``fraction`` and
+    MIB's curve (stages ``"faithfulness"``, ``"circuit"``, ``"mib"``). Returns ``(curve, (n, recovered),
+    mib_curve)``."""
+    w, c, x, fn, reference, gather = run.w, run.c, run.x, run.fn, run.reference, run.gather
     curve = keep(
         "faithfulness",
         lambda: faithfulness(
-            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
-            progress=stage("faithfulness"), gather_pairs=gather,
+            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size,
+            progress=_stage(progress, "faithfulness"), gather_pairs=gather,
         ),
     )  # fmt: skip
-    n, recovered = keep(
+    chosen = keep(
         "circuit",
         lambda: smallest_circuit(w, c, x, fn, curve, fraction, reference=reference, gather_pairs=gather),
     )
     mib_curve = keep(
         "mib",
         lambda: mib_faithfulness(
-            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size or 8,
-            progress=stage("mib"), gather_pairs=gather,
+            w, c, x, fn, scores, ablation=ablation, reference=reference, batch_size=batch_size,
+            progress=_stage(progress, "mib"), gather_pairs=gather,
         ),
     )  # fmt: skip
+    return curve, chosen, mib_curve
+
+
+def _circuit(run: _PairsRun, graph: Graph, scored: _Scored, curves, *, method, metric, ablation, steps, fraction,
+             seconds) -> Circuit:  # fmt: skip
+    """The :class:`~headwise.circuits.Circuit` of the scored edges and the curves (``seconds()``: the run's time,
+    read last)."""
+    curve, (n, recovered), mib_curve = curves
     kept = sorted(curve.order[:n])
     nodes = sorted({graph.edges[e].sender for e in kept} | {graph.edges[e].receiver for e in kept})
     edges = []
     for e, edge in enumerate(graph.edges):
-        s = {} if method == "exact" else {method: float(scores[e])}
-        if e in exact:
-            s["exact"] = exact[e]
+        s = {} if method == "exact" else {method: float(scored.scores[e])}
+        if e in scored.exact:
+            s["exact"] = scored.exact[e]
         edges.append({"sender": edge.sender, "receiver": edge.receiver, "input": edge.input, "scores": s})
-    c, x = c_all, x_all
-    prompts = [
-        {"clean": c_shown[p], "corrupted": x_shown[p], "answer": a_shown[p], "wrong": w_shown[p]} for p in range(P)
-    ]
+    shown, P = run.shown, run.c_all.shape[0]
+    prompts = [{k: shown[k][p] for k in ("clean", "corrupted", "answer", "wrong")} for p in range(P)]
+    target = run.target
     return Circuit(
         model=target.name,
         method=method,
@@ -259,10 +337,10 @@ def find_circuit(
         ablation=ablation,
         steps=steps if method == "eap-ig" else None,
         prompts=prompts,
-        tokens=target.token_texts(c[0].tolist()),
+        tokens=target.token_texts(run.c_all[0].tolist()),
         nodes=[node.to_dict() for node in graph.nodes],
         edges=edges,
-        agreement=agreement,
+        agreement=scored.agreement,
         faithfulness={
             "sizes": curve.sizes,
             "recovered": [_finite(v) for v in curve.recovered.tolist()],
@@ -277,9 +355,9 @@ def find_circuit(
             "clean_metric": mib_curve.clean_metric,
             "ablated_metric": mib_curve.ablated_metric,
         },  # fmt: skip
-        node_details=_node_details(target, graph, c_all[:1], a_all[0], w_all[0]) if main else {},
-        seconds=time.perf_counter() - t0,
-        shares=head_shares,
+        node_details=_node_details(target, graph, run.c_all[:1], run.a_all[0], run.w_all[0]) if run.main else {},
+        seconds=seconds(),
+        shares=scored.shares,
     )
 
 

@@ -19,7 +19,7 @@ import threading
 import click
 import typer
 
-from headwise.cli._app import MEMORY, CLIError, app
+from headwise.cli._app import CLIError, app
 
 try:  # typer >= 0.29 carries its own copy of click, whose exceptions are not click's
     from typer._click import exceptions as _typer_click
@@ -66,10 +66,10 @@ def _from_ctrl_c(e: BaseException | None) -> bool:
 
 def _said(e: Exception) -> str:
     """A user's mistake as one line: a memory error worded with ``--max-memory`` (the library names the budget by its
-    keyword), anything else as it says itself."""
-    from headwise.models.memory import MemoryBudgetError  # loaded by whatever raised one
+    keyword), anything else as it says itself (:func:`headwise.commands.said`)."""
+    from headwise.commands import said
 
-    return e.worded(MEMORY) if isinstance(e, MemoryBudgetError) else str(e)
+    return said(e)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,11 +23,6 @@ class CLIError(Exception):
     """A user's mistake: printed as one line on stderr, exit status 2."""
 
 
-#: The option of the memory budget: the library's memory errors (:class:`headwise.models.memory.MemoryBudgetError`,
-#: which name it ``max_memory``) are worded with it (``e.worded(MEMORY)``) wherever the command line says them.
-MEMORY = "--max-memory"
-
-
 @app.callback()
 def _root() -> None:
     """Multi-head attention and positional encodings: run, verify, measure and picture them."""

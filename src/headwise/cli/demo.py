@@ -19,26 +19,12 @@ from typing import Annotated
 
 import typer
 
-from headwise.cli._app import CLIError, app
-from headwise.cli._output import prepare_folder, write_failed
-from headwise.study.demo import (
-    NO_MODEL,
-    Run,
-    check_layer,
-    check_sizes,
-    real_model_available,
-    run_minilm,
-    run_smollm2,
-    run_untrained,
-    smollm2_source,
-    tokenize,
-    vocabulary,
-)
+from headwise.cli._app import app
+from headwise.cli._output import write_failed
 
-__all__ = ["demo", "real_model_available", "tokenize", "vocabulary"]
+__all__ = ["demo"]
 
 DEFAULT_TEXT = "the cat sat on the mat"
-MODELS = ("auto", "untrained", "minilm", "smollm2")
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -46,7 +32,7 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _print_run(console, run: Run, text: str) -> None:
+def _print_run(console, run, text: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -120,38 +106,10 @@ def demo(
     Prints the shapes, the parameter count and every head's attention weights; writes attention.png
     (one heatmap per head) and positional_encoding.png into --out.
     """
-    if model not in MODELS:
-        raise CLIError(f"--model: expected one of {', '.join(MODELS)}, got {model!r}")
-    chosen = model
-    if chosen == "auto":
-        untrained_only = heads is not None or d_model is not None or seed is not None
-        chosen = "minilm" if not untrained_only and real_model_available() else "untrained"
-    if chosen in ("minilm", "smollm2"):
-        for option, value in (("--heads", heads), ("--d-model", d_model), ("--seed", seed)):
-            if value is not None:
-                raise CLIError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
-    if chosen == "smollm2":
-        if not text.strip():
-            raise CLIError(f"--text: expected at least one word, got {text!r}")
-        info, layer = smollm2_source(layer)
-        prepare_folder(out, "--out")
-        run = run_smollm2(text, info, layer)
-    elif chosen == "minilm":
-        layer = 0 if layer is None else layer
-        tokenize(text)  # the same checks as the model's, before loading anything
-        if not real_model_available():
-            raise CLIError(NO_MODEL)
-        check_layer(layer)
-        prepare_folder(out, "--out")
-        run = run_minilm(text, layer)
-    else:
-        if layer is not None:
-            raise CLIError("--layer: applies to --model minilm or smollm2 only (the untrained block has one layer)")
-        heads, d_model = 4 if heads is None else heads, 128 if d_model is None else d_model
-        check_sizes(heads, d_model)
-        tokenize(text)
-        prepare_folder(out, "--out")
-        run = run_untrained(text, heads, d_model, 0 if seed is None else seed)
+    from headwise.commands import demo as flow
+
+    options = flow.DemoOptions(text=text, out=out, model=model, heads=heads, d_model=d_model, seed=seed, layer=layer)
+    run = flow.run(options)
 
     from rich.console import Console
 

@@ -44,28 +44,20 @@ rows (``docs/heads.md``, "Long inputs").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from headwise import study
 from headwise.cli._app import CLIError, app
-from headwise.cli._output import prepare_folder, print_head_table, table_console, write_failed, write_pruning
+from headwise.cli._output import print_head_table, table_console, write_failed, write_pruning
 from headwise.cli._progress import corpus_progress, layer_progress, row_progress, stage_progress
-
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
 
 
 def _warn(message: str) -> None:
     import sys
 
     print(f"headwise: warning: {' '.join(message.split())}", file=sys.stderr)
-
-
-def load(source: str | Path | None, *, cache: bool = True, backend: str = "auto", max_memory: str | None = None):
-    """:func:`headwise.study.open_heads_model` with its warnings on stderr (errors: one line, exit 2)."""
-    return study.open_heads_model(source, cache=cache, backend=backend, warn=_warn, max_memory=max_memory)
 
 
 @app.command()
@@ -147,7 +139,7 @@ def heads(
         ),
     ] = False,
     max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80% free).")
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80%% free).")
     ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.
@@ -156,6 +148,8 @@ def heads(
     first-token, duplicate-token and induction detectors (see headwise.analysis).
     """
 
+    from headwise.commands import heads as flow
+
     opts = study.HeadsOptions(
         text=text, corpus=corpus, model=model, cache=not no_cache, layer=layer, out=out,
         batch_size=32 if batch_size is None else batch_size, batch_size_auto=batch_size is None,
@@ -163,48 +157,49 @@ def heads(
         probe_length=probe_length, probe_repeats=probe_repeats, seed=seed, block_size=block_size, queries=queries,
         queries_only=queries_only, composition=composition, max_memory=max_memory,
     )  # fmt: skip  # every check that needs no model, before anything is loaded
-    hm = None  # the model, opened once (through headwise.models.open_model) for everything below
-    if model not in (None, "untrained"):
-        hm = load(model, cache=opts.cache, backend=study.heads_backend(opts), max_memory=opts.max_memory)
-    study.check_opened(hm, opts)
-    with layer_progress(hm):  # a model opened layer by layer: the pass, the layer and the time left
-        (_decoder if hm is not None and hm.kind == "decoder" else _encoder)(hm, opts)
+    try:
+        result = flow.run(opts, warn=_warn, bars=bars())
+    except study.CollectiveTimeout as e:  # a stalled rank, one line
+        raise CLIError(str(e)) from None
+    if result is not None:  # not rank 0: rank 0 prints and writes
+        show(result)
 
 
-def _bars():
-    """The command line's progress bars, handed to study/'s flows."""
-    return study.Bars(corpus=corpus_progress, rows=row_progress, stages=stage_progress)
+def bars():
+    """The command line's progress bars, handed to the flow (:class:`headwise.commands.heads.Bars`)."""
+    from headwise.commands.heads import Bars
+    from headwise.viz.report import prefetch_pictures
+
+    return Bars(corpus=corpus_progress, rows=row_progress, stages=stage_progress, layers=layer_progress,
+                ready=prefetch_pictures)  # fmt: skip  # matplotlib imported beside the statistics
 
 
-def _encoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
-    """The encoder flow (and the untrained block, ``hm`` None): :func:`headwise.study.encoder_study`, printed and
-    drawn; importance."""
+def show(result) -> None:
+    """A :class:`headwise.commands.heads.HeadsResult` printed, its files written and its pictures drawn."""
+    if result.queries is not None:
+        _queries_only(result)
+    elif result.decoder:
+        _decoder(result)
+    else:
+        _encoder(result)
+
+
+def _encoder(result) -> None:
+    """An encoder's study (and the untrained block's) printed and drawn; importance."""
     from headwise.viz.report import write_heads_outputs
 
-    hm, enc = study.encoder_model(hm, opts, warn=_warn)
-    prepare_folder(opts.out, "--out")
-    found = _collective(study.encoder_study, hm, enc, opts, warn=_warn, bars=_bars())
-    if found is None:  # not rank 0: rank 0 prints and writes
-        return
+    found, opts = result.found, result.options
     report, console = found.report, table_console()
     _print_found(console, found, opts.layer, study.COLUMNS, study.positional_line(report))
-    columns, more = _importance(hm, opts, found, None, console)
+    more = _importance(result, console)
     try:
         paths = write_heads_outputs(
-            found.sentence, report, opts.out, layer=opts.layer, title=found.title, extra=found.extra, columns=columns,
-            concurrent=True,
+            found.sentence, report, opts.out, layer=opts.layer, title=found.title, extra=found.extra,
+            columns=result.columns, concurrent=True,
         )  # fmt: skip
     except OSError as e:
         raise write_failed("--out", opts.out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
-
-
-def _collective(flow, *args, **kwargs):
-    """``flow(*args, **kwargs)``, a stalled rank's timeout as one line."""
-    try:
-        return flow(*args, **kwargs)
-    except study.CollectiveTimeout as e:
-        raise CLIError(str(e)) from None
 
 
 def _print_found(console, found, layer: int | None, columns, note: str) -> None:
@@ -217,52 +212,38 @@ def _print_found(console, found, layer: int | None, columns, note: str) -> None:
     console.print(note)
 
 
-def _importance(hm: HeadModel, opts: study.HeadsOptions, found, probe, console):
-    """``--importance`` (:func:`headwise.study.heads_importance`) printed, then ``pruning.png`` / ``pruning.csv``.
-    Returns ``(columns for heads.json / heads.csv or None, paths)``."""
-    if not opts.importance:
-        return None, {}
-    result, columns = study.heads_importance(hm, opts, found, probe, warn=_warn, bars=_bars())
+def _importance(result, console) -> dict:
+    """``--importance``'s ``pruning.png`` / ``pruning.csv`` written and its line printed. Returns the paths."""
+    if result.importance is None:
+        return {}
+    out = result.options.out
     try:
-        paths = write_pruning(result, opts.out, found.title)
+        paths = write_pruning(result.importance, out, result.found.title)
     except OSError as e:
-        raise write_failed("--out", opts.out, e) from None
-    console.print(study.importance_line(result))
-    return columns, paths
+        raise write_failed("--out", out, e) from None
+    console.print(study.importance_line(result.importance))
+    return paths
 
 
-def _decoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
-    """The decoder flow: :func:`headwise.study.decoder_study` printed and drawn; importance, composition. A pooled head
-    view shows :func:`headwise.study.view_command` with the queries the user chooses; ``--queries-only``:
-    :func:`_queries_only` instead (the chosen queries' page from a bounded pass)."""
+def _decoder(result) -> None:
+    """A decoder's study printed and drawn; importance, composition. A pooled head view shows
+    :func:`headwise.study.view_command` with the queries the user chooses."""
     from headwise.viz.headview import query_overview
-    from headwise.viz.report import prefetch_pictures, start_head_grid, write_heads_outputs
+    from headwise.viz.report import start_head_grid, write_heads_outputs
 
-    plan = study.plan_decoder(hm, opts)
+    opts, found = result.options, result.found
     out, layer = opts.out, opts.layer
-    prepare_folder(out, "--out")
-    if opts.queries_only:
-        _queries_only(hm, opts, plan)
-        return
-    early = None  # layer by layer, one process: the weights' circuits first, while the process holds least
-    if opts.composition and hm.stream is not None and not study.launched():
-        early = (study.composition_result(hm, warn=_warn, bars=_bars()),)
-    prefetch_pictures()  # matplotlib imported beside the statistics, before the pictures are forked
-    found = _collective(study.decoder_study, hm, opts, plan, warn=_warn, bars=_bars())
-    if found is None:  # not rank 0: rank 0 prints and writes
-        return
     report, view, title, extra = found.report, found.view, found.title, found.extra
     grid = None  # with --importance / --composition, heads.png is drawn with the other files, after those runs
     if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
         grid = start_head_grid(found.sentence, out, report=report, layer=layer, title=title)
     console = table_console()
-    _print_found(console, found, layer, study.DECODER_COLUMNS, study.probe_line(plan.probe))
-    columns, more = _importance(hm, opts, found, plan.probe, console)
-    if opts.composition:
-        columns, more = _composition(hm, out, found, columns, more, early)
-        if "composition" in extra:
-            console.print(study.composition_line(extra["composition"]))
-    extra["view"] = study.view_note(view)
+    _print_found(console, found, layer, study.DECODER_COLUMNS, study.probe_line(result.probe))
+    more = _importance(result, console)
+    if result.composition is not None:
+        more = {**more, "composition.png": _composition(result.composition, out, title)}
+    if opts.composition and "composition" in extra:
+        console.print(study.composition_line(extra["composition"]))
     console.print(extra["view"]["note"])
     overview, links = None, []
     if view.kept is not None:
@@ -275,7 +256,7 @@ def _decoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
         )
     try:
         paths = write_heads_outputs(
-            found.sentence, report, out, layer=layer, title=title, extra=extra, causal=True, columns=columns,
+            found.sentence, report, out, layer=layer, title=title, extra=extra, causal=True, columns=result.columns,
             overview=overview, links=links,
             concurrent=True,  # heads.png in a forked child while roles.png and the head view are drawn here
             grid=grid,  # or that child, forked as soon as the statistics were known, joined
@@ -288,29 +269,20 @@ def _decoder(hm: HeadModel, opts: study.HeadsOptions) -> None:
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _composition(hm: HeadModel, out: Path, found, columns, more, early=None):
-    """``--composition``: the weights' circuits' per-head columns (:func:`headwise.study.composition_result`, or
-    ``early``: its result already made, in a 1-tuple) and ``composition.png``."""
+def _composition(cols: dict, out: Path, title: str) -> Path:
+    """``composition.png``: the weights' circuits' per-head columns."""
     from headwise.viz.qk import plot_composition
 
-    got = early[0] if early is not None else study.composition_result(hm, warn=_warn, bars=_bars())
-    if got is None:
-        return columns, more
-    cols, found.extra["composition"] = got
     try:
-        path = plot_composition(cols, out / "composition.png", title=f"{found.title} — the weights' circuits").path
+        return plot_composition(cols, out / "composition.png", title=f"{title} — the weights' circuits").path
     except OSError as e:
         raise write_failed("--out", out, e) from None
-    return {**(columns or {}), **cols}, {**more, "composition.png": path}
 
 
-def _queries_only(hm: HeadModel, opts: study.HeadsOptions, plan) -> None:
-    """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1 in ``headview_queries.html``, from one
-    forward pass that forms those rows of every head and nothing else (no statistics, no other file written)."""
-    a, b = plan.queries
-    with row_progress(hm, b - a) as rows:
-        view = study.query_rows(hm, opts, plan, warn=_warn, row_progress=rows)
-    tokens = hm.token_texts(view.ids)
+def _queries_only(result) -> None:
+    """``--queries-only``: the chosen queries' ``headview_queries.html`` alone (no other file written)."""
+    opts, hm, view, tokens = result.options, result.hm, result.queries, result.tokens
+    a, b = view.queries
     links = [("headview.html", "the whole example")] if (opts.out / "headview.html").is_file() else []
     try:
         path = _queries_page(view, tokens, opts.out, hm.title, links)

@@ -22,14 +22,12 @@ half-written. The progress bars live here; the lab reports through callbacks.
 
 from __future__ import annotations
 
-import contextlib
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from headwise.cli._app import CLIError, app
+from headwise.cli._app import app
 from headwise.cli._output import write_pruning
 from headwise.cli._progress import StepBar, stage_progress
 
@@ -43,33 +41,18 @@ app.add_typer(lab_app, name="lab")
 _THREADS_HELP = "torch threads while training (one is fastest on a busy 2-core machine)."
 
 
-def _positive(option: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise CLIError(f"{option}: expected a positive integer, got {value}")
+def _write(out: Path, files: dict[str, str], *, checkpoint=None, draw=None) -> None:
+    """``checkpoint(folder)``'s files, the result files' text and ``draw(folder)``'s pictures written into ``out``,
+    whole or not at all."""
+    from headwise._io import atomic_folder, write_text_atomic
 
-
-def _out_folder(out: Path, option: str = "--out") -> Path:
-    """Check that ``out`` can become the output folder (its parent is created)."""
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"{option}: '{out}' exists and is not a folder")
-    try:
-        out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CLIError(f"{option}: cannot create the folder '{out.parent}': {e.strerror or e}") from None
-    return out
-
-
-@contextlib.contextmanager
-def _ranks():
-    """Under torchrun: the ranks of the launch for the block (:func:`headwise.distributed.ranks.ranks`: the gloo group
-    from its environment, destroyed after it); yields ``(rank, world_size)``, or None outside a launch."""
-    from headwise.distributed.ranks import launched, ranks
-
-    if not launched():
-        yield None
-        return
-    with ranks() as r:
-        yield r.rank, r.world_size
+    with atomic_folder(out) as tmp:
+        if checkpoint is not None:
+            checkpoint(tmp)
+        for name, text in files.items():
+            write_text_atomic(tmp / name, text)
+        if draw is not None:
+            draw(tmp)
 
 
 @lab_app.command("induction")
@@ -93,100 +76,29 @@ def induction(
     places: the loss on the second copy must be at most 0.3 · ln V (exit status 1 otherwise; with --seeds, when
     any seed misses it).
     """
-    _positive("--steps", steps)
-    _positive("--threads", threads)
-    if seed < 0:
-        raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    chosen = _seed_list(seeds, seed)
-    out = _out_folder(out)
-    if chosen is not None:
-        _induction_seeds(out, chosen, steps, threads)
+    from headwise.commands import lab as flow
+
+    got = flow.run(flow.InductionOptions(out=out, seed=seed, steps=steps, threads=threads, seeds=seeds), bar=StepBar)
+    if got is None:  # not rank 0: rank 0 writes
         return
-    from headwise.distributed.ranks import launched
+    if got.run is None:  # --seeds: the summaries alone
+        _write(got.options.out, got.files)
+    else:
+        from headwise.models.lab_checkpoint import write_checkpoint_files
+        from headwise.viz.lab import plot_training
 
-    if launched():
-        raise CLIError("--seeds: under torchrun expected --seeds A,B,… (one run per seed, dealt across the ranks); "
-                       "a single --seed runs in one process")  # fmt: skip
-
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.induction import InductionSetup, run_induction, summary_lines
-    from headwise.lab.records import json_text
-    from headwise.models.lab_checkpoint import write_checkpoint_files
-    from headwise.viz.lab import plot_training
-
-    setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
-    with StepBar(f"induction, seed {seed}", setup.steps) as bar:
-        run = run_induction(setup, seed=seed, callback=bar.step, num_threads=threads)
-    s = run.summary
-    with atomic_folder(out) as tmp:
-        write_checkpoint_files(
-            run.model,
-            tmp,
-            training={"experiment": "induction", "seed": seed, "steps": setup.steps, "passed": s["passed"]},
-        )
-        write_text_atomic(tmp / "summary.json", json_text(s))
-        plot_training(
-            run.history, tmp / "training.png", ln_v=s["ln_v"], bound=s["bound"], title=f"Induction, seed {seed}"
-        )
-    typer.echo(
-        f"wrote {out}/ (model.safetensors, config.json, summary.json, training.png) in {s['seconds']:.0f} s "
-        f"({s['tokens_per_s'] / 1000:.1f}k tokens/s)"
-    )
-    for line in summary_lines(s):
+        s = got.run.summary
+        _write(
+            got.options.out,
+            got.files,
+            checkpoint=lambda tmp: write_checkpoint_files(got.run.model, tmp, training=got.training),
+            draw=lambda tmp: plot_training(got.run.history, tmp / "training.png", ln_v=s["ln_v"], bound=s["bound"],
+                                           title=f"Induction, seed {seed}"),
+        )  # fmt: skip
+    typer.echo(got.written)
+    for line in got.lines:
         typer.echo(line)
-    if not s["passed"]:
-        raise typer.Exit(1)
-
-
-def _seed_list(seeds: str | None, seed: int) -> list[int] | None:
-    """``--seeds A,B,…`` as integers ≥ 0 (None when not given); with ``--seed`` other than 0: refused."""
-    if seeds is None:
-        return None
-    try:
-        chosen = [int(x) for x in seeds.split(",") if x.strip()]
-    except ValueError:
-        chosen = []
-    if not chosen or min(chosen) < 0:
-        raise CLIError(f"--seeds: expected comma-separated non-negative integers, got {seeds!r}")
-    if seed != 0:
-        raise CLIError(f"--seed: {seed} given with --seeds; expected one of the two")
-    return chosen
-
-
-def _induction_seeds(out: Path, seeds: list[int], steps: int | None, threads: int) -> None:
-    """``lab induction --seeds``: one run per seed (:func:`headwise.lab.induction.run_induction_seeds`; under
-    torchrun dealt across the ranks), the summaries written by rank 0; exit status 1 when a seed misses the target."""
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.induction import SEED_COLUMNS, InductionSetup, run_induction_seeds, seed_rows
-    from headwise.lab.records import csv_text, json_text
-
-    setup = InductionSetup() if steps is None else InductionSetup(steps=steps)
-    with _ranks() as place:
-        first = place is None or place[0] == 0
-        note = f", rank 0's share of {place[1]} ranks" if place else ""
-        with StepBar(f"induction, {len(seeds)} seeds{note}", len(seeds), unit="runs") if first else (
-            contextlib.nullcontext()
-        ) as bar:  # fmt: skip
-
-            def on_run(summary):
-                bar.advance(f"seed {summary['seed']}: {'pass' if summary['passed'] else 'FAIL'}")
-
-            runs = run_induction_seeds(setup, seeds, num_threads=threads, on_run=on_run if first else None)
-    if not first:
-        return
-    rows = seed_rows(runs)
-    with atomic_folder(out) as tmp:
-        data = {"experiment": "induction", "steps": setup.steps, "seeds": seeds, "runs": runs}
-        write_text_atomic(tmp / "induction_seeds.json", json_text(data))
-        write_text_atomic(tmp / "induction_seeds.csv", csv_text(rows, SEED_COLUMNS))
-    shown = f"{place[1]} ranks" if place else "one process"
-    typer.echo(f"wrote {out}/ (induction_seeds.json, induction_seeds.csv): {len(seeds)} seeds, {shown}")
-    for r in rows:
-        typer.echo(
-            f"  seed {r['seed']}: second-copy loss {r['loss_repeated']:.3f} nats = {r['repeated_over_ln_v']:.3f} "
-            f"· ln V ({'pass' if r['passed'] else 'FAIL'}); induction heads: {r['induction_heads'] or 'none'}"
-        )
-    if not all(r["passed"] for r in rows):
+    if not got.passed:
         raise typer.Exit(1)
 
 
@@ -214,50 +126,18 @@ def heads_vs_one(
 
     A task whose best head count does not solve it in 80% of the seeds gets the verdict "void".
     """
-    from headwise.lab.heads_setup import setup_from_options
-    from headwise.lab.heads_vs_one import run_heads_vs_one
-
-    _positive("--seeds", seeds)
-    _positive("--steps", steps)
-    _positive("--threads", threads)
-    _positive("--workers", workers)
-    setup = setup_from_options(tasks, heads, seeds=seeds, steps=steps, full=full)
-    out = _out_folder(out)
-
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.heads_verdict import CSV_COLUMNS, result_lines
-    from headwise.lab.records import csv_text, json_text
+    from headwise.commands import lab as flow
     from headwise.viz.lab import plot_heads_vs_one
 
-    n_tune, n_eval = setup.run_counts()
-    with _ranks() as place:  # torchrun: the runs dealt across the ranks, rank 0 draws its share and writes
-        mode, shown = ("ranks", f"{place[1]} ranks") if place else (workers, f"{workers} worker(s)")
-        first = place is None or place[0] == 0
-        note = f", rank 0's share of {place[1]} ranks" if place else ""
-        title = f"heads vs one: {n_tune} tuning + {n_eval} evaluation runs{note}"
-        with StepBar(title, n_tune + n_eval, unit="runs") if first else contextlib.nullcontext() as bar:
-
-            def on_run(run, done, total_runs):
-                what = run["accuracy"] if run["task"] != "language" else run["loss"]
-                bar.advance(f"last: {run['phase']} {run['task']} H={run['heads']} seed {run['seed']} {what:.3f}")
-
-            result = run_heads_vs_one(setup, on_run=on_run if first else None, num_threads=threads, workers=mode)
-    if not first:
+    options = flow.HeadsVsOneOptions(out=out, seeds=seeds, steps=steps, tasks=tasks, heads=heads, full=full,
+                                     threads=threads, workers=workers)  # fmt: skip
+    got = flow.run(options, bar=StepBar)
+    if got is None:  # not rank 0: rank 0 writes
         return
-    with atomic_folder(out) as tmp:
-        write_text_atomic(tmp / "heads_vs_one.json", json_text(result))
-        write_text_atomic(tmp / "heads_vs_one.csv", csv_text(result["tuning_runs"] + result["runs"], CSV_COLUMNS))
-        plot_heads_vs_one(
-            result,
-            tmp / "heads_vs_one.png",
-            title=f"One head against many at equal width and parameters: {setup.seeds} seeds per head count, "
-            "learning rate tuned per head count",
-        )
-    typer.echo(
-        f"wrote {out}/ (heads_vs_one.json, .csv, .png) in {result['wall_seconds']:.0f} s "
-        f"(training time summed over the runs: {result['seconds']:.0f} s, {shown})"
-    )
-    for line in result_lines(result):
+    _write(got.options.out, got.files,
+           draw=lambda tmp: plot_heads_vs_one(got.result, tmp / "heads_vs_one.png", title=got.title))  # fmt: skip
+    typer.echo(got.written)
+    for line in got.lines:
         typer.echo(line)
 
 
@@ -283,32 +163,13 @@ def prune(
     (random tokens with one segment of 8-24 tokens repeated); importance is estimated on other
     sequences of the same kind.
     """
-    _positive("--sequences", sequences)
-    _positive("--random-orders", random_orders)
-    _positive("--threads", threads)
-    if seed < 0:
-        raise CLIError(f"--seed: expected a non-negative integer, got {seed}")
-    if ablation not in ("zero", "mean"):
-        raise CLIError(f"--ablation: expected one of zero, mean, got {ablation!r}")
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.prune import prune_model
-    from headwise.lab.records import json_text
-    from headwise.lab.trainer import threads as torch_threads
-    from headwise.models import open_model
-    from headwise.models.lab_checkpoint import read_config
+    from headwise.commands import lab as flow
 
-    read_config(model)  # a lab checkpoint, or one line saying what the folder is instead
-    hm = open_model(model)  # the one door: the folder's checks, then the weights, once
-    out = _out_folder(model / "pruning" if out is None else out)
-    n_heads = hm.num_layers * hm.num_heads
-    title = f"Heads removed from {model.name}: loss on the second copy (ln V = {math.log(hm.model.vocab_size):.2f})"
-    with torch_threads(threads), atomic_folder(out) as tmp:
-        with stage_progress() as progress:
-            run = prune_model(
-                hm, sequences=sequences, random_orders=random_orders, seed=seed, ablation=ablation, progress=progress
-            )
-        write_pruning(run.result, tmp, title)
-        write_text_atomic(tmp / "importance.json", json_text({"importance": run.importance, "order": run.order}))
+    options = flow.PruneOptions(model=model, out=out, sequences=sequences, random_orders=random_orders, seed=seed,
+                                threads=threads, ablation=ablation)  # fmt: skip
+    run = flow.run(options, stages=stage_progress)
+    out, n_heads = run.out, run.hm.num_layers * run.hm.num_heads
+    _write(out, {"importance.json": run.importance_json}, draw=lambda tmp: write_pruning(run.result, tmp, run.title))
     ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(run.importance.items(), key=lambda kv: -kv[1]))
     curves, half = run.result.curves, n_heads // 2
     typer.echo(f"wrote {out}/ (pruning.csv, pruning.png, importance.json)")
@@ -330,20 +191,15 @@ def circuits(
     threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 1,
 ) -> None:
     """Score every circuit method against circuits known by construction, confirmed by exact patching (CPU minutes)."""
-    from headwise._io import atomic_folder, write_text_atomic
-    from headwise.lab.circuit_suite import run_suite, suite_tasks, table_lines
-    from headwise.lab.records import json_text
+    from headwise.commands import lab as flow
     from headwise.viz.lab import plot_circuit_suite
 
-    _positive("--steps", steps)
-    _positive("--threads", threads)
-    names, out = suite_tasks("--tasks", tasks), _out_folder(out)
+    options = flow.CircuitsOptions(out=out, seed=seed, tasks=tasks, steps=steps, threads=threads)
     echo = lambda task, what: typer.echo(f"{task}: {what}", err=True)  # noqa: E731 - the progress lines
-    result = run_suite(names, seed=seed, steps=steps, num_threads=threads, stage=echo)
-    with atomic_folder(out) as tmp:
-        write_text_atomic(tmp / "circuits.json", json_text(result))
-        plot_circuit_suite(result, tmp / "circuits.png")
-    typer.echo(f"wrote {out}/ (circuits.json, circuits.png) in {result['seconds']:.0f} s, {result['cpu']}")
-    typer.echo("\n".join(table_lines(result)))
-    if not all(r["confirmation"]["confirmed"] for r in result["tasks"].values()):
+    got = flow.run(options, stage=echo)
+    result = got.result
+    _write(got.options.out, got.files, draw=lambda tmp: plot_circuit_suite(result, tmp / "circuits.png"))
+    typer.echo(f"wrote {got.options.out}/ (circuits.json, circuits.png) in {result['seconds']:.0f} s, {result['cpu']}")
+    typer.echo("\n".join(got.lines))
+    if not got.confirmed:
         raise typer.Exit(1)

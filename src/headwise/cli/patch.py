@@ -37,7 +37,6 @@ import typer
 
 from headwise import study
 from headwise.cli._app import CLIError, app
-from headwise.cli._decoder import encode_text, encode_token, open_decoder
 from headwise.cli._output import write_failed
 from headwise.cli._progress import layer_progress, stage_progress
 
@@ -70,57 +69,30 @@ def patch(
     """Patch every head (clean ↔ corrupted) and split the logit difference into the parts that write it."""
     import json
 
-    import torch
-
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.patching import logit_difference
+    from headwise.commands import patch as flow
     from headwise.viz.patching import plot_patching
 
-    if method not in study.PATCH_METHODS:
-        raise CLIError(f"--method: expected one of {', '.join(study.PATCH_METHODS)}, got {method!r}")
-    if direction not in study.PATCH_DIRECTIONS:
-        raise CLIError(f"--direction: expected one of {', '.join(study.PATCH_DIRECTIONS)}, got {direction!r}")
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out: '{out}' exists and is not a folder")
-    refused = None if method == "exact" else "--method attribution (a backward pass through every layer)"
-    hm = open_decoder(model, max_memory=max_memory, whole=refused)
-    if hm.stream is not None:  # every patched batch streams the layers through; the attribution needs them all
-        typer.echo(hm.memory.line())
-    clean_ids = encode_text(hm, "--clean", clean)
-    corrupted_ids = encode_text(hm, "--corrupted", corrupted)
-    if len(clean_ids) != len(corrupted_ids):
-        raise CLIError(
-            f"--corrupted: {len(corrupted_ids)} tokens, but --clean has {len(clean_ids)}; patching swaps the same "
-            "positions, so both texts must have the same token length"
-        )
-    answer_id = encode_token(hm, "--answer", answer)
-    wrong_id = encode_token(hm, "--wrong", wrong)
-    if answer_id == wrong_id:
-        raise CLIError(f"--wrong: {wrong!r} is the same token as --answer {answer!r} (id {answer_id})")
-    target = study.patch_target(hm)
-    chosen = study.parse_heads(target, heads or [])
-    metric = logit_difference(answer_id, wrong_id)
-    c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
+    options = flow.PatchOptions(
+        model=model, clean=clean, corrupted=corrupted, answer=answer, wrong=wrong, out=out, method=method,
+        direction=direction, heads=tuple(heads or ()), batch_size=batch_size, max_memory=max_memory,
+    )  # fmt: skip
     try:
-        with layer_progress(hm):  # a model opened layer by layer: the pass, the layer and the time left
-            found = study.patch_study(hm, target, c, x, metric, chosen, method=method, direction=direction,
-                                      batch_size=batch_size, out=out, stages=stage_progress)  # fmt: skip
+        got = flow.run(options, stages=stage_progress, layers=layer_progress, note=typer.echo)
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
-    if found is None:  # not rank 0: rank 0 writes
+    if got is None:  # not rank 0: rank 0 writes
         return
+    hm, found = got.hm, got.found
     for line in found.lines:
         typer.echo(line)
     result = found.result
-    texts = {"clean": clean, "corrupted": corrupted, "answer": answer, "wrong": wrong}
-    ids = {"clean": clean_ids, "corrupted": corrupted_ids, "answer": answer_id, "wrong": wrong_id}
-    report = study.patching_json(hm, found, chosen, direction=direction, texts=texts, ids=ids)
     title = f"{hm.title}: {answer!r} vs {wrong!r}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(out, keep=("shards",) if study.launched() else ()) as folder:  # kept: a rerun resumes
-            write_text_atomic(folder / "patching.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-            write_text_atomic(folder / "patching.csv", study.patch_csv(result, found.dla))
+            write_text_atomic(folder / "patching.json", json.dumps(got.report, indent=1, ensure_ascii=False) + "\n")
+            write_text_atomic(folder / "patching.csv", got.csv)
             heads_dla = None
             if found.dla:
                 heads_dla = [[math.nan if v is None else v for v in row] for row in found.dla["clean"]["heads"]]
@@ -140,5 +112,5 @@ def patch(
     typer.echo(f"{hm.title}")
     clean_m, corrupt_m = float(result.metric_clean.mean()), float(result.metric_corrupted.mean())
     typer.echo(f"metric clean {clean_m:+.3f}, corrupted {corrupt_m:+.3f} ({result.method}, {direction})")
-    typer.echo(study.top_line(result))
+    typer.echo(flow.top_line(result))
     typer.echo(f"{result.passes} forward passes, {result.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")

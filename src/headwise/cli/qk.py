@@ -27,35 +27,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from headwise.cli._app import MEMORY, CLIError, app
+from headwise.cli._app import app
 from headwise.cli._output import write_failed
 
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
-
 OUTPUTS = ("qk.json", "qk.png")
-
-
-def _head(spec: str, hm: HeadModel) -> tuple[int, int]:
-    from headwise.checks import head_number, layer_number
-
-    parts = spec.split(".")
-    if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
-        raise CLIError(f"--head: expected LAYER.HEAD (e.g. 3.1), got {spec!r}")
-    layer, head = int(parts[0]), int(parts[1])
-    layer = layer_number("--head", layer, hm.num_layers, subject=f"layer {layer} in {spec!r}")
-    return layer, head_number("--head", head, layer, hm.heads_per_layer[layer], subject=f"head {head} in {spec!r}")
-
-
-def _position(option: str, value: int, L: int, tokens: list[str]) -> int:
-    position = value + L if value < 0 else value
-    if not 0 <= position < L:
-        raise CLIError(f"{option}: expected a position −{L} … {L - 1} of the {L} tokens {tokens}, got {value}")
-    return position
 
 
 @app.command()
@@ -70,58 +49,27 @@ def qk(
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Terms printed and parts pictured per side.")] = 12,
     max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80% free).")
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
     ] = None,
 ) -> None:
     """Split one head's attention score into what wrote its query and its key."""
-    import torch
     from rich.console import Console
     from rich.table import Table
 
     from headwise._io import atomic_folder, write_text_atomic
-    from headwise.circuits import qk_attribution
-    from headwise.models import open_model
-    from headwise.models.memory import MemoryBudgetError
+    from headwise.commands import qk as flow
     from headwise.viz.qk import plot_qk
 
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out: '{out}' exists and is not a folder")
-    if not text.strip():
-        raise CLIError(f"--text: expected a non-empty text, got {text!r}")
-    try:
-        hm = open_model(model, max_memory=max_memory)
-    except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
-        raise CLIError(("" if e.given else "--model: ") + " ".join(e.worded(MEMORY).split())) from None
-    except (OSError, ValueError) as e:
-        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
-    if hm.kind != "decoder" or hm.tokenizer is None:
-        raise CLIError(f"--model: {hm.name} is not a decoder with a tokenizer.json ({hm.kind}, {hm.family})")
-    layer, h = _head(head, hm)
-    ids = list(hm.tokenizer.encode(text).ids)
-    if len(ids) > hm.max_length:
-        raise CLIError(f"--text: {len(ids)} tokens, more than the model's {hm.max_length} positions")
-    tokens = hm.token_texts(ids)
-    i = _position("--query", query, len(ids), tokens)
-    j = None if key is None else _position("--key", key, len(ids), tokens)
-    if j is not None and j > i:
-        raise CLIError(f"--key: position {j} comes after the query {i}; a decoder's query sees keys 0 … {i}")
-    try:
-        result = qk_attribution(hm, torch.tensor(ids), layer, h, i, j)
-    except MemoryBudgetError as e:  # every layer's attention parts do not fit the budget: named as the option
-        raise CLIError(e.worded(MEMORY)) from None
-    except ValueError as e:
-        raise CLIError(f"--key: {e}" if str(e).startswith("key:") else str(e)) from None
-
-    c = result.key_index()
-    report = {"model": hm.name, "family": hm.family, "text": text, "ids": ids, **result.to_json(top)}
-    report["note"] = (
-        "terms add up to the score q·k·scale before a soft-cap; effect = the model's weight minus the weight "
-        "with that part's terms removed from every key's score (exact, norms frozen)"
+    options = flow.QkOptions(
+        model=model, text=text, head=head, query=query, out=out, key=key, top=top, max_memory=max_memory
     )
+    got = flow.run(options)
+    hm, result, layer, h, i, tokens = got.hm, got.attribution, got.layer, got.head, got.query, got.tokens
+    c = result.key_index()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_folder(out) as folder:
-            write_text_atomic(folder / "qk.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+            write_text_atomic(folder / "qk.json", json.dumps(got.report, indent=1, ensure_ascii=False) + "\n")
             plot_qk(result, folder / "qk.png", top=top, title=f"{hm.title}: L{layer}.H{h}")
     except OSError as e:
         raise write_failed("--out", out, e) from None

@@ -11,14 +11,17 @@
   character-level language model on the bundled corpus, learning rates swept per head count on tuning
   seeds, intervals and rank tests over evaluation seeds, a void verdict when nothing is learnt;
   :mod:`headwise.lab.heads_vs_one` with its plan :mod:`headwise.lab.heads_setup` and verdict
-  :mod:`headwise.lab.heads_verdict`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves` and
-  ``headwise lab prune``'s run (Michel et al.'s importance through :func:`headwise.analysis.head_importance`,
-  :mod:`headwise.lab.prune`), ground truth for circuit methods (tasks whose circuit is known by construction,
+  :mod:`headwise.lab.heads_verdict`, :mod:`headwise.lab.char_lm`), :func:`pruning_curves` and the
+  held-out batches ``headwise lab prune`` measures on (Michel et al.'s importance through
+  :func:`headwise.analysis.head_importance`, :mod:`headwise.lab.prune`; the command's run is
+  :mod:`headwise.commands.lab`'s), ground truth for circuit methods (tasks whose circuit is known by construction,
   :mod:`headwise.lab.circuit_tasks`; ``headwise lab circuits``'s run, :mod:`headwise.lab.circuit_suite`); the result
   files' text in :mod:`headwise.lab.records`;
   tasks in :mod:`headwise.lab.tasks`.
 
-The lab draws nothing on the terminal; the ``headwise lab`` commands do.
+The lab is a tool below the commands' flows: it imports neither :mod:`headwise.commands` nor :mod:`headwise.study`, and
+draws nothing on the terminal; the ``headwise lab`` commands' flows (:mod:`headwise.commands.lab`) run it and the
+command line prints.
 """
 
 from headwise.lab.heads_vs_one import HeadsSetup, run_heads_vs_one

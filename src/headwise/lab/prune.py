@@ -13,10 +13,6 @@ Shape legend: B batch, L sequence length, N layers, H heads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
@@ -25,10 +21,7 @@ from headwise.analysis.importance import head_importance as michel_importance
 from headwise.models.sources import lab_head_model
 from headwise.models.transformer_lm import TransformerLM
 
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
-
-__all__ = ["PruneRun", "head_importance", "prune_batches", "prune_model", "pruning_curves"]
+__all__ = ["head_importance", "prune_batches", "pruning_curves"]
 
 Batch = tuple[Tensor, Tensor, Tensor]
 
@@ -104,48 +97,3 @@ def prune_batches(lm: TransformerLM, sequences: int, seed: int, stream: int, *, 
     scored = copy.roll(-1, dims=1)  # … scored where token t + 1 is in the second copy (tokens 2…n)
     scored[:, -1] = False
     return [(ids[i : i + size], targets[i : i + size], scored[i : i + size]) for i in range(0, sequences, size)]
-
-
-@dataclass
-class PruneRun:
-    """What :func:`prune_model` found.
-
-    Attributes:
-        result: the :class:`~headwise.analysis.importance.ImportanceResult` (curves by importance, ablation, random).
-        importance: ``{"L{l}H{h}": importance normalised per layer}``; order: the heads, least important first.
-    """
-
-    result: ImportanceResult
-    importance: dict[str, float]
-    order: list[str]
-
-
-def prune_model(
-    hm: HeadModel,
-    *,
-    sequences: int,
-    random_orders: int,
-    seed: int,
-    ablation: str = "zero",
-    progress: Callable[[str, int, int], None] | None = None,
-) -> PruneRun:
-    """``headwise lab prune``'s run on an opened lab model (``hm``, :func:`headwise.models.open_model`): importance on
-    one stream of held-out induction sequences (:func:`prune_batches`), the loss on another as heads go
-    (:func:`headwise.study.run_importance`: every number of heads removed), ``progress(stage, done, total)``."""
-    from headwise.study.importance import run_importance
-
-    lm, n_heads = hm.model, hm.num_layers * hm.num_heads
-    result = run_importance(
-        hm,
-        prune_batches(lm, sequences, seed, 0),
-        seed=seed,
-        scored="answers",
-        eval_batches=prune_batches(lm, sequences, seed, 1),
-        random_orders=random_orders,
-        points=n_heads + 1,
-        mode=ablation,
-        progress=progress,
-    )
-    names = [f"L{i // hm.num_heads}H{i % hm.num_heads}" for i in range(n_heads)]
-    importance = dict(zip(names, result.importance_norm.ravel().tolist()))
-    return PruneRun(result, importance, [names[i] for i in result.order])

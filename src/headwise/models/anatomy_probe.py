@@ -9,6 +9,7 @@ Shape legend: L length, D model width, H query heads, Hkv key/value groups, Dh h
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,9 @@ from headwise.models.anatomy import (
 )
 from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor, unembedding
 from headwise.structure import child as _child
+
+if TYPE_CHECKING:
+    from headwise.models import HeadModel
 
 __all__ = [
     "FUSED",
@@ -66,7 +70,7 @@ def _first_tensor(args, kwargs) -> Tensor | None:
 _out = output_tensor
 
 
-def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
+def probe_ids(hm: HeadModel, length: int = _PROBE_LENGTH) -> Tensor:
     """``(1, length)`` token ids that cannot hide a structure: distinct, none special (the model's special ids,
     its config's pad / bos / eos ids), none whose embedding row is zero; drawn with a fixed seed."""
     emb = input_embedding(hm.model)
@@ -97,7 +101,7 @@ def probe_ids(hm, length: int = _PROBE_LENGTH) -> Tensor:
     return torch.tensor([chosen], dtype=torch.long, device=hm.device)
 
 
-def _nonzero_rows(hm, emb: nn.Module, ids: list[int]) -> list[bool]:
+def _nonzero_rows(hm: HeadModel, emb: nn.Module, ids: list[int]) -> list[bool]:
     """Whether each of the embedding's rows ``ids`` has a nonzero entry; ids past its rows count as nonzero. A
     weight on the meta device (a model opened layer by layer) is read through ``hm.stream``, those rows alone."""
     inside = sorted(i for i in ids if i < emb.weight.shape[0])
@@ -206,7 +210,7 @@ def _layouts(total: int, H: int, Dh: int) -> list[tuple[str, list[Tensor]]]:
     return layouts
 
 
-def _sides(hm, layer: int, attention: nn.Module, rec: _Recording, qk, pattern, heads) -> dict[str, Side]:
+def _sides(hm: HeadModel, layer: int, attention: nn.Module, rec: _Recording, qk, pattern, heads) -> dict[str, Side]:
     """The q / k / v sides of one layer, the layout confirmed against the queries and keys the attention used (at
     position 0) and each head's output (the weighted values)."""
     family = hm.family
@@ -339,7 +343,7 @@ def _rotation_of(attention: nn.Module, sides: dict, rec: _Recording, layer: int,
     return None
 
 
-def _config_value(hm, names) -> float | None:
+def _config_value(hm: HeadModel, names) -> float | None:
     config = getattr(hm.model, "config", None)
     config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
     for name in names:
@@ -349,7 +353,7 @@ def _config_value(hm, names) -> float | None:
     return None
 
 
-def read_anatomy(hm) -> Anatomy:
+def read_anatomy(hm: HeadModel) -> Anatomy:
     """Find ``hm``'s anatomy (:func:`_read`); an unexpected error of the structure's own code is refused as the
     anatomy's one sentence (never a KeyError or a shape error)."""
     try:
@@ -360,7 +364,7 @@ def read_anatomy(hm) -> Anatomy:
         raise AnatomyError(hm.family, f"its forward pass did not run as read ({type(e).__name__}: {e})") from e
 
 
-def _read(hm) -> Anatomy:
+def _read(hm: HeadModel) -> Anatomy:
     """Find ``hm``'s anatomy (see the module docstring): one recording pass of :func:`probe_ids`.
 
     Args:
@@ -435,7 +439,7 @@ def _inside(module: nn.Module, blocks: list[nn.Module]) -> bool:
     return any(module is m for b in blocks for m in b.modules())
 
 
-def _layer(hm, layer, block, attention, rec: _Recording, qk, pattern, heads, scale: float) -> LayerAnatomy:
+def _layer(hm: HeadModel, layer, block, attention, rec: _Recording, qk, pattern, heads, scale: float) -> LayerAnatomy:
     family = hm.family
     if layer not in qk or layer not in heads or layer not in pattern:
         raise AnatomyError(family, f"layer {layer}'s attention did not run its hook points in the forward pass")
@@ -530,7 +534,7 @@ def _layer(hm, layer, block, attention, rec: _Recording, qk, pattern, heads, sca
     )
 
 
-def _head(hm, rec: _Recording, outside, unembed, logits: Tensor, layers) -> tuple:
+def _head(hm: HeadModel, rec: _Recording, outside, unembed, logits: Tensor, layers) -> tuple:
     family = hm.family
     last = rec.out.get(("block", len(layers) - 1))
     if unembed is None or affine(unembed) is None and getattr(unembed, "weight", None) is None:

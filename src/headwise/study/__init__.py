@@ -1,9 +1,10 @@
-"""A model's heads studied end to end — the flows behind ``headwise heads``, ``demo``, ``patch`` and ``circuit``.
+"""A model's heads studied: the library pieces the commands' flows (:mod:`headwise.commands`) are made of.
 
-The floor between the pictures and the metrics: it opens nothing itself but drives an opened model
-(:class:`headwise.models.HeadModel`) through :mod:`headwise.analysis`, and may import ``analysis/``, ``models/``,
-``hf/`` and ``core/`` — never ``viz/``, ``lab/`` or ``cli/``. It draws no terminal UI: progress goes to callbacks,
-warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:class:`HeadsOptions`).
+The floor between the flows and the metrics: it opens nothing itself but drives an opened model
+(:class:`headwise.models.HeadModel`) through :mod:`headwise.analysis` (and :mod:`headwise.circuits`), and may import
+``circuits/``, ``patching/``, ``analysis/``, ``models/``, ``hf/`` and ``core/`` — never ``commands/``, ``viz/``,
+``lab/`` or ``cli/``. It draws no terminal UI: progress goes to callbacks, warnings to a ``warn`` callback. Errors are
+ValueErrors naming the option (:class:`HeadsOptions`).
 
 - :class:`HeadsOptions` — the options of a heads study, one frozen record checked in one place.
 - :func:`plan_decoder` → :class:`DecoderPlan` — the options checked against a decoder (layer, tokenizer, probe,
@@ -20,18 +21,11 @@ warnings to a ``warn`` callback. Errors are ValueErrors naming the option (:clas
   the same for an encoder; :func:`importance_across_ranks` → :class:`ImportanceRun`, ``--importance``'s batches
   split. The ranks themselves (:func:`launched`, :func:`init_group`, :func:`deal`, :func:`all_gather_json`, the
   timeout) are :mod:`headwise.distributed.ranks`', re-exported here.
-- :func:`open_heads_model`, :func:`heads_backend`, :func:`view_command`, :func:`view_note`, :func:`drawn`,
-  :func:`importance_line`, :func:`heads_across_ranks` — the rest of ``headwise heads``'s flow, the terminal's aside.
-- :func:`encoder_model`, :func:`encoder_study`, :func:`decoder_study` → :class:`HeadsFound` (progress through
-  :class:`Bars`), :func:`check_opened`, :func:`heads_importance`, :func:`heads_composition`
-  (:func:`composition_result`) and the table's :func:`head_row` (:data:`COLUMNS`, :data:`DECODER_COLUMNS`) —
-  ``headwise heads``'s flow, on one process or across ranks, everything it prints and draws computed.
-- :func:`patch_study` → :class:`PatchFound`, :func:`patch_target`, :func:`parse_heads`, :func:`patching_json`,
-  :func:`patch_csv`, :func:`top_line` — ``headwise patch``'s flow: the sweep on one process or across ranks, the
-  direct logit attribution, ``patching.json`` / ``patching.csv`` assembled.
-- :func:`circuit_study` → :class:`CircuitFound`, :func:`add_qk`, :func:`circuit_heads`, :func:`circuit_lines` —
-  ``headwise circuit``'s flow: the circuit on one process or across ranks, the QK attribution of its strongest heads;
-  :func:`write_mib`, :func:`mib_evaluation`, :func:`mib_lines` — its MIB files and the scoring of a MIB-format file.
+- :func:`open_heads_model`, :func:`heads_backend` — the model ``headwise heads`` reads and its route;
+  :func:`heads_across_ranks` → :class:`RankedHeads`, its corpus run and ``--importance`` across the ranks.
+- :data:`COLUMNS`, :data:`DECODER_COLUMNS`, :func:`head_row`, :func:`roles_line`, :func:`probe_line`,
+  :func:`positional_line`, :func:`composition_line`, :func:`importance_line`, :func:`view_command`,
+  :func:`view_note`, :func:`drawn` — what ``headwise heads`` prints of a study, as text.
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves; :func:`estimate_importance` →
   :class:`EstimatedImportance` (``--importance``'s default: every head estimated at once, the exact ablation of the
@@ -63,24 +57,17 @@ _MODULES = {
     "headwise.study.importance_estimate": [
         "GRID", "RANDOM_HEADS", "EstimatedImportance", "agreement", "default_top_k", "estimate_importance",
     ],
-    "headwise.study.circuit_run": [
-        "CIRCUIT_STEPS", "CircuitFound", "add_qk", "circuit_heads", "circuit_lines", "circuit_study",
-        "check_mib", "mib_evaluation", "mib_lines", "write_mib",
-    ],
     "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
     "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],
     "headwise.study.encoder": [
         "UNTRAINED", "EncoderAttend", "check_encoder", "encoder_attend", "encoder_report", "encoder_texts",
         "sentence_heads",
     ],
-    "headwise.study.heads_run": [
-        "COMMAND_TEXT_UP_TO", "RankedHeads", "drawn", "heads_across_ranks", "heads_backend", "importance_line",
-        "open_heads_model", "sweep_note", "view_command", "view_note",
-    ],
-    "headwise.study.heads_flow": [
-        "COLUMNS", "DECODER_COLUMNS", "Bars", "HeadsFound", "check_opened", "composition_line", "composition_result",
-        "decoder_study", "encoder_model", "encoder_study", "head_row", "heads_composition", "heads_importance",
-        "positional_line", "probe_line", "roles_line",
+    "headwise.study.heads_model": ["heads_backend", "open_heads_model"],
+    "headwise.study.heads_ranks": ["RankedHeads", "heads_across_ranks"],
+    "headwise.study.heads_lines": [
+        "COLUMNS", "COMMAND_TEXT_UP_TO", "DECODER_COLUMNS", "composition_line", "drawn", "head_row",
+        "importance_line", "positional_line", "probe_line", "roles_line", "sweep_note", "view_command", "view_note",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",
@@ -90,10 +77,6 @@ _MODULES = {
         "text_batches",
     ],
     "headwise.study.options": ["HeadsOptions", "sample_corpus"],
-    "headwise.study.patch_report": [
-        "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "parse_heads", "patch_csv", "patching_json", "patch_study",
-        "patch_target", "top_line",
-    ],
 }  # fmt: skip
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}
 

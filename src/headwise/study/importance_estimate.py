@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from headwise.analysis.importance import ImportanceResult
+from headwise.analysis.importance import ImportanceResult, order_curves, prefix_sets, removal_orders
 from headwise.circuits.areas import spearman
 
 if TYPE_CHECKING:
@@ -195,9 +195,7 @@ def estimate_importance(
 
     from headwise.analysis import ablation_objectives
     from headwise.analysis.batched import MODES, SweepCost
-    from headwise.analysis.gates import encoder_importance
-    from headwise.analysis.objective import OBJECTIVES, mean_pooled
-    from headwise.analysis.sweep_plan import row_parts
+    from headwise.analysis.objective import OBJECTIVES
     from headwise.checks import one_of
 
     if not batches:
@@ -212,6 +210,75 @@ def estimate_importance(
         raise ValueError(f"random_heads: expected ≥ 0, got {random_heads}")
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
+    got = _estimated(hm, batches, mode, progress, reduce)
+    seconds_estimate = time.perf_counter() - t0
+    measured = _measured_heads(got.estimate, top_k, random_heads, seed)
+    norms = np.linalg.norm(got.importance, axis=1, keepdims=True)  # (NL, 1)
+    importance_norm = np.divide(got.importance, norms, out=np.zeros_like(got.importance), where=norms > 0)
+    steps = np.unique(np.round(np.asarray(grid, dtype=float) * n).astype(np.int64).clip(0, n))
+    by = {"importance": importance_norm.ravel(), "estimate": got.estimate}
+    orders, seeds = removal_orders(by, n, seed, random_orders)
+    sets = prefix_sets(orders, steps, {(int(f),): i for i, f in enumerate(measured)})  # the measured heads first
+    cost = SweepCost()
+    values = ablation_objectives(
+        hm, batches, [_job(s, h) for s in sets], scored=got.scored, reference=got.references, mode=mode,
+        copies=copies, memory=memory, cost=cost, progress=lambda done, total: progress("exact", done, total),
+    )  # fmt: skip
+    values, base = got.pooled(values), got.base
+    exact = np.full(n, np.nan)
+    exact[measured] = values[: len(measured)] - base
+    curves, random = order_curves(values, sets, orders, steps, seeds, base)
+    sweep = cost.to_dict() | {
+        "mode": mode, "head_sets": len(sets), "route": "estimate", "estimate_seconds": seconds_estimate,
+        "seconds_total": time.perf_counter() - t0,
+    }  # fmt: skip
+    return EstimatedImportance(
+        kind=hm.kind, objective=OBJECTIVES[got.scored], importance=got.importance, importance_norm=importance_norm,
+        base_loss=base, ablation=exact.reshape(nl, h), removed=steps, curves=curves, random_seeds=seeds,
+        num_sequences=got.sequences, num_tokens=int(round(got.tokens)), order=orders["importance"],
+        random_curves=random, sweep=sweep, estimate=got.estimate.reshape(nl, h), measured=measured, top_k=top_k,
+        estimator=got.what, agreement=agreement(got.estimate, exact, measured, top_k),
+    )  # fmt: skip
+
+
+@dataclass
+class _Estimated:
+    """The estimate stage of :func:`estimate_importance`, over every process's share.
+
+    Attributes:
+        estimate: ``(N,)`` every head's estimated ablation; importance: ``(NL, H)`` Michel et al.'s importance;
+            base: the intact objective; sequences, tokens: what they were measured on.
+        scored: ``"next_token"`` (decoders) or ``"embedding"`` (encoders); references: an encoder's intact
+            embeddings (None for a decoder); what: the estimator, in words.
+        local_tokens: this process's tokens; reduce: the run's all-reduce (None: one process).
+    """
+
+    estimate: np.ndarray
+    importance: np.ndarray
+    base: float
+    sequences: int
+    tokens: float
+    scored: str
+    references: list | None
+    what: str
+    local_tokens: float
+    reduce: Callable[[np.ndarray], np.ndarray] | None
+
+    def pooled(self, values: np.ndarray) -> np.ndarray:
+        """Token-weighted means over every process's share."""
+        return values if self.reduce is None else self.reduce(values * self.local_tokens) / max(self.tokens, 1)
+
+
+def _estimated(hm: HeadModel, batches: Sequence, mode: str, progress, reduce) -> _Estimated:
+    """Every head's ablation estimated at once, with Michel et al.'s importance and the intact objective: a decoder's
+    by attention-aware attribution patching on the circuits' wiring, an encoder's by the embedding's turning rate;
+    the float64 sums reduced once (``reduce``)."""
+    from headwise.analysis.gates import encoder_importance
+    from headwise.analysis.objective import mean_pooled
+    from headwise.analysis.sweep_plan import row_parts
+
+    nl, h = hm.num_layers, hm.num_heads
+    n = nl * h
     decoder = hm.kind == "decoder"
     scored = "next_token" if decoder else "embedding"
     references = None
@@ -235,76 +302,20 @@ def estimate_importance(
     if reduce is not None:
         sums = reduce(sums)
     sequences, loss, tokens = int(round(sums[2 * n])), float(sums[2 * n + 1]), float(sums[2 * n + 2])
-    estimate = sums[:n] / max(tokens, 1)
-    importance = sums[n : 2 * n].reshape(nl, h) / max(sequences, 1)
     base = loss / max(tokens, 1)
     if not np.isfinite(base):
         raise ValueError(f"the intact model's objective is not finite ({base})")
-    seconds_estimate = time.perf_counter() - t0
+    estimate, importance = sums[:n] / max(tokens, 1), sums[n : 2 * n].reshape(nl, h) / max(sequences, 1)
+    return _Estimated(estimate, importance, base, sequences, tokens, scored, references, what, local_tokens, reduce)
 
-    def pooled(values: np.ndarray) -> np.ndarray:  # token-weighted means over every process's share
-        return values if reduce is None else reduce(values * local_tokens) / max(tokens, 1)
 
+def _measured_heads(estimate: np.ndarray, top_k: int, random_heads: int, seed: int) -> np.ndarray:
+    """The heads measured exactly: the top ``top_k`` by |estimate|, then ``random_heads`` drawn from the rest
+    (``seed``), in ascending order."""
     top = np.argsort(-np.abs(estimate), kind="stable")[:top_k]
-    rest = np.setdiff1d(np.arange(n), top)
+    rest = np.setdiff1d(np.arange(len(estimate)), top)
     drawn = np.random.default_rng(seed).choice(rest, size=min(random_heads, len(rest)), replace=False)
-    measured = np.concatenate([top, np.sort(drawn)]).astype(np.int64)
-    cost = SweepCost()
-    norms = np.linalg.norm(importance, axis=1, keepdims=True)  # (NL, 1)
-    importance_norm = np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
-    steps = np.unique(np.round(np.asarray(grid, dtype=float) * n).astype(np.int64).clip(0, n))
-    orders = {"importance": np.argsort(importance_norm.ravel(), kind="stable"),
-              "estimate": np.argsort(estimate, kind="stable")}  # fmt: skip
-    seeds = tuple(seed + r for r in range(random_orders))
-    for s in seeds:
-        orders[f"random{s}"] = np.random.default_rng(s).permutation(n)
-    sets: dict[tuple[int, ...], int] = {(int(f),): i for i, f in enumerate(measured)}  # the measured heads first
-    for order in orders.values():
-        for k in steps:
-            if k > 0:
-                sets.setdefault(tuple(sorted(int(f) for f in order[:k])), len(sets))
-    jobs = [_job(s, h) for s in sets]
-    values = ablation_objectives(
-        hm, batches, jobs, scored=scored, reference=references, mode=mode, copies=copies, memory=memory, cost=cost,
-        progress=lambda done, total: progress("exact", done, total),
-    )  # fmt: skip
-    values = pooled(values)
-    exact = np.full(n, np.nan)
-    exact[measured] = values[: len(measured)] - base
-    curves = {
-        name: np.array([base if k == 0 else values[sets[tuple(sorted(int(f) for f in order[:k]))]] for k in steps])
-        for name, order in orders.items()
-    }
-    random = np.stack([curves.pop(f"random{s}") for s in seeds])  # (orders, K)
-    curves |= {"random_mean": random.mean(0), "random_min": random.min(0), "random_max": random.max(0)}
-    sweep = cost.to_dict() | {
-        "mode": mode,
-        "head_sets": len(sets),
-        "route": "estimate",
-        "estimate_seconds": seconds_estimate,
-        "seconds_total": time.perf_counter() - t0,
-    }
-    return EstimatedImportance(
-        kind=hm.kind,
-        objective=OBJECTIVES[scored],
-        importance=importance,
-        importance_norm=importance_norm,
-        base_loss=base,
-        ablation=exact.reshape(nl, h),
-        removed=steps,
-        curves=curves,
-        random_seeds=seeds,
-        num_sequences=sequences,
-        num_tokens=int(round(tokens)),
-        order=orders["importance"],
-        random_curves=random,
-        sweep=sweep,
-        estimate=estimate.reshape(nl, h),
-        measured=measured,
-        top_k=top_k,
-        estimator=what,
-        agreement=agreement(estimate, exact, measured, top_k),
-    )
+    return np.concatenate([top, np.sort(drawn)]).astype(np.int64)
 
 
 def _job(heads: Sequence[int], h: int) -> dict[int, list[int]]:

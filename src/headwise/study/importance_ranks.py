@@ -130,145 +130,159 @@ def importance_across_ranks(
     """
     import tempfile
 
-    import torch
-
-    from headwise.analysis import head_importance
-
     started = time.perf_counter()
-    nl, h = hm.num_layers, hm.num_heads
-    n = nl * h
     options = {"scored": scored, "seed": seed, "random_orders": random_orders, "points": points, "mode": mode,
                "copies": copies, "memory": memory}  # fmt: skip
     with ranks(timeout_s) as r, contextlib.ExitStack() as stack:
-        rank, world, timeout_s = r.rank, r.world_size, r.timeout_s
-        model_hash, batches_hash = weights_sha256(hm.model), _tensors_sha256(batches)
-        agree("--model (SHA-256 of the weights)", model_hash)
-        agree("--importance-sentences / --batch-size (SHA-256 of the batches)", batches_hash)
-        problem = None
-        if len(batches) < world:
-            problem = (
-                f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {world} ranks; expected at "
-                "least one a rank (a smaller --batch-size)"
-            )
+        model_hash, batches_hash, problem = _agreed(r, hm, batches)
         root = Path(out) if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         manifest = {"format": IMPORTANCE_FORMAT, "kind": "importance", "model_sha256": model_hash,
                     "batches_sha256": batches_hash, "batches": len(batches), **options}  # fmt: skip
         first = ShardStore(root / "importance-shards", manifest)
-        if problem is None:
-            problem = first.mismatch()
-        refuse_together(problem)
+        refuse_together(problem or first.mismatch())
         first.write_manifest()
         mine = r.share([float(b[0].numel()) for b in batches])
-        run = {"computed": [], "resumed": [], "sent": 0}
-
-        def shown(k: int):
-            """``progress`` of batch ``k``'s call: the gates' pass counted in this rank's batches, the passes of the
-            ablations and the pruning sets in the batch's own."""
-            if progress is None:
-                return None
-
-            def report(stage: str, done: int, total: int) -> None:
-                if stage != "importance":
-                    progress(stage, done, total)
-                elif done == total:
-                    progress(stage, mine.index(k) + 1, len(mine))
-
-            return report
-
-        def call(k: int, reduce, stages=None):
-            """head_importance on batch ``k`` alone, until ``reduce`` or ``stages`` stops it (:class:`_Stop`)."""
-            try:
-                return head_importance(
-                    hm, [batches[k]], scored=scored, random_orders=random_orders, seed=seed, points=points,
-                    mode=mode, copies=copies, memory=memory, progress=shown(k), reduce=reduce, stages=stages,
-                )  # fmt: skip
-            except _Stop:
-                return None
-
-        def replay(*vectors):
-            """A reduce that hands back ``vectors`` (the reduced sums) in turn; past them it stops the call."""
-            given = iter(vectors)
-
-            def reduce(values):
-                got = next(given, None)
-                if got is None:
-                    raise _Stop
-                return got(values) if callable(got) else got.numpy().copy()
-
-            return reduce
-
-        def phase_one(k: int) -> dict:
-            taken: list = []
-
-            def take(values):
-                taken.append(torch.from_numpy(np.array(values, dtype=np.float64)))
-                if len(taken) == 2:  # the single-head ablations taken: the pruning sets are phase 2's
-                    raise _Stop
-                return values
-
-            call(k, replay(take, take))
-            return {"phase1": taken[0], "ablation": taken[1]}
-
-        def skip(given: dict):
-            """``stages`` that compute only the stages named in ``given`` as None, else return ``given[name]``."""
-
-            def stages(name, work, sets):
-                value = given.get(name, 0.0)
-                if value is None:
-                    return work()
-                if name == "importance":
-                    return np.zeros((nl, h)), 0, 0.0, 1  # replaced by the reduced sums (tokens 1: values as sums)
-                return np.full(len(sets), value)
-
-            return stages
-
-        one = shard_sums(first, list(range(len(batches))), mine, phase_one, {"phase1", "ablation"}, dict, None)
-        run["computed"] += [(1, k) for k in one.computed]
-        run["resumed"] += [(1, k) for k in one.resumed]
-        reduce_sums(one, timeout_s)
-        run["sent"] += one.vector.numel() * 8
+        calls, every = _BatchCalls(hm, batches, mine, options, progress), list(range(len(batches)))
+        one = shard_sums(first, every, mine, calls.phase_one, {"phase1", "ablation"}, dict, None)
+        reduce_sums(one, r.timeout_s)
         reduced = unpack_state(one.vector, one.layout)
         g1, g2 = reduced["phase1"], reduced["ablation"]
+        orders = calls.pruning_sets(g1, g2)  # the pruning sets, from the reduced numbers alone
+        second = ShardStore(first.folder / f"pruning-{orders[:16]}", manifest | {"orders_sha256": orders})
+        second.write_manifest()
+        two = shard_sums(second, every, mine, lambda k: calls.phase_two(k, first, g1, g2), {"pruning"}, dict, None)
+        reduce_sums(two, r.timeout_s)
+        first.clean()
+        second.clean()
+        g3 = unpack_state(two.vector, two.layout)["pruning"]
+        result = calls.call(mine[0], _replay(g1, g2, g3), calls.skip({}))
+        computed = [(1, k) for k in one.computed] + [(2, k) for k in two.computed]
+        resumed = [(1, k) for k in one.resumed] + [(2, k) for k in two.resumed]
+        result.sweep = {"mode": mode, "head_sets": calls.n + len(g3), "ranks": r.world_size,
+                        "shards": {"computed": len(computed), "resumed": len(resumed)},
+                        "seconds_total": time.perf_counter() - started}  # fmt: skip
+        sent = (one.vector.numel() + two.vector.numel()) * 8
+        return ImportanceRun(result, r.rank, r.world_size, mine, sent, time.perf_counter() - started, computed, resumed)
 
+
+def _agreed(r, hm: HeadModel, batches: Sequence) -> tuple[str, str, str | None]:
+    """Every rank's weights and batches checked equal (their SHA-256 agreed, else ValueError on every rank);
+    ``(weights' SHA-256, batches' SHA-256, a problem to refuse together or None)`` — fewer batches than ranks."""
+    model_hash, batches_hash = weights_sha256(hm.model), _tensors_sha256(batches)
+    agree("--model (SHA-256 of the weights)", model_hash)
+    agree("--importance-sentences / --batch-size (SHA-256 of the batches)", batches_hash)
+    problem = None
+    if len(batches) < r.world_size:
+        problem = (
+            f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {r.world_size} ranks; expected at "
+            "least one a rank (a smaller --batch-size)"
+        )
+    return model_hash, batches_hash, problem
+
+
+def _replay(*vectors):
+    """A ``reduce`` that hands back ``vectors`` (the reduced sums, or functions of this call's sums) in turn; past
+    them it stops the call (:class:`_Stop`)."""
+    given = iter(vectors)
+
+    def reduce(values):
+        got = next(given, None)
+        if got is None:
+            raise _Stop
+        return got(values) if callable(got) else got.numpy().copy()
+
+    return reduce
+
+
+class _BatchCalls:
+    """:func:`~headwise.analysis.head_importance` on one batch at a time, its sums taken at the ``reduce=`` seam and
+    its work skipped or run at the ``stages=`` seam: phase 1's sums, the pruning sets, phase 2's sums."""
+
+    def __init__(self, hm: HeadModel, batches: Sequence, mine: list[int], options: dict, progress):
+        self.hm, self.batches, self.mine, self.options, self.progress = hm, batches, mine, options, progress
+        self.nl, self.h = hm.num_layers, hm.num_heads
+        self.n = self.nl * self.h
+
+    def shown(self, k: int):
+        """``progress`` of batch ``k``'s call: the gates' pass counted in this rank's batches, the passes of the
+        ablations and the pruning sets in the batch's own."""
+        progress, mine = self.progress, self.mine
+        if progress is None:
+            return None
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage != "importance":
+                progress(stage, done, total)
+            elif done == total:
+                progress(stage, mine.index(k) + 1, len(mine))
+
+        return report
+
+    def call(self, k: int, reduce, stages=None):
+        """head_importance on batch ``k`` alone, until ``reduce`` or ``stages`` stops it (:class:`_Stop`)."""
+        from headwise.analysis import head_importance
+
+        try:
+            return head_importance(self.hm, [self.batches[k]], progress=self.shown(k), reduce=reduce, stages=stages,
+                                   **self.options)  # fmt: skip
+        except _Stop:
+            return None
+
+    def skip(self, given: dict):
+        """``stages`` that compute only the stages named in ``given`` as None, else return ``given[name]``."""
+
+        def stages(name, work, sets):
+            value = given.get(name, 0.0)
+            if value is None:
+                return work()
+            if name == "importance":
+                return np.zeros((self.nl, self.h)), 0, 0.0, 1  # replaced by the reduced sums (tokens 1: values as sums)
+            return np.full(len(sets), value)
+
+        return stages
+
+    def phase_one(self, k: int) -> dict:
+        """Batch ``k``'s phase-1 sums: the gates' pass and the intact objective, then the single-head ablations."""
+        import torch
+
+        taken: list = []
+
+        def take(values):
+            taken.append(torch.from_numpy(np.array(values, dtype=np.float64)))
+            if len(taken) == 2:  # the single-head ablations taken: the pruning sets are phase 2's
+                raise _Stop
+            return values
+
+        self.call(k, _replay(take, take))
+        return {"phase1": taken[0], "ablation": taken[1]}
+
+    def pruning_sets(self, g1, g2) -> str:
+        """The pruning curves' head sets that phase 1's reduced sums ``g1``, ``g2`` order: their SHA-256 (the name of
+        phase 2's store)."""
         found: list = []
 
         def find_sets(name, work, sets):
             if name == "pruning":
                 found.append(sets)
                 raise _Stop
-            return skip({})(name, work, sets)
+            return self.skip({})(name, work, sets)
 
-        call(mine[0], replay(g1, g2), find_sets)  # the pruning sets, from the reduced numbers alone
-        orders = hashlib.sha256(json.dumps([list(s) for s in found[0]]).encode()).hexdigest()
-        second = ShardStore(first.folder / f"pruning-{orders[:16]}", manifest | {"orders_sha256": orders})
-        second.write_manifest()
+        self.call(self.mine[0], _replay(g1, g2), find_sets)
+        return hashlib.sha256(json.dumps([list(s) for s in found[0]]).encode()).hexdigest()
 
-        def phase_two(k: int) -> dict:
-            tokens = float(first.load(k)["phase1"][n + 2])  # the batch's tokens (saved by phase 1)
-            taken: list = []
+    def phase_two(self, k: int, first: ShardStore, g1, g2) -> dict:
+        """Batch ``k``'s phase-2 sums: the pruning sets' objectives × its tokens (saved by phase 1 in ``first``)."""
+        import torch
 
-            def take(values):
-                taken.append(torch.from_numpy(np.array(values, dtype=np.float64) * tokens))
-                raise _Stop
+        tokens = float(first.load(k)["phase1"][self.n + 2])
+        taken: list = []
 
-            call(k, replay(g1, g2, take), skip({"pruning": None}))
-            return {"pruning": taken[0]}
+        def take(values):
+            taken.append(torch.from_numpy(np.array(values, dtype=np.float64) * tokens))
+            raise _Stop
 
-        two = shard_sums(second, list(range(len(batches))), mine, phase_two, {"pruning"}, dict, None)
-        run["computed"] += [(2, k) for k in two.computed]
-        run["resumed"] += [(2, k) for k in two.resumed]
-        reduce_sums(two, timeout_s)
-        run["sent"] += two.vector.numel() * 8
-        first.clean()
-        second.clean()
-        g3 = unpack_state(two.vector, two.layout)["pruning"]
-        result = call(mine[0], replay(g1, g2, g3), skip({}))
-        result.sweep = {"mode": mode, "head_sets": n + len(g3), "ranks": world,
-                        "shards": {"computed": len(run["computed"]), "resumed": len(run["resumed"])},
-                        "seconds_total": time.perf_counter() - started}  # fmt: skip
-        return ImportanceRun(
-            result, rank, world, mine, run["sent"], time.perf_counter() - started, run["computed"], run["resumed"]
-        )
+        self.call(k, _replay(g1, g2, take), self.skip({"pruning": None}))
+        return {"pruning": taken[0]}
 
 
 def estimate_across_ranks(
@@ -303,15 +317,7 @@ def estimate_across_ranks(
 
     started = time.perf_counter()
     with ranks(timeout_s) as r:
-        agree("--model (SHA-256 of the weights)", weights_sha256(hm.model))
-        agree("--importance-sentences / --batch-size (SHA-256 of the batches)", _tensors_sha256(batches))
-        problem = None
-        if len(batches) < r.world_size:
-            problem = (
-                f"--importance-sentences / --batch-size: {len(batches)} batch(es) for {r.world_size} ranks; expected "
-                "at least one a rank (a smaller --batch-size)"
-            )
-        refuse_together(problem)
+        refuse_together(_agreed(r, hm, batches)[2])
         mine = r.share([float(b[0].numel()) for b in batches])
         sent = [0]
 

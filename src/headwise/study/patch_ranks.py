@@ -146,13 +146,10 @@ def patch_across_ranks(
             with different weights or inputs, a manifest of another run, an unreachable rendezvous; what
             :func:`~headwise.patching.patch_heads` refuses. CollectiveTimeout: a stalled rank.
     """
-    import torch
-
     from headwise.checks import one_of
-    from headwise.distributed.ranks import agree, ranks, refuse_together
-    from headwise.patching import DIRECTIONS, Patch, Patching, as_target, run_batch
-    from headwise.patching.exact import check_pair, prepare
-    from headwise.study.shards import ShardStore, weights_sha256
+    from headwise.distributed.ranks import ranks
+    from headwise.patching import DIRECTIONS, as_target
+    from headwise.patching.exact import check_pair
 
     one_of("direction", direction, DIRECTIONS)
     if not callable(metric):
@@ -162,64 +159,11 @@ def patch_across_ranks(
     chosen = [target.check_layer_head(layer, head) for layer, head in heads]
     shards = plan_sweep(target, c.shape[1], chosen, batch_size)
     with ranks(timeout_s) as r:
-        rank, world = r.rank, r.world_size
-        model_hash = weights_sha256(target.model)
-        agree("--model (SHA-256 of the weights)", model_hash)
-        manifest = {
-            "format": PATCH_FORMAT,
-            "kind": "patch-heads",
-            "model_sha256": model_hash,
-            "inputs_sha256": json_sha256({"clean": c.tolist(), "corrupted": x.tolist()}),
-            "metric": _metric_key(metric),
-            "direction": direction,
-            "batch_size": batch_size,
-            "heads": [list(h) for h in chosen],
-            "shards": len(shards),
-        }
-        agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", json_sha256(manifest))
-        n_heads = sum(1 for s in shards if s.kind == "heads" for _ in s.jobs)
-        n_positions = sum(len(s.jobs) for s in shards) - n_heads
-        problem = None
-        if world > n_heads:
-            problem = f"WORLD_SIZE: {world} ranks for {n_heads} heads to patch; expected at most one rank a head"
-        elif len(shards) < world:
-            problem = (
-                f"--batch-size: {len(shards)} shard(s) of {batch_size} patches for {world} ranks; expected "
-                f"--batch-size ≤ {_fit(n_heads, n_positions, world)}"
-            )
-        store = None
-        if out is not None and manifest["metric"] is not None:
-            store = ShardStore(Path(out) / "shards", manifest)
-            if problem is None:
-                problem = store.mismatch()
-        refuse_together(problem)
-        if store is not None:
-            store.write_manifest()
+        store = _checked_store(r, target, c, x, metric, direction=direction, batch_size=batch_size, chosen=chosen,
+                               shards=shards, out=out)  # fmt: skip
         started = computed_at = time.perf_counter()
-        prepared = None
-        computed, resumed, mine = [], [], []
-        P = c.shape[0]
-
-        def values(shard: SweepShard) -> list:
-            """One shard's values ``(J, P)`` as lists: loaded from the store, else patched in the one-process batch."""
-            nonlocal prepared
-            got = store.load(shard.index) if store is not None else None
-            if got is not None and (set(got) != {"values"} or tuple(got["values"].shape) != (len(shard.jobs), P)):
-                got = None  # not this run's values: computed again, never trusted
-            if got is None:
-                if prepared is None:
-                    prepared = prepare(target, c, x, metric, direction)
-                _, base, source = prepared[:3]
-                jobs = [[Patch(layer, head, None if t is None else (t,))] for layer, head, t in shard.jobs]
-                got = {"values": run_batch(target, base, source, metric, jobs)}  # (J, P): a one-process batch
-                if store is not None:
-                    store.save(shard.index, got)
-                computed.append(shard.index)
-            else:
-                resumed.append(shard.index)
-            return got["values"].tolist()
-
-        share = r.share([s.cost for s in shards])
+        sweep = _ShardValues(target, c, x, metric, direction, store)
+        share, mine = r.share([s.cost for s in shards]), []
 
         def finished(k: int, _) -> None:
             nonlocal computed_at
@@ -228,42 +172,141 @@ def patch_across_ranks(
             if progress is not None:
                 progress(len(mine), len(share))
 
-        every = r.map(shards, lambda s: s.cost, values, done=finished)  # every shard's values, in shard order
+        every = r.map(shards, lambda s: s.cost, sweep.values, done=finished)  # every shard's values, in shard order
         gathered_at = time.perf_counter()
-        if rank == 0 and prepared is None:
-            prepared = prepare(target, c, x, metric, direction)
+        if r.rank == 0:
+            sweep.prepare()
         if store is not None:
             store.clean()
         patching = positions = None
-        if rank == 0:
-            every = [torch.tensor(v, dtype=torch.float32) for v in every]
-            m_clean, m_corrupted = prepared[4]
-            patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
-            at = {}
-            for s in shards:
-                for j, (layer, head, t) in enumerate(s.jobs):
-                    if s.kind == "heads":
-                        patched[:, layer, head] = every[s.index][j]
-                    else:
-                        at[layer, head, t] = every[s.index][j]
-            L = c.shape[1]
-            if chosen:
-                positions = torch.stack(
-                    [torch.stack([at[layer, head, t] for t in range(L)], 1) for layer, head in chosen], 1
-                )  # (P, K, L)
-            head_batches = sum(1 for s in shards if s.kind == "heads")
-            patching = Patching(
-                method="exact",
-                direction=direction,
-                metric_clean=m_clean,
-                metric_corrupted=m_corrupted,
-                patched=patched,
-                passes=2 + head_batches,
-                rows=2 * P + n_heads * P,
-                seconds=gathered_at - started,
-                forward_seconds=prepared[5],
-            )
+        if r.rank == 0:
+            patching, positions = _assembled(sweep, chosen, shards, every, seconds=gathered_at - started)
         return PatchRun(
-            patching, positions, rank, world, share, computed, resumed, r.payload_bytes,
+            patching, positions, r.rank, r.world_size, share, sweep.computed, sweep.resumed, r.payload_bytes,
             computed_at - started, gathered_at - computed_at,
         )  # fmt: skip
+
+
+def _checked_store(r, target, c, x, metric, *, direction, batch_size, chosen, shards, out):
+    """Every rank's weights, inputs and options agreed (their SHA-256), the sweep's shards checked against the ranks,
+    and the store of ``OUT/shards`` (None: ``out`` None, or a metric its manifest cannot name) checked against its
+    manifest — any problem refused on every rank in one line — then its manifest written."""
+    from headwise.distributed.ranks import agree, refuse_together
+    from headwise.study.shards import ShardStore, weights_sha256
+
+    world = r.world_size
+    model_hash = weights_sha256(target.model)
+    agree("--model (SHA-256 of the weights)", model_hash)
+    manifest = {
+        "format": PATCH_FORMAT,
+        "kind": "patch-heads",
+        "model_sha256": model_hash,
+        "inputs_sha256": json_sha256({"clean": c.tolist(), "corrupted": x.tolist()}),
+        "metric": _metric_key(metric),
+        "direction": direction,
+        "batch_size": batch_size,
+        "heads": [list(h) for h in chosen],
+        "shards": len(shards),
+    }
+    agree("--clean / --corrupted / --answer / --wrong / options (SHA-256)", json_sha256(manifest))
+    n_heads = _head_jobs(shards)
+    n_positions = sum(len(s.jobs) for s in shards) - n_heads
+    problem = None
+    if world > n_heads:
+        problem = f"WORLD_SIZE: {world} ranks for {n_heads} heads to patch; expected at most one rank a head"
+    elif len(shards) < world:
+        problem = (
+            f"--batch-size: {len(shards)} shard(s) of {batch_size} patches for {world} ranks; expected "
+            f"--batch-size ≤ {_fit(n_heads, n_positions, world)}"
+        )
+    store = None
+    if out is not None and manifest["metric"] is not None:
+        store = ShardStore(Path(out) / "shards", manifest)
+        if problem is None:
+            problem = store.mismatch()
+    refuse_together(problem)
+    if store is not None:
+        store.write_manifest()
+    return store
+
+
+def _head_jobs(shards: list[SweepShard]) -> int:
+    """The sweep's jobs that patch a head alone (the rest patch one position)."""
+    return sum(1 for s in shards if s.kind == "heads" for _ in s.jobs)
+
+
+class _ShardValues:
+    """One rank's shards of the sweep: each shard's values loaded from the store, else patched in the one-process
+    batch (the source cache prepared once, when first needed); which were computed and which resumed."""
+
+    def __init__(self, target, c, x, metric, direction: str, store):
+        self.target, self.c, self.x, self.metric, self.direction, self.store = target, c, x, metric, direction, store
+        self.prepared = None
+        self.computed: list[int] = []
+        self.resumed: list[int] = []
+
+    def prepare(self):
+        """The clean and corrupted runs (:func:`headwise.patching.exact.prepare`), once."""
+        from headwise.patching.exact import prepare
+
+        if self.prepared is None:
+            self.prepared = prepare(self.target, self.c, self.x, self.metric, self.direction)
+        return self.prepared
+
+    def values(self, shard: SweepShard) -> list:
+        """One shard's values ``(J, P)`` as lists: loaded from the store, else patched in the one-process batch."""
+        from headwise.patching import Patch, run_batch
+
+        store, P = self.store, self.c.shape[0]
+        got = store.load(shard.index) if store is not None else None
+        if got is not None and (set(got) != {"values"} or tuple(got["values"].shape) != (len(shard.jobs), P)):
+            got = None  # not this run's values: computed again, never trusted
+        if got is None:
+            _, base, source = self.prepare()[:3]
+            jobs = [[Patch(layer, head, None if t is None else (t,))] for layer, head, t in shard.jobs]
+            got = {"values": run_batch(self.target, base, source, self.metric, jobs)}  # (J, P): a one-process batch
+            if store is not None:
+                store.save(shard.index, got)
+            self.computed.append(shard.index)
+        else:
+            self.resumed.append(shard.index)
+        return got["values"].tolist()
+
+
+def _assembled(sweep: _ShardValues, chosen, shards: list[SweepShard], every: list, *, seconds: float):
+    """Rank 0's :class:`~headwise.patching.Patching` of every shard's gathered values, and the chosen heads' values
+    per position ``(P, K, L)`` (None without chosen heads): what one process finds."""
+    import torch
+
+    from headwise.patching import Patching
+
+    target, c, prepared = sweep.target, sweep.c, sweep.prepare()
+    P, L = c.shape
+    every = [torch.tensor(v, dtype=torch.float32) for v in every]
+    m_clean, m_corrupted = prepared[4]
+    patched = torch.full((P, target.num_layers, target.max_heads), float("nan"))
+    at = {}
+    for s in shards:
+        for j, (layer, head, t) in enumerate(s.jobs):
+            if s.kind == "heads":
+                patched[:, layer, head] = every[s.index][j]
+            else:
+                at[layer, head, t] = every[s.index][j]
+    positions = None
+    if chosen:
+        positions = torch.stack(
+            [torch.stack([at[layer, head, t] for t in range(L)], 1) for layer, head in chosen], 1
+        )  # (P, K, L)
+    head_batches = sum(1 for s in shards if s.kind == "heads")
+    patching = Patching(
+        method="exact",
+        direction=sweep.direction,
+        metric_clean=m_clean,
+        metric_corrupted=m_corrupted,
+        patched=patched,
+        passes=2 + head_batches,
+        rows=2 * P + _head_jobs(shards) * P,
+        seconds=seconds,
+        forward_seconds=prepared[5],
+    )
+    return patching, positions

@@ -1,9 +1,10 @@
-"""The flow of ``headwise heads``: an encoder's or a decoder's heads studied on TEXT, a corpus or a probe, on one
-process or across the ranks of a ``torchrun`` launch, then ``--importance`` and ``--composition`` — everything the
-command prints and draws, without printing or drawing it.
+"""``headwise heads``'s flow: an encoder's or a decoder's heads studied on TEXT, a corpus or a probe, on one process or
+across the ranks of a ``torchrun`` launch, then ``--importance`` and ``--composition`` — everything the command prints
+and draws, without printing or drawing it.
 
-The command line hands in its progress bars (:class:`Bars`: context managers that yield the callbacks) and a
-``warn`` callback; it prints :class:`HeadsFound` (:func:`head_row`, :func:`roles_line`) and draws the pictures.
+:func:`run` takes the options (:class:`~headwise.study.HeadsOptions`, checked in one place) and returns a
+:class:`HeadsResult`; progress goes to :class:`Bars` (context managers that yield the callbacks) and warnings to a
+``warn`` callback. The command line prints the result (:mod:`headwise.study.heads_lines`) and draws its pictures.
 
 Shape legend: NL layers, H heads.
 """
@@ -15,81 +16,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from headwise.commands import said
+from headwise.commands._folders import prepare_folder
 from headwise.study.options import HeadsOptions
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
 
 __all__ = [
-    "COLUMNS",
-    "DECODER_COLUMNS",
     "Bars",
     "HeadsFound",
+    "HeadsOptions",
+    "HeadsResult",
     "check_opened",
-    "composition_line",
+    "composition_result",
     "decoder_study",
     "encoder_model",
     "encoder_study",
-    "head_row",
-    "composition_result",
-    "heads_composition",
     "heads_importance",
-    "positional_line",
-    "probe_line",
-    "roles_line",
+    "run",
 ]
-
-#: Columns of the printed table: (metric, header, format).
-COLUMNS = (
-    ("cls", "[CLS]", "{:.2f}"),
-    ("sep", "[SEP]", "{:.2f}"),
-    ("punct", ". ,", "{:.2f}"),
-    ("self", "self", "{:.2f}"),
-    ("prev", "prev", "{:.2f}"),
-    ("next", "next", "{:.2f}"),
-    ("entropy", "H nats", "{:.2f}"),
-    ("entropy_cls", "H[CLS]", "{:.2f}"),
-    ("entropy_ratio", "H/ln n", "{:.2f}"),
-    ("distance", "dist", "{:.1f}"),
-    ("confidence", "conf", "{:.2f}"),
-)
-#: Decoder table columns: (metric, header, format).
-DECODER_COLUMNS = (
-    ("prev", "prev", "{:.2f}"),
-    ("first", "first", "{:.2f}"),
-    ("duplicate_probe", "dup·p", "{:.2f}"),
-    ("induction_probe", "ind·p", "{:.2f}"),
-    ("induction", "ind", "{:.2f}"),
-    ("self", "self", "{:.2f}"),
-    ("entropy", "H nats", "{:.2f}"),
-    ("entropy_ratio_causal", "H/ln m", "{:.2f}"),
-    ("distance", "dist", "{:.1f}"),
-    ("confidence", "conf", "{:.2f}"),
-)
-
-
-def head_row(report, layer: int, head: int, columns=COLUMNS) -> tuple[str, list[str]]:
-    """One row of the layer × head table: ``(role, [each column's cell, then the positional cell])`` ("–": NaN)."""
-    cells = []
-    for metric, _, fmt in columns:
-        v = float(report.metrics[metric][layer, head])
-        cells.append("–" if v != v else fmt.format(v))
-    share = float(report.metrics["positional_share"][layer, head])
-    offset = int(report.metrics["positional_offset"][layer, head])
-    pos = f"{offset:+d}" if report.positional[layer, head] else ("–" if share != share else f"({share:.0%})")
-    return str(report.roles[layer, head]), [*cells, pos]
-
-
-def roles_line(report) -> str:
-    """``roles: broad 12, previous-token 3, …``, the most frequent first."""
-    counts: dict[str, int] = {}
-    for r in report.roles.ravel():
-        counts[str(r)] = counts.get(str(r), 0) + 1
-    return "roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1]))
 
 
 def _none_bar(*_):
     return contextlib.nullcontext()
+
+
+def _nothing() -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -100,11 +54,16 @@ class Bars:
         corpus: ``corpus(total)`` → ``progress(texts, tokens)``.
         rows: ``rows(hm, n)`` → ``rows(layer, done, length)`` for an example of ``n`` tokens (None: no bar).
         stages: ``stages()`` → ``progress(stage, done, total)``.
+        layers: ``layers(hm)``: around the whole study of an opened model (a model opened layer by layer: the pass,
+            the layer and the time left).
+        ready: called once a decoder's statistics are about to run (the caller may start loading what draws them).
     """
 
     corpus: Callable = _none_bar
     rows: Callable = _none_bar
     stages: Callable = _none_bar
+    layers: Callable = _none_bar
+    ready: Callable[[], None] = _nothing
 
 
 @dataclass
@@ -133,6 +92,115 @@ class HeadsFound:
     lines: list = field(default_factory=list)
 
 
+@dataclass
+class HeadsResult:
+    """What :func:`run` found, for the command line to print and draw.
+
+    Attributes:
+        options: the options run.
+        hm: the model (None: the untrained block).
+        found: the study (:class:`HeadsFound`); None for ``--queries-only``.
+        decoder: a decoder's study (its table's columns, the probe, the head view's queries).
+        probe: a decoder's probe (:class:`~headwise.study.DecoderPlan`'s).
+        importance: ``--importance``'s result (:func:`~headwise.study.estimate_importance` or
+            :func:`~headwise.study.run_importance`), else None.
+        columns: the per-head columns heads.json / heads.csv add (importance's, then composition's), else None.
+        composition: ``--composition``'s per-head columns (composition.png), None when not run or skipped.
+        queries: ``--queries-only``: the :class:`~headwise.study.ExampleView` of the chosen rows alone.
+        tokens: ``--queries-only``: the example's tokens.
+    """
+
+    options: HeadsOptions
+    hm: HeadModel | None
+    found: HeadsFound | None
+    decoder: bool
+    probe: object = None
+    importance: object = None
+    columns: dict | None = None
+    composition: dict | None = None
+    queries: object = None
+    tokens: list = field(default_factory=list)
+
+
+def run(options: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars(), hm=None) -> HeadsResult | None:
+    """``headwise heads``: the model of ``--model`` opened (or ``hm``, already opened by the caller), checked against
+    the options, ``--out`` created, then the encoder's or the decoder's study, ``--importance`` and ``--composition``.
+    Under torchrun ranks other than 0 get None (rank 0 prints and writes).
+
+    Raises:
+        ValueError: one line naming the option, before anything is written; CollectiveTimeout: a stalled rank.
+    """
+    from headwise.models.memory import MemoryBudgetError
+    from headwise.study.heads_model import heads_backend, open_heads_model
+
+    opts = options
+    if hm is None and opts.model not in (None, "untrained"):
+        try:
+            hm = open_heads_model(
+                opts.model, cache=opts.cache, backend=heads_backend(opts), warn=warn, max_memory=opts.max_memory
+            )
+        except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
+            raise ValueError(("" if e.given else "--model: ") + said(e)) from None
+    check_opened(hm, opts)
+    with bars.layers(hm):
+        flow = _decoder if hm is not None and hm.kind == "decoder" else _encoder
+        return flow(hm, opts, warn=warn, bars=bars)
+
+
+def _encoder(hm: HeadModel | None, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsResult | None:
+    """The encoder's study (and the untrained block's, ``hm`` None), then ``--importance``."""
+    hm, enc = encoder_model(hm, opts, warn=warn)
+    prepare_folder(opts.out, "--out")
+    found = encoder_study(hm, enc, opts, warn=warn, bars=bars)
+    if found is None:  # not rank 0: rank 0 prints and writes
+        return None
+    result = HeadsResult(opts, hm, found, decoder=False)
+    if opts.importance:
+        result.importance, result.columns = heads_importance(hm, opts, found, None, warn=warn, bars=bars)
+    return result
+
+
+def _decoder(hm: HeadModel, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsResult | None:
+    """The decoder's study, ``--importance``, ``--composition`` and what the pictures show; ``--queries-only``: the
+    chosen queries alone (:func:`_queries_only`)."""
+    from headwise.distributed.ranks import launched
+    from headwise.study.decoder import plan_decoder
+    from headwise.study.heads_lines import view_note
+
+    plan = plan_decoder(hm, opts)
+    prepare_folder(opts.out, "--out")
+    if opts.queries_only:
+        return _queries_only(hm, opts, plan, warn=warn, bars=bars)
+    early = None  # layer by layer, one process: the weights' circuits first, while the process holds least
+    if opts.composition and hm.stream is not None and not launched():
+        early = (composition_result(hm, warn=warn, bars=bars),)
+    bars.ready()
+    found = decoder_study(hm, opts, plan, warn=warn, bars=bars)
+    if found is None:  # not rank 0: rank 0 prints and writes
+        return None
+    result = HeadsResult(opts, hm, found, decoder=True, probe=plan.probe)
+    if opts.importance:
+        result.importance, result.columns = heads_importance(hm, opts, found, plan.probe, warn=warn, bars=bars)
+    if opts.composition:
+        got = early[0] if early is not None else composition_result(hm, warn=warn, bars=bars)
+        if got is not None:
+            result.composition, found.extra["composition"] = got
+            result.columns = {**(result.columns or {}), **got[0]}
+    found.extra["view"] = view_note(found.view)
+    return result
+
+
+def _queries_only(hm: HeadModel, opts: HeadsOptions, plan, *, warn, bars: Bars) -> HeadsResult:
+    """``--queries-only``: the example's queries A … B − 1 over keys A … B − 1, from one forward pass that forms those
+    rows of every head and nothing else (no statistics)."""
+    from headwise.study.decoder import query_rows
+
+    a, b = plan.queries
+    with bars.rows(hm, b - a) as rows:
+        view = query_rows(hm, opts, plan, warn=warn, row_progress=rows)
+    return HeadsResult(opts, hm, None, decoder=True, probe=plan.probe, queries=view, tokens=hm.token_texts(view.ids))
+
+
 def _importance_bar(bar, suffix: str = ""):
     """``progress(stage, done, total)`` of the importance run drawn on ``bar`` (a stage progress)."""
     units = {
@@ -149,7 +217,7 @@ def _ranked(hm: HeadModel, opts: HeadsOptions, corpus, probe, bars: Bars):
     """:func:`headwise.study.heads_across_ranks` under rank 0's bar. Returns the
     :class:`~headwise.study.RankedHeads` (``heads`` None on ranks other than 0)."""
     from headwise.distributed.ranks import first_rank
-    from headwise.study.heads_run import heads_across_ranks
+    from headwise.study.heads_ranks import heads_across_ranks
 
     with bars.stages() if first_rank() else contextlib.nullcontext() as stage:
         shards = None if stage is None else (lambda done, total: stage("shards of rank 0", done, total))
@@ -157,7 +225,7 @@ def _ranked(hm: HeadModel, opts: HeadsOptions, corpus, probe, bars: Bars):
         return heads_across_ranks(hm, opts, corpus, probe, progress=shards, importance_progress=bar)
 
 
-def check_opened(hm: HeadModel, opts: HeadsOptions) -> None:
+def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
     """The checks of ``opts`` against the model ``--model`` opened (``hm`` None: the untrained block or the bundled
     encoder, not yet opened), before anything is written.
 
@@ -190,15 +258,7 @@ def check_opened(hm: HeadModel, opts: HeadsOptions) -> None:
                          "process")  # fmt: skip
 
 
-def positional_line(report) -> str:
-    """What the encoder table's ``pos`` column and ``ln n`` say, one line."""
-    return (
-        "pos: Voita's positional test (argmax at one offset for ≥ 90% of tokens: the offset, else the share); "
-        f"ln n = {float(report.metrics['uniform_entropy'][0, 0]):.2f} nats on average"
-    )
-
-
-def encoder_model(hm: HeadModel, opts: HeadsOptions, *, warn: Callable[[str], None]):
+def encoder_model(hm: HeadModel | None, opts: HeadsOptions, *, warn: Callable[[str], None]):
     """The encoder a heads study reads, checked against the options before anything is written: ``(hm, attend)`` —
     ``hm`` None is the untrained block; ``--model`` not given, the bundled encoder, opened here.
 
@@ -206,7 +266,7 @@ def encoder_model(hm: HeadModel, opts: HeadsOptions, *, warn: Callable[[str], No
         ValueError: one line naming the option (:func:`~headwise.study.check_encoder`, ``--layer``).
     """
     from headwise.study.encoder import check_encoder, encoder_attend
-    from headwise.study.heads_run import open_heads_model
+    from headwise.study.heads_model import open_heads_model
 
     check_encoder(opts)
     if opts.model is None:
@@ -217,7 +277,7 @@ def encoder_model(hm: HeadModel, opts: HeadsOptions, *, warn: Callable[[str], No
 
 
 def encoder_study(
-    hm: HeadModel, enc, opts: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars()
+    hm, enc, opts: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars()
 ) -> HeadsFound | None:
     """An encoder's heads (from :func:`encoder_model`) over TEXT or the corpus, and the example sentence. Under
     torchrun with a corpus the documents are split across the ranks (:func:`~headwise.study.encoder_corpus`); ranks
@@ -264,7 +324,7 @@ def encoder_study(
 
 
 def decoder_study(
-    hm: HeadModel, opts: HeadsOptions, plan, *, warn: Callable[[str], None], bars: Bars = Bars()
+    hm, opts: HeadsOptions, plan, *, warn: Callable[[str], None], bars: Bars = Bars()
 ) -> HeadsFound | None:
     """A decoder's heads over TEXT, the corpus or the probe (:func:`~headwise.study.decoder_heads`; ``plan`` from
     :func:`~headwise.study.plan_decoder`), and the example drawn. Under torchrun with a corpus the documents are split
@@ -278,7 +338,7 @@ def decoder_study(
     from headwise.distributed.ranks import launched
     from headwise.study.corpus_ranks import corpus_heads
     from headwise.study.decoder import decoder_heads, decoder_texts
-    from headwise.study.heads_run import drawn
+    from headwise.study.heads_lines import drawn
 
     probe, text, corpus_path = plan.probe, opts.text, opts.corpus_path
     extra: dict = {"model": hm.title, "backend": hm.backend, "probe_excluded_ids": list(hm.special_ids)}
@@ -312,15 +372,6 @@ def decoder_study(
     if hm.stream is not None:  # opened layer by layer: said above the table
         lines = [hm.memory.line(), *lines]
     return HeadsFound(hm.title, scope, report, sentence, extra, view=view, tokens=tokens, ranked=ranked, lines=lines)
-
-
-def probe_line(probe) -> str:
-    """What the decoder table's probe columns measured, one line."""
-    return (
-        f"probe: {probe.batch} sequences of {probe.length} random tokens × {probe.repeats} copies"
-        f"{' after BOS' if probe.bos is not None else ''}, seed {probe.seed} (·p columns); first: attention "
-        "to the first token; H/ln m: entropy over ln of the keys a query may see"
-    )
 
 
 def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars()):
@@ -364,17 +415,6 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     return result, importance_columns(result)
 
 
-def heads_composition(hm: HeadModel, found: HeadsFound, *, warn, bars: Bars = Bars()):
-    """``--composition``: the weights' circuits' per-head columns (:func:`~headwise.study.composition_columns`), their
-    summary added to ``found.extra``; None (said to ``warn``) for a structure the weights' reader does not know — the
-    rest of the study stands."""
-    got = composition_result(hm, warn=warn, bars=bars)
-    if got is None:
-        return None
-    found.extra["composition"] = got[1]
-    return got[0]
-
-
 def composition_result(hm: HeadModel, *, warn, bars: Bars = Bars()) -> tuple[dict, dict] | None:
     """:func:`~headwise.study.composition_columns` ``(columns, summary)`` with progress, or None (said to ``warn``) for
     a structure the weights' reader does not know or a budget it does not fit. The command runs it before the
@@ -390,15 +430,6 @@ def composition_result(hm: HeadModel, *, warn, bars: Bars = Bars()) -> tuple[dic
             if progress is not None:
                 progress("composition and copying scores", 1, 1)
     except ValueError as e:
-        warn(f"--composition skipped: {' '.join(str(e).split())}")
+        warn(f"--composition skipped: {said(e)}")
         return None
     return cols, summary
-
-
-def composition_line(summary: dict) -> str:
-    """The strongest K-compositions, one line."""
-    best = summary["top"]["k"][:3]
-    pairs = ", ".join(
-        f"L{t['sender_layer']}H{t['sender_head']}→L{t['layer']}H{t['head']} {t['score']:.2f}" for t in best
-    )
-    return f"composition (weights): strongest K-composition {pairs}; copying scores in heads.json, composition.png"

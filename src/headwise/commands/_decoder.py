@@ -1,14 +1,14 @@
 """The decoder a command reads: opened through the one door, texts and answer tokens encoded and checked.
 
-Shared by the commands that read a decoder's next-token logits (``headwise patch``, ``headwise circuit``);
-every mistake is a :class:`~headwise.cli._app.CLIError` naming the option.
+Shared by the flows that read a decoder's next-token logits (``headwise patch``, ``headwise circuit``); every
+mistake is a ValueError naming the option.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headwise.cli._app import MEMORY, CLIError
+from headwise.commands import said
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
@@ -36,25 +36,25 @@ def open_decoder(
     try:
         hm = open_model(model, max_memory=max_memory)
     except MemoryBudgetError as e:  # the user's budget named as given; the default's: the model does not fit
-        raise CLIError(("" if e.given else "--model: ") + " ".join(e.worded(MEMORY).split())) from None
+        raise ValueError(("" if e.given else "--model: ") + said(e)) from None
     except (OSError, ValueError) as e:  # OSError: a GGUF cache that cannot be written
-        raise CLIError(f"--model: {' '.join(str(e).split())}") from None
+        raise ValueError(f"--model: {' '.join(str(e).split())}") from None
     if hm.kind != "decoder":
-        raise CLIError(f"--model: {hm.name} is an encoder ({hm.family}); {reads}")
+        raise ValueError(f"--model: {hm.name} is an encoder ({hm.family}); {reads}")
     if hm.tokenizer is None:
-        raise CLIError(f"--model: {hm.name} has no tokenizer.json; --clean and --corrupted are texts")
+        raise ValueError(f"--model: {hm.name} has no tokenizer.json; --clean and --corrupted are texts")
     if whole is not None and hm.stream is not None:
-        raise CLIError(whole_refused(hm.name, hm.memory, whole).worded(MEMORY))
+        raise ValueError(said(whole_refused(hm.name, hm.memory, whole)))
     return hm
 
 
 def encode_text(hm: HeadModel, option: str, text: str) -> list[int]:
     """``text`` as the model reads it (its tokenizer, its own special tokens)."""
     if not text.strip():
-        raise CLIError(f"{option}: expected a non-empty text, got {text!r}")
+        raise ValueError(f"{option}: expected a non-empty text, got {text!r}")
     ids = list(hm.tokenizer.encode(text).ids)
     if len(ids) > hm.max_length:
-        raise CLIError(f"{option}: {len(ids)} tokens, more than the model's {hm.max_length} positions")
+        raise ValueError(f"{option}: {len(ids)} tokens, more than the model's {hm.max_length} positions")
     return ids
 
 
@@ -66,12 +66,12 @@ def encode_token(hm: HeadModel, option: str, token: str) -> int:
     if len(ids) != 1:
         hint = " (a leading space is part of a byte-level BPE token: try ' " + token.strip() + "')"
         hint = hint if not token.startswith(" ") and len(ids) > 1 else ""
-        raise CLIError(
+        raise ValueError(
             f"{option}: {token!r} encodes to {len(ids)} tokens {pieces} (ids {ids}); expected exactly one{hint}"
         )
     unk = getattr(tok.model, "unk_token", None)
     if unk is not None and pieces[0] == unk and token != unk:
-        raise CLIError(f"{option}: {token!r} is not in the vocabulary (it encodes to the unknown token {unk!r})")
+        raise ValueError(f"{option}: {token!r} is not in the vocabulary (it encodes to the unknown token {unk!r})")
     if not 0 <= ids[0] < hm.vocab_size:
-        raise CLIError(f"{option}: {token!r} encodes to id {ids[0]}, outside the model's {hm.vocab_size} logits")
+        raise ValueError(f"{option}: {token!r} encodes to id {ids[0]}, outside the model's {hm.vocab_size} logits")
     return ids[0]

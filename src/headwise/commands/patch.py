@@ -1,6 +1,9 @@
-"""The flow of ``headwise patch``: the sweep run on one process or across the ranks of a ``torchrun`` launch, the
-direct logit attribution of both texts, and ``patching.json`` / ``patching.csv`` assembled — everything the command
-writes but the picture.
+"""``headwise patch``'s flow: the decoder opened, the texts and tokens encoded, the sweep run on one process or across
+the ranks of a ``torchrun`` launch, the direct logit attribution of both texts, and ``patching.json`` /
+``patching.csv`` assembled — everything the command writes but the picture.
+
+:func:`run` takes a :class:`PatchOptions` (checked in one place, errors naming the option) and returns a
+:class:`PatchResult`; progress goes to callbacks. The command line writes the files and draws ``patching.png``.
 
 Shape legend: NL layers, H heads, K heads patched per position, L tokens.
 """
@@ -16,17 +19,128 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwise.commands import said
+
 if TYPE_CHECKING:
     from headwise.models import HeadModel
 
 __all__ = [
-    "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "parse_heads", "patch_csv", "patching_json", "patch_study",
-    "patch_target", "top_line",
+    "PATCH_DIRECTIONS", "PATCH_METHODS", "PatchFound", "PatchOptions", "PatchResult", "parse_heads", "patch_csv",
+    "patching_json", "patch_study", "patch_target", "run", "top_line",
 ]  # fmt: skip
 
 #: ``--method``'s choices and ``--direction``'s.
 PATCH_METHODS = ("exact", "attribution")
 PATCH_DIRECTIONS = ("denoise", "noise")
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    """What ``headwise patch`` reads and writes (its options).
+
+    Attributes:
+        model: a decoder :func:`headwise.models.open_model` opens (a folder, a GGUF file, a bundled name).
+        clean: the clean text (the answer is right); corrupted: the corrupted text, of the same token length.
+        answer: the answer token, as typed (``" Mary"``); wrong: the token it is compared with.
+        out: the output folder (written whole later, or not at all).
+        method: ``"exact"`` or ``"attribution"`` (:data:`PATCH_METHODS`); direction: ``"denoise"`` or ``"noise"``.
+        heads: ``"LAYER.HEAD"`` specs also patched one position at a time (checked against the model).
+        batch_size: patched copies per forward pass.
+        max_memory: the process's peak memory budget (``"1.5GB"``; None: what the machine has free).
+    Raises:
+        ValueError: naming the option: an unknown method or direction, an ``out`` that is a file.
+    """
+
+    model: str
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+    out: Path
+    method: str = "exact"
+    direction: str = "denoise"
+    heads: tuple[str, ...] = ()
+    batch_size: int = 16
+    max_memory: str | None = None
+
+    def __post_init__(self):
+        from headwise.commands._folders import check_out
+
+        if self.method not in PATCH_METHODS:
+            raise ValueError(f"--method: expected one of {', '.join(PATCH_METHODS)}, got {self.method!r}")
+        if self.direction not in PATCH_DIRECTIONS:
+            raise ValueError(f"--direction: expected one of {', '.join(PATCH_DIRECTIONS)}, got {self.direction!r}")
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "heads", tuple(self.heads))
+        check_out(self.out)
+
+
+@dataclass
+class PatchResult:
+    """What :func:`run` found (rank 0), for the command line to write and print.
+
+    Attributes:
+        options: the options run; hm: the model.
+        found: the :class:`PatchFound` (the sweep, the per-position patches, the attribution, the ranks' lines).
+        report: ``patching.json``'s content; csv: ``patching.csv``'s text.
+    """
+
+    options: PatchOptions
+    hm: HeadModel
+    found: PatchFound
+    report: dict
+    csv: str
+
+
+def run(
+    options: PatchOptions,
+    *,
+    stages: Callable = contextlib.nullcontext,
+    layers: Callable = contextlib.nullcontext,
+    note: Callable[[str], None] = lambda line: None,
+) -> PatchResult | None:
+    """``headwise patch``: the decoder of ``--model`` opened (a model opened layer by layer said to ``note``: every
+    patched batch streams the layers through), the texts and tokens encoded and checked, then :func:`patch_study`.
+    ``stages()``: rank 0's stage bars; ``layers(hm)``: around the run of an opened model. Returns None on ranks other
+    than 0.
+
+    Raises:
+        ValueError: one line naming the option, before anything is written; CollectiveTimeout: a stalled rank.
+    """
+    import torch
+
+    from headwise.commands._decoder import encode_text, encode_token, open_decoder
+    from headwise.patching import logit_difference
+
+    o = options
+    refused = None if o.method == "exact" else "--method attribution (a backward pass through every layer)"
+    hm = open_decoder(o.model, max_memory=o.max_memory, whole=refused)
+    if hm.stream is not None:  # every patched batch streams the layers through; the attribution needs them all
+        note(hm.memory.line())
+    clean_ids = encode_text(hm, "--clean", o.clean)
+    corrupted_ids = encode_text(hm, "--corrupted", o.corrupted)
+    if len(clean_ids) != len(corrupted_ids):
+        raise ValueError(
+            f"--corrupted: {len(corrupted_ids)} tokens, but --clean has {len(clean_ids)}; patching swaps the same "
+            "positions, so both texts must have the same token length"
+        )
+    answer_id = encode_token(hm, "--answer", o.answer)
+    wrong_id = encode_token(hm, "--wrong", o.wrong)
+    if answer_id == wrong_id:
+        raise ValueError(f"--wrong: {o.wrong!r} is the same token as --answer {o.answer!r} (id {answer_id})")
+    target = patch_target(hm)
+    chosen = parse_heads(target, list(o.heads))
+    metric = logit_difference(answer_id, wrong_id)
+    c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
+    with layers(hm):  # a model opened layer by layer: the pass, the layer and the time left
+        found = patch_study(hm, target, c, x, metric, chosen, method=o.method, direction=o.direction,
+                            batch_size=o.batch_size, out=o.out, stages=stages)  # fmt: skip
+    if found is None:  # not rank 0: rank 0 writes
+        return None
+    texts = {"clean": o.clean, "corrupted": o.corrupted, "answer": o.answer, "wrong": o.wrong}
+    ids = {"clean": clean_ids, "corrupted": corrupted_ids, "answer": answer_id, "wrong": wrong_id}
+    report = patching_json(hm, found, chosen, direction=o.direction, texts=texts, ids=ids)
+    return PatchResult(o, hm, found, report, patch_csv(found.result, found.dla))
 
 
 def parse_heads(target, specs: list[str]) -> list[tuple[int, int]]:
@@ -169,7 +283,7 @@ def patch_study(
                 dla[name] = _dla_json(direct_logit_attribution(target, ids, metric))
         except ValueError as e:
             dla = {}
-            notes.append(f"direct logit attribution skipped: {e}")
+            notes.append(f"direct logit attribution skipped: {said(e)}")
     return PatchFound(result, positions, dla, notes, lines)
 
 

