@@ -139,7 +139,7 @@ def heads(
         ),
     ] = False,
     max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80%% free).")
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80% free).")
     ] = None,
 ) -> None:
     """Per-head statistics and roles: a table, JSON, CSV, pictures and an offline head view.

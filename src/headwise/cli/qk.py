@@ -49,7 +49,7 @@ def qk(
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Terms printed and parts pictured per side.")] = 12,
     max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80%% free).")
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB (default 80% free).")
     ] = None,
 ) -> None:
     """Split one head's attention score into what wrote its query and its key."""
