@@ -98,9 +98,21 @@ POINT_ORDER = (
 )
 
 
+def layer_point(layer: int, kind: str) -> str:
+    """The name of one layer's point: ``layer_point(3, "mlp.out") == "layers.3.mlp.out"`` (``kind`` one of
+    :data:`POINT_ORDER`; the one place a layer's point name is assembled).
+
+    Raises:
+        ValueError: ``kind`` is not a layer's point.
+    """
+    if kind not in POINT_ORDER:
+        raise ValueError(f"kind: expected one of {', '.join(POINT_ORDER)}, got {kind!r}")
+    return f"layers.{layer}.{kind}"
+
+
 def attention_point(layer: int, kind: str) -> str:
     """The name of one attention point: ``attention_point(3, "heads") == "layers.3.attn.heads"``."""
-    return f"layers.{layer}.attn.{kind}"
+    return layer_point(layer, f"attn.{kind}")
 
 
 class Point:
@@ -357,23 +369,23 @@ class NamedPoints(Mapping):
 
         for layer, m in enumerate(self.attention):
             block = found[layer] if found else None
-            add(f"layers.{layer}.resid_pre", block, "input")
-            add(f"layers.{layer}.attn.in", m, "input")
+            add(layer_point(layer, "resid_pre"), block, "input")
+            add(layer_point(layer, "attn.in"), m, "input")
             for kind in ATTENTION_POINTS:
                 name = attention_point(layer, kind)
                 if name in self._attention:
                     table[name] = self._attention[name]
             if block is None:
                 continue
-            add(f"layers.{layer}.attn.out", m if child(m, OUT_PROJ_NAMES) is not None else None, "output")
+            add(layer_point(layer, "attn.out"), m if child(m, OUT_PROJ_NAMES) is not None else None, "output")
             mlp = child(block, MLP_NAMES)
             pair = [child(block, (n,)) for n in _MLP_PAIR]
             if mlp is None and None not in pair:
-                add(f"layers.{layer}.mlp.in", pair[0], "input")
-                add(f"layers.{layer}.mlp.out", pair[1], "output")
+                add(layer_point(layer, "mlp.in"), pair[0], "input")
+                add(layer_point(layer, "mlp.out"), pair[1], "output")
             else:
-                add(f"layers.{layer}.mlp.in", mlp, "input")
-                add(f"layers.{layer}.mlp.out", mlp, "output")
+                add(layer_point(layer, "mlp.in"), mlp, "input")
+                add(layer_point(layer, "mlp.out"), mlp, "output")
         if found:
             add("resid_final", found[-1], "output")
         add("unembed.in", unembedding(self.root), "input")

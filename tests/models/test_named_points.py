@@ -285,3 +285,20 @@ def test_the_mlps_residual_is_replaced_for_the_mlp_alone_where_the_norm_is_share
     with torch.no_grad():
         want = part.mlp_norm(plain["layers.1.resid_pre"] + delta)
     torch.testing.assert_close(got["layers.1.mlp.in"], want, atol=1e-6, rtol=0)
+
+
+def test_point_names_come_from_one_helper_that_knows_every_layer_point(hf):
+    """``layer_point`` names every layer's point the view lists, in its order, and refuses a kind no layer has (the
+    one place a point's name is assembled: a misspelt kind fails where it is written, not as an unknown point)."""
+    from headwise.points import POINT_ORDER, attention_point, layer_point
+
+    hm = hf[1]
+    names = set(hm.point_names())
+    for layer in range(hm.num_layers):
+        listed = [k for k in POINT_ORDER if layer_point(layer, k) in names]
+        assert [n for n in hm.point_names() if n.startswith(f"layers.{layer}.")] == [
+            layer_point(layer, k) for k in listed
+        ]
+    assert attention_point(1, "heads") == layer_point(1, "attn.heads") == "layers.1.attn.heads"
+    with pytest.raises(ValueError, match=r"kind: expected one of resid_pre, .*got 'attn.head'"):
+        layer_point(0, "attn.head")

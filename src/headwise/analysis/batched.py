@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 from headwise._machine import free_memory
+from headwise.points import layer_point
 from headwise.replacement import MODES, replace_heads
 
 __all__ = [
@@ -217,7 +218,7 @@ def start_layer(model, jobs: Sequence) -> int:
         return 0
     low = min(min(layers), model.num_layers - 1)
     points = getattr(model, "points", None)
-    if low <= 0 or points is None or f"layers.{low}.resid_pre" not in points:
+    if low <= 0 or points is None or layer_point(low, "resid_pre") not in points:
         return 0
     return low
 
@@ -241,7 +242,7 @@ def keep_blocks(model, run: Callable) -> tuple[object, list]:
     from headwise.points import call_hooks
 
     points = getattr(model, "points", None)
-    names = [f"layers.{i}.resid_pre" for i in range(model.num_layers)]
+    names = [layer_point(i, "resid_pre") for i in range(model.num_layers)]
     if points is None or any(n not in points for n in names):
         return run(), []
     outputs: list = [None] * model.num_layers
@@ -266,7 +267,7 @@ def replayed(model, layer: int, outputs: Sequence) -> Iterator[None]:
     if layer <= 0 or not outputs:
         yield
         return
-    with replaced_calls(model.points, [f"layers.{i}.resid_pre" for i in range(layer)], partial(_replay, outputs)):
+    with replaced_calls(model.points, [layer_point(i, "resid_pre") for i in range(layer)], partial(_replay, outputs)):
         yield
 
 
@@ -307,7 +308,7 @@ def copies_from(model, layer: int, J: int, P: int) -> Iterator[None]:
         kwargs = {n: _grow(v, J, P) if n != HIDDEN or first else v for n, v in kwargs.items()}
         return args, kwargs
 
-    with call_hooks(model.points, [f"layers.{i}.resid_pre" for i in range(layer, model.num_layers)], before=grow):
+    with call_hooks(model.points, [layer_point(i, "resid_pre") for i in range(layer, model.num_layers)], before=grow):
         yield
 
 

@@ -23,6 +23,7 @@ from headwise.analysis.objective import (
 )
 from headwise.analysis.protocol import GatedModel, SweptModel
 from headwise.analysis.sweep_plan import marked_ends, row_parts
+from headwise.points import layer_point
 
 __all__ = ["RECOMPUTE_TOKENS", "decoder_importance", "encoder_importance", "gate_importance", "recomputed"]
 
@@ -150,7 +151,7 @@ def recomputed(hm: GatedModel, on: bool):
     computation; :func:`headwise.points.replaced_calls`). Nothing where the model shows no blocks."""
     from headwise.points import replaced_calls
 
-    names = [f"layers.{i}.resid_pre" for i in range(hm.num_layers)]
+    names = [layer_point(i, "resid_pre") for i in range(hm.num_layers)]
     points = getattr(hm, "points", None)
     if not on or points is None or any(n not in points for n in names):
         yield

@@ -39,6 +39,7 @@ from torch import Tensor
 from headwise.circuits.addresses import Receiver
 from headwise.core.rows import AttentionRows
 from headwise.models.anatomy import same
+from headwise.points import layer_point
 
 __all__ = ["AttentionTaps", "LayerPatterns", "LowRank", "atp_scores", "head_use_gradients"]
 
@@ -119,12 +120,12 @@ class AttentionTaps:
         hooks = []
         anatomy = self.w.target.anatomy
         for layer, rec in enumerate(self.records):
-            hooks.append((f"layers.{layer}.resid_pre", partial(self._keep, rec, "r")))
-            hooks.append((f"layers.{layer}.attn.qk", partial(self._keep_rows, rec)))
-            hooks.append((f"layers.{layer}.attn.v", partial(self._keep, rec, "v")))
-            hooks.append((f"layers.{layer}.attn.heads", partial(self._tap_heads, rec)))
+            hooks.append((layer_point(layer, "resid_pre"), partial(self._keep, rec, "r")))
+            hooks.append((layer_point(layer, "attn.qk"), partial(self._keep_rows, rec)))
+            hooks.append((layer_point(layer, "attn.v"), partial(self._keep, rec, "v")))
+            hooks.append((layer_point(layer, "attn.heads"), partial(self._tap_heads, rec)))
             if anatomy[layer].rotation.kind == "tables":
-                hooks.append((f"layers.{layer}.attn.rotary", partial(self._keep_pe, rec)))
+                hooks.append((layer_point(layer, "attn.rotary"), partial(self._keep_pe, rec)))
         return hooks
 
     @staticmethod

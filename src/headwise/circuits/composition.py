@@ -53,7 +53,7 @@ from headwise.models.norms import FrozenNorm
 from headwise.models.pinned import attention_bytes, attention_pinned
 from headwise.models.streamed import SLICE_BYTES
 from headwise.patching import as_target
-from headwise.points import unembedding
+from headwise.points import attention_point, layer_point, unembedding
 
 __all__ = [
     "BLOCK_BYTES",
@@ -182,8 +182,13 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
     ids = probe_ids(target) if ids is None else torch.as_tensor(ids).reshape(1, -1)
     names = ["resid_final"]
     for i in range(len(anatomy)):
-        names += [f"layers.{i}.resid_pre", f"layers.{i}.attn.in", f"layers.{i}.attn.q", f"layers.{i}.attn.k"]
-        names += [f"layers.{i}.attn.out"] if anatomy[i].attn_post is not None else []
+        names += [
+            layer_point(i, "resid_pre"),
+            layer_point(i, "attn.in"),
+            layer_point(i, "attn.q"),
+            layer_point(i, "attn.k"),
+        ]
+        names += [layer_point(i, "attn.out")] if anatomy[i].attn_post is not None else []
     cache = target.run_with_cache(ids, names=names)
 
     def rows(x: Tensor) -> Tensor:  # (1, L, …, D') -> (L·…, D')
@@ -192,11 +197,11 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
     W_Q, W_K, W_V, W_O = [], [], [], []
     for layer, part in enumerate(anatomy.layers):
         H, Hkv = part.num_heads, part.num_kv
-        r, x_in = cache[f"layers.{layer}.resid_pre"], cache[f"layers.{layer}.attn.in"]
+        r, x_in = cache[layer_point(layer, "resid_pre")], cache[layer_point(layer, "attn.in")]
         frozen = part.attn_norm_frozen(rows(r).double(), rows(x_in).double())
         Wq, Wk, Wv = (_fold(s.weights("columns")[0].detach().double(), frozen) for s in (part.q, part.k, part.v))
         for side in (part.q, part.k):  # a QK-norm's gain as it acts (per head or over n·Dh), and the side's factor
-            g = side.norm_gain(cache[f"layers.{layer}.attn.{side.name}"])  # (n·Dh,) or None
+            g = side.norm_gain(cache[attention_point(layer, side.name)])  # (n·Dh,) or None
             g = (torch.ones((), dtype=torch.float64) if g is None else g) * side.scale
             if side.name == "q":
                 Wq = Wq * g.to(Wq)
@@ -206,7 +211,7 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
         Dv = Wo.shape[1]
         Wo = Wo.reshape(H * Dv, -1)
         if part.attn_post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
-            o = cache[f"layers.{layer}.attn.out"]
+            o = cache[layer_point(layer, "attn.out")]
             Wo = _fold(Wo.T, part.attn_post_frozen(rows(o))).T
         Wo = Wo * part.scale
         W_Q.append(_heads(Wq, H))

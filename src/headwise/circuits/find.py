@@ -26,6 +26,7 @@ from headwise.circuits.prompts import answer_ids, prompt_ids
 from headwise.circuits.result import Circuit
 from headwise.circuits.wiring import wiring
 from headwise.patching.metric import LogitDifference
+from headwise.points import layer_point
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
@@ -58,7 +59,7 @@ class PairShard:
 def _node_details(target, graph: Graph, ids: Tensor, answer: int, wrong: int) -> dict:
     from headwise.patching import direct_logit_attribution
 
-    names = [f"layers.{layer}.attn.pattern" for layer in range(graph.num_layers)]
+    names = [layer_point(layer, "attn.pattern") for layer in range(graph.num_layers)]
     cache = target.run_with_cache(ids, names=names)
     dla = direct_logit_attribution(target, ids, LogitDifference((answer,), (wrong,)))
     details: dict = {"embed": {"pattern": None, "direct_effect": float(dla.embed[0])}}

@@ -31,6 +31,7 @@ from headwise.circuits.atp import AttentionTaps, LowRank
 from headwise.circuits.wiring import Wiring, wiring
 from headwise.models.anatomy import LayerAnatomy
 from headwise.patching.metric import reads_last_position
+from headwise.points import attention_point, layer_point
 
 __all__ = ["HEAD_MODES", "head_ablation_estimates"]
 
@@ -78,14 +79,14 @@ def head_ablation_estimates(
     outputs: dict = {}
     zero = torch.zeros((), dtype=w.weights(0, "q")[0].dtype, device=ids.device, requires_grad=True)
     # a zero added to every head's output first: its gradient reaches the taps whatever requires a gradient
-    hooks = [(f"layers.{layer}.attn.heads", partial(_plus, zero)) for layer in range(NL)]
+    hooks = [(layer_point(layer, "attn.heads"), partial(_plus, zero)) for layer in range(NL)]
     hooks += taps.hooks()
     for layer, lw in enumerate(w.layers):
         if attention_aware:
             for side in ("q", "k"):
-                hooks.append((f"layers.{layer}.attn.{side}", partial(_tap, zero, grads, (layer, side))))
+                hooks.append((attention_point(layer, side), partial(_tap, zero, grads, (layer, side))))
         if lw.attn_post is not None:
-            hooks.append((f"layers.{layer}.attn.out", partial(_keep, outputs, layer)))
+            hooks.append((layer_point(layer, "attn.out"), partial(_keep, outputs, layer)))
     with torch.enable_grad(), tgt.hooks(hooks):
         logits = tgt.logits(ids, last_only=reads_last_position(metric))
         value = metric(logits)

@@ -48,6 +48,7 @@ from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
 from headwise.models.pinned import attention_pinned
 from headwise.patching import as_target, residual_parts
+from headwise.points import layer_point
 
 __all__ = ["QKAttribution", "qk_attribution"]
 
@@ -260,13 +261,13 @@ def _record(target, ids: Tensor, layer: int):
         return fn
 
     hooks = [
-        (f"layers.{layer}.attn.in", keep("input")),
-        (f"layers.{layer}.attn.qk", keep("rows")),
-        (f"layers.{layer}.attn.q", keep("q")),
-        (f"layers.{layer}.attn.k", keep("k")),
+        (layer_point(layer, "attn.in"), keep("input")),
+        (layer_point(layer, "attn.qk"), keep("rows")),
+        (layer_point(layer, "attn.q"), keep("q")),
+        (layer_point(layer, "attn.k"), keep("k")),
     ]
-    if f"layers.{layer}.attn.rotary" in target.points:
-        hooks.append((f"layers.{layer}.attn.rotary", keep("position_embeddings")))
+    if layer_point(layer, "attn.rotary") in target.points:
+        hooks.append((layer_point(layer, "attn.rotary"), keep("position_embeddings")))
 
     def forward(t, x):
         with t.hooks(hooks):

@@ -63,6 +63,7 @@ from torch import Tensor
 from headwise.circuits.addresses import Receiver, Write
 from headwise.models.anatomy import LayerAnatomy, Side
 from headwise.models.head_model import HeadModel
+from headwise.points import attention_point, layer_point
 
 __all__ = ["Wiring", "wiring"]
 
@@ -129,19 +130,19 @@ class Wiring:
 
     def _forward(self, ids: Tensor, hooks: list, embed, last_only: bool, extra) -> Tensor:
         """The model's logits of ``ids`` with ``hooks`` (after ``embed``'s, before ``extra``)."""
-        first = [("layers.0.resid_pre", embed)] if embed is not None else []
+        first = [(layer_point(0, "resid_pre"), embed)] if embed is not None else []
         with self.target.hooks([*first, *hooks, *extra]):
             return self.target.logits(ids, last_only=last_only)
 
     def _record_hooks(self, writes: dict) -> list:
         """The hooks that record every sender's write into ``writes``."""
-        hooks = [("layers.0.resid_pre", partial(self._keep_embed, writes))]
+        hooks = [(layer_point(0, "resid_pre"), partial(self._keep_embed, writes))]
         for layer, part in enumerate(self.layers):
-            hooks.append((f"layers.{layer}.attn.heads", partial(self._keep, writes, layer, part)))
+            hooks.append((layer_point(layer, "attn.heads"), partial(self._keep, writes, layer, part)))
             if part.attn_post is not None:
-                hooks.append((f"layers.{layer}.attn.out", partial(self._keep_post, writes, layer, part)))
+                hooks.append((layer_point(layer, "attn.out"), partial(self._keep_post, writes, layer, part)))
             if part.mlp is not None:
-                hooks.append((f"layers.{layer}.mlp.out", partial(self._keep_mlp, writes, layer, part)))
+                hooks.append((layer_point(layer, "mlp.out"), partial(self._keep_mlp, writes, layer, part)))
         return hooks
 
     def _receiver_hooks(self, side_hook, input_hook) -> list:
@@ -150,11 +151,11 @@ class Wiring:
         residual: dict = {}
         hooks = []
         for layer, part in enumerate(self.layers):
-            hooks.append((f"layers.{layer}.resid_pre", partial(self._residual, residual, layer)))
+            hooks.append((layer_point(layer, "resid_pre"), partial(self._residual, residual, layer)))
             for side in part.sides.values():
-                hooks.append((f"layers.{layer}.attn.{side.name}", side_hook(residual, layer, side)))
+                hooks.append((attention_point(layer, side.name), side_hook(residual, layer, side)))
             if part.mlp is not None:
-                hooks.append((f"layers.{layer}.mlp.resid", input_hook(Receiver("mlp", layer))))
+                hooks.append((layer_point(layer, "mlp.resid"), input_hook(Receiver("mlp", layer))))
         hooks.append(("resid_final", input_hook(Receiver("logits", len(self.layers)))))
         return hooks
 

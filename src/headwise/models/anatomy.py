@@ -56,7 +56,15 @@ from torch import Tensor, nn
 from headwise.models.frozen_side import FrozenSide
 from headwise.models.norms import TOLERANCE, FrozenNorm, apply_qk_norm, freeze, norm_epsilon, norm_vjp, same
 from headwise.models.rotation import Rotation
-from headwise.points import ArgumentPoint, ColumnsPoint, NormedInputPoint, Point, output_tensor
+from headwise.points import (
+    ArgumentPoint,
+    ColumnsPoint,
+    NormedInputPoint,
+    Point,
+    attention_point,
+    layer_point,
+    output_tensor,
+)
 
 #: The layouts a side's weights come in (:meth:`Side.weights`).
 LAYOUTS = ("heads", "rows", "columns")
@@ -387,13 +395,13 @@ def anatomy_points(anatomy: Anatomy) -> dict[str, Point]:
     for part in anatomy.layers:
         i = part.index
         for side in (part.q, part.k, part.v):
-            name = f"layers.{i}.attn.{side.name}"
+            name = attention_point(i, side.name)
             points[name] = ColumnsPoint(name, side.module, side.columns)
         if part.rotation.kind == "tables":
-            name = f"layers.{i}.attn.rotary"
+            name = layer_point(i, "attn.rotary")
             points[name] = ArgumentPoint(name, part.attention, "position_embeddings")
         if part.mlp is not None:
-            name = f"layers.{i}.mlp.resid"
+            name = layer_point(i, "mlp.resid")
             if part.shared_norm:
                 points[name] = NormedInputPoint(name, part.mlp, part.mlp_norm, part.block)
             else:

@@ -26,7 +26,7 @@ from headwise.models.anatomy import (
     is_norm,
     same,
 )
-from headwise.points import OUT_PROJ_NAMES, hidden_argument, output_tensor, unembedding
+from headwise.points import OUT_PROJ_NAMES, hidden_argument, layer_point, output_tensor, unembedding
 from headwise.structure import child as _child
 
 if TYPE_CHECKING:
@@ -377,7 +377,7 @@ def _read(hm: HeadModel) -> Anatomy:
     NL = hm.num_layers
     blocks = []
     for layer in range(NL):
-        name = f"layers.{layer}.resid_pre"
+        name = layer_point(layer, "resid_pre")
         if points.found(name) is None:
             raise AnatomyError(family, f"attention layer {layer} is not in a residual block of its own")
         blocks.append(points.found(name).module)
@@ -392,9 +392,11 @@ def _read(hm: HeadModel) -> Anatomy:
     heads: dict = {}
     hooks = []
     for layer in range(NL):
-        hooks.append((f"layers.{layer}.attn.qk", lambda rows, layer=layer: qk.__setitem__(layer, rows)))
-        hooks.append((f"layers.{layer}.attn.pattern", lambda t, layer=layer: pattern.__setitem__(layer, t.detach())))
-        hooks.append((f"layers.{layer}.attn.heads", lambda t, layer=layer: heads.__setitem__(layer, t.detach())))
+        hooks.append((layer_point(layer, "attn.qk"), lambda rows, layer=layer: qk.__setitem__(layer, rows)))
+        hooks.append(
+            (layer_point(layer, "attn.pattern"), lambda t, layer=layer: pattern.__setitem__(layer, t.detach()))
+        )
+        hooks.append((layer_point(layer, "attn.heads"), lambda t, layer=layer: heads.__setitem__(layer, t.detach())))
     embed = input_embedding(hm.model)
     unembed = unembedding(hm.model) if hm.kind == "decoder" else None
     outside = [m for m in hm.model.modules() if is_norm(m) and not _inside(m, blocks)]
@@ -412,7 +414,7 @@ def _read(hm: HeadModel) -> Anatomy:
             for _kind, mods in _candidates(attention, hm.heads_per_layer[layer], None):
                 for m in mods:
                     rec.watch(("proj", layer, id(m)), m)
-            mlp = points.found(f"layers.{layer}.mlp.in")
+            mlp = points.found(layer_point(layer, "mlp.in"))
             if mlp is not None:
                 rec.watch(("mlp", layer), mlp.module)
         for norm in outside:
@@ -476,7 +478,7 @@ def _layer(hm: HeadModel, layer, block, attention, rec: _Recording, qk, pattern,
         raise AnatomyError(family, f"layer {layer}'s attention output is not its output projection's")
     attn_post = next((n for n in norms if n is not attn_norm and same(child_in(n), attn_out)), None)
     attn_write = child_out(attn_post) if attn_post is not None else attn_out
-    mlp_point = hm.points.found(f"layers.{layer}.mlp.in")
+    mlp_point = hm.points.found(layer_point(layer, "mlp.in"))
     mlp = mlp_point.module if mlp_point is not None else None
     mlp_norm = mlp_post = None
     parallel = False

@@ -111,22 +111,23 @@ def _layer_writes(target, anatomy, rec: Recorder, embed: Tensor):
     head_parts, bias_parts, mlp_parts = [], [], []
     for layer, part in enumerate(anatomy.layers):
         H = target.heads_per_layer[layer]
-        each, bias = head_writes(part.out_proj, rec.inputs[("proj", layer)], H)  # (P, H, D), (D,)
-        o_out = rec.outputs[("proj", layer)].double()  # (P, D)
+        got = rec.layers[layer]
+        each, bias = head_writes(part.out_proj, got.heads, H)  # (P, H, D), (D,)
+        o_out = got.attn_out.double()  # (P, D)
         if not same(each.sum(1) + bias, o_out):
             raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
         scale = part.scale
-        post = part.attn_post_frozen(o_out, rec.outputs.get(("attn_post", layer)))
+        post = part.attn_post_frozen(o_out, got.attn_post_out)
         if post is not None:
             each, bias = post(each), post(bias.expand(embed.shape[0], -1)) + post.bias  # (P, H, D), (P, D)
         else:
             bias = bias.expand(embed.shape[0], -1)  # (P, D)
         each, bias = each * scale, bias * scale  # the layer's multiplier on its writes (Granite)
         if part.mlp is not None:
-            mlp_write = rec.outputs[("mlp", layer)].double() * scale  # (P, D)
+            mlp_write = got.mlp_write.double() * scale  # (P, D)
         else:
             mlp_write = torch.zeros_like(embed)
-        after = rec.outputs[("block", layer)].double()
+        after = got.block_out.double()
         if not same(residual + each.sum(1) + bias + mlp_write, after):
             raise ValueError(
                 f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
@@ -173,12 +174,12 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     logit_difference = (logits[rows_, metric.position, a] - logits[rows_, metric.position, w]).double().cpu()
 
     # the residual stream's parts at the read position, each (P, D) or (P, H, D), float64
-    embed = rec.inputs["embed"].double()
+    embed = rec.embed.double()
     head_parts, bias_parts, mlp_parts, residual = _layer_writes(target, anatomy, rec, embed)
-    x_final = rec.inputs["final"].double()
+    x_final = rec.final_in.double()
     if not same(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
-    final = anatomy.final_norm_frozen(x_final, rec.outputs.get("final_out"))
+    final = anatomy.final_norm_frozen(x_final, rec.final_out)
     if final is not None:
         lin, norm_bias = final, final.bias
     else:
@@ -201,7 +202,7 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     embed_part = through(embed).cpu()
     norm_part = (norm_bias.to(direction.device) * direction).sum(-1).cpu()  # (P,)
     total = heads.nansum((1, 2)) + head_bias.sum(1) + mlp.sum(1) + embed_part + norm_part + unembed_bias.cpu()
-    out = rec.outputs["unembed"].double()  # (P, V)
+    out = rec.unembed.double()  # (P, V)
     unembed_difference = (out[rows_, a] - out[rows_, w]).cpu()
     if not same(total, unembed_difference):
         raise ValueError(

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from headwise.models.anatomy import Anatomy, affine, same
 from headwise.models.head_model import HeadModel
 from headwise.patching.logit_attribution import head_writes
-from headwise.patching.recording import FlatRecorder, Recorder, decomposed_anatomy
+from headwise.patching.recording import Recorder, decomposed_anatomy
 from headwise.patching.target import as_target
 
 __all__ = ["ResidualParts", "affine_weight", "residual_parts"]
@@ -52,7 +52,7 @@ class ResidualParts:
         (never in D: ``L·H·Dh·E`` multiply-adds instead of ``L·H·(H·Dh)·D``), the heads' sum checked against
         the projection's output on the first rows, the block's sum in D as before."""
         rec, target = self._recorder, self._target
-        embed = rec.inputs["embed"].double()  # (P, L, D)
+        embed = rec.embed.double()  # (P, L, D)
         P, L, D = embed.shape
 
         def out(v: Tensor) -> Tensor:  # (…, D) -> (…, E)
@@ -64,9 +64,9 @@ class ResidualParts:
             part = self._anatomy[layer]
             proj = part.out_proj
             H = target.heads_per_layer[layer]
-            z = rec.inputs[("proj", layer)].reshape(P * L, -1)
-            o_out = rec.outputs[("proj", layer)].reshape(P * L, D).double()
-            flat = FlatRecorder(rec, P * L)
+            flat = rec.layers[layer].rows(P * L)  # every position a row
+            z = flat.heads  # (P·L, H·Dv)
+            o_out = flat.attn_out.double()  # (P·L, D)
             scale = part.scale
             W = affine_weight(proj) if project is not None else None
             if W is not None:  # heads formed in the projected space
@@ -78,7 +78,7 @@ class ResidualParts:
                 zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
                 M = project.to(W.device)
                 attn_write = o_out
-                frozen = part.attn_post_frozen(o_out, flat.outputs.get(("attn_post", layer)))
+                frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
                 if frozen is not None:
                     M = frozen.fold(M)
                     heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
@@ -93,7 +93,7 @@ class ResidualParts:
                 each, bias = head_writes(proj, z, H)  # (P·L, H, D), (D,)
                 if not same(each.sum(1) + bias, o_out):
                     raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-                frozen = part.attn_post_frozen(o_out, flat.outputs.get(("attn_post", layer)))
+                frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
                 if frozen is not None:
                     each, bias = frozen(each), frozen(bias.expand(P * L, -1)) + frozen.bias
                 else:
@@ -105,11 +105,11 @@ class ResidualParts:
             labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
             total = attn_write.reshape(P, L, D) * scale
             if part.mlp is not None:
-                mlp_write = flat.outputs[("mlp", layer)].double() * scale
+                mlp_write = flat.mlp_write.double() * scale
                 labels.append(f"L{layer}.mlp")
                 writes.append(out(mlp_write.reshape(1, P, L, D)))
                 total = total + mlp_write.reshape(P, L, D)
-            after = rec.outputs[("block", layer)].double()
+            after = rec.layers[layer].block_out.double()
             if not same(residual + total, after):
                 raise ValueError(
                     f"model: layer {layer}'s attention and MLP writes do not add up to its change of the residual "
@@ -161,4 +161,4 @@ def residual_parts(model, ids, layer: int, *, forward=None) -> ResidualParts:
         labels += [f"L{l_}.H{h}" for h in range(target.heads_per_layer[l_])] + [f"L{l_}.attn_bias"]
         if anatomy[l_].mlp is not None:
             labels.append(f"L{l_}.mlp")
-    return ResidualParts(layer, rec.inputs["resid"].double(), labels, target, anatomy, rec)
+    return ResidualParts(layer, rec.resid.double(), labels, target, anatomy, rec)
