@@ -1,6 +1,6 @@
-"""Two source trees of headwise side by side: the same five cases, in alternating rounds, each case a fresh process.
+"""Two source trees of headwise side by side: the same six cases, in alternating rounds, each case a fresh process.
 
-    .venv/bin/python benchmarks/before_after.py OLD_SRC NEW_SRC [--rounds 5] [--only forward,decode,heads,patch,circuit]
+    .venv/bin/python benchmarks/before_after.py OLD_SRC NEW_SRC [--rounds 5] [--only heads,patch,circuit,atp]
 
 ``OLD_SRC`` and ``NEW_SRC`` are ``src`` folders (for example a ``git worktree add --detach /tmp/old COMMIT``'s
 ``/tmp/old/src`` and this checkout's ``src``); each case runs with ``PYTHONPATH`` set to one of them, so both are
@@ -17,6 +17,7 @@ Cases (float32, no gradient, the torch threads in force — the Timer is given t
 - ``patch``: ``headwise patch --model smollm2`` on one indirect-object prompt pair (every head, exact), wall time.
 - ``circuit``: ``headwise circuit --model smollm2 --pairs examples/ioi_pairs.jsonl --method eap`` (8 pairs: EAP over
   every edge, the top 20 patched exactly, the faithfulness curve), wall time.
+- ``atp``: the same with ``--method 'atp*'`` (each query and key receiver's pattern recomputed exactly), wall time.
 
 Printed: per case the medians of OLD and NEW, NEW ÷ OLD per round (median, lowest, highest), the CPU's name.
 """
@@ -88,9 +89,10 @@ def run_case(case: str, src: str, text: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         if case == "heads":
             argv = ["heads", "--model", "smollm2", text, "--out", f"{tmp}/out"]
-        elif case == "circuit":
+        elif case in ("circuit", "atp"):
             pairs = str(ROOT / "examples" / "ioi_pairs.jsonl")
-            argv = ["circuit", "--model", "smollm2", "--pairs", pairs, "--method", "eap", "--out", f"{tmp}/out"]
+            method = "eap" if case == "circuit" else "atp*"
+            argv = ["circuit", "--model", "smollm2", "--pairs", pairs, "--method", method, "--out", f"{tmp}/out"]
         else:
             argv = ["patch", "--model", "smollm2", "--clean", CLEAN, "--corrupted", CORRUPTED]
             argv += ["--answer", " Mary", "--wrong", " John", "--out", f"{tmp}/out"]
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("old", help="the OLD tree's src folder")
     p.add_argument("new", help="the NEW tree's src folder")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--only", default="forward,decode,heads,patch,circuit")
+    p.add_argument("--only", default="forward,decode,heads,patch,circuit,atp")
     a = p.parse_args(argv)
     cases = [c for c in a.only.split(",") if c]
     text = text_1024(a.old) if "heads" in cases else ""
