@@ -36,6 +36,33 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))
 
 
+def instruction_set() -> dict:
+    """What the kernels may use here, which can be less than the CPU has: ATen's capability
+    (``ATEN_CPU_CAPABILITY`` lowers it), oneDNN's bf16 (``ONEDNN_MAX_CPU_ISA`` lowers it), and the lowering asked
+    for in the environment — so a run held to AVX2 on an AVX-512 machine says so."""
+    try:
+        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        bf16 = False
+    held = {
+        k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "NUMBA_CPU_NAME") if k in os.environ
+    }
+    return {"aten": torch.backends.cpu.get_cpu_capability(), "onednn_bf16": bf16, "held_by": held}
+
+
+def kind() -> str:
+    """The CPU kind a result belongs to: the model name and the instruction set the kernels used, e.g.
+    ``AMD EPYC · AVX512, oneDNN bf16`` or ``AMD EPYC · AVX2 (held by ATEN_CPU_CAPABILITY=avx2, …; the CPU has
+    AVX-512)``. Two machines of one model name but different vector units (Zen 4 without AVX-512 exposed, Zen 5)
+    are different kinds."""
+    isa = instruction_set()
+    label = f"{cpu_model()} · {isa['aten']}" + (", oneDNN bf16" if isa["onednn_bf16"] else ", no oneDNN bf16")
+    if isa["held_by"]:
+        has = "AVX-512" if any(f.startswith("avx512") for f in cpu_flags()) else "no AVX-512"
+        label += f" (held by {', '.join(f'{k}={v}' for k, v in isa['held_by'].items())}; the CPU has {has})"
+    return label
+
+
 def machine() -> dict:
     """Facts about this machine and the software, recorded in every result file."""
     import numpy
@@ -58,6 +85,8 @@ def machine() -> dict:
         "torch_threads": torch.get_num_threads(),
         "memory_gib": mem_gb,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "instruction_set": instruction_set(),
+        "kind": kind(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,

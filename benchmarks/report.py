@@ -199,6 +199,60 @@ def _spread() -> list[str]:
     return lines + [""]
 
 
+#: the rows shown for each CPU kind: (target, metric)
+KIND_ROWS = [
+    ("forward", "(8, 512, 768, 12) headwise FLOP rate ÷ best float32 GEMM rate"),
+    ("forward", "(8, 512, 768, 12) time vs nn.MultiheadAttention"),
+    ("decode", "one decoded token at prefix 4096: fraction of the read-bandwidth roofline"),
+    ("decode", "one decoded token at prefix 4096: time vs HF LlamaAttention + DynamicCache"),
+]
+
+
+def _kinds() -> list[str]:
+    """The forward and one decoded token on every CPU kind a full run was recorded on (the latest run of each),
+    from ``results/history.jsonl``: a kind is the CPU's model name and the instruction set the kernels used
+    (``machine.kind``); runs recorded before the kind was (the name alone) are shown under their name."""
+    path = RESULTS / "history.jsonl"
+    if not path.exists():
+        return []
+    latest: dict[tuple[str, str], dict] = {}
+    for line in path.read_text().splitlines():
+        h = json.loads(line)
+        if h["target"] in {t for t, _ in KIND_ROWS}:
+            kind = h.get("kind") or f"{h.get('cpu')} (instruction set not recorded)"
+            latest[(kind, h["target"])] = h  # the file is in time order: the last one wins
+    kinds = sorted({k for k, _ in latest})
+    if not kinds:
+        return []
+    lines = [
+        "## The forward and one decoded token on each CPU kind",
+        "",
+        "The latest full run of the `forward` and `decode` targets on each kind of CPU they ran on "
+        "(`benchmarks/results/history.jsonl`). A kind is the CPU's name and the instruction set the kernels used "
+        "(ATen's capability, oneDNN's bf16): a run held to AVX2 by `ATEN_CPU_CAPABILITY=avx2 "
+        "ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 CPU says so — it is what a laptop's AVX2 gets from the same "
+        "kernels, on this machine's memory and clock. The forward is read against the best float32 GEMM timed "
+        "in the same rounds, the decoded token against the read bandwidth (its roofline); both are ratios "
+        "within one run, so kinds compare through them, not through absolute times.",
+        "",
+        "| CPU kind | " + " | ".join(m for _, m in KIND_ROWS) + " | written (load at start) |",
+        "|---" * (len(KIND_ROWS) + 2) + "|",
+    ]
+    for kind in kinds:
+        cells, when = [], []
+        for target, metric in KIND_ROWS:
+            h = latest.get((kind, target))
+            row = next((r for r in (h or {}).get("summary", []) if r["metric"] == metric), None)
+            note = f" ({row['note']})" if row and row.get("note") else ""
+            cells.append(fmt(row["value"]) + note if row else "—")
+        for target in dict.fromkeys(t for t, _ in KIND_ROWS):
+            h = latest.get((kind, target))
+            if h:
+                when.append(f"{target} {h['written']} ({h['loadavg'][0]:g})")
+        lines.append(md_row([kind, *cells, "; ".join(when)]))
+    return lines + [""]
+
+
 def _section(i: int, name: str, r: Result | None) -> list[str]:
     target = ALL[name]
     lines = [f"### {i}. {target.title}", ""]
@@ -240,7 +294,7 @@ def _conditions(res: dict[str, Result]) -> list[str]:
 
 def render(res: dict[str, Result]) -> str:
     lines = [INTRO, *_conditions(res), *_fast_paths(), "## Machine and versions", "", *_machine(res)]
-    lines += _summary(res) + _notes(res) + _spread() + ["## Per target", ""]
+    lines += _summary(res) + _notes(res) + _kinds() + _spread() + ["## Per target", ""]
     for i, name in enumerate(ALL, 1):
         lines += _section(i, name, res.get(name))
     return "\n".join(lines) + "\n"

@@ -43,8 +43,9 @@ def append_history(result: Result) -> None:
         "written": result.run["written"],
         "target": result.target,
         "cpu": result.run["machine"]["cpu"],
+        "kind": result.run["machine"].get("kind"),
         "loadavg": result.run["machine"]["loadavg_at_start"],
-        "summary": [{"metric": r.metric, "value": r.value, "pass": r.passed} for r in result.rows],
+        "summary": [{"metric": r.metric, "value": r.value, "pass": r.passed, "note": r.note} for r in result.rows],
     }
     HISTORY.parent.mkdir(parents=True, exist_ok=True)
     with open(HISTORY, "a") as f:
