@@ -9,7 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headwise.articles import ARTICLES, ERRATUM, FAIL, PASS, QUANTITIES, all_claims, check, check_all, claims_about
+from headwise.articles import (
+    ARTICLES,
+    ERRATUM,
+    FAIL,
+    PASS,
+    QUANTITIES,
+    all_claims,
+    check,
+    check_all,
+    claims_about,
+    size_note,
+)
 from headwise.articles.claim import Above, Approx, Below, Claim, Count, Decimals, Holds, Shape, Text
 
 EXCERPTS = Path(__file__).resolve().parent / "excerpts"  # the checked passages, quoted (see its README)
@@ -156,6 +167,17 @@ def test_claims_about_a_model_and_what_agrees():
     assert agreeing("llama-3-8b") == {"attention": False}
     assert agreeing("GPT-3 175B") == {"total": True}
     assert claims_about("Mistral-7B") == [] and claims_about("no such model") == []
+
+
+def test_size_note_says_what_the_articles_claim_and_whether_it_agrees():
+    """``headwise size``'s note: Llama-2-7B's three claims (2.1B attention agrees, 8B and 26% do not), GPT-3's
+    175B agreeing, nothing for a model the articles do not size."""
+    short, full = size_note("Llama-2-7B")
+    assert short.startswith("article: ") and short.endswith(" — OFF")
+    assert "attention" in full and "(article 8B: off)" in full and "agrees" in full
+    short, full = size_note("GPT-3 175B")
+    assert short.endswith(" — agrees") and "computed: total" in full
+    assert size_note("Mistral-7B") == ("", "")
 
 
 def test_a_size_claim_names_model_and_quantity_together():

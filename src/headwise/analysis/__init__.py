@@ -23,7 +23,7 @@ positions are excluded from every metric. One concept per module:
 - :mod:`~headwise.analysis.decoder` — a decoder's heads over texts and the probe (:class:`DecoderStats`).
 - :mod:`~headwise.analysis.roles` — role labels with documented thresholds (encoders and decoders).
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
-  :func:`analyze_texts`, :class:`CorpusFile`).
+  :func:`analyze_texts`); :mod:`~headwise.analysis.corpus_file` — a text file's lines streamed (:class:`CorpusFile`).
 - :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
 - :mod:`~headwise.analysis.importance` — Michel et al.'s head importance, single-head ablation and pruning
   curves (:func:`head_importance`, with ``scored=`` for which tokens are scored), on any model shaped as
@@ -46,7 +46,8 @@ from headwise.analysis.confidence import (
     confidence,
     positional_heads,
 )
-from headwise.analysis.corpus import METRICS, CorpusFile, HeadReport, HeadStats, analyze_texts
+from headwise.analysis.corpus import METRICS, HeadReport, HeadStats, analyze_texts
+from headwise.analysis.corpus_file import CorpusFile
 from headwise.analysis.decoder import DECODER_METRICS, DecoderReport, DecoderStats, DetectorStats
 from headwise.analysis.detectors import (
     DETECTORS,

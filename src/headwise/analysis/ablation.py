@@ -103,17 +103,7 @@ def ablation_objectives(
     """
     import time
 
-    import torch
-
-    from headwise.analysis.batched import (
-        MODES,
-        PASS_TOKENS,
-        SweepCost,
-        free_memory,
-        keep_blocks,
-        start_groups,
-        start_layer,
-    )
+    from headwise.analysis.batched import MODES, SweepCost
 
     one_of("mode", mode, MODES)
     scored = scoring(hm, scored)
@@ -121,7 +111,26 @@ def ablation_objectives(
     if copies is not None:
         positive_int("copies", copies)
     t0 = time.perf_counter()
+    parts, count, plan, budget = _plan(
+        hm, batches, jobs, scored=scored, reference=reference, mode=mode, copies=copies, memory=memory, prefix=prefix
+    )
+    cost.copies = max(cost.copies, max((len(chunk) for _, chunk in plan), default=0))
+    cost.memory_budget = 0 if copies is not None else budget
+    sums = _run_passes(hm, parts, plan, jobs, mode=mode, prefix=prefix, scored=scored, cost=cost, progress=progress)
     nl = hm.num_layers
+    cost.tokens = sum(part.tokens for part in parts)
+    cost.forward_equivalents = cost.layer_tokens / max(nl * cost.tokens, 1)
+    cost.seconds += time.perf_counter() - t0
+    return sums / max(count, 1)
+
+
+def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, copies, memory, prefix: bool):
+    """The passes of :func:`ablation_objectives`: ``(parts, the scored count, [(part index, job indices)], the
+    memory budget in bytes)``. ``copies`` given: that many jobs a pass, in the order of their start layers, each
+    batch as given; else jobs grouped by start layer, rows packed by length for zero ablation, J as many as the
+    budget and :data:`~headwise.analysis.batched.PASS_TOKENS` allow (at most 64)."""
+    from headwise.analysis.batched import PASS_TOKENS, free_memory, start_groups
+
     width = getattr(hm, "vocab_size", None) if scored != "embedding" else None
     row_bytes = bytes_per_token(hm, int(width or 1024))
     device = next(hm.model.parameters()).device
@@ -140,8 +149,18 @@ def ablation_objectives(
         plan = pass_plan(
             groups, parts, lambda part, members: max(1, min(len(members), most, tokens // max(1, part.tokens)))
         )
-    cost.copies = max(cost.copies, max((len(chunk) for _, chunk in plan), default=0))
-    cost.memory_budget = 0 if copies is not None else budget
+    return parts, count, plan, budget
+
+
+def _run_passes(hm: SweptModel, parts, plan, jobs, *, mode: str, prefix: bool, scored: str, cost, progress):
+    """Run ``plan``'s passes: each group of rows once intact with every block's output kept (where a job starts
+    above layer 0), then each pass from there. Returns the objective's sums per job ``(len(jobs),)``; the passes,
+    rows and layers run are added to ``cost``."""
+    import torch
+
+    from headwise.analysis.batched import keep_blocks, start_layer
+
+    nl = hm.num_layers
     deep = prefix and any(start_layer(hm, [job]) > 0 for job in jobs)
     sums = np.zeros(len(jobs))
     kept: list = []
@@ -169,10 +188,7 @@ def ablation_objectives(
             cost.layer_tokens += (nl - low) * c * part.tokens
             if progress is not None:
                 progress(done, len(plan))
-    cost.tokens = sum(part.tokens for part in parts)
-    cost.forward_equivalents = cost.layer_tokens / max(nl * cost.tokens, 1)
-    cost.seconds += time.perf_counter() - t0
-    return sums / max(count, 1)
+    return sums
 
 
 def _forward(hm: GatedModel, part: Part):

@@ -7,13 +7,13 @@ Shape legend: NL layers, H heads per layer, N = NL · H heads of the whole model
 (Clark et al.'s metrics average sentences, each counting once), token-level sums for Voita's confidence,
 a histogram of argmax offsets per head (bounded by ``max_length``) and the ``(N, N)`` Jensen–Shannon
 sums. Memory does not grow with the corpus. :func:`analyze_texts` drives a model over an iterable of
-texts in batches, reporting progress to a callback; :class:`CorpusFile` streams a text file line by line.
+texts in batches, reporting progress to a callback; :class:`CorpusFile`
+(:mod:`headwise.analysis.corpus_file`) streams a text file line by line.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -28,6 +28,7 @@ from headwise.analysis.confidence import (
     positional_from_histogram,
     row_max_offsets,
 )
+from headwise.analysis.corpus_file import CorpusFile
 from headwise.analysis.distance import distance_rows
 from headwise.analysis.divergence import CLARK_JS_SMOOTHING, sentence_js_sums
 from headwise.analysis.entropy import CLARK_ENTROPY_SMOOTHING, at_cls, entropy_rows, over_uniform
@@ -514,49 +515,3 @@ def analyze_texts(
         if progress is not None:
             progress(done, stats.num_tokens)
     return stats.result()
-
-
-class CorpusFile:
-    """Stream the non-empty lines of a UTF-8 text file, skipping (and counting) undecodable ones.
-
-    A line that is not valid UTF-8 is skipped, never guessed at; its number is recorded in
-    ``undecodable`` (the first 20 kept) and counted in ``num_undecodable``. Surrounding whitespace is
-    stripped; blank lines are skipped and counted in ``num_blank``. Iterating again rereads the file.
-
-    Args:
-        path: the text file.
-    Raises:
-        FileNotFoundError: no such file. ValueError: a directory.
-    """
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise FileNotFoundError(f"corpus: no such file: {self.path}")
-        if os.path.isdir(self.path):
-            raise ValueError(f"corpus: expected a text file, got a directory: {self.path}")
-        self.num_undecodable = 0
-        self.num_blank = 0
-        self.undecodable: list[int] = []
-
-    def __iter__(self) -> Iterator[str]:
-        self.num_undecodable, self.num_blank, self.undecodable = 0, 0, []
-        with open(self.path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError:
-                    self.num_undecodable += 1
-                    if len(self.undecodable) < 20:
-                        self.undecodable.append(number)
-                    continue
-                if line.startswith("\ufeff"):
-                    line = line[1:].strip()
-                if not line:
-                    self.num_blank += 1
-                    continue
-                yield line
-
-    def count(self) -> int:
-        """Number of lines the iteration yields (one pass over the file, constant memory)."""
-        return sum(1 for _ in self)

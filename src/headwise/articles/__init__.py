@@ -26,6 +26,7 @@ __all__ = [
     "check",
     "check_all",
     "claims_about",
+    "size_note",
 ]
 
 #: article key -> (title, file name: the article's own, kept for its quoted passages in ``tests/articles/excerpts/``)
@@ -71,3 +72,51 @@ def claims_about(name: str) -> list[Claim]:
 
     wanted = canonical(name) or normalize_name(name)
     return [c for c in all_claims() if c.model is not None and canonical(c.model) == wanted]
+
+
+def size_note(name: str) -> tuple[str, str]:
+    """(short note, full sentence) on what the source articles say about the size of the real model ``name``, each
+    claim checked (``headwise size`` prints them); empty strings when they say nothing.
+
+    A claimed figure agrees when the claim's rule says so (``Approx``: within its tolerance); ``headwise verify``
+    checks the same claims.
+    """
+    from headwise.sizing.units import format_count
+
+    claims = claims_about(name)
+    if not claims:
+        return "", ""
+    figures = {c.quantity: c.figure.strip().lstrip("~") for c in claims}
+    if "attention" in figures and "total" in figures:
+        short = f"{figures['attention']} of {figures['total']}"
+    elif "attention" in figures:
+        short = f"{figures['attention']} attention"
+    elif "total" in figures:
+        short = f"{figures['total']} total"
+    else:
+        short = ""
+    if "attention_share" in figures:
+        short = f"{short}, {figures['attention_share']}" if short else figures["attention_share"]
+    label = {"attention": "attention", "total": "total", "attention_share": "share"}
+    parts, notes, all_agree = [], [], True
+    for claim in claims:
+        result = check(claim)
+        agrees = result.computed is not None and claim.rule.agrees(claim.expected, result.computed)
+        all_agree &= agrees
+        if result.computed is None:
+            computed = result.shown
+        elif claim.quantity == "attention_share":
+            computed = f"{100 * result.computed:.1f}%"
+        else:
+            computed = format_count(result.computed)
+        state = "agrees" if agrees else "off"
+        parts.append(f"{label[claim.quantity]} {computed} (article {figures[claim.quantity]}: {state})")
+        if not agrees and claim.note and claim.note not in notes:
+            notes.append(claim.note)
+    printed = list(dict.fromkeys(c.printed for c in claims))
+    where = "; ".join(dict.fromkeys(f"{ARTICLES[c.article][1]}, {c.section}" for c in claims))
+    full = f'the article ({where}) says "{" ".join(printed)}"; computed: {"; ".join(parts)}'
+    if notes:
+        full += " — " + " ".join(notes)
+    full += "" if full.endswith(".") else "."
+    return f"article: {short} — {'agrees' if all_agree else 'OFF'}", full

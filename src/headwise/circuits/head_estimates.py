@@ -57,7 +57,7 @@ def head_ablation_estimates(
         ids: token ids ``(N, L)`` (right padding, for a causal model: the padding changes no real position).
         metric: ``fn(logits (N, L or 1, V)) -> (N,)``, differentiable (e.g. each row's summed next-token loss).
         mode: ``"zero"`` (the head's output replaced by 0) or ``"mean"`` (by its mean over the real positions of
-            every row, as :func:`headwise.analysis.batched.replace_heads` does).
+            every row, as :func:`headwise.replacement.replace_heads` does).
         real: bool ``(N, L)``, the real (non-padding) positions for ``"mean"`` (None: every position).
         attention_aware: recompute the later layers' patterns exactly (AtP*'s QK fix); False: attribution
             patching alone.

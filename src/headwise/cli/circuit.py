@@ -120,10 +120,7 @@ def circuit(
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
-    from headwise._io import atomic_folder, write_text_atomic
     from headwise.commands import circuit as flow
-    from headwise.viz.circuit import plot_circuit
-    from headwise.viz.circuit_page import write_circuit_page
 
     options = flow.CircuitOptions(
         model=model, out=out, clean=tuple(clean or ()), corrupted=tuple(corrupted or ()), answer=tuple(answer or ()),
@@ -142,14 +139,7 @@ def circuit(
     for line in found.lines:
         typer.echo(line)
     title = f"{hm.title}: {len(prompts)} prompt pair{'s' if len(prompts) > 1 else ''}, {method}, {metric}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_folder(out) as folder:
-            write_text_atomic(folder / "circuit.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-            plot_circuit(report, folder / "circuit.png", max_edges=max_edges, title=title)
-            write_circuit_page(report, folder / "circuit.html", title=hm.title)
-    except OSError as e:
-        raise write_failed("--out", out, e) from None
+    _write(out, report, max_edges=max_edges, title=title, page_title=hm.title)
     written = list(OUTPUTS)
     if mib is not None:
         try:
@@ -165,6 +155,22 @@ def circuit(
     typer.echo(f"{found.circuit.seconds:.1f} s; wrote {', '.join(OUTPUTS)} to {out}")
     if mib is not None:
         typer.echo(f"wrote MIB's importances and {len(written) - len(OUTPUTS) - 1} circuits to {mib}")
+
+
+def _write(out: Path, report: dict, *, max_edges: int, title: str, page_title: str) -> None:
+    """``--out``, whole or not at all: circuit.json, circuit.png (``title`` over it) and circuit.html."""
+    from headwise._io import atomic_folder, write_text_atomic
+    from headwise.viz.circuit import plot_circuit
+    from headwise.viz.circuit_page import write_circuit_page
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_folder(out) as folder:
+            write_text_atomic(folder / "circuit.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+            plot_circuit(report, folder / "circuit.png", max_edges=max_edges, title=title)
+            write_circuit_page(report, folder / "circuit.html", title=page_title)
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
 
 
 def _evaluate(got) -> None:

@@ -90,57 +90,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _article_note(sizing, arch) -> tuple[str, str]:
-    """(short note, full sentence) on what the source articles say about ``arch``'s size; empty when nothing.
-
-    The claims are those of :mod:`headwise.articles` (``headwise verify`` checks the same ones): a
-    claimed figure agrees when the claim's rule says so (``Approx``: within its tolerance).
-    """
-    from headwise.articles import ARTICLES, check, claims_about
-    from headwise.sizing.units import format_count
-
-    claims = claims_about(arch.name)
-    if not claims:
-        return "", ""
-    figures = {c.quantity: c.figure.strip().lstrip("~") for c in claims}
-    if "attention" in figures and "total" in figures:
-        short = f"{figures['attention']} of {figures['total']}"
-    elif "attention" in figures:
-        short = f"{figures['attention']} attention"
-    elif "total" in figures:
-        short = f"{figures['total']} total"
-    else:
-        short = ""
-    if "attention_share" in figures:
-        short = f"{short}, {figures['attention_share']}" if short else figures["attention_share"]
-    label = {"attention": "attention", "total": "total", "attention_share": "share"}
-    parts, notes, all_agree = [], [], True
-    for claim in claims:
-        result = check(claim)
-        agrees = result.computed is not None and claim.rule.agrees(claim.expected, result.computed)
-        all_agree &= agrees
-        if result.computed is None:
-            computed = result.shown
-        elif claim.quantity == "attention_share":
-            computed = _pct(result.computed)
-        else:
-            computed = format_count(result.computed)
-        state = "agrees" if agrees else "off"
-        parts.append(f"{label[claim.quantity]} {computed} (article {figures[claim.quantity]}: {state})")
-        if not agrees and claim.note and claim.note not in notes:
-            notes.append(claim.note)
-    printed = list(dict.fromkeys(c.printed for c in claims))
-    where = "; ".join(dict.fromkeys(f"{ARTICLES[c.article][1]}, {c.section}" for c in claims))
-    full = f'the article ({where}) says "{" ".join(printed)}"; computed: {"; ".join(parts)}'
-    if notes:
-        full += " — " + " ".join(notes)
-    full += "" if full.endswith(".") else "."
-    return f"article: {short} — {'agrees' if all_agree else 'OFF'}", full
-
-
 def _print_all(console, sizing) -> None:
     from rich.table import Table
 
+    from headwise.articles import size_note
     from headwise.sizing.units import format_count
 
     table = Table(title="MHA parameter count in real models (computed from each architecture)")
@@ -152,7 +105,7 @@ def _print_all(console, sizing) -> None:
     for arch in sizing.load_architectures():
         attention, total = sizing.attention_params(arch).total, sizing.total_params(arch)
         published = f"{100 * (total / arch.published_total - 1):+.3f}%" if arch.published_total else "—"
-        short, full = _article_note(sizing, arch)
+        short, full = size_note(arch.name)
         if full and "OFF" in short:
             footnotes.append(f"[{len(footnotes) + 1}] {arch.name}: {full}")
             short += f" [{len(footnotes)}]"
@@ -189,13 +142,22 @@ def _print_all(console, sizing) -> None:
 
 
 def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, from_registry: bool) -> None:
-    from rich.table import Table
+    """One architecture: what it is, its attention's parameters, all its parameters, its KV cache, its notes."""
+    from headwise.articles import size_note
 
-    from headwise.sizing.units import format_bytes, format_count
+    _print_description(console, arch)
+    _print_attention(console, sizing, arch)
+    _print_parameters(console, sizing, arch)
+    _print_kv_cache(console, sizing, arch, seq_len, batch, dtype)
+    if arch.notes:
+        console.print(f"note: {arch.notes}", highlight=False)
+    _, full = size_note(arch.name) if from_registry else ("", "")
+    if full:
+        console.print(f"note: {full}", highlight=False)
 
-    att = sizing.attention_params(arch)
-    parts = sizing.param_breakdown(arch)
-    total = parts.total
+
+def _print_description(console, arch) -> None:
+    """Its name, kind and heads; its widths, FFN, vocabulary, context and norm; its attention kinds; its source."""
     n = arch.num_layers
     variant = arch.attention_variant
     if variant == "MLA":
@@ -221,6 +183,16 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
     if arch.source:
         console.print(f"source: {arch.source}", highlight=False)
 
+
+def _print_attention(console, sizing, arch) -> None:
+    """The attention parameters' table: each projection's shape, bias and count, per layer and over all layers."""
+    from rich.table import Table
+
+    from headwise.sizing.units import format_count
+
+    att = sizing.attention_params(arch)
+    n = arch.num_layers
+    variant = arch.attention_variant
     qdim, kvdim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     table = Table(title="Attention parameters (weights + biases)")
     table.add_column("projection")
@@ -251,6 +223,15 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
     table.add_row("total", "", "", f"{att.per_layer:,}", f"{att.total:,} ({format_count(att.total)})", style="bold")
     console.print(table)
 
+
+def _print_parameters(console, sizing, arch) -> None:
+    """All parameters by part with their shares, and the computed total against the published one."""
+    from rich.table import Table
+
+    from headwise.sizing.units import format_count
+
+    parts = sizing.param_breakdown(arch)
+    total = parts.total
     table = Table(title="All parameters")
     table.add_column("part")
     table.add_column("parameters", justify="right")
@@ -275,6 +256,14 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
             highlight=False,
         )
 
+
+def _print_kv_cache(console, sizing, arch, seq_len: int, batch: int, dtype: str) -> None:
+    """The KV cache of the same heads and layers under each kind of attention, and what this one saves."""
+    from rich.table import Table
+
+    from headwise.sizing.units import format_bytes, format_count
+
+    variant = arch.attention_variant
     rows = sizing.kv_cache_variants(arch, seq_len, batch, dtype)
     table = Table(
         title=f"KV cache ({dtype}, seq_len {seq_len} × batch {batch}): the same heads and layers, other kinds"
@@ -309,10 +298,9 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
             highlight=False,
         )
         if variant in ("GQA", "MQA"):
+            fewer = sizing.attention_params(sizing.as_mha(arch)).total - sizing.attention_params(arch).total
             console.print(
-                f"{variant} also has {format_count(sizing.attention_params(sizing.as_mha(arch)).total - att.total)} "
-                "fewer attention parameters than MHA.",
-                highlight=False,
+                f"{variant} also has {format_count(fewer)} fewer attention parameters than MHA.", highlight=False
             )
     else:
         console.print("plain MHA: num_kv_heads = num_heads, so there is no GQA saving.", highlight=False)
@@ -320,11 +308,6 @@ def _print_one(console, sizing, arch, seq_len: int, batch: int, dtype: str, *, f
         console.print(
             "an encoder keeps no KV cache while it runs; the figures say what one would hold.", highlight=False
         )
-    if arch.notes:
-        console.print(f"note: {arch.notes}", highlight=False)
-    _, full = _article_note(sizing, arch) if from_registry else ("", "")
-    if full:
-        console.print(f"note: {full}", highlight=False)
 
 
 def _memory(console, sizing, name, config, all_, seq_len, batch) -> None:

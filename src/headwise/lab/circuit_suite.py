@@ -30,9 +30,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from headwise import checks
 from headwise._machine import cpu_name
@@ -118,6 +120,106 @@ def _train(task: CircuitTask, seed: int, steps: int | None, num_threads: int | N
     return model, config, result
 
 
+@dataclass(frozen=True)
+class _Bench:
+    """What one task's methods are confirmed and scored on: the trained model's wiring and edge graph, the known
+    circuit's edges (their names and indices into the graph, ``truth`` a bool ``(E,)``), and the prompt pairs with
+    their metric (the logit difference answer − wrong)."""
+
+    w: object
+    graph: object
+    known: list
+    known_idx: list[int]
+    truth: Tensor
+    clean: Tensor
+    corrupted: Tensor
+    metric: Callable
+
+
+def _bench(model: TransformerLM, task: CircuitTask, seed: int, roles: dict) -> _Bench:
+    """Step 2's edges and step 3's pairs: the known circuit's templates expanded by the roles found, on the graph
+    of the model's wiring; :data:`PAIRS` prompt pairs from their own stream."""
+    from headwise.circuits import build_graph, make_metric, wiring
+
+    known = expand_known(task.known, {r: v["heads"] for r, v in roles.items()})
+    w = wiring(model)
+    graph = build_graph(w)
+    E = len(graph.edges)
+    known_idx = [graph.edge("known", e) for e in known]
+    truth = torch.zeros(E, dtype=torch.bool)
+    truth[known_idx] = True
+    clean, corrupted, answer, wrong = task.pairs(_stream(seed, 3), PAIRS)
+    metric = make_metric("logit_diff", answer, wrong)
+    return _Bench(w, graph, known, known_idx, truth, clean, corrupted, metric)
+
+
+def _confirm(bench: _Bench, accuracy: float) -> tuple:
+    """Step 3: exact patching of every edge alone, and whether it confirms the known circuit. Returns ``(the
+    patching's result, its seconds, the "confirmation" entry of the task's dict)``."""
+    from headwise.circuits import faithfulness, patch_edges
+
+    w, graph, known, truth = bench.w, bench.graph, bench.known, bench.truth
+    E, K = len(graph.edges), len(known)
+    t = time.perf_counter()
+    exact = patch_edges(w, bench.clean, bench.corrupted, bench.metric, graph.edges)
+    exact_seconds = time.perf_counter() - t
+    effect = exact.effect  # (E,) patched − clean, mean over pairs
+    size = effect.abs()
+    order = torch.argsort(size, descending=True, stable=True).tolist()
+    rank = {e: order.index(e) + 1 for e in range(E)}
+    known_ranks = {name: rank[e] for name, e in zip(known, bench.known_idx)}
+    total = float(size.sum())
+    share = float(size[truth].sum()) / total if total > 0 else math.nan
+    known_curve = faithfulness(w, bench.clean, bench.corrupted, bench.metric, truth.float(), sizes=[K])
+    top = TOP_FACTOR * K
+    checks_passed = {
+        "accuracy": accuracy >= MIN_ACCURACY,
+        "share": share >= MIN_SHARE,
+        "ranks": max(known_ranks.values()) <= top,
+    }
+    confirmation = {
+        "share": _num(share),
+        "known_ranks": known_ranks,
+        "top": top,
+        "known_recovered": _num(known_curve.recovered[-1]),
+        "exact_top": [(graph.edges[e].name, float(effect[e])) for e in order[: max(top, 10)]],
+        "criteria": {"min_accuracy": MIN_ACCURACY, "min_share": MIN_SHARE, "top_factor": TOP_FACTOR},
+        "checks": checks_passed,
+        "confirmed": all(checks_passed.values()),
+    }
+    return exact, exact_seconds, confirmation
+
+
+def _score(bench: _Bench, method: str, effect: Tensor, exact_seconds: float) -> dict:
+    """Step 4 for one method (``"exact"``: the patches' ``effect (E,)``, timed by step 3): its AUROC, CPR, CMD,
+    top-K recall, faithfulness at MIB's sizes and wall time."""
+    from headwise.circuits import edge_attribution, faithfulness
+    from headwise.circuits.areas import MIB_FRACTIONS, auroc, curve_areas, mib_sizes
+
+    w, clean, corrupted, metric, truth = bench.w, bench.clean, bench.corrupted, bench.metric, bench.truth
+    E, K = len(bench.graph.edges), len(bench.known)
+    if method == "exact":
+        s, seconds = effect, exact_seconds
+    else:
+        t = time.perf_counter()
+        kw = {"steps": IG_STEPS} if method == "eap-ig" else {}
+        s = edge_attribution(w, clean, corrupted, metric, method=method, **kw).scores
+        seconds = time.perf_counter() - t
+    sizes = mib_sizes(E)
+    curve = faithfulness(w, clean, corrupted, metric, s, sizes=sizes)
+    recovered = curve.recovered[len(curve.sizes) - len(sizes) :].tolist()
+    cpr, cmd = curve_areas(recovered, MIB_FRACTIONS)
+    mine = set(torch.argsort(s.abs(), descending=True, stable=True)[:K].tolist())
+    return {
+        "auroc": _num(auroc(s, truth)),
+        "cpr": _num(cpr),
+        "cmd": _num(cmd),
+        "top_k_recall": len(mine & set(truth.nonzero()[:, 0].tolist())) / K,
+        "faithfulness": {"sizes": sizes, "recovered": [_num(v) for v in recovered]},
+        "seconds": seconds,
+    }
+
+
 def run_task(
     task: CircuitTask | str,
     *,
@@ -142,9 +244,6 @@ def run_task(
         criteria, ``confirmed``) and ``methods`` (``{method: {auroc, cpr, cmd, top_k_recall, faithfulness,
         seconds}}``).
     """
-    from headwise.circuits import build_graph, edge_attribution, faithfulness, make_metric, patch_edges, wiring
-    from headwise.circuits.areas import MIB_FRACTIONS, auroc, curve_areas, mib_sizes
-
     if isinstance(task, str):
         checks.one_of("task", task, tuple(TASKS))
         task = TASKS[task]
@@ -156,59 +255,15 @@ def run_task(
         model, config, trained = _train(task, seed, steps, None, callback)
         accuracy = _accuracy(model, task, seed)
         roles = _roles(model, task, seed)
-        known = expand_known(task.known, {r: v["heads"] for r, v in roles.items()})
-        w = wiring(model)
-        graph = build_graph(w)
-        E = len(graph.edges)
-        known_idx = [graph.edge("known", e) for e in known]
-        truth = torch.zeros(E, dtype=torch.bool)
-        truth[known_idx] = True
-        K = len(known)
-        clean, corrupted, answer, wrong = task.pairs(_stream(seed, 3), PAIRS)
-        metric = make_metric("logit_diff", answer, wrong)
-
-        say(task.name, f"exact patching of all {E} edges")
-        t = time.perf_counter()
-        exact = patch_edges(w, clean, corrupted, metric, graph.edges)
-        exact_seconds = time.perf_counter() - t
-        effect = exact.effect  # (E,) patched − clean, mean over pairs
-        size = effect.abs()
-        order = torch.argsort(size, descending=True, stable=True).tolist()
-        rank = {e: order.index(e) + 1 for e in range(E)}
-        known_ranks = {name: rank[e] for name, e in zip(known, known_idx)}
-        total = float(size.sum())
-        share = float(size[truth].sum()) / total if total > 0 else math.nan
-        known_curve = faithfulness(w, clean, corrupted, metric, truth.float(), sizes=[K])
-        top = TOP_FACTOR * K
-        checks_passed = {
-            "accuracy": accuracy >= MIN_ACCURACY,
-            "share": share >= MIN_SHARE,
-            "ranks": max(known_ranks.values()) <= top,
-        }
-
+        bench = _bench(model, task, seed, roles)
+        say(task.name, f"exact patching of all {len(bench.graph.edges)} edges")
+        exact, exact_seconds, confirmation = _confirm(bench, accuracy)
         scores: dict = {}
         for method in suite_methods():
             say(task.name, f"scoring {method}")
-            if method == "exact":
-                s, seconds = effect, exact_seconds
-            else:
-                t = time.perf_counter()
-                kw = {"steps": IG_STEPS} if method == "eap-ig" else {}
-                s = edge_attribution(w, clean, corrupted, metric, method=method, **kw).scores
-                seconds = time.perf_counter() - t
-            sizes = mib_sizes(E)
-            curve = faithfulness(w, clean, corrupted, metric, s, sizes=sizes)
-            recovered = curve.recovered[len(curve.sizes) - len(sizes) :].tolist()
-            cpr, cmd = curve_areas(recovered, MIB_FRACTIONS)
-            mine = set(torch.argsort(s.abs(), descending=True, stable=True)[:K].tolist())
-            scores[method] = {
-                "auroc": _num(auroc(s, truth)),
-                "cpr": _num(cpr),
-                "cmd": _num(cmd),
-                "top_k_recall": len(mine & set(truth.nonzero()[:, 0].tolist())) / K,
-                "faithfulness": {"sizes": sizes, "recovered": [_num(v) for v in recovered]},
-                "seconds": seconds,
-            }
+            scores[method] = _score(bench, method, exact.effect, exact_seconds)
+    graph, known, clean = bench.graph, bench.known, bench.clean
+    E = len(graph.edges)
     m_clean, m_corr = float(exact.metric_clean.mean()), float(exact.metric_corrupted.mean())
     return {
         "task": task.name,
@@ -223,16 +278,7 @@ def run_task(
         "graph": {"edges": E, "senders": len(graph.senders), "receivers": len(graph.receivers)},
         "pairs": {"count": PAIRS, "length": int(clean.shape[1]), "metric": "logit_diff",
                   "metric_clean": m_clean, "metric_corrupted": m_corr},
-        "confirmation": {
-            "share": _num(share),
-            "known_ranks": known_ranks,
-            "top": top,
-            "known_recovered": _num(known_curve.recovered[-1]),
-            "exact_top": [(graph.edges[e].name, float(effect[e])) for e in order[: max(top, 10)]],
-            "criteria": {"min_accuracy": MIN_ACCURACY, "min_share": MIN_SHARE, "top_factor": TOP_FACTOR},
-            "checks": checks_passed,
-            "confirmed": all(checks_passed.values()),
-        },
+        "confirmation": confirmation,
         "methods": scores,
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip

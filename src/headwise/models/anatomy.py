@@ -19,9 +19,11 @@ projection whose output columns belong to heads in a layout of its own (GPT-2's 
 attention the output projection ``W_O`` of the concatenated heads. :class:`Side` names, for q, k and v, the module
 and the output columns of each head: ``columns (n, Dh)``.
 
-How it is found (:mod:`headwise.models.anatomy_probe`). From the module tree first: the block is the attention
-module's ancestor in a layer list (:mod:`headwise.points`), norms are the block's children that normalise, the
-projections carry one of the names of the tables there, the output projection one of
+How it is found (:mod:`headwise.models.anatomy_probe`, with the probe and its recording in
+:mod:`headwise.models.anatomy_recording` and the q / k / v sides in :mod:`headwise.models.anatomy_sides`). From the
+module tree first: the block is the attention module's ancestor in a layer list (:mod:`headwise.points`), norms are
+the block's children that normalise, the projections carry one of the names of the tables in
+:mod:`headwise.models.anatomy_sides`, the output projection one of
 :data:`headwise.points.OUT_PROJ_NAMES`. Then one
 recording pass confirms every part on inputs that cannot hide a structure: several tokens, none of them a special
 token or a token whose embedding is zero, no padding. A norm is the one whose input and output are what the
@@ -32,7 +34,8 @@ the final norm (scaled, soft-capped). Every comparison uses one tolerance, :data
 
 A structure the rules do not read is refused once, in one sentence (:class:`AnatomyError`, a ValueError:
 ``model: headwise cannot read the anatomy of this <family> model: <what>``), which every tool repeats. A family the
-rules miss gets one entry in one table of :mod:`headwise.models.anatomy_probe` (the names, the config attributes).
+rules miss gets one entry in one table: the names in :mod:`headwise.models.anatomy_sides`, the config attributes
+in :mod:`headwise.models.anatomy_probe`.
 
 The anatomy is also the one algebra of its parts, which tools call instead of copying fields: a side's weights in
 one of :data:`LAYOUTS` (:meth:`Side.weights`), its QK-norm applied or frozen (:meth:`Side.apply_norm`,

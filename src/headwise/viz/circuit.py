@@ -210,6 +210,115 @@ def _colour(score: float):
     return (0.80, 0.16, 0.14) if score >= 0 else (0.15, 0.35, 0.75)
 
 
+def _draw_edges(ax, d: dict, pos: dict, scores: np.ndarray, drawn: list[int], circuit_edges: set[int]) -> None:
+    """The edges drawn, sender to receiver: width ∝ |score|, red > 0, blue < 0, the circuit's opaque and outlined
+    over the faint rest; and each key/value group's thin grey lines to the heads that read it."""
+    from matplotlib.collections import LineCollection
+
+    nodes = d["nodes"]
+    top = float(np.max(np.abs(scores[drawn]))) if drawn else 0.0
+    top = top or 1.0
+    for group in (False, True):  # the faint rest first, the circuit on top
+        idx = [i for i in drawn if (i in circuit_edges) == group]
+        if not idx:
+            continue
+        segs = [(pos[d["edges"][i]["sender"]], pos[d["edges"][i]["receiver"]]) for i in idx]
+        lw = [0.3 + 3.7 * abs(scores[i]) / top for i in idx]
+        colours = [(*_colour(scores[i]), 0.9 if group else 0.25) for i in idx]
+        if group:
+            outline = LineCollection(segs, linewidths=[w + 1.2 for w in lw], colors="black", alpha=0.7, zorder=2)
+            ax.add_collection(outline)
+        ax.add_collection(LineCollection(segs, linewidths=lw, colors=colours, zorder=3 if group else 1))
+    # The key/value groups to the heads that read them (thin grey: one input shared by those heads).
+    by_head = {(n["layer"], int(n.get("head") or 0)): n["id"] for n in nodes if n["kind"] == "head"}
+    shares = [
+        (pos[n["id"]], pos[by_head[(n["layer"], int(h))]])
+        for n in nodes
+        if n["kind"] == "kv"
+        for h in n.get("heads") or []
+        if (n["layer"], int(h)) in by_head
+    ]
+    if shares:
+        ax.add_collection(LineCollection(shares, linewidths=0.4, colors="0.75", zorder=0))
+
+
+def _draw_nodes(ax, nodes: list, pos: dict, circuit_nodes: set) -> None:
+    """The nodes, a marker per kind (the circuit's larger, in orange), and their names: every node's in a small
+    picture, past :data:`LABEL_ALL_UP_TO` nodes only the circuit's and the ends'."""
+    many = len(nodes) > LABEL_ALL_UP_TO
+    size = 10 if many else 60
+    styles = {
+        "embed": ("s", "0.35"),
+        "logits": ("s", "0.35"),
+        "head": ("o", "#8fb3d9"),
+        "mlp": ("D", "#9ccc9c"),
+        "kv": ("v", "#d9c38f"),
+    }
+    for kind, (marker, face) in styles.items():
+        group = [n for n in nodes if n["kind"] == kind]
+        if not group:
+            continue
+        xy = np.array([pos[n["id"]] for n in group])
+        inside = np.array([n["id"] in circuit_nodes for n in group])
+        ax.scatter(xy[~inside, 0], xy[~inside, 1], s=size, marker=marker, c=face, edgecolors="0.5", zorder=4)
+        if inside.any():
+            big = size * 2.5 if many else size * 1.6
+            ax.scatter(xy[inside, 0], xy[inside, 1], s=big, marker=marker, c="#f2a541", edgecolors="black", zorder=5)
+    for n in nodes:
+        if not many or n["id"] in circuit_nodes or n["kind"] in ("embed", "logits"):
+            x, y = pos[n["id"]]
+            ax.annotate(n["id"], (x, y), xytext=(4, 3), textcoords="offset points", fontsize=5 if many else 6, zorder=6)
+
+
+def _frame_layers(ax, rows: list[str]) -> None:
+    """The graph's limits, one tick per row of the layout (at most about 40 named) and no box but the left."""
+    ax.set_xlim(-0.05, MLP_X + 0.12)
+    ax.set_ylim(-0.8, len(rows) - 0.2)
+    step = 1 if len(rows) <= 40 else -(-len(rows) // 40)
+    ticks = sorted(set(range(0, len(rows), step)) | {len(rows) - 1})
+    ax.set_yticks(ticks, [rows[i] for i in ticks], fontsize=6)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+
+
+def _edges_title(d: dict, method: str | None, drawn: list[int], circuit_edges: set[int]) -> str:
+    """How many edges are drawn, by whose score, and how many of the circuit's."""
+    n_edges = len(d["edges"])
+    what = method or d.get("method") or "score"
+    shown = sum(i in circuit_edges for i in drawn)
+    of_circuit = f"{shown} of the circuit's {len(circuit_edges)}" if shown < len(circuit_edges) else f"{shown}"
+    return (
+        f"{len(drawn)} of {n_edges} edges by |{what}| ({of_circuit} in the circuit, outlined); "
+        "width ∝ |score|, red > 0, blue < 0"
+    )
+
+
+def _draw_faithfulness(fx, d: dict, faith: dict, fraction, circuit_edges: set[int]) -> None:
+    """The side panel: the metric recovered against the edges kept, the chosen fraction and the circuit's size
+    marked (a log scale past one edge where the sizes span more than 50×)."""
+    sizes = np.asarray(faith["sizes"], dtype=np.float64)
+    recovered = np.asarray([np.nan if r is None else r for r in faith["recovered"]], dtype=np.float64)
+    fx.plot(sizes, recovered, marker="o", markersize=2.5, lw=1.2, color="#444")
+    if isinstance(fraction, (int, float)):
+        fx.axhline(float(fraction), color="#f2a541", lw=1, ls="--", label=f"fraction {float(fraction):g}")
+    if circuit_edges:
+        fx.axvline(len(circuit_edges), color="black", lw=0.8, ls=":", label=f"circuit: {len(circuit_edges)} edges")
+    positive = sizes[sizes > 0]
+    if positive.size > 1 and positive.max() / positive.min() > 50:  # 0, 1, 2, 5, … E: log past 1, 0 kept
+        if (sizes == 0).any():
+            fx.set_xscale("symlog", linthresh=1)
+            fx.set_xlim(left=0)
+        else:
+            fx.set_xscale("log")
+    fx.set_xlabel("edges kept (top by score)", fontsize=7)
+    fx.set_ylabel("metric recovered (1 = clean, 0 = ablated)", fontsize=7)
+    fx.set_title(f"faithfulness ({d.get('ablation') or 'ablation'} ablation)", fontsize=8)
+    fx.tick_params(labelsize=6)
+    fx.legend(fontsize=6, loc="lower right")
+    fx.grid(alpha=0.3)
+
+
 def plot_circuit(
     circuit,
     path: str | os.PathLike,
@@ -236,7 +345,6 @@ def plot_circuit(
         ValueError: a malformed circuit (see :func:`check_circuit`), a negative ``max_edges``, an unsupported
             suffix. OSError: the folder is missing or not writable.
     """
-    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
     d = check_circuit(circuit)
@@ -260,95 +368,12 @@ def plot_circuit(
     fig = Figure(figsize=(sum(widths), height), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, panels, width_ratios=widths))
     ax = axes[0]
-
-    top = float(np.max(np.abs(scores[drawn]))) if drawn else 0.0
-    top = top or 1.0
-    for group in (False, True):  # the faint rest first, the circuit on top
-        idx = [i for i in drawn if (i in circuit_edges) == group]
-        if not idx:
-            continue
-        segs = [(pos[d["edges"][i]["sender"]], pos[d["edges"][i]["receiver"]]) for i in idx]
-        lw = [0.3 + 3.7 * abs(scores[i]) / top for i in idx]
-        colours = [(*_colour(scores[i]), 0.9 if group else 0.25) for i in idx]
-        if group:
-            outline = LineCollection(segs, linewidths=[w + 1.2 for w in lw], colors="black", alpha=0.7, zorder=2)
-            ax.add_collection(outline)
-        ax.add_collection(LineCollection(segs, linewidths=lw, colors=colours, zorder=3 if group else 1))
-    # The key/value groups to the heads that read them (thin grey: one input shared by those heads).
-    by_head = {(n["layer"], int(n.get("head") or 0)): n["id"] for n in nodes if n["kind"] == "head"}
-    shares = [
-        (pos[n["id"]], pos[by_head[(n["layer"], int(h))]])
-        for n in nodes
-        if n["kind"] == "kv"
-        for h in n.get("heads") or []
-        if (n["layer"], int(h)) in by_head
-    ]
-    if shares:
-        ax.add_collection(LineCollection(shares, linewidths=0.4, colors="0.75", zorder=0))
-
-    many = len(nodes) > LABEL_ALL_UP_TO
-    size = 10 if many else 60
-    styles = {
-        "embed": ("s", "0.35"),
-        "logits": ("s", "0.35"),
-        "head": ("o", "#8fb3d9"),
-        "mlp": ("D", "#9ccc9c"),
-        "kv": ("v", "#d9c38f"),
-    }
-    for kind, (marker, face) in styles.items():
-        group = [n for n in nodes if n["kind"] == kind]
-        if not group:
-            continue
-        xy = np.array([pos[n["id"]] for n in group])
-        inside = np.array([n["id"] in circuit_nodes for n in group])
-        ax.scatter(xy[~inside, 0], xy[~inside, 1], s=size, marker=marker, c=face, edgecolors="0.5", zorder=4)
-        if inside.any():
-            big = size * 2.5 if many else size * 1.6
-            ax.scatter(xy[inside, 0], xy[inside, 1], s=big, marker=marker, c="#f2a541", edgecolors="black", zorder=5)
-    for n in nodes:
-        if not many or n["id"] in circuit_nodes or n["kind"] in ("embed", "logits"):
-            x, y = pos[n["id"]]
-            ax.annotate(n["id"], (x, y), xytext=(4, 3), textcoords="offset points", fontsize=5 if many else 6, zorder=6)
-    ax.set_xlim(-0.05, MLP_X + 0.12)
-    ax.set_ylim(-0.8, len(rows) - 0.2)
-    step = 1 if len(rows) <= 40 else -(-len(rows) // 40)
-    ticks = sorted(set(range(0, len(rows), step)) | {len(rows) - 1})
-    ax.set_yticks(ticks, [rows[i] for i in ticks], fontsize=6)
-    ax.set_xticks([])
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
-    n_edges = len(d["edges"])
-    what = method or d.get("method") or "score"
-    shown = sum(i in circuit_edges for i in drawn)
-    of_circuit = f"{shown} of the circuit's {len(circuit_edges)}" if shown < len(circuit_edges) else f"{shown}"
-    ax.set_title(
-        f"{len(drawn)} of {n_edges} edges by |{what}| ({of_circuit} in the circuit, outlined); "
-        "width ∝ |score|, red > 0, blue < 0",
-        fontsize=7,
-    )
+    _draw_edges(ax, d, pos, scores, drawn, circuit_edges)
+    _draw_nodes(ax, nodes, pos, circuit_nodes)
+    _frame_layers(ax, rows)
+    ax.set_title(_edges_title(d, method, drawn, circuit_edges), fontsize=7)
     if panels == 2:
-        fx = axes[1]
-        sizes = np.asarray(faith["sizes"], dtype=np.float64)
-        recovered = np.asarray([np.nan if r is None else r for r in faith["recovered"]], dtype=np.float64)
-        fx.plot(sizes, recovered, marker="o", markersize=2.5, lw=1.2, color="#444")
-        fraction = chosen.get("fraction")
-        if isinstance(fraction, (int, float)):
-            fx.axhline(float(fraction), color="#f2a541", lw=1, ls="--", label=f"fraction {float(fraction):g}")
-        if circuit_edges:
-            fx.axvline(len(circuit_edges), color="black", lw=0.8, ls=":", label=f"circuit: {len(circuit_edges)} edges")
-        positive = sizes[sizes > 0]
-        if positive.size > 1 and positive.max() / positive.min() > 50:  # 0, 1, 2, 5, … E: log past 1, 0 kept
-            if (sizes == 0).any():
-                fx.set_xscale("symlog", linthresh=1)
-                fx.set_xlim(left=0)
-            else:
-                fx.set_xscale("log")
-        fx.set_xlabel("edges kept (top by score)", fontsize=7)
-        fx.set_ylabel("metric recovered (1 = clean, 0 = ablated)", fontsize=7)
-        fx.set_title(f"faithfulness ({d.get('ablation') or 'ablation'} ablation)", fontsize=8)
-        fx.tick_params(labelsize=6)
-        fx.legend(fontsize=6, loc="lower right")
-        fx.grid(alpha=0.3)
+        _draw_faithfulness(axes[1], d, faith, chosen.get("fraction"), circuit_edges)
     if title is None:
         title = " · ".join(str(x) for x in (d.get("model"), d.get("method"), d.get("metric")) if x)
     if title:
