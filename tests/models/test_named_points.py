@@ -217,6 +217,16 @@ def test_the_view_satisfies_the_analysis_protocol(tiny_checkpoint, hf):
     assert members(GatedModel) == {"kind", "num_layers", "num_heads", "model", "forward", "gated"}
 
 
+def test_the_view_satisfies_what_the_anatomy_finder_reads(tiny_checkpoint, hf):
+    """The anatomy finder takes a ``ProbedView`` (the view finds its anatomy lazily, so the two do not import each
+    other): every view is one, and a module is not."""
+    from headwise.models.anatomy_recording import ProbedView
+
+    for hm in (M.open_model(tiny_checkpoint), hf[1]):
+        assert isinstance(hm, ProbedView)
+    assert not isinstance(hf[1].model, ProbedView)
+
+
 def test_patching_gets_the_same_view():
     from headwise.patching import as_target
 

@@ -12,19 +12,15 @@ Shape legend: L length, D model width, H query heads, Hkv key/value groups, Dh h
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from headwise.models.anatomy import TOLERANCE, Anatomy, AnatomyError, LayerAnatomy, affine, is_norm, same
-from headwise.models.anatomy_recording import Recording, input_embedding, probe_ids
+from headwise.models.anatomy_recording import ProbedView, Recording, input_embedding, probe_ids
 from headwise.models.anatomy_sides import FUSED, QK_NORMS, SEPARATE, projection_candidates, read_sides
 from headwise.points import OUT_PROJ_NAMES, layer_point, unembedding
 from headwise.structure import child as _child
-
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
 
 __all__ = [
     "FUSED",
@@ -43,7 +39,7 @@ RESIDUAL_MULTIPLIERS = ("residual_multiplier",)
 LOGIT_SOFTCAPS = ("final_logit_softcapping",)
 
 
-def _config_value(hm: HeadModel, names) -> float | None:
+def _config_value(hm: ProbedView, names) -> float | None:
     config = getattr(hm.model, "config", None)
     config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
     for name in names:
@@ -53,7 +49,7 @@ def _config_value(hm: HeadModel, names) -> float | None:
     return None
 
 
-def read_anatomy(hm: HeadModel) -> Anatomy:
+def read_anatomy(hm: ProbedView) -> Anatomy:
     """Find ``hm``'s anatomy (:func:`_read`); an unexpected error of the structure's own code is refused as the
     anatomy's one sentence (never a KeyError or a shape error)."""
     try:
@@ -64,7 +60,7 @@ def read_anatomy(hm: HeadModel) -> Anatomy:
         raise AnatomyError(hm.family, f"its forward pass did not run as read ({type(e).__name__}: {e})") from e
 
 
-def _read(hm: HeadModel) -> Anatomy:
+def _read(hm: ProbedView) -> Anatomy:
     """Find ``hm``'s anatomy (see the module docstring): one recording pass of :func:`probe_ids`.
 
     Args:
@@ -141,7 +137,7 @@ def _inside(module: nn.Module, blocks: list[nn.Module]) -> bool:
     return any(module is m for b in blocks for m in b.modules())
 
 
-def _layer(hm: HeadModel, layer, block, attention, rec: Recording, qk, pattern, heads, scale: float) -> LayerAnatomy:
+def _layer(hm: ProbedView, layer, block, attention, rec: Recording, qk, pattern, heads, scale: float) -> LayerAnatomy:
     family = hm.family
     if layer not in qk or layer not in heads or layer not in pattern:
         raise AnatomyError(family, f"layer {layer}'s attention did not run its hook points in the forward pass")
@@ -236,7 +232,7 @@ def _layer(hm: HeadModel, layer, block, attention, rec: Recording, qk, pattern, 
     )
 
 
-def _head(hm: HeadModel, rec: Recording, outside, unembed, logits: Tensor, layers) -> tuple:
+def _head(hm: ProbedView, rec: Recording, outside, unembed, logits: Tensor, layers) -> tuple:
     family = hm.family
     last = rec.out.get(("block", len(layers) - 1))
     if unembed is None or affine(unembed) is None and getattr(unembed, "weight", None) is None:

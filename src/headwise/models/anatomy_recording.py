@@ -8,7 +8,7 @@ Shape legend: L length, D model width.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -16,10 +16,36 @@ from torch import Tensor, nn
 from headwise.models.anatomy import AnatomyError
 from headwise.points import hidden_argument, output_tensor, unembedding
 
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
+__all__ = ["ProbedView", "Recording", "input_embedding", "probe_ids"]
 
-__all__ = ["Recording", "input_embedding", "probe_ids"]
+
+@runtime_checkable
+class ProbedView(Protocol):
+    """What the anatomy finder reads of the view it is found for — :class:`headwise.models.HeadModel`, which finds its
+    anatomy when first asked (``hm.anatomy``). Typed by this protocol rather than the class so that the view and its
+    finder do not import each other (a test checks that the view satisfies it)."""
+
+    model: nn.Module
+    kind: str
+    family: str
+    bos_id: int | None
+    special_ids: tuple[int, ...]
+    vocab_size: int
+    num_layers: int
+    heads_per_layer: list[int]
+    attention_modules: list[nn.Module]
+    points: object
+    stream: object
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def forward(self, ids, mask=None, *, math_path: bool = False): ...
+
+    def logits(self, ids, *, last_only: bool = False): ...
+
+    def hooks(self, fns): ...
+
 
 _PROBE_LENGTH = 7
 
@@ -35,7 +61,7 @@ def _first_tensor(args, kwargs) -> Tensor | None:
 _out = output_tensor
 
 
-def probe_ids(hm: HeadModel, length: int = _PROBE_LENGTH) -> Tensor:
+def probe_ids(hm: ProbedView, length: int = _PROBE_LENGTH) -> Tensor:
     """``(1, length)`` token ids that cannot hide a structure: distinct, none special (the model's special ids,
     its config's pad / bos / eos ids), none whose embedding row is zero; drawn with a fixed seed."""
     emb = input_embedding(hm.model)
@@ -66,7 +92,7 @@ def probe_ids(hm: HeadModel, length: int = _PROBE_LENGTH) -> Tensor:
     return torch.tensor([chosen], dtype=torch.long, device=hm.device)
 
 
-def _nonzero_rows(hm: HeadModel, emb: nn.Module, ids: list[int]) -> list[bool]:
+def _nonzero_rows(hm: ProbedView, emb: nn.Module, ids: list[int]) -> list[bool]:
     """Whether each of the embedding's rows ``ids`` has a nonzero entry; ids past its rows count as nonzero. A
     weight on the meta device (a model opened layer by layer) is read through ``hm.stream``, those rows alone."""
     inside = sorted(i for i in ids if i < emb.weight.shape[0])

@@ -10,16 +10,11 @@ Dv value width.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from headwise.models.anatomy import AnatomyError, Rotation, Side, affine, apply_qk_norm, same
-
-if TYPE_CHECKING:
-    from headwise.models import HeadModel
-    from headwise.models.anatomy_recording import Recording
+from headwise.models.anatomy_recording import ProbedView, Recording
 
 __all__ = ["FUSED", "QK_NORMS", "SEPARATE", "projection_candidates", "read_sides"]
 
@@ -72,7 +67,7 @@ def _layouts(total: int, H: int, Dh: int) -> list[tuple[str, list[Tensor]]]:
     return layouts
 
 
-def read_sides(hm: HeadModel, layer: int, attention: nn.Module, rec: Recording, qk, pattern, heads) -> dict[str, Side]:
+def read_sides(hm: ProbedView, layer: int, attention: nn.Module, rec: Recording, qk, pattern, heads) -> dict[str, Side]:
     """The q / k / v sides of one layer, the layout confirmed against the queries and keys the attention used (at
     position 0) and each head's output (the weighted values)."""
     family = hm.family
