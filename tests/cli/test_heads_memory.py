@@ -45,7 +45,7 @@ def _csv(path):
     return rows[0], rows[1:]
 
 
-@pytest.mark.parametrize("backend", ["headwise", "auto"])
+@pytest.mark.parametrize("backend", ["headwise", pytest.param("auto", marks=pytest.mark.slow)])
 def test_layer_by_layer_files_equal_the_whole_route(folder, tmp_path, run_cli, monkeypatch, backend):
     import headwise.study
 
@@ -83,6 +83,7 @@ def test_bad_budgets_name_the_smallest_that_works(folder, tmp_path, run_cli, bud
 COMPOSITION = ("copying", "copying_positive", "q_composition_max", "k_composition_max", "v_composition_max")
 
 
+@pytest.mark.slow  # the fast suite keeps a GGUF file's (tests/cli/test_heads_gguf.py)
 def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run_cli, monkeypatch):
     """Every layer's attention parts kept in, the rest streamed, ``W_U W_E`` summed over slices of rows: the same
     columns and scores."""
@@ -136,6 +137,7 @@ def test_importance_refuses_layer_by_layer(folder, tmp_path, run_cli, monkeypatc
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_progress_by_layer_with_the_time_left(folder, tmp_path, run_cli, monkeypatch):
     import headwise.cli._progress as progress
 
