@@ -231,7 +231,9 @@ def _kinds() -> list[str]:
         "(`benchmarks/results/history.jsonl`). A kind is the CPU's name and the instruction set the kernels used "
         "(ATen's capability, oneDNN's bf16): a run held to AVX2 by `ATEN_CPU_CAPABILITY=avx2 "
         "ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 CPU says so — it is what a laptop's AVX2 gets from the same "
-        "kernels, on this machine's memory and clock. The forward is read against the best float32 GEMM timed "
+        "oneDNN and ATen kernels, on this machine's memory and clock (with `NUMBA_CPU_NAME=generic`, as `make "
+        "test-avx2` runs, the compiled decode kernels are built for a generic x86-64, without AVX: lower than an "
+        "AVX2 laptop's own build, so the decode figures of that row are a floor). The forward is read against the best float32 GEMM timed "
         "in the same rounds, the decoded token against the read bandwidth (its roofline); both are ratios "
         "within one run, so kinds compare through them, not through absolute times.",
         "",
