@@ -233,9 +233,9 @@ def _kinds() -> list[str]:
         "ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 CPU says so — it is what a laptop's AVX2 gets from the same "
         "oneDNN and ATen kernels, on this machine's memory and clock (with `NUMBA_CPU_NAME=generic`, as `make "
         "test-avx2` runs, the compiled decode kernels are built for a generic x86-64, without AVX: lower than an "
-        "AVX2 laptop's own build, so the decode figures of that row are a floor). The forward is read against the best float32 GEMM timed "
-        "in the same rounds, the decoded token against the read bandwidth (its roofline); both are ratios "
-        "within one run, so kinds compare through them, not through absolute times.",
+        "AVX2 laptop's own build, so the decode figures of that row are a floor). The forward is read against "
+        "the best float32 GEMM timed in the same rounds, the decoded token against the read bandwidth (its "
+        "roofline); both are ratios within one run, so kinds compare through them, not through absolute times.",
         "",
         "| CPU kind | " + " | ".join(m for _, m in KIND_ROWS) + " | written (load at start) |",
         "|---" * (len(KIND_ROWS) + 2) + "|",
