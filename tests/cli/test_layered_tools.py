@@ -1,8 +1,8 @@
-"""The other tools on a model opened layer by layer: ``patch`` (exact patching) and ``qk`` (every layer's attention
-parts kept in, the rest streamed) equal the float32 route, patch's direct logit attribution skipped with a note
-naming the memory it needs; ``patch --method attribution`` and ``circuit`` (every layer's weights at once), and ``qk``
-under a budget too small for the attention parts, refused in one line naming the memory, nothing written; a bad
-budget names the smallest that works."""
+"""The other tools on a model opened layer by layer: ``patch`` (exact patching), ``qk`` (every layer's attention
+parts kept in, the rest streamed) and ``circuit`` (differentiated layer by layer) equal the float32 route —
+patch's direct logit attribution and ``patch --method attribution`` too; ``qk`` under a budget too small for the
+attention parts and ``circuit`` under one too small for its activations, refused in one line naming the memory,
+nothing written; a bad budget names the smallest that works."""
 
 from __future__ import annotations
 
@@ -55,38 +55,84 @@ def test_patch_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, 
         assert b[key] == pytest.approx(a[key], abs=tol)
     assert_normalised(a)
     assert_normalised(b)
-    assert a["logit_attribution"] and not b["logit_attribution"]  # reads every layer's weights: skipped, said why
-    assert any("direct logit attribution skipped" in n and "needs about" in n for n in b["notes"])
-    assert "direct logit attribution skipped" in out.err
+    _same_attribution(a["logit_attribution"], b["logit_attribution"], folder)  # read one layer at a time
+    assert "skipped" not in out.err
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        lambda f, o: _patch(f, o, "--method", "attribution"),
-        lambda f, o: (
-            "circuit",
-            "--model",
-            str(f),
-            "--clean",
-            CLEAN,
-            "--corrupted",
-            CORRUPTED,
-            "--answer",
-            "cat",
-            "--wrong",
-            "dog",
-            "--out",
-            str(o),
-        ),  # fmt: skip
-    ],
-    ids=["patch-attribution", "circuit"],
-)
-def test_tools_that_read_every_layer_refuse_by_name(run_cli, folder, tmp_path, monkeypatch, command):
+def _same_attribution(a: dict, b: dict, folder) -> None:
+    assert a and a.keys() == b.keys()
+    for name in a:
+        for key, ref in a[name].items():
+            if isinstance(ref, (int, float, list)):
+                ref, got = torch.tensor(ref, dtype=torch.float64), torch.tensor(b[name][key], dtype=torch.float64)
+                tol = routes_tol(folder, scale=float(ref.nan_to_num().abs().max()))
+                torch.testing.assert_close(got, ref, rtol=0, atol=tol, equal_nan=True, msg=f"{name} {key}")
+            else:
+                assert b[name][key] == ref
+
+
+def _circuit(folder, out, *extra, budget="20GB"):
+    return ("circuit", "--model", str(folder), "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", "cat",
+            "--wrong", "dog", "--out", str(out), "--exact-top", "6", "--qk-heads", "2", "--max-memory", budget,
+            *extra)  # fmt: skip
+
+
+def test_patch_attribution_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, monkeypatch):
+    whole = run_cli(*_patch(folder, tmp_path / "whole", "--method", "attribution"))
+    assert whole.code == 0, whole.err
     _by_layer(monkeypatch)
-    out = run_cli(*command(folder, tmp_path / "o"))
-    assert_user_error(out, "opened layer by layer", "reads every layer's weights at once, which needs about")
+    out = run_cli(*_patch(folder, tmp_path / "layers", "--method", "attribution"))
+    assert out.code == 0, out.err
+    a = json.loads((tmp_path / "whole" / "patching.json").read_text())
+    b = json.loads((tmp_path / "layers" / "patching.json").read_text())
+    ref, got = torch.tensor(a["patched"], dtype=torch.float64), torch.tensor(b["patched"], dtype=torch.float64)
+    tol = routes_tol(folder, scale=float(ref.nan_to_num().abs().max()))
+    torch.testing.assert_close(got, ref, rtol=0, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("method", ["eap", "atp*"])
+def test_circuit_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, monkeypatch, method):
+    whole = run_cli(*_circuit(folder, tmp_path / "whole", "--method", method))
+    assert whole.code == 0, whole.err
+    _by_layer(monkeypatch)
+    out = run_cli(*_circuit(folder, tmp_path / "layers", "--method", method))
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 20.00 GB" in out.out
+    a = json.loads((tmp_path / "whole" / "circuit.json").read_text())
+    b = json.loads((tmp_path / "layers" / "circuit.json").read_text())
+    scale = max(abs(e["scores"][method]) for e in a["edges"])
+    tol = routes_tol(folder, scale=scale)
+    assert [(e["sender"], e["receiver"]) for e in a["edges"]] == [(e["sender"], e["receiver"]) for e in b["edges"]]
+    for key in (method, "exact"):
+        got = torch.tensor([e["scores"].get(key, float("nan")) for e in b["edges"]], dtype=torch.float64)
+        ref = torch.tensor([e["scores"].get(key, float("nan")) for e in a["edges"]], dtype=torch.float64)
+        torch.testing.assert_close(got, ref, rtol=0, atol=tol, equal_nan=True)
+    assert a["circuit"]["edges"] == b["circuit"]["edges"]
+    assert b["node_details"].keys() == a["node_details"].keys()  # the direct effects and QK attribution too
+
+
+def test_circuit_under_a_budget_too_small_for_its_activations(run_cli, folder, tmp_path, monkeypatch):
+    """The smallest budget that opens the model layer by layer holds one layer; a circuit run also keeps
+    activations of every layer: one line naming the memory it needs, nothing written; that memory does."""
+    import headwise.models.memory as memory
+    from headwise.circuits.footprint import circuit_activations
+    from headwise.models import open_model
+    from headwise.models.layer_walk import walk_need
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    hm = open_model(folder, max_memory=smallest)
+    length = len(hm.tokenizer.encode(CLEAN).ids)
+    need = walk_need(hm, activations=circuit_activations(hm, 1, length, method="eap", batch_size=None))
+    assert need > smallest
+    out = run_cli(*_circuit(folder, tmp_path / "o", budget=str(smallest)))
+    assert_user_error(out, "opened layer by layer", "circuit reads one layer's weights at a time and what it keeps of "
+                      f"every layer's activations, which needs about {memory.format_size(need)} (a --max-memory at "
+                      "least that)")  # fmt: skip
     assert not (tmp_path / "o").exists()
+    out = run_cli(*_circuit(folder, tmp_path / "o", budget=str(need)))  # the memory it names is enough
+    assert out.code == 0, out.err
 
 
 def _qk(folder, out, budget="20GB"):
@@ -137,10 +183,11 @@ def test_qk_under_a_budget_too_small_for_the_attention_parts(run_cli, folder, tm
     assert out.code == 0, out.err
 
 
-@pytest.mark.parametrize("tool", ["patch", "qk"])
+@pytest.mark.parametrize("tool", ["patch", "qk", "circuit"])
 def test_a_bad_budget_names_the_smallest_that_works(run_cli, folder, tmp_path, tool):
-    if tool == "patch":
-        args = [a for a in _patch(folder, tmp_path / "o") if a != "20GB"][:-1]
+    if tool in ("patch", "circuit"):
+        made = _patch(folder, tmp_path / "o") if tool == "patch" else _circuit(folder, tmp_path / "o")
+        args = [a for a in made if a != "20GB"][:-1] if tool == "patch" else list(made[:-2])
     else:
         args = ["qk", "--model", str(folder), "--text", CLEAN, "--head", "1.2", "--query", "-1", "--out",
                 str(tmp_path / "o")]  # fmt: skip
@@ -149,7 +196,7 @@ def test_a_bad_budget_names_the_smallest_that_works(run_cli, folder, tmp_path, t
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("tool", ["heads", "patch", "qk"])
+@pytest.mark.parametrize("tool", ["heads", "patch", "qk", "circuit"])
 def test_the_budget_help_says_80_percent_free(run_cli, monkeypatch, tool):
     monkeypatch.setenv("COLUMNS", "200")  # the help's box wide enough that the sentence stays on one line
     out = run_cli(tool, "--help")

@@ -447,26 +447,29 @@ def atp_scores(
     for k in low:
         reach[graph.sender_groups[k]] = factors[k].coef.ne(0).any(-1).any(0)
     for layer in range(graph.num_layers):
-        lp = taps.layer(layer)
-        sq, sk = graph.groups[Receiver("q", layer)], graph.groups[Receiver("k", layer)]
-        upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
-        where = reach[:upstream].any(0).nonzero()
-        first = int(where[0, 0]) if where.numel() else lp.L
-        parts = []
-        n_dense = int((dense_idx < upstream).sum())
-        if n_dense:
-            parts.append((dense_idx[:n_dense], changes[:, :n_dense].to(lp.rec.r.dtype)))
-        ups = [k for k in low if graph.sender_groups[k].start < upstream]
-        if ups:
-            given = LowRank(torch.cat([factors[k].coef for k in ups], 1), torch.cat([factors[k].basis for k in ups]))
-            parts.append((low_idx[: given.coef.shape[1]], given))
-        for idx, given in parts:
-            t = lp.scores(given, first=first)
-            full[:, idx, sq] = t["q"].to(full.dtype)
-            k_heads = t["k"].to(full.dtype)  # (P, n, H)
-            full[:, idx, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
-            if shares is not None:
-                shares[layer][:, idx] = k_heads
+        with taps.w.target.holding(layer):  # the layer's weights in (a model opened layer by layer)
+            lp = taps.layer(layer)
+            sq, sk = graph.groups[Receiver("q", layer)], graph.groups[Receiver("k", layer)]
+            upstream = int(graph.reaches[:, sq.start].sum())  # the senders before this layer reads
+            where = reach[:upstream].any(0).nonzero()
+            first = int(where[0, 0]) if where.numel() else lp.L
+            parts = []
+            n_dense = int((dense_idx < upstream).sum())
+            if n_dense:
+                parts.append((dense_idx[:n_dense], changes[:, :n_dense].to(lp.rec.r.dtype)))
+            ups = [k for k in low if graph.sender_groups[k].start < upstream]
+            if ups:
+                given = LowRank(
+                    torch.cat([factors[k].coef for k in ups], 1), torch.cat([factors[k].basis for k in ups])
+                )
+                parts.append((low_idx[: given.coef.shape[1]], given))
+            for idx, given in parts:
+                t = lp.scores(given, first=first)
+                full[:, idx, sq] = t["q"].to(full.dtype)
+                k_heads = t["k"].to(full.dtype)  # (P, n, H)
+                full[:, idx, sk] = k_heads.reshape(*k_heads.shape[:2], lp.Hkv, lp.H // lp.Hkv).sum(-1)
+                if shares is not None:
+                    shares[layer][:, idx] = k_heads
     return full
 
 

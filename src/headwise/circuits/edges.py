@@ -188,7 +188,7 @@ def edge_attribution(
             corr_raw[Write("z", layer)] - clean_raw[Write("z", layer)], lw.heads_out() * lw.scale
         )
         for layer, lw in enumerate(w.layers)
-        if lw.attn_post is None and method == "atp*"
+        if lw.attn_post is None and method == "atp*" and w.target.stream is None  # layer by layer: W_O not held
     }
     diff = sender_group_changes(w, graph, clean_raw, corr_raw)  # a_u(corrupted) − a_u(clean) per group
     del clean_raw, corr_raw
@@ -250,7 +250,8 @@ def _head_shares(taps: AttentionTaps, graph: Graph, diff: list, heads: dict, sid
     for layer in range(graph.num_layers):
         first = graph.groups[Receiver("q", layer)].start
         for side in sides:
-            grad = head_use_gradients(taps, layer, side)  # (P, H, L, D)
+            with taps.w.target.holding(layer):  # the layer's weights in (a model opened layer by layer)
+                grad = head_use_gradients(taps, layer, side)  # (P, H, L, D)
             P, H = grad.shape[:2]
             g_t = grad.reshape(P, H, -1).transpose(1, 2).to(heads[side][layer].dtype)  # (P, L·D, H)
             for su, part in zip(groups, diff):

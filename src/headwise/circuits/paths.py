@@ -115,7 +115,7 @@ def _change(w: Wiring, key: Write, members: list[int], base: dict, source: dict)
         o = base[Write("o", layer)]
         delta = (source[Write("o_heads", layer)][:, members] - base[Write("o_heads", layer)][:, members]).sum(1)
         post, scale = w.layers[layer].attn_post, w.layers[layer].scale
-        with torch.no_grad():
+        with torch.no_grad(), w.target.holding(layer):
             return (post(o + delta) - post(o)) * scale
     return (source[key][:, members] - base[key][:, members]).sum(1)
 
@@ -135,7 +135,7 @@ def group_change(w: Wiring, key: Write, base: dict, source: dict) -> Tensor:
         o = base[Write("o", layer)][:, None]  # (P, 1, L, D)
         delta = source[Write("o_heads", layer)] - base[Write("o_heads", layer)]  # (P, H, L, D)
         post, scale = w.layers[layer].attn_post, w.layers[layer].scale
-        with torch.no_grad():
+        with torch.no_grad(), w.target.holding(layer):
             return (post(o + delta) - post(o)) * scale
     return source[key] - base[key]
 

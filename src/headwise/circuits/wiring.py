@@ -90,7 +90,10 @@ class Wiring:
 
     def weights(self, layer: int, side: str) -> tuple[Tensor, Tensor | None]:
         """``(W (n, Dh, D), b (n, Dh) or None)``: the anatomy's side ``side`` of ``layer`` in the ``"heads"`` layout,
-        read once per wiring."""
+        read once per wiring (on a model opened layer by layer: each time, within the layer's forward or backward,
+        when its weights are in)."""
+        if self.target.stream is not None:  # layer by layer: read while the layer is in, never kept
+            return self.layers[layer].sides[side].weights("heads")
         key = (layer, side)
         if key not in self._weights:
             self._weights[key] = self.layers[layer].sides[side].weights("heads")
@@ -204,8 +207,10 @@ class Wiring:
         """
         dtype = self.weights(0, "q")[0].dtype
         zero = torch.zeros((), dtype=dtype, device=ids.device, requires_grad=True)
-        with torch.enable_grad():
-            logits = self._forward(ids, self._tap_hooks(zero, receive), embed, last_only, extra)
+        first = [(layer_point(0, "resid_pre"), embed)] if embed is not None else []
+        hooks = [*first, *self._tap_hooks(zero, receive), *extra]
+        with torch.enable_grad(), self.target.hooks(hooks):  # through the backward: a layer walk recomputes
+            logits = self.target.logits(ids, last_only=last_only)
             value = metric(logits)  # (N,)
             torch.autograd.grad(value.sum(), [zero], allow_unused=True)
         return value.detach()
@@ -296,7 +301,11 @@ def wiring(model) -> Wiring:
         raise ValueError(f"model: circuits trace decoders; the {target.family} is an {target.kind}")
     anatomy = target.anatomy
     for part in anatomy.layers:  # a norm on the attention's write: its scale frozen per run, so an RMS norm
-        if part.attn_post is not None and part.attn_post_rms() is None:
+        if part.attn_post is None:
+            continue
+        with target.holding(part.index):
+            rms = part.attn_post_rms()
+        if rms is None:
             raise anatomy.refuse(
                 f"layer {part.index} normalises its attention's write with a {type(part.attn_post).__name__} that "
                 "is not an RMS norm x·g/rms(x), so its heads' writes cannot be separated"

@@ -153,24 +153,27 @@ def layer_progress(hm: HeadModel) -> Iterator[None]:
     prefix, blocks = layer_list(stream.model)
     index = {f"{prefix}.{k}": k for k in range(len(blocks))}
     n = len(blocks)
-    state = {"pass": 0, "start": 0.0, "last": time.perf_counter(), "read": 0.0}
+    state = {"pass": 0, "start": 0.0, "last": time.perf_counter(), "read": 0.0, "back": False}
 
     def on_unit(unit: str, _position: int, _units: int) -> None:
         k = index.get(unit)
         if k is None:
             return
         now = time.perf_counter()
-        if k == 0:
-            state.update({"pass": state["pass"] + 1, "start": now, "read": stream.seconds})
+        back = stream.direction == "backward"  # a layer walk's backward pass brings the layers in reverse
+        if k == (n - 1 if back else 0) or back != state["back"]:
+            state.update({"pass": state["pass"] + 1, "start": now, "read": stream.seconds, "back": back})
             return
-        if now - state["last"] < LAYER_EVERY:
+        done = n - 1 - k if back else k
+        if now - state["last"] < LAYER_EVERY or done <= 0:
             return
         state["last"] = now
-        per_layer = (now - state["start"]) / k
+        per_layer = (now - state["start"]) / done
         reading = (stream.seconds - state["read"]) / (now - state["start"])
-        left = per_layer * (n - k)
-        line = (f"headwise: layer by layer: pass {state['pass']}, layer {k + 1}/{n}, {left:.0f} s left in this pass "
-                f"({per_layer:.2f} s a layer, {reading:.0%} of it reading weights)")  # fmt: skip
+        left = per_layer * (n - done)
+        kind = " (backward)" if back else ""
+        line = (f"headwise: layer by layer: pass {state['pass']}{kind}, layer {k + 1}/{n}, {left:.0f} s left in this "
+                f"pass ({per_layer:.2f} s a layer, {reading:.0%} of it reading weights)")  # fmt: skip
         print(line, file=sys.stderr)
 
     saved, stream.on_unit = stream.on_unit, on_unit

@@ -3,7 +3,7 @@
 ``headwise circuit --model M --clean TEXT --corrupted TEXT --answer A --wrong W --out DIR
 [--pairs FILE] [--method eap|eap-ig|atp*|exact] [--steps N] [--metric logit_diff|prob|kl]
 [--ablation corrupted|mean] [--fraction F] [--exact-top N] [--batch-size N] [--max-edges N] [--mib DIR]
-[--evaluate FILE]``
+[--evaluate FILE] [--max-memory SIZE]``
 
 :func:`headwise.circuits.find_circuit` scores every edge of the model's graph — from the embeddings, each query
 head and each MLP into each head's query, each key/value group's keys and values, each MLP and the logits — by
@@ -27,6 +27,12 @@ estimate and exact patch, the faithfulness curve, the circuit chosen, each node'
 (the top ``int(f·E)`` edges, pruned as MIB prunes them), CPR and CMD. ``--evaluate FILE`` scores a MIB-format
 importance file from any tool instead of finding a circuit: no attribution, the curve at MIB's fractions with CPR and
 CMD printed and written to ``--out/mib.json``.
+
+A model larger than ``--max-memory`` (default: 80% of the memory free) is opened layer by layer and differentiated
+layer by layer (:func:`headwise.models.layer_walk.layer_walk`): each gradient pass keeps the residual stream at the
+layer boundaries and walks the layers in reverse, bringing each layer's weights in again; the scores equal the whole
+route's. The run is weighed first (one layer's weights and the activations it keeps,
+:func:`headwise.circuits.footprint.circuit_activations`): a budget below it is one line naming the memory needed.
 
 Under ``torchrun --nproc-per-node P -m headwise circuit …`` the prompt pairs are split across the ranks
 (:func:`headwise.study.circuit_across_ranks`): every per-pair value is gathered before a mean, so every rank picks
@@ -54,7 +60,7 @@ import typer
 from headwise import study
 from headwise.cli._app import CLIError, app
 from headwise.cli._output import write_failed
-from headwise.cli._progress import stage_progress
+from headwise.cli._progress import layer_progress, stage_progress
 
 OUTPUTS = ("circuit.json", "circuit.png", "circuit.html")
 
@@ -117,6 +123,9 @@ def circuit(
         Path | None,
         typer.Option("--evaluate", help="Score this MIB-format importance file at MIB's fractions (no attribution)."),
     ] = None,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Peak memory budget: 4GB, 400MB (default 80% free).")
+    ] = None,
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
@@ -126,9 +135,11 @@ def circuit(
         model=model, out=out, clean=tuple(clean or ()), corrupted=tuple(corrupted or ()), answer=tuple(answer or ()),
         wrong=tuple(wrong or ()), pairs=pairs, method=method, steps=steps, metric=metric, ablation=ablation,
         fraction=fraction, exact_top=exact_top, batch_size=batch_size, qk_heads=qk_heads, mib=mib, evaluate=evaluate,
+        max_memory=max_memory,
     )  # fmt: skip
     try:
-        got = flow.run(options, stages=stage_progress, warn=lambda m: typer.echo(m, err=True))
+        got = flow.run(options, stages=stage_progress, warn=lambda m: typer.echo(m, err=True), note=typer.echo,
+                       layers=layer_progress)  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if got is None:  # not rank 0: rank 0 writes

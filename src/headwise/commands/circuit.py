@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from headwise.commands import said
 from headwise.commands._decoder import encode_text, encode_token
+from headwise.models.layer_walk import layer_walk
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
@@ -80,6 +81,9 @@ class CircuitOptions:
         qk_heads: the circuit's strongest heads given their QK attribution (circuit.html).
         mib: also write the run in MIB's format into this folder; evaluate: score this MIB-format importance file
             instead of finding a circuit.
+        max_memory: the process's peak memory budget (``"4GB"``; None: what the machine has free) — a model that
+            does not fit whole is opened layer by layer and differentiated layer by layer
+            (:func:`headwise.models.layer_walk.layer_walk`).
     Raises:
         ValueError: naming the option: an unknown method, metric or ablation, a fraction outside (0, 1], ``kl`` with a
             method that has no gradient for it, an ``out`` or ``mib`` that is a file, pairs given both ways.
@@ -102,6 +106,7 @@ class CircuitOptions:
     qk_heads: int = 20
     mib: Path | None = None
     evaluate: Path | None = None
+    max_memory: str | None = None
 
     def __post_init__(self):
         from headwise.commands._folders import check_out
@@ -158,10 +163,14 @@ def run(
     *,
     stages: Callable = contextlib.nullcontext,
     warn: Callable[[str], None] = lambda message: None,
+    note: Callable[[str], None] = lambda line: None,
+    layers: Callable = lambda hm: contextlib.nullcontext(),
 ) -> CircuitResult | None:
     """``headwise circuit``: the pairs read, the decoder opened and the pairs encoded, then :func:`circuit_study` and
-    :func:`add_qk` — or, with ``evaluate``, :func:`mib_evaluation`. ``stages()``: a context manager yielding rank 0's
-    ``progress(stage, done, total)``. Returns None on ranks other than 0.
+    :func:`add_qk` — or, with ``evaluate``, :func:`mib_evaluation` — within a :func:`~headwise.models.layer_walk.
+    layer_walk` (a model opened layer by layer, said to ``note``, weighed first: its need over the budget is refused
+    in one line). ``stages()``: a context manager yielding rank 0's ``progress(stage, done, total)``; ``layers(hm)``:
+    around the run of an opened model (the pass, the layer and the time left). Returns None on ranks other than 0.
 
     Raises:
         ValueError: one line naming the option, before anything is written; CollectiveTimeout: a stalled rank.
@@ -173,11 +182,25 @@ def run(
     o = options
     prompts, source = o.prompts()
     hm = open_decoder(o.model, reads="a circuit is traced to a decoder's next-token logits",
-                      whole="circuit (a backward pass through every layer)")  # fmt: skip
+                      max_memory=o.max_memory)  # fmt: skip
     ids = encode_pairs(hm, prompts, source)
+    clean, corrupted = torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"])  # (P, L), encoded and checked
+    if hm.stream is not None:
+        note(hm.memory.line())
+    with layer_walk(hm), layers(hm):  # a model opened layer by layer: differentiated layer by layer
+        return _run(o, hm, prompts, ids, clean, corrupted, stages=stages, warn=warn)
+
+
+def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn) -> CircuitResult | None:
+    """:func:`run` on the opened model and encoded pairs."""
+    from headwise.circuits.footprint import circuit_activations
+    from headwise.models.layer_walk import check_walk
+
     if o.mib is not None:
         check_mib(hm, o.method)
-    clean, corrupted = torch.tensor(ids["clean"]), torch.tensor(ids["corrupted"])  # (P, L), encoded and checked
+    method = "exact" if o.evaluate is not None else o.method
+    keeps = circuit_activations(hm, *clean.shape, method=method, batch_size=o.batch_size)
+    check_walk(hm, "circuit", activations=keeps)
     if o.evaluate is not None:
         started = time.perf_counter()
         with stages() as progress:
@@ -443,7 +466,8 @@ def write_mib(hm: HeadModel, circuit, folder: Path) -> list[str]:
     from headwise.circuits import build_graph, wiring, write_mib_dir
     from headwise.circuits.mib import model_width
 
-    graph = build_graph(wiring(hm))
+    with layer_walk(hm):  # the anatomy of a model opened layer by layer (no weight is read)
+        graph = build_graph(wiring(hm))
     chosen = torch.zeros(len(graph.edges), dtype=torch.bool)
     chosen[circuit.circuit["edges"]] = True
     scores = circuit.scores()

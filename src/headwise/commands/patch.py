@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwise.commands import said
+from headwise.models.layer_walk import layer_walk
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
@@ -113,9 +114,8 @@ def run(
     from headwise.patching import logit_difference
 
     o = options
-    refused = None if o.method == "exact" else "--method attribution (a backward pass through every layer)"
-    hm = open_decoder(o.model, max_memory=o.max_memory, whole=refused)
-    if hm.stream is not None:  # every patched batch streams the layers through; the attribution needs them all
+    hm = open_decoder(o.model, max_memory=o.max_memory)
+    if hm.stream is not None:  # every patched batch streams the layers through; the attribution walks them back
         note(hm.memory.line())
     clean_ids = encode_text(hm, "--clean", o.clean)
     corrupted_ids = encode_text(hm, "--corrupted", o.corrupted)
@@ -132,7 +132,12 @@ def run(
     chosen = parse_heads(target, list(o.heads))
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
-    with layers(hm):  # a model opened layer by layer: the pass, the layer and the time left
+    if o.method != "exact":
+        from headwise.models.layer_walk import check_walk
+        from headwise.patching.attribution import attribution_activations
+
+        check_walk(hm, "--method attribution", activations=attribution_activations(hm, *c.shape))
+    with layer_walk(hm), layers(hm):  # layer by layer: differentiated so; the pass, the layer and the time left
         found = patch_study(hm, target, c, x, metric, chosen, method=o.method, direction=o.direction,
                             batch_size=o.batch_size, out=o.out, stages=stages)  # fmt: skip
     if found is None:  # not rank 0: rank 0 writes

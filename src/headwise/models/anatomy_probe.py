@@ -126,7 +126,8 @@ def _read(hm: ProbedView) -> Anatomy:
     layers = []
     scale = _config_value(hm, RESIDUAL_MULTIPLIERS) or 1.0
     for layer, (block, attention) in enumerate(zip(blocks, hm.attention_modules)):
-        layers.append(_layer(hm, layer, block, attention, rec, qk, pattern, heads, scale))
+        with hm.holding(layer):  # a QK-norm is called on the recorded projections: the layer's weights in
+            layers.append(_layer(hm, layer, block, attention, rec, qk, pattern, heads, scale))
     final_norm, logit_scale, softcap = None, 1.0, None
     if hm.kind == "decoder":
         final_norm, logit_scale, softcap = _head(hm, rec, outside, unembed, logits, layers)

@@ -46,6 +46,8 @@ class ProbedView(Protocol):
 
     def hooks(self, fns): ...
 
+    def holding(self, *parts): ...
+
 
 _PROBE_LENGTH = 7
 

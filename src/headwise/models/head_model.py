@@ -163,9 +163,10 @@ class HeadModel:
 
         Raises:
             AnatomyError: a structure headwise does not read (one sentence, the same for every tool); ValueError:
-                a model opened layer by layer, outside :func:`headwise.models.pinned.attention_pinned`.
+                a model opened layer by layer, outside :func:`headwise.models.pinned.attention_pinned` and
+                :func:`headwise.models.layer_walk.layer_walk`.
         """
-        if self.stream is not None and not self.stream.pin_depth:
+        if self.stream is not None and not (self.stream.pin_depth or self.stream.walk_depth):
             self.check_whole("this tool")
         found = self.__dict__.get("_anatomy")  # kept once found (not made before: a refusal leaves no entry)
         if found is None:
@@ -173,6 +174,30 @@ class HeadModel:
 
             found = self.__dict__["_anatomy"] = read_anatomy(self)
         return found
+
+    @contextlib.contextmanager
+    def holding(self, *parts) -> Iterator[None]:
+        """Within the block, the weights of ``parts`` — layer indices, or modules (the final norm) — are in: on a
+        model opened layer by layer, brought in where they were not and released after
+        (:meth:`~headwise.models.streamed.LayerStream.holding`: a reader of a layer's weights outside its forward
+        pass, a norm called on recorded activations); a model opened whole: nothing."""
+        if self.stream is None:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for part in parts:
+                stack.enter_context(self.stream.holding(self.stream.unit_of(part)))
+            yield
+
+    def weight_rows(self, module, rows):
+        """Rows ``rows (n,)`` (long) of ``module``'s ``weight`` ``(V, D)``, ``(n, D)`` float32 — an embedding's or an
+        unembedding's rows, read alone from the checkpoint of a model opened layer by layer."""
+        import torch
+
+        if self.stream is None:
+            return module.weight.detach()[rows.to(module.weight.device)].to(torch.float32)
+        distinct, where = torch.unique(rows, sorted=True, return_inverse=True)
+        return self.stream.weight_rows(module, distinct)[where]
 
     def check_whole(self, what: str) -> None:
         """ValueError (one line naming the memory ``what`` would need) when the model was opened layer by layer."""

@@ -148,6 +148,10 @@ class LayerStream:
         self._padding: dict[str, int | None] = {}
         self._pins: dict[str, set[str]] = {}  # unit -> relative names of its pinned parameters (:meth:`pinned`)
         self._pin_depth = 0  # blocks of :meth:`pinned` open now
+        self._walk_depth = 0  # blocks of :meth:`walking` open now
+        self._holds: set[str] = set()  # units a :meth:`holding` block holds in
+        #: ``"forward"``, or ``"backward"`` while a layer walk's backward pass brings the layers in reverse (progress)
+        self.direction = "forward"
 
     def _by_rows(self, unit: str, module: nn.Module) -> str | None:
         """The stored name of ``unit``'s matrix when the unit is read by rows: an ``nn.Embedding`` (or a subclass that
@@ -167,8 +171,27 @@ class LayerStream:
         return max(1, SLICE_BYTES // (4 * weight[0].numel()))
 
     def _block_units(self) -> set[str]:
+        return set(self.block_units())
+
+    def block_units(self) -> list[str]:
+        """The units of the layer list's blocks, in order (``block_units()[l]`` is layer l's)."""
         prefix, blocks = layer_list(self.model)
-        return {f"{prefix}.{k}" for k in range(len(blocks))}
+        return [f"{prefix}.{k}" for k in range(len(blocks))]
+
+    @contextlib.contextmanager
+    def walking(self) -> Iterator[None]:
+        """Counts a block of :func:`headwise.models.layer_walk.layer_walk` open (:attr:`walk_depth`)."""
+        self._walk_depth += 1
+        try:
+            yield
+        finally:
+            self._walk_depth -= 1
+
+    @property
+    def walk_depth(self) -> int:
+        """How many blocks of :func:`~headwise.models.layer_walk.layer_walk` are open now: the model is
+        differentiated layer by layer, and its anatomy can be read."""
+        return self._walk_depth
 
     @staticmethod
     def _slot(module: nn.Module, rel: str) -> tuple[nn.Module, str]:
@@ -215,7 +238,7 @@ class LayerStream:
                 else:
                     pre = module.register_forward_pre_hook(lambda m, a, u=unit: self.bring(u))
                 self._handles.append(pre)
-                self._handles.append(module.register_forward_hook(lambda m, a, o, u=unit: self.release(u)))
+                self._handles.append(module.register_forward_hook(lambda m, a, o, u=unit: self._ran(u)))
         return self
 
     def load_all(self) -> None:
@@ -268,7 +291,13 @@ class LayerStream:
         return ((where, *args[1:]), kwargs) if args else (args, {**kwargs, "input": where})
 
     def _sliced_linear(self, unit: str, x: Tensor) -> Tensor:
-        """A large unembedding applied a slice of output rows at a time: ``(..., D)`` → ``(..., V)``."""
+        """A large unembedding applied a slice of output rows at a time: ``(..., D)`` → ``(..., V)``; where a
+        gradient is recorded, differentiated by reading the slices again (:class:`_SlicedLinear`)."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _SlicedLinear.apply(x, self, unit)
+        return self._sliced_forward(unit, x)
+
+    def _sliced_forward(self, unit: str, x: Tensor) -> Tensor:
         import time
 
         import torch.nn.functional as F
@@ -308,6 +337,11 @@ class LayerStream:
         self.seconds += time.perf_counter() - start
         self._count(unit)
 
+    def _ran(self, unit: str) -> None:
+        """A unit's forward hook: released, unless a :meth:`holding` block holds it."""
+        if unit not in self._holds:
+            self.release(unit)
+
     def release(self, unit: str) -> None:
         """Put ``unit``'s meta tensors back (its pinned parameters stay) and drop what its modules kept of the
         weights."""
@@ -340,6 +374,35 @@ class LayerStream:
             for u in chosen:
                 self.release(u)
             self.attach()
+
+    def unit_of(self, part: int | nn.Module) -> str:
+        """The unit of ``part``: a layer index (its block), or a module (the unit that is it or holds it)."""
+        if isinstance(part, int):
+            return self.block_units()[part]
+        for unit, module in self.units.items():
+            if module is part or any(m is part for m in module.modules()):
+                return unit
+        raise ValueError(f"{self.where}: the {type(part).__name__} is not part of the model read layer by layer")
+
+    @contextlib.contextmanager
+    def holding(self, unit: str) -> Iterator[None]:
+        """Within the block, ``unit``'s weights are in: brought in if they were not, kept in if the unit runs (its
+        forward hook does not release it), and released after; a unit already in — a block running now, a pinned
+        part — is left as it was. For a reader of one unit's weights outside a forward pass (a norm called on
+        recorded activations)."""
+        module = self.units[unit]
+        brought = unit not in self._holds and any(
+            self._current(module, rel).device.type == "meta" for rel in self.stored[unit]
+        )
+        if brought:
+            self.bring(unit)
+            self._holds.add(unit)
+        try:
+            yield
+        finally:
+            if brought:
+                self._holds.discard(unit)
+                self.release(unit)
 
     # -- pinned parameters: kept in across the forward hooks' release -------------------------------------------
 
@@ -480,3 +543,23 @@ class LayerStream:
 def stored_names(mapping: Mapping[str, str]) -> Callable[[str], str | None]:
     """A ``stored_name`` function from a mapping of the model's names to the checkpoint's."""
     return mapping.get
+
+
+class _SlicedLinear(torch.autograd.Function):
+    """``y = x · Wᵀ`` for a unit read by rows, ``W (V, D)`` read a slice of rows at a time in the forward pass and
+    again in the backward pass, ``∂x = Σ_slices ∂y[…, slice] · W[slice]`` (the weights take no gradient): autograd
+    keeps no slice."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, stream: LayerStream, unit: str) -> Tensor:
+        ctx.stream, ctx.unit = stream, unit
+        return stream._sliced_forward(unit, x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        stream, unit = ctx.stream, ctx.unit
+        dx = None
+        for r0, (w,) in stream.row_slices([stream.units[unit]]):  # (n, D)
+            part = g[..., r0 : r0 + w.shape[0]] @ w.to(g.dtype)
+            dx = part if dx is None else dx + part
+        return dx, None, None

@@ -35,6 +35,17 @@ from headwise.points import attention_point
 __all__ = ["attribution_patch"]
 
 
+def attribution_activations(hm, pairs: int, length: int) -> int:
+    """Bytes of activations :func:`attribution_patch` keeps on ``hm`` for ``pairs`` prompts of ``length`` tokens,
+    float32: the source run's heads' outputs and the base run's (about ``(P, L, D)`` a layer each), their gradients,
+    and the residual stream at every layer boundary twice (a layer walk's checkpoints and the logits' input) —
+    what a model opened layer by layer is weighed by (:func:`headwise.models.layer_walk.check_walk`)."""
+    from headwise.models.anatomy_recording import input_embedding
+
+    D = int(input_embedding(hm.model).weight.shape[-1])
+    return 4 * pairs * length * D * 5 * hm.num_layers
+
+
 def _add(delta: Tensor, out: Tensor) -> Tensor:
     return out + delta.to(out.dtype)  # (P, H, L, Dh)
 

@@ -112,12 +112,13 @@ def _layer_writes(target, anatomy, rec: Recorder, embed: Tensor):
     for layer, part in enumerate(anatomy.layers):
         H = target.heads_per_layer[layer]
         got = rec.layers[layer]
-        each, bias = head_writes(part.out_proj, got.heads, H)  # (P, H, D), (D,)
-        o_out = got.attn_out.double()  # (P, D)
+        with target.holding(layer):  # the layer's weights in (a model opened layer by layer)
+            each, bias = head_writes(part.out_proj, got.heads, H)  # (P, H, D), (D,)
+            o_out = got.attn_out.double()  # (P, D)
+            post = part.attn_post_frozen(o_out, got.attn_post_out)
         if not same(each.sum(1) + bias, o_out):
             raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
         scale = part.scale
-        post = part.attn_post_frozen(o_out, got.attn_post_out)
         if post is not None:
             each, bias = post(each), post(bias.expand(embed.shape[0], -1)) + post.bias  # (P, H, D), (P, D)
         else:
@@ -138,6 +139,19 @@ def _layer_writes(target, anatomy, rec: Recorder, embed: Tensor):
         bias_parts.append(bias)
         mlp_parts.append(mlp_write)
     return head_parts, bias_parts, mlp_parts, residual
+
+
+def _unembedding_rows(target, unembed: nn.Module, rows: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(W[rows] (n, D), b[rows] (n,) or None)``: the unembedding's rows ``rows`` in ``nn.Linear``'s orientation —
+    on a model opened layer by layer, read alone from the checkpoint where the unembedding is read by rows, else
+    with the unembedding brought in for the read."""
+    stream = getattr(target, "stream", None)
+    if stream is not None and stream.unit_of(unembed) in stream.sliced:  # a bias-free nn.Linear read by rows
+        return target.weight_rows(unembed, rows), None
+    with target.holding(*([unembed] if stream is not None else [])):
+        W, b = affine(unembed)
+        rows = rows.to(W.device)
+        return W.detach()[rows], None if b is None else b.detach()[rows]
 
 
 def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttribution:
@@ -179,21 +193,21 @@ def direct_logit_attribution(model, ids, metric: LogitDifference) -> LogitAttrib
     x_final = rec.final_in.double()
     if not same(residual, x_final):
         raise ValueError("model: the final norm's input is not the last block's output")
-    final = anatomy.final_norm_frozen(x_final, rec.final_out)
+    with target.holding(*([anatomy.final_norm] if anatomy.final_norm is not None else [])):
+        final = anatomy.final_norm_frozen(x_final, rec.final_out)
     if final is not None:
         lin, norm_bias = final, final.bias
     else:
         lin, norm_bias = (lambda v: v), torch.zeros(x_final.shape[-1], dtype=torch.float64, device=x_final.device)
 
-    U = affine(anatomy.unembed)[0].detach().double()  # (V, D)
-    direction = (U[a] - U[w]).to(embed.device)  # (P, D)
+    U, ub = _unembedding_rows(target, anatomy.unembed, torch.cat([a, w]))  # (2P, D), (2P,) or None
+    direction = (U[:P].double() - U[P:].double()).to(embed.device)  # (P, D)
 
     def through(part: Tensor) -> Tensor:  # (P, …, D) -> (P, …)
         d = direction.reshape(P, *([1] * (part.dim() - 2)), -1)
         return (lin(part) * d).sum(-1)
 
-    ub = affine(anatomy.unembed)[1]
-    unembed_bias = (ub[a] - ub[w]).double() if ub is not None else torch.zeros(P, dtype=torch.float64)
+    unembed_bias = (ub[:P] - ub[P:]).double() if ub is not None else torch.zeros(P, dtype=torch.float64)
     heads = torch.full((P, target.num_layers, target.max_heads), float("nan"), dtype=torch.float64)
     for layer, each in enumerate(head_parts):
         heads[:, layer, : each.shape[1]] = through(each).cpu()

@@ -127,8 +127,9 @@ class Recorder:
         with torch.no_grad():
             for layer in range(self.upto):
                 part, attn = anatomy[layer], raw["attn"][layer]
-                post = output_tensor(part.attn_post(attn)) if part.attn_post is not None else None
-                mlp = part.mlp_write(raw["mlp"][layer]) if part.mlp is not None else None
+                with self.target.holding(layer):  # the norms on the writes (a model opened layer by layer)
+                    post = output_tensor(part.attn_post(attn)) if part.attn_post is not None else None
+                    mlp = part.mlp_write(raw["mlp"][layer]) if part.mlp is not None else None
                 self.layers.append(LayerRecord(raw["heads"][layer], attn, raw["block"][layer], post, mlp))
             self.resid = raw.get("resid")
             if self.final:
