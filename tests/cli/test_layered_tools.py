@@ -124,7 +124,7 @@ def test_circuit_under_a_budget_too_small_for_its_activations(run_cli, folder, t
     smallest = open_model(folder, max_memory="20GB").memory.smallest
     hm = open_model(folder, max_memory=smallest)
     length = len(hm.tokenizer.encode(CLEAN).ids)
-    need = walk_need(hm, activations=circuit_activations(hm, 1, length, method="eap", batch_size=None))
+    need = walk_need(hm, activations=circuit_activations(hm, 1, length, method="eap", batch_size=1))  # one job
     assert need > smallest
     out = run_cli(*_circuit(folder, tmp_path / "o", budget=str(smallest)))
     assert_user_error(out, "opened layer by layer", "circuit reads one layer's weights at a time and what it keeps of "

@@ -148,12 +148,15 @@ def recomputed(hm: GatedModel, on: bool):
     """Inside the block (``on``), every block at ``layers.{i}.resid_pre`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): the backward recomputes each block from its input, so a gradient
     pass keeps one block's activations instead of NL. Gradients are the same (the recomputation is the same
-    computation; :func:`headwise.points.replaced_calls`). Nothing where the model shows no blocks."""
+    computation; :func:`headwise.points.replaced_calls`). Nothing where the model shows no blocks, or inside a
+    :func:`~headwise.models.layer_walk.layer_walk` (which checkpoints every block itself)."""
     from headwise.points import replaced_calls
 
     names = [layer_point(i, "resid_pre") for i in range(hm.num_layers)]
     points = getattr(hm, "points", None)
-    if not on or points is None or any(n not in points for n in names):
+    stream = getattr(hm, "stream", None)
+    walking = stream is not None and stream.walk_depth  # a layer walk checkpoints every block already
+    if not on or walking or points is None or any(n not in points for n in names):
         yield
         return
     with replaced_calls(points, names, _checkpointed):

@@ -193,13 +193,17 @@ def run(
 
 def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn) -> CircuitResult | None:
     """:func:`run` on the opened model and encoded pairs."""
-    from headwise.circuits.footprint import circuit_activations
-    from headwise.models.layer_walk import check_walk
+    from headwise.circuits.footprint import circuit_activations, fitted_batch
+    from headwise.models.layer_walk import check_walk, walk_need
 
     if o.mib is not None:
         check_mib(hm, o.method)
     method = "exact" if o.evaluate is not None else o.method
-    keeps = circuit_activations(hm, *clean.shape, method=method, batch_size=o.batch_size)
+    batch_size = o.batch_size
+    if hm.stream is not None and batch_size is None:  # the most jobs a pass whose activations fit the budget
+        batch_size = fitted_batch(hm, *clean.shape, method=method, budget=hm.memory.budget,
+                                  need=lambda keeps: walk_need(hm, activations=keeps)) or 1  # fmt: skip
+    keeps = circuit_activations(hm, *clean.shape, method=method, batch_size=batch_size)
     check_walk(hm, "circuit", activations=keeps)
     if o.evaluate is not None:
         started = time.perf_counter()
@@ -207,13 +211,13 @@ def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn)
             report = mib_evaluation(
                 hm, clean, corrupted, answer=ids["answer"], wrong=ids["wrong"], path=o.evaluate, option="--evaluate",
                 progress=lambda done, total: progress("MIB's curve", done, total), metric=o.metric,
-                ablation=o.ablation, batch_size=o.batch_size or 8,
+                ablation=o.ablation, batch_size=batch_size or 8,
             )  # fmt: skip
         return CircuitResult(o, hm, prompts, None, report, started)
     found = circuit_study(
         hm, clean, corrupted, answer=ids["answer"], wrong=ids["wrong"], out=o.out, stages=stages, method=o.method,
         steps=o.steps, metric=o.metric, ablation=o.ablation, fraction=o.fraction, exact_top=o.exact_top,
-        batch_size=o.batch_size, shares=o.mib is not None and o.method != "exact",
+        batch_size=batch_size, shares=o.mib is not None and o.method != "exact",
     )  # fmt: skip
     if found is None:  # not rank 0: rank 0 writes
         return None

@@ -79,48 +79,45 @@ def layer_walk(hm: HeadModel) -> Iterator[None]:
     Args:
         hm: a :class:`~headwise.models.HeadModel`.
     """
+    from headwise.points import layer_point, replaced_calls
+
     stream = hm.stream
     if stream is None or stream.walk_depth:
         with stream.walking() if stream is not None else contextlib.nullcontext():
             yield
         return
-    walk = _Walk(stream)
+    names = [layer_point(layer, "resid_pre") for layer in range(hm.num_layers)]
+    walk = _Walk(stream, [hm.points.point("names", name).module for name in names])
     try:
-        with stream.walking():
+        with stream.walking(), replaced_calls(hm.points, names, walk.call):
             yield
     finally:
         walk.close()
 
 
 class _Walk:
-    """The checkpointed blocks of one :func:`layer_walk`."""
+    """The checkpointed blocks of one :func:`layer_walk`: ``blocks`` the layers' blocks, in order."""
 
-    def __init__(self, stream: LayerStream):
-        self.stream = stream
-        self.current: str | None = None  # the block whose weights the backward pass holds now
-        self.blocks = {unit: stream.units[unit] for unit in stream.block_units()}
-        self.handles = []
-        for unit, block in self.blocks.items():
-            block.forward = self._checkpointed(unit, block.forward)  # this instance's forward
-            self.handles.append(block.register_forward_pre_hook(self._forward_again, prepend=True))
+    def __init__(self, stream: LayerStream, blocks: list):
+        self.stream, self.blocks = stream, blocks
+        self.units = [stream.unit_of(block) for block in blocks]
+        self.current: int | None = None  # the layer whose weights the backward pass holds now
+        self.handles = [block.register_forward_pre_hook(self._forward_again, prepend=True) for block in blocks]
 
-    def _checkpointed(self, unit: str, forward):
-        block = self.blocks[unit]
+    def call(self, layer: int, forward, *args, **kwargs):
+        """Layer ``layer``'s block called (:func:`headwise.points.replaced_calls`): where a gradient is recorded, a
+        non-reentrant checkpoint whose recomputation brings the layer's weights in again."""
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        from torch.utils.checkpoint import checkpoint
 
         def again(*args, **kwargs):
-            if any(p.device.type == "meta" for p in block.parameters()):
+            if any(p.device.type == "meta" for p in self.blocks[layer].parameters()):
                 self.stream.direction = "backward"
-                self._keep(unit)  # the backward's recomputation: in until the next block's weights are brought
+                self._keep(layer)  # the backward's recomputation: in until the next block's weights are brought
             return forward(*args, **kwargs)
 
-        def run(*args, **kwargs):
-            if not torch.is_grad_enabled():
-                return forward(*args, **kwargs)
-            from torch.utils.checkpoint import checkpoint
-
-            return checkpoint(again, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-
-        return run
+        return checkpoint(again, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
     def _forward_again(self, module, args) -> None:
         """A block's forward pre-hook, before the stream's: a forward pass after a backward one — the block the
@@ -128,21 +125,19 @@ class _Walk:
         self.stream.direction = "forward"  # before the stream brings the block in (its progress reads it)
         if self.current is not None:
             if self.blocks[self.current] is not module:
-                self.stream.release(self.current)
+                self.stream.release(self.units[self.current])
             self.current = None
 
-    def _keep(self, unit: str) -> None:
-        if self.current is not None and self.current != unit:
-            self.stream.release(self.current)
-        self.stream.bring(unit)
-        self.current = unit
+    def _keep(self, layer: int) -> None:
+        if self.current is not None and self.current != layer:
+            self.stream.release(self.units[self.current])
+        self.stream.bring(self.units[layer])
+        self.current = layer
 
     def close(self) -> None:
-        for block in self.blocks.values():
-            block.__dict__.pop("forward", None)
         for handle in self.handles:
             handle.remove()
         if self.current is not None:
-            self.stream.release(self.current)
+            self.stream.release(self.units[self.current])
             self.current = None
         self.stream.direction = "forward"
