@@ -1,6 +1,7 @@
 """``headwise heads --max-memory``: the layer-by-layer route's files equal the whole route's (``--composition`` too),
 and bad budgets are one line naming the smallest budget that works (or, for ``--composition``, the memory every
-layer's attention parts need), exit 2, nothing written; ``--importance`` is refused layer by layer."""
+layer's attention parts need, for ``--importance`` what its gradient pass keeps), exit 2, nothing written;
+``--importance`` layer by layer equals the whole route."""
 
 from __future__ import annotations
 
@@ -129,11 +130,55 @@ def test_composition_under_a_budget_too_small_for_the_attention_parts(folder, tm
     assert not (tmp_path / "o").exists()
 
 
-def test_importance_refuses_layer_by_layer(folder, tmp_path, run_cli, monkeypatch):
-    """A backward pass through every layer: refused as before, naming the whole model's memory."""
+def _same_csv(a, b, rel=1e-4):
+    head_a, rows_a = _csv(a)
+    head_b, rows_b = _csv(b)
+    assert head_a == head_b and len(rows_a) == len(rows_b)
+    for ra, rb in zip(rows_a, rows_b):
+        for name, x, y in zip(head_a, ra, rb):
+            try:
+                fx, fy = float(x), float(y)
+            except ValueError:
+                assert x == y, name
+                continue
+            assert (np.isnan(fx) and np.isnan(fy)) or abs(fx - fy) <= rel * max(1.0, abs(fx)), (name, x, y)
+    return head_a
+
+
+def _corpus(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text("the cat sat on the mat .\nthe dog sat on the log .\na cat and a dog sat .\n", encoding="utf-8")
+    return str(path)
+
+
+def test_importance_layer_by_layer_equals_the_whole_route(folder, tmp_path, run_cli, monkeypatch):
+    """The gradient pass walks the layers back (each block recomputed with its weights brought in again): the
+    estimate, the heads measured exactly and the curves equal the whole route's."""
+    corpus = _corpus(tmp_path)
+    args = ("heads", "--corpus", corpus, "--model", str(folder), "--importance", "--max-memory", "20GB", "--out")
+    whole = run_cli(*args, str(tmp_path / "whole"))
+    assert whole.code == 0, whole.err
     _by_layer(monkeypatch)
-    out = run_cli("heads", "--model", str(folder), "--importance", "--out", str(tmp_path / "o"))
-    assert_user_error(out, "opened layer by layer", "--importance", "reads every layer's weights at once, which needs")
+    out = run_cli(*args, str(tmp_path / "layers"))
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 20.00 GB" in out.out
+    head = _same_csv(tmp_path / "whole" / "heads.csv", tmp_path / "layers" / "heads.csv")
+    assert any("importance" in name for name in head)
+
+
+def test_importance_under_a_budget_too_small_for_its_gradient_pass(folder, tmp_path, run_cli, monkeypatch):
+    """The smallest budget that opens the model layer by layer holds one layer: --importance's gradient pass is
+    refused in one line naming the memory it needs, nothing written."""
+    import headwise.models.memory as memory
+    from headwise.models import open_model
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    out = run_cli("heads", "--corpus", _corpus(tmp_path), "--model", str(folder), "--importance", "--out",
+                  str(tmp_path / "o"), "--max-memory", str(smallest))  # fmt: skip
+    assert_user_error(out, "opened layer by layer", "--importance reads one layer's weights at a time and what it "
+                      "keeps of every layer's activations, which needs about")  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 

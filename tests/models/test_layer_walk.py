@@ -158,3 +158,30 @@ def test_a_sliced_unembedding_is_differentiated_by_reading_its_slices_again(tmp_
     V, slices = layered.model.lm_head.out_features, 0
     slices = -(-V // (4096 // (4 * layered.model.lm_head.in_features)))
     assert reads.count("lm_head.weight") == 2 * slices  # each slice read in the forward and again in the backward
+
+
+@pytest.mark.parametrize("route", ["estimate", "exact"])
+def test_head_importance_layer_by_layer_equals_the_whole_route(pair, route):
+    """``--importance``'s estimate (every head's attention-aware estimate, the top heads measured exactly) and its
+    exact route (the gates' gradients, every head ablated, the pruning curves) in a walk."""
+    import numpy as np
+
+    from headwise.study.importance import run_importance
+    from headwise.study.importance_estimate import estimate_importance
+
+    whole, layered = pair
+    ids, _ = _ids(4, P=4, L=10)
+    batches = [(ids[:2], torch.ones_like(ids[:2])), (ids[2:], torch.ones_like(ids[2:]))]
+    if route == "estimate":
+        run = lambda hm: estimate_importance(hm, batches, seed=0, mode="zero", top_k=3)  # noqa: E731
+    else:
+        run = lambda hm: run_importance(hm, batches, seed=0, mode="zero")  # noqa: E731
+    ref = run(whole)
+    with layer_walk(layered):
+        got = run(layered)
+    for name in ("importance", "ablation", "estimate"):
+        a, b = getattr(ref, name, None), getattr(got, name, None)
+        if a is None:
+            continue
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(a))))
+    assert all(p.device.type == "meta" for p in layered.model.parameters())

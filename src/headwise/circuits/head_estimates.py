@@ -103,8 +103,10 @@ def head_ablation_estimates(
             if gate_gradients:
                 gates[:, layer, : lw.num_heads] = (gz.float() * z).sum((2, 3)).cpu()
         if attention_aware and layer < NL - 1:
-            exact, lin = _write_change(lw, dz, outputs.get(layer))
-            factors = None if lw.attn_post is not None else LowRank(dz, lw.heads_out().float() * lw.scale)
+            with tgt.holding(layer):  # W_O and a norm on the write (a model opened layer by layer: this layer's)
+                exact, lin = _write_change(lw, dz, outputs.get(layer))
+            whole = lw.attn_post is None and tgt.stream is None  # layer by layer: W_O not held for the factors
+            factors = LowRank(dz, lw.heads_out().float() * lw.scale) if whole else None
             changes.append((exact, lin, factors))
     if not attention_aware:
         return (out, gates) if gate_gradients else out
@@ -118,28 +120,34 @@ def _correct(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out: Te
     queries and keys to ``out (NL, H)``. The heads of layers without a norm on their write go in as factors (their
     output change times their rows of ``W_O``, :class:`~headwise.circuits.atp.LowRank`), the others as writes."""
     for later in range(1, len(w.layers)):
-        lp = taps.layer(later)
-        g_qk = _qk_gradient(w, later, lp.rec.r, grads)  # (N, L, D)
-        factored = [layer for layer in range(later) if changes[layer][2] is not None]
-        dense = [layer for layer in range(later) if changes[layer][2] is None]
-        for layers, pieces in (
-            (factored, [changes[layer][2] for layer in factored]),
-            (dense, [changes[layer][0] for layer in dense]),
-        ):
-            if not layers:
-                continue
-            if pieces and isinstance(pieces[0], LowRank):
-                given = LowRank(torch.cat([p.coef for p in pieces], 1), torch.cat([p.basis for p in pieces], 0))
-            else:
-                given = torch.cat(pieces, 1).to(lp.rec.r.dtype)
-            pattern = lp.scores(given, queries=False, keys=False, both=True)["qk"].sum((0, 2))  # (Σ H,)
-            start = 0
-            for layer in layers:
-                lin = changes[layer][1]
-                H = lin.shape[1]
-                linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
-                out[layer, :H] += (pattern[start : start + H] - linear).float().cpu()
-                start += H
+        with w.target.holding(later):  # the layer's weights in (a model opened layer by layer)
+            _correct_at(w, taps, grads, changes, out, later)
+
+
+def _correct_at(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out: Tensor, later: int) -> None:
+    """:func:`_correct` at layer ``later``."""
+    lp = taps.layer(later)
+    g_qk = _qk_gradient(w, later, lp.rec.r, grads)  # (N, L, D)
+    factored = [layer for layer in range(later) if changes[layer][2] is not None]
+    dense = [layer for layer in range(later) if changes[layer][2] is None]
+    for layers, pieces in (
+        (factored, [changes[layer][2] for layer in factored]),
+        (dense, [changes[layer][0] for layer in dense]),
+    ):
+        if not layers:
+            continue
+        if pieces and isinstance(pieces[0], LowRank):
+            given = LowRank(torch.cat([p.coef for p in pieces], 1), torch.cat([p.basis for p in pieces], 0))
+        else:
+            given = torch.cat(pieces, 1).to(lp.rec.r.dtype)
+        pattern = lp.scores(given, queries=False, keys=False, both=True)["qk"].sum((0, 2))  # (Σ H,)
+        start = 0
+        for layer in layers:
+            lin = changes[layer][1]
+            H = lin.shape[1]
+            linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
+            out[layer, :H] += (pattern[start : start + H] - linear).float().cpu()
+            start += H
 
 
 def _plus(zero: Tensor, t: Tensor) -> Tensor:
@@ -184,7 +192,8 @@ def _write_change(lw: LayerAnatomy, dz: Tensor, o: Tensor | None) -> tuple[Tenso
     post = lw.attn_post
     with torch.no_grad():
         exact = (_norm_out(post, o + heads) - _norm_out(post, o)) * lw.scale
-    _, lin = torch.func.jvp(lambda x: _norm_out(post, x), (o.expand_as(heads),), (heads,))
+    primal = o.expand_as(heads).contiguous()  # jvp's dual tensor needs memory of its own (not a broadcast view)
+    _, lin = torch.func.jvp(lambda x: _norm_out(post, x), (primal,), (heads,))
     return exact, lin * lw.scale
 
 

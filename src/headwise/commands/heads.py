@@ -231,27 +231,28 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
 
     Raises:
         ValueError: ``--composition`` or ``--queries-only`` without a decoder; ``--corpus`` of the untrained block
-            under torchrun; opened layer by layer, ``--importance``, or ``--composition`` whose attention parts do
-            not fit the budget (one line naming the memory).
+            under torchrun; opened layer by layer, ``--composition`` whose attention parts, or ``--importance``
+            whose gradient pass on the corpus's batches, do not fit the budget (one line naming the memory).
     """
     from headwise.distributed.ranks import launched
 
-    if hm is not None and hm.stream is not None:  # opened layer by layer: a backward pass refuses; --composition
-        if opts.importance:  # keeps the attention parts in, within the budget
-            hm.check_whole("--importance (a backward pass through every layer)")
-        if opts.composition:
-            from headwise.circuits.composition import weights_bytes
-            from headwise.models.pinned import check_attention
+    if hm is not None and hm.stream is not None and opts.composition:  # opened layer by layer: the attention parts
+        from headwise.circuits.composition import weights_bytes  # kept in, within the budget (--importance is
+        from headwise.models.pinned import check_attention  # weighed on its batches: importance_room)
 
-            check_attention(hm, "--composition", extra=weights_bytes(hm))
+        check_attention(hm, "--composition", extra=weights_bytes(hm))
     if opts.composition and (hm is None or hm.kind != "decoder"):
         raise ValueError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
         raise ValueError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and opts.importance:
-        from headwise.study.importance import check_top_k
+        from headwise.study.importance import check_top_k, importance_room, importance_texts
+        from headwise.study.inputs import text_batches
 
         check_top_k(hm, opts)
+        texts = importance_texts(opts) if hm.stream is not None and hm.tokenizer is not None else []
+        if texts:  # layer by layer: the gradient pass weighed on the corpus's batches before the statistics' pass
+            importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)))
     if opts.corpus is not None and launched() and opts.model == "untrained":
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
                          "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
@@ -382,14 +383,20 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     ranks (``found.ranked``). Adds its summary to ``found.extra``. Returns ``(result, columns for heads.json /
     heads.csv)``.
 
+    On a model opened layer by layer the run is a :func:`~headwise.models.layer_walk.layer_walk`, weighed first on its
+    batches (:func:`~headwise.study.importance.importance_room`), the batched ablations given what the budget leaves.
+
     Raises:
-        ValueError: the untrained block (no objective to measure), an empty corpus, ``--top-k`` above the heads.
+        ValueError: the untrained block (no objective to measure), an empty corpus, ``--top-k`` above the heads; layer
+            by layer, a budget the gradient pass does not fit (one line naming the memory).
     """
+    from headwise.models.layer_walk import layer_walk
     from headwise.study.importance import (
         check_top_k,
         estimated,
         importance_batches,
         importance_columns,
+        importance_room,
         importance_summary,
         importance_texts,
         run_importance,
@@ -403,14 +410,15 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     result = found.ranked
     if result is None:
         check_top_k(hm, opts)
-        with bars.stages() as bar:
+        memory = importance_room(hm, batches)  # layer by layer: weighed, and what the budget leaves the ablations
+        with bars.stages() as bar, layer_walk(hm):
             progress = None if bar is None else _importance_bar(bar)
             if estimated(hm, opts, warn):
-                result = estimate_importance(
-                    hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k, progress=progress
-                )
+                result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,
+                                             progress=progress, memory=memory)  # fmt: skip
             else:
-                result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress)
+                result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress,
+                                        memory=memory)  # fmt: skip
     found.extra["importance"] = importance_summary(result)
     return result, importance_columns(result)
 

@@ -20,7 +20,9 @@ __all__ = [
     "check_top_k",
     "estimated",
     "importance_batches",
+    "importance_activations",
     "importance_columns",
+    "importance_room",
     "importance_summary",
     "importance_texts",
     "run_importance",
@@ -40,6 +42,33 @@ def importance_batches(
     if texts:
         return list(text_batches(hm, texts, batch_size, warn))
     return probe_batches(hm, probe, batch_size)
+
+
+def importance_activations(hm: HeadModel, batches: list[tuple]) -> int:
+    """Bytes of activations ``--importance``'s gradient pass keeps on ``hm`` for its largest batch of ``batches``
+    (``(ids (B, T), …)``), float32, an upper bound: each head's output change and its first-order write change
+    ``(B, H, T, D)`` (the estimate's), the per-layer records of the attention-aware terms (the block's input, queries,
+    keys, values, outputs and their gradients, about ``(B, T, D)`` each), the residual stream at every layer boundary,
+    and the logits ``(B, T, V)``."""
+    from headwise.models.anatomy_recording import input_embedding
+
+    D = int(input_embedding(hm.model).weight.shape[-1])
+    tokens = max((int(b[0].numel()) for b in batches), default=0)  # B·T of the largest batch
+    row = 4 * tokens * D
+    return row * (2 * sum(hm.heads_per_layer) + 10 * hm.num_layers) + 4 * tokens * int(hm.vocab_size or 0)
+
+
+def importance_room(hm: HeadModel, batches: list[tuple]) -> int | None:
+    """On a model opened layer by layer, the bytes its budget leaves the batched ablations after the gradient pass's
+    (:func:`importance_activations`, weighed first: over the budget, the one-line refusal of
+    :func:`headwise.models.layer_walk.check_walk`); None on a model opened whole (the engine's own default)."""
+    if hm.stream is None:
+        return None
+    from headwise.models.layer_walk import check_walk, walk_need
+
+    keeps = importance_activations(hm, batches)
+    check_walk(hm, "--importance", activations=keeps)
+    return hm.memory.budget - walk_need(hm, activations=keeps) + keeps  # the gradient pass's keeps freed by then
 
 
 def check_top_k(hm: HeadModel, opts: HeadsOptions) -> None:
