@@ -8,8 +8,9 @@ A run (:func:`headwise.circuits.find_circuit`) keeps, in float32, at its three p
 
 - scoring: the clean and corrupted runs' recorded writes (every head's and MLP's ``(P, L, D)``, the heads' outputs,
   the embeddings: ``W`` bytes a run) until the senders' changes are taken from them group by group, the residual
-  stream at every layer boundary twice (a layer walk's checkpoints and the receivers' taps), for ``atp*`` each
-  layer's queries, keys, values and outputs;
+  stream at every layer boundary twice (a layer walk's checkpoints and the receivers' taps) — 3·W counted, measured
+  2.7·W on SmolLM2; for ``atp*`` also each layer's records, the changes concatenated and each layer's query and key
+  changes of them — 5·W counted, measured 4.7·W;
 - the exact check: the base run's writes and a batch of J jobs' edited inputs of one layer, ``(J·P, H, L, D)``;
 - the faithfulness curves: a batch of J circuits, each run's writes recorded (``J·W``: every downstream receiver
   reads them), the ablated writes (``W``) and the edited inputs of one layer;
@@ -39,7 +40,10 @@ def circuit_activations(hm, pairs: int, length: int, *, method: str, batch_size:
     writes = row * (sum(H) + 2 * NL + 1)  # every head's and MLP's write, the heads' outputs, the embeddings: a run
     senders, receivers = sum(H) + NL + 1, 3 * sum(H) + NL + 1
     scores = 4 * pairs * senders * receivers
-    scoring = 2 * writes + 2 * NL * row + (4 * NL * row if method == "atp*" else 0)
+    if method == "atp*":  # the changes concatenated once more, and each layer's query and key changes of them
+        scoring = 5 * writes + 6 * NL * row
+    else:
+        scoring = 3 * writes + 2 * NL * row
     exact_jobs, curve_jobs = (batch_size, batch_size) if batch_size else (EXACT_JOBS, FAITHFULNESS_JOBS)
     exact = writes + 2 * exact_jobs * max(H) * row
     curves = (curve_jobs + 1) * writes + 2 * curve_jobs * max(H) * row
