@@ -20,30 +20,15 @@ import json
 import tempfile
 from pathlib import Path
 
-from memory_layers import RESULTS, ROOT, cpu_model, env  # noqa: F401
+from memory_layers import RESULTS, ROOT, cpu_model, run_command
 
 PAIRS = ROOT / "examples" / "ioi_pairs.jsonl"
 
 
 def run(method: str, out: Path, budget: str | None) -> dict:
-    import os
-    import subprocess
-    import sys
-
-    from memory_layers import RUN
-
     args = ["circuit", "--model", "smollm2", "--pairs", str(PAIRS), "--method", method, "--out", str(out)]
-    if budget is not None:
-        args += ["--max-memory", budget]
-    load = os.getloadavg()
-    proc = subprocess.run([sys.executable, "-c", RUN, *args], env=env(), capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(proc.stderr[-2000:])
-    result = json.loads(lines[-1][7:])
-    result.update(method=method, budget=budget, loadavg_before=load, loadavg_after=os.getloadavg())
-    result["route"] = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("memory:")]
-    result["refused"] = proc.stderr.strip().splitlines()[-1] if result["code"] else None
+    result = run_command(args, budget)
+    result.update(method=method, refused=result["stderr"].strip().splitlines()[-1] if result["code"] else None)
     return result
 
 

@@ -109,9 +109,15 @@ def cpu_model() -> str:
 
 
 def run(folder: Path, out: Path, budget: str | None, *, extra: list[str] | None = None) -> dict:
-    args = ["heads", TEXT, "--model", str(folder), "--out", str(out), *(extra or [])]
+    return run_command(["heads", TEXT, "--model", str(folder), "--out", str(out), *(extra or [])], budget)
+
+
+def run_command(args: list[str], budget: str | None) -> dict:
+    """``headwise ARGS [--max-memory BUDGET]`` in a fresh process: its exit code, seconds, peak resident memory
+    (``VmHWM``), bytes read, the load average before and after, its ``memory:`` lines and the last 300 characters
+    of its stderr."""
     if budget is not None:
-        args += ["--max-memory", budget]
+        args = [*args, "--max-memory", budget]
     load = os.getloadavg()
     proc = subprocess.run([sys.executable, "-c", RUN, *args], env=env(), capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -46,6 +46,21 @@ def _csv(path):
     return rows[0], rows[1:]
 
 
+def _same_csv(a, b, rel=1e-4):
+    head_a, rows_a = _csv(a)
+    head_b, rows_b = _csv(b)
+    assert head_a == head_b and len(rows_a) == len(rows_b)
+    for ra, rb in zip(rows_a, rows_b):
+        for name, x, y in zip(head_a, ra, rb):
+            try:
+                fx, fy = float(x), float(y)
+            except ValueError:
+                assert x == y, name
+                continue
+            assert (np.isnan(fx) and np.isnan(fy)) or abs(fx - fy) <= rel * max(1.0, abs(fx)), (name, x, y)
+    return head_a
+
+
 @pytest.mark.parametrize("backend", ["headwise", pytest.param("auto", marks=pytest.mark.slow)])
 def test_layer_by_layer_files_equal_the_whole_route(folder, tmp_path, run_cli, monkeypatch, backend):
     import headwise.study
@@ -58,17 +73,7 @@ def test_layer_by_layer_files_equal_the_whole_route(folder, tmp_path, run_cli, m
     out = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "layers"), "--max-memory", "20GB")
     assert out.code == 0, out.err
     assert "memory: layer by layer within 20.00 GB" in out.out
-    head_w, rows_w = _csv(tmp_path / "whole" / "heads.csv")
-    head_l, rows_l = _csv(tmp_path / "layers" / "heads.csv")
-    assert head_w == head_l and len(rows_w) == len(rows_l)
-    for rw, rl in zip(rows_w, rows_l):
-        for name, a, b in zip(head_w, rw, rl):
-            try:
-                x, y = float(a), float(b)
-            except ValueError:
-                assert a == b, name
-                continue
-            assert (np.isnan(x) and np.isnan(y)) or abs(x - y) <= 1e-4 * max(1.0, abs(x)), (name, a, b)
+    _same_csv(tmp_path / "whole" / "heads.csv", tmp_path / "layers" / "heads.csv")
     memory = json.loads((tmp_path / "layers" / "heads.json").read_text())["memory"]
     assert memory["route"] == "layers" and memory["budget_bytes"] == 20 * 10**9
 
@@ -128,21 +133,6 @@ def test_composition_under_a_budget_too_small_for_the_attention_parts(folder, tm
     assert_user_error(out, "opened layer by layer", f"--composition reads every layer's attention weights at once, "
                       f"which needs about {memory.format_size(need)}")  # fmt: skip
     assert not (tmp_path / "o").exists()
-
-
-def _same_csv(a, b, rel=1e-4):
-    head_a, rows_a = _csv(a)
-    head_b, rows_b = _csv(b)
-    assert head_a == head_b and len(rows_a) == len(rows_b)
-    for ra, rb in zip(rows_a, rows_b):
-        for name, x, y in zip(head_a, ra, rb):
-            try:
-                fx, fy = float(x), float(y)
-            except ValueError:
-                assert x == y, name
-                continue
-            assert (np.isnan(fx) and np.isnan(fy)) or abs(fx - fy) <= rel * max(1.0, abs(fx)), (name, x, y)
-    return head_a
 
 
 def _corpus(tmp_path) -> str:

@@ -92,12 +92,18 @@ def test_patch_attribution_layer_by_layer_equals_the_whole_route(run_cli, folder
 
 @pytest.mark.parametrize("method", ["eap", "atp*"])
 def test_circuit_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, monkeypatch, method):
+    import headwise.cli._progress as progress
+
     whole = run_cli(*_circuit(folder, tmp_path / "whole", "--method", method))
     assert whole.code == 0, whole.err
     _by_layer(monkeypatch)
+    monkeypatch.setattr(progress, "LAYER_EVERY", 0.0)  # every layer says where it is
     out = run_cli(*_circuit(folder, tmp_path / "layers", "--method", method))
     assert out.code == 0, out.err
+    walked = [line for line in out.err.splitlines() if "(backward), layer" in line]
+    assert walked and all("s left in this pass" in line for line in walked)  # the walk back, its layers counted
     assert "memory: layer by layer within 20.00 GB" in out.out
+    assert "memory: 8 jobs a patched pass (what the budget holds)" in out.out
     a = json.loads((tmp_path / "whole" / "circuit.json").read_text())
     b = json.loads((tmp_path / "layers" / "circuit.json").read_text())
     scale = max(abs(e["scores"][method]) for e in a["edges"])

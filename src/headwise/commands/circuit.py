@@ -188,10 +188,10 @@ def run(
     if hm.stream is not None:
         note(hm.memory.line())
     with layer_walk(hm), layers(hm):  # a model opened layer by layer: differentiated layer by layer
-        return _run(o, hm, prompts, ids, clean, corrupted, stages=stages, warn=warn)
+        return _run(o, hm, prompts, ids, clean, corrupted, stages=stages, warn=warn, note=note)
 
 
-def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn) -> CircuitResult | None:
+def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn, note) -> CircuitResult | None:
     """:func:`run` on the opened model and encoded pairs."""
     from headwise.circuits.footprint import circuit_activations, fitted_batch
     from headwise.models.layer_walk import check_walk, walk_need
@@ -203,6 +203,7 @@ def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn)
     if hm.stream is not None and batch_size is None:  # the most jobs a pass whose activations fit the budget
         batch_size = fitted_batch(hm, *clean.shape, method=method, budget=hm.memory.budget,
                                   need=lambda keeps: walk_need(hm, activations=keeps)) or 1  # fmt: skip
+        note(f"memory: {batch_size} job{'s' if batch_size > 1 else ''} a patched pass (what the budget holds)")
     keeps = circuit_activations(hm, *clean.shape, method=method, batch_size=batch_size)
     check_walk(hm, "circuit", activations=keeps)
     if o.evaluate is not None:
