@@ -1,8 +1,7 @@
-"""The other tools on a model opened layer by layer: ``patch`` (exact patching), ``qk`` (every layer's attention
-parts kept in, the rest streamed) and ``circuit`` (differentiated layer by layer) equal the float32 route —
-patch's direct logit attribution and ``patch --method attribution`` too; ``qk`` under a budget too small for the
-attention parts and ``circuit`` under one too small for its activations, refused in one line naming the memory,
-nothing written; a bad budget names the smallest that works."""
+"""The other tools on a model opened layer by layer: ``patch`` (exact patching), ``qk`` (one layer's weights at a
+time after its pass) and ``circuit`` (differentiated layer by layer) equal the float32 route — patch's direct logit
+attribution and ``patch --method attribution`` too; ``qk`` and ``circuit`` under a budget too small for their
+activations, refused in one line naming the memory, nothing written; a bad budget names the smallest that works."""
 
 from __future__ import annotations
 
@@ -169,21 +168,25 @@ def test_qk_layer_by_layer_equals_the_whole_route(run_cli, folder, tmp_path, mon
     assert (tmp_path / "layers" / "qk.png").is_file()
 
 
-def test_qk_under_a_budget_too_small_for_the_attention_parts(run_cli, folder, tmp_path, monkeypatch):
-    """The smallest budget that opens the model layer by layer holds one layer; every layer's attention parts do
-    not fit it: one line naming the memory they need, nothing written."""
+def test_qk_under_a_budget_too_small_for_its_run(run_cli, folder, tmp_path, monkeypatch):
+    """The smallest budget that opens the model layer by layer holds one layer; qk also keeps what it recorded of
+    the run: one line naming the memory it needs, nothing written; that memory does (one layer's weights in at a
+    time, every layer's attention parts no longer pinned)."""
     import headwise.models.memory as memory
+    from headwise.circuits.qk import qk_activations
     from headwise.models import open_model
-    from headwise.models.pinned import attention_need
+    from headwise.models.layer_walk import walk_need
 
     monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
     _by_layer(monkeypatch)
     smallest = open_model(folder, max_memory="20GB").memory.smallest
-    need = attention_need(open_model(folder, max_memory=smallest))
+    hm = open_model(folder, max_memory=smallest)
+    need = walk_need(hm, activations=qk_activations(hm, len(hm.tokenizer.encode(CLEAN).ids)))
     assert need > smallest
     out = run_cli(*_qk(folder, tmp_path / "o", str(smallest)))
-    assert_user_error(out, "opened layer by layer", f"qk reads every layer's attention weights at once, which needs "
-                      f"about {memory.format_size(need)} (a --max-memory at least that)")  # fmt: skip
+    assert_user_error(out, "opened layer by layer", "qk reads one layer's weights at a time and what it keeps of "
+                      f"every layer's activations, which needs about {memory.format_size(need)} (a --max-memory at "
+                      "least that)")  # fmt: skip
     assert not (tmp_path / "o").exists()
     out = run_cli(*_qk(folder, tmp_path / "o", str(need)))  # the memory it names is enough
     assert out.code == 0, out.err

@@ -1,8 +1,9 @@
-"""Tools that read the attention parts from the weights on a model opened layer by layer: the stream's pinned
-parameters stay in through a forward pass while the rest of each layer streams; QK attribution and the weights'
-circuits equal the whole float32 route on the same weights (bf16 safetensors of several families, a GGUF file read
-without a cache, matrices read by rows); a budget too small for the pinned parts is refused in one line naming the
-memory they need; afterwards every parameter is back on the meta device and the kept anatomy holds no weight."""
+"""Tools that read the attention parts from the weights on a model opened layer by layer: the weights' circuits pin
+every layer's attention parts (the stream's pinned parameters stay in through a forward pass while the rest of each
+layer streams), QK attribution reads one layer at a time after its pass; both equal the whole float32 route on the
+same weights (bf16 safetensors of several families, a GGUF file read without a cache, matrices read by rows); a
+budget too small is refused in one line naming the memory needed; afterwards every parameter is back on the meta
+device and the kept anatomy holds no weight."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch
 
 from _anatomy_models import tiny
 from headwise.circuits import composition_scores, copying_scores, head_weights, qk_attribution
+from headwise.circuits.qk import qk_activations
 from headwise.models import open_model
+from headwise.models.layer_walk import walk_need
 from headwise.models.memory import MemoryBudgetError, format_size
 from headwise.models.pinned import attention_bytes, attention_need, attention_pinned
 
@@ -176,15 +179,24 @@ def test_a_budget_too_small_for_the_attention_parts_is_refused(tmp_path, monkeyp
     assert attention_bytes(hm) == 4 * sum(p.numel() for p in pinned.values())
     hm.memory = dataclasses.replace(hm.memory, budget=need - 1)
     said = (
-        rf"model: {hm.name} was opened layer by layer \(budget {format_size(need - 1)}\); qk reads every layer's "
-        rf"attention weights at once, which needs about {format_size(need)} \(a max_memory at least that\)"
+        rf"model: {hm.name} was opened layer by layer \(budget {format_size(need - 1)}\); --composition reads every "
+        rf"layer's attention weights at once, which needs about"
+    )
+    with pytest.raises(MemoryBudgetError, match=said) as e:
+        head_weights(hm)
+    assert (e.value.budget, e.value.route) == (need - 1, "layers") and e.value.need >= need
+    assert e.value.worded("--max-memory").endswith("(a --max-memory at least that)")
+    # qk reads one layer's weights at a time: weighed on what it keeps of its run
+    need = walk_need(hm, activations=qk_activations(hm, _ids().shape[-1]))
+    hm.memory = dataclasses.replace(hm.memory, budget=need - 1)
+    said = (
+        rf"model: {hm.name} was opened layer by layer \(budget {format_size(need - 1)}\); qk reads one layer's "
+        rf"weights at a time and what it keeps of every layer's activations, which needs about {format_size(need)} "
+        rf"\(a max_memory at least that\)"
     )
     with pytest.raises(MemoryBudgetError, match=said) as e:
         qk_attribution(hm, _ids(), 1, 0, 8)
     assert (e.value.budget, e.value.need, e.value.route) == (need - 1, need, "layers")
-    assert e.value.worded("--max-memory").endswith("(a --max-memory at least that)")
-    with pytest.raises(ValueError, match="--composition reads every layer's attention weights at once"):
-        head_weights(hm)
     assert _all_meta(hm) and "_anatomy" not in hm.__dict__  # refused before anything was read
     hm.memory = dataclasses.replace(hm.memory, budget=need)
     qk_attribution(hm, _ids(), 1, 0, 8)  # the budget that names suffices

@@ -31,9 +31,7 @@ def circuit_activations(hm, pairs: int, length: int, *, method: str, batch_size:
     ``method`` (``"eap"``, ``"eap-ig"``, ``"atp*"``, ``"exact"``) and ``batch_size`` jobs per patched pass (None:
     the run's defaults, :data:`EXACT_JOBS` and :data:`FAITHFULNESS_JOBS`) — the largest of its three peaks (see the
     module's notes)."""
-    from headwise.models.anatomy_recording import input_embedding
-
-    D = int(input_embedding(hm.model).weight.shape[-1])
+    D = hm.width
     row = 4 * pairs * length * D  # one (P, L, D) float32
     H = list(hm.heads_per_layer)
     NL = len(H)

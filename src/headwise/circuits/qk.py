@@ -32,8 +32,10 @@ taken out of every key's score (the norms stay frozen; the soft-cap, masks and s
 applies them) subtracted from the model's weights — ``effect > 0``: the part raised that key's weight.
 
 Memory: the parts projected to one head (``(A + B) · J · Dh``) and one layer's writes at a time, never ``L²``. A
-model opened layer by layer keeps every layer's attention parts in for the call, the rest streamed
-(:func:`headwise.models.pinned.attention_pinned`).
+model opened layer by layer runs its one forward pass streamed and then reads one layer's weights at a time: each
+earlier layer's output projection (and norm on its write) while that layer's parts are formed, the head's own
+layer while its sides are frozen and the parts projected (:meth:`~headwise.models.HeadModel.holding`), weighed
+first against the budget (:func:`qk_activations`).
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ from torch import Tensor
 
 from headwise.core.primitives import soft_cap, softmax
 from headwise.models.anatomy import TOLERANCE as _SAME
-from headwise.models.pinned import attention_pinned
+from headwise.models.layer_walk import check_walk, layer_walk
 from headwise.patching import as_target, residual_parts
 from headwise.points import layer_point
 
-__all__ = ["QKAttribution", "qk_attribution"]
+__all__ = ["QKAttribution", "qk_activations", "qk_attribution"]
 
 TOLERANCE = _SAME  # relative: the parts against the model's q, k and scores (the anatomy's one tolerance)
 
@@ -197,11 +199,10 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
     Raises:
         ValueError / TypeError: a layer, head or position out of range or not an int, more than one sequence;
             a structure this attribution does not read, or parts that do not add up (the check named); a model
-            opened layer by layer whose attention parts do not fit its budget (one line naming the memory).
+            opened layer by layer that does not fit its budget (one line naming the memory).
 
-    A model opened layer by layer (``hm.stream``) keeps every layer's attention parts in for the call
-    (:func:`headwise.models.pinned.attention_pinned`: projections, QK-norms, norms and biases), the rest of each
-    layer streamed through the one forward pass; the result is the whole float32 route's.
+    A model opened layer by layer (``hm.stream``) streams the one forward pass, then reads one layer's weights at a
+    time (see the module's notes); the result is the whole float32 route's.
     """
     target = as_target(model)
     layer, head = target.check_layer_head(layer, head)
@@ -215,8 +216,18 @@ def qk_attribution(model, ids, layer: int, head: int, query: int, key: int | Non
         raise ValueError(f"query: expected a position 0 … {L - 1}, got {query!r}")
     if key is not None and (isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= query):
         raise ValueError(f"key: expected a position 0 … {query} (a key the query can see), got {key!r}")
-    with attention_pinned(target, "qk"):
+    if target.stream is not None:  # layer by layer: one layer's weights at a time, weighed first
+        check_walk(target, "qk", activations=qk_activations(target, L))
+    with layer_walk(target), target.holding(layer):
         return _attribution(target, ids, layer, head, query, key)
+
+
+def qk_activations(hm, length: int) -> int:
+    """Bytes :func:`qk_attribution` keeps on ``hm`` for ``length`` tokens besides one layer's weights, an upper
+    bound: the recorded heads' outputs, attention outputs, block outputs and MLP writes of every layer ``(L, D)``
+    float32 each, and one layer's parts ``(H + 2, L, D)`` float64 with their projections."""
+    D = hm.width
+    return 4 * length * D * 4 * hm.num_layers + 2 * 8 * length * D * (hm.num_heads + 2)
 
 
 @dataclass

@@ -15,12 +15,12 @@ not at all): ``qk.json`` (the row's keys, tokens, scores and weights; per part i
 effect on the weight at J; the top terms as the circuit page shows them) and ``qk.png`` (the matrix of the
 largest parts, beside the row's weights).
 
-A model opened layer by layer (``--max-memory`` below its float32 size) keeps every layer's attention parts in
-for the run, the rest of each layer streamed (:func:`headwise.models.pinned.attention_pinned`): the same qk.json.
+A model opened layer by layer (``--max-memory`` below its float32 size) streams the one forward pass, then reads one
+layer's weights at a time (:func:`headwise.circuits.qk.qk_attribution`): the same qk.json.
 
 Bad input — a head or position out of range, a key the query cannot see, an empty text, a budget too small for
-every layer's attention parts (naming the memory they need) — is one line on stderr and exit status 2, before
-anything is written.
+one layer's weights and what the attribution keeps of the run (naming the memory it needs) — is one line on stderr
+and exit status 2, before anything is written.
 """
 
 from __future__ import annotations

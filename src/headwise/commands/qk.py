@@ -102,7 +102,7 @@ def position(option: str, value: int, L: int, tokens: list[str]) -> int:
 
 def run(options: QkOptions) -> QkResult:
     """``headwise qk``: the decoder of ``--model`` opened through the one door (a model that does not fit the budget
-    opens layer by layer, its attention parts pinned for the run), the head and positions checked, the score split.
+    opens layer by layer, one layer's weights read at a time), the head and positions checked, the score split.
 
     Raises:
         ValueError: one line naming the option, before anything is written.

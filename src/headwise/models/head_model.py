@@ -211,6 +211,28 @@ class HeadModel:
         return anatomy_points(self.anatomy)
 
     @property
+    def width(self) -> int:
+        """D, the width of the residual stream: the token embedding's rows (else the unembedding's, else the
+        config's ``hidden_size``); read from the parameters' shapes, on the meta device too.
+
+        Raises:
+            ValueError: none of them says it."""
+        import torch
+
+        from headwise.models.anatomy_recording import input_embedding
+        from headwise.points import unembedding
+
+        for module in (input_embedding(self.model), unembedding(self.model)):
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+                return int(weight.shape[-1])
+        config = getattr(self.model, "config", None)
+        size = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_size", None)
+        if isinstance(size, int):
+            return size
+        raise ValueError(f"model: {self.name} has no token embedding whose width could be read")
+
+    @property
     def max_heads(self) -> int:
         """The most query heads of any layer (H of the ``(…, NL, H)`` grids)."""
         return self.num_heads

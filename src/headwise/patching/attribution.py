@@ -40,9 +40,7 @@ def attribution_activations(hm, pairs: int, length: int) -> int:
     float32: the source run's heads' outputs and the base run's (about ``(P, L, D)`` a layer each), their gradients,
     and the residual stream at every layer boundary twice (a layer walk's checkpoints and the logits' input) —
     what a model opened layer by layer is weighed by (:func:`headwise.models.layer_walk.check_walk`)."""
-    from headwise.models.anatomy_recording import input_embedding
-
-    D = int(input_embedding(hm.model).weight.shape[-1])
+    D = hm.width
     return 4 * pairs * length * D * 5 * hm.num_layers
 
 

@@ -61,45 +61,8 @@ class ResidualParts:
         residual = embed
         yield ["embed"], out(embed)[None]
         for layer in range(self.layer):
-            part = self._anatomy[layer]
-            proj = part.out_proj
-            H = target.heads_per_layer[layer]
-            flat = rec.layers[layer].rows(P * L)  # every position a row
-            z = flat.heads  # (P·L, H·Dv)
-            o_out = flat.attn_out.double()  # (P·L, D)
-            scale = part.scale
-            W = affine_weight(proj) if project is not None else None
-            if W is not None:  # heads formed in the projected space
-                bias = head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
-                rows = slice(0, min(P * L, 64))
-                if not same(z[rows].double() @ W + bias, o_out[rows]):
-                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-                Wh = W.reshape(H, -1, D)  # (H, Dv, D)
-                zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
-                M = project.to(W.device)
-                attn_write = o_out
-                frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
-                if frozen is not None:
-                    M = frozen.fold(M)
-                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
-                    bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
-                    attn_write = frozen(o_out) + frozen.bias
-                else:
-                    heads = torch.einsum("nhd,hde->hne", zh, Wh @ M)  # (H, P·L, E)
-                    bias = bias.expand(P * L, -1)
-                E = heads.shape[-1]
-                writes = [heads.reshape(H, P, L, E), out(bias).reshape(1, P, L, E)]
-            else:
-                each, bias = head_writes(proj, z, H)  # (P·L, H, D), (D,)
-                if not same(each.sum(1) + bias, o_out):
-                    raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
-                frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
-                if frozen is not None:
-                    each, bias = frozen(each), frozen(bias.expand(P * L, -1)) + frozen.bias
-                else:
-                    bias = bias.expand(P * L, -1)
-                attn_write = each.sum(1) + bias
-                writes = [out(each.reshape(P, L, H, D).permute(2, 0, 1, 3)), out(bias.reshape(1, P, L, D))]
+            with target.holding(layer):  # the layer's weights in (a model opened layer by layer)
+                part, flat, H, scale, writes, attn_write = self._attention_writes(layer, project, out)
             if scale != 1.0:  # the layer's multiplier on its writes (Granite)
                 writes = [w * scale for w in writes]
             labels = [f"L{layer}.H{h}" for h in range(H)] + [f"L{layer}.attn_bias"]
@@ -119,6 +82,52 @@ class ResidualParts:
             yield labels, torch.cat(writes, 0)
         if not same(residual, self.residual):
             raise ValueError(f"model: the parts do not add up to block {self.layer}'s input")
+
+    def _attention_writes(self, layer: int, project: Tensor | None, out):
+        """Layer ``layer``'s attention writes at every position (see :meth:`parts`): ``(part, its recorded rows, H,
+        the layer's multiplier, [heads (H, P, L, E), bias (1, P, L, E)], the attention's write (P·L, D))``."""
+        rec, target = self._recorder, self._target
+        P, L, D = rec.embed.shape
+        part = self._anatomy[layer]
+        proj = part.out_proj
+        H = target.heads_per_layer[layer]
+        flat = rec.layers[layer].rows(P * L)  # every position a row
+        z = flat.heads  # (P·L, H·Dv)
+        o_out = flat.attn_out.double()  # (P·L, D)
+        scale = part.scale
+        W = affine_weight(proj) if project is not None else None
+        if W is not None:  # heads formed in the projected space
+            bias = head_writes(proj, z[:1], H)[1]  # (D,): the projection at 0
+            rows = slice(0, min(P * L, 64))
+            if not same(z[rows].double() @ W + bias, o_out[rows]):
+                raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+            Wh = W.reshape(H, -1, D)  # (H, Dv, D)
+            zh = z.double().reshape(P * L, H, -1)  # (P·L, H, Dv)
+            M = project.to(W.device)
+            attn_write = o_out
+            frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
+            if frozen is not None:
+                M = frozen.fold(M)
+                heads = torch.einsum("nhd,hde->hne", zh, Wh @ M) * frozen.inv[None, :, None]
+                bias = frozen(bias.expand(P * L, -1)) + frozen.bias  # (P·L, D)
+                attn_write = frozen(o_out) + frozen.bias
+            else:
+                heads = torch.einsum("nhd,hde->hne", zh, Wh @ M)  # (H, P·L, E)
+                bias = bias.expand(P * L, -1)
+            E = heads.shape[-1]
+            writes = [heads.reshape(H, P, L, E), out(bias).reshape(1, P, L, E)]
+        else:
+            each, bias = head_writes(proj, z, H)  # (P·L, H, D), (D,)
+            if not same(each.sum(1) + bias, o_out):
+                raise ValueError(f"model: layer {layer}'s heads do not add up to its output projection's output")
+            frozen = part.attn_post_frozen(o_out, flat.attn_post_out)
+            if frozen is not None:
+                each, bias = frozen(each), frozen(bias.expand(P * L, -1)) + frozen.bias
+            else:
+                bias = bias.expand(P * L, -1)
+            attn_write = each.sum(1) + bias
+            writes = [out(each.reshape(P, L, H, D).permute(2, 0, 1, 3)), out(bias.reshape(1, P, L, D))]
+        return part, flat, H, scale, writes, attn_write
 
 
 def affine_weight(proj: nn.Module) -> Tensor | None:

@@ -50,9 +50,7 @@ def importance_activations(hm: HeadModel, batches: list[tuple]) -> int:
     ``(B, H, T, D)`` (the estimate's), the per-layer records of the attention-aware terms (the block's input, queries,
     keys, values, outputs and their gradients, about ``(B, T, D)`` each), the residual stream at every layer boundary,
     and the logits ``(B, T, V)``."""
-    from headwise.models.anatomy_recording import input_embedding
-
-    D = int(input_embedding(hm.model).weight.shape[-1])
+    D = hm.width
     tokens = max((int(b[0].numel()) for b in batches), default=0)  # B·T of the largest batch
     row = 4 * tokens * D
     return row * (2 * sum(hm.heads_per_layer) + 10 * hm.num_layers) + 4 * tokens * int(hm.vocab_size or 0)
