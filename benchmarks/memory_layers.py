@@ -69,6 +69,14 @@ for start in range(0, NL, 4):
                   p + "post_attention_layernorm.weight": ones()}
     save_file(shard, folder / f"model-{start // 4 + 1:05d}.safetensors", metadata={"format": "pt"})
 (folder / "config.json").write_text(json.dumps(config, indent=1))
+from safetensors import safe_open
+weight_map = {}
+for path in sorted(folder.glob("model-*.safetensors")):
+    with safe_open(str(path), "pt") as f:
+        weight_map |= {name: path.name for name in f.keys()}
+index = {"metadata": {"total_size": sum(p.stat().st_size for p in folder.glob("model-*.safetensors"))},
+         "weight_map": weight_map}
+(folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from headwise.study.options import sample_corpus
 tok = Tokenizer(models.BPE())
