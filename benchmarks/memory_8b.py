@@ -1,11 +1,11 @@
 """Every tool that fits on a checkpoint with Llama 3 8B's exact shapes, under ``--max-memory 4GB``, each a fresh
 process: its peak resident memory (``VmHWM``), its time, the bytes it read.
 
-    .venv/bin/python benchmarks/memory_8b.py [--keep DIR] [--only heads,qk,patch,circuit]
+    .venv/bin/python benchmarks/memory_8b.py [--keep DIR] [--only heads,qk,patch,circuit] [--shapes mistral-7b]
 
 The checkpoint (written once by ``benchmarks/memory_layers.py``'s builder, random bf16 weights, 4 layers a shard and
 an index; 16 GB): hidden 4,096, 32 layers, 32 query heads in 8 key/value groups, MLP 14,336, vocabulary 128,256,
-untied — 8.03 B parameters. The cases:
+untied — 8.03 B parameters; or, with ``--shapes mistral-7b``, Mistral 7B's (:data:`MISTRAL`). The cases:
 
 - ``heads``: ``headwise heads`` on a text of 256 tokens (statistics, the example drawn);
 - ``qk``: ``headwise qk`` of layer 16's head 5 at the last position (one forward pass, then one layer at a time);
@@ -36,8 +36,23 @@ CONFIG = dict(
     max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     rope_theta=500000.0, torch_dtype="bfloat16",
 )  # fmt: skip
-PARAMETERS = 8_030_261_248
+#: Another family's 7 B shapes (Mistral 7B v0.1: the same tensor names, a 4,096-token sliding window, a vocabulary
+#: of 32,000): 7.24 B parameters.
+MISTRAL = dict(
+    CONFIG, model_type="mistral", architectures=["MistralForCausalLM"], vocab_size=32000, max_position_embeddings=32768,
+    rope_theta=10000.0, sliding_window=4096,
+)  # fmt: skip
+SHAPES = {"llama-3-8b": CONFIG, "mistral-7b": MISTRAL}
 BUDGET = "4GB"
+
+
+def parameters(config: dict) -> int:
+    """The checkpoint's parameter count (Llama's tensors: projections, MLP, two norms a layer; embedding, final norm
+    and unembedding)."""
+    D, F, NL, H, KV, V = (config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads", "num_key_value_heads", "vocab_size"))  # fmt: skip
+    Dh = D // H
+    return NL * (2 * D * H * Dh + 2 * D * KV * Dh + 3 * D * F + 2 * D) + 2 * V * D + D
 
 
 def text_of(folder: Path, tokens: int) -> str:
@@ -78,14 +93,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keep", type=Path, default=None, help="build the checkpoint here once and keep it")
     p.add_argument("--only", default="heads,qk", help="the cases to run (default: heads,qk)")
+    p.add_argument("--shapes", default="llama-3-8b", choices=sorted(SHAPES), help="the family's shapes")
     args = p.parse_args(argv)
+    config = SHAPES[args.shapes]
     with tempfile.TemporaryDirectory(prefix="headwise-8b-") as tmp:
-        folder = args.keep or Path(tmp) / "llama-3-8b-shapes"
+        folder = args.keep or Path(tmp) / f"{args.shapes}-shapes"
         built = None
         if not (folder / "model.safetensors.index.json").is_file():
             folder.mkdir(parents=True, exist_ok=True)
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", BUILD, str(folder), json.dumps(CONFIG)], env=env(), check=True)
+            subprocess.run([sys.executable, "-c", BUILD, str(folder), json.dumps(config)], env=env(), check=True)
             built = time.perf_counter() - t
             print(f"built {folder} in {built:.0f} s", flush=True)
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
@@ -100,13 +117,14 @@ def main(argv=None) -> int:
             print(name, {k: v for k, v in r.items() if k != "stderr"}, flush=True)
     result = {
         "cpu": cpu_model(), "cores": os.cpu_count(), "omp_threads": env()["OMP_NUM_THREADS"],
-        "checkpoint": {"config": CONFIG, "bytes": size, "parameters": PARAMETERS, "built_seconds": built},
+        "checkpoint": {"config": config, "bytes": size, "parameters": parameters(config), "built_seconds": built},
         "disk_rate_bytes_per_s": rate, "budget": BUDGET, "runs": runs,
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "memory_8b.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {RESULTS / 'memory_8b.json'}")
+    name = "memory_8b.json" if args.shapes == "llama-3-8b" else f"memory_{args.shapes}.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULTS / name}")
     return 0
 
 
