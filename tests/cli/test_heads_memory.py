@@ -186,3 +186,15 @@ def test_progress_by_layer_with_the_time_left(folder, tmp_path, run_cli, monkeyp
     said = r"layer by layer: pass 1, layer 2/2, [0-9]+ s left in this pass \([0-9.]+ s a layer, [0-9]+% of it reading"
     assert re.search(said, lines), out.err
     assert "pass 3," in lines  # the statistics, the example drawn, the probe
+
+
+def test_importance_layer_by_layer_is_refused_under_torchrun(folder, tmp_path, run_cli, monkeypatch):
+    """The ranks do not walk the layers back: one line, before the statistics' pass, nothing written."""
+    import headwise.distributed.ranks as ranks
+
+    _by_layer(monkeypatch)
+    monkeypatch.setattr(ranks, "launched", lambda: True)
+    out = run_cli("heads", "--corpus", _corpus(tmp_path), "--model", str(folder), "--importance", "--out",
+                  str(tmp_path / "o"), "--max-memory", "20GB")  # fmt: skip
+    assert_user_error(out, "--importance", "opened layer by layer", "without torchrun")
+    assert not (tmp_path / "o").exists()

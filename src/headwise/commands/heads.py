@@ -232,15 +232,22 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
     Raises:
         ValueError: ``--composition`` or ``--queries-only`` without a decoder; ``--corpus`` of the untrained block
             under torchrun; opened layer by layer, ``--composition`` whose attention parts, or ``--importance``
-            whose gradient pass on the corpus's batches, do not fit the budget (one line naming the memory).
+            whose gradient pass on the corpus's batches, do not fit the budget (one line naming the memory), or
+            ``--importance`` under torchrun.
     """
     from headwise.distributed.ranks import launched
 
-    if hm is not None and hm.stream is not None and opts.composition:  # opened layer by layer: the attention parts
-        from headwise.circuits.composition import weights_bytes  # kept in, within the budget (--importance is
-        from headwise.models.pinned import check_attention  # weighed on its batches: importance_room)
+    if hm is not None and hm.stream is not None and opts.composition:
+        from headwise.circuits.composition import weights_bytes
+        from headwise.models.pinned import check_attention
 
+        # opened layer by layer: every layer's attention parts kept in, within the budget
         check_attention(hm, "--composition", extra=weights_bytes(hm))
+    if hm is not None and hm.stream is not None and opts.importance and launched():
+        raise ValueError(
+            f"--importance: {hm.name} was opened layer by layer, which --importance runs in one process alone; run "
+            "it without torchrun, or with a --max-memory the whole model fits"
+        )
     if opts.composition and (hm is None or hm.kind != "decoder"):
         raise ValueError("--composition: expected --model naming a decoder (the weights' circuits read its logits)")
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
