@@ -23,6 +23,14 @@ the P rows once intact keeping every block's output, and :func:`replayed` makes 
 instead of computing: a pass then runs no layer below its start at all, and passes cut at start layers
 (:func:`start_groups`) carry no layer that any of their jobs does not need.
 
+**Layer by layer.** On a model opened layer by layer (:mod:`headwise.models.streamed`) every pass reads every layer
+it runs from disk again, so a sweep cut into passes of J jobs reads the model once per pass. With ``layered``
+(:func:`staggered`) one pass carries many jobs and runs each block on them a few copies at a time: the pass holds
+the residual stream of all its copies at one layer boundary, the activations of one call's copies and one layer's
+weights, and reads each layer once for all of them. The copies join the pass at their own start layers (before
+block l runs, a copy of the unchanged rows is added for each job starting at l), so a job runs NL − l layers, as
+with the prefix; the unchanged rows ride along as copy 0, the rows every joining copy is taken from.
+
 **Batch size.** :func:`choose_copies` picks J from the memory free on the model's device and the rows' size (the
 forward's activations and the output of the J·P rows: a decoder's ``(N, L, V)`` logits dominate), at most
 :data:`PASS_TOKENS` tokens a pass, so memory is bounded by the batch chosen — linear in L, never L × L (no attention
@@ -39,6 +47,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 from headwise._machine import free_memory
+from headwise.checks import positive_int
 from headwise.points import layer_point
 from headwise.replacement import MODES, replace_heads
 
@@ -55,6 +64,8 @@ __all__ = [
     "replace_heads",
     "run_copies",
     "start_layer",
+    "shows_blocks",
+    "staggered",
     "copies_from",
     "keep_blocks",
     "replayed",
@@ -322,6 +333,7 @@ def run_copies(
     real=None,
     prefix: bool = True,
     kept: Sequence = (),
+    layered: int | None = None,
 ) -> tuple[object, int]:
     """One forward of J = ``len(jobs)`` copies of the input, copy j with job j's heads replaced (and the caller's
     edits of its rows, made by ``run``) — the one engine of batched copies: importance's ablations and pruning sets,
@@ -342,6 +354,11 @@ def run_copies(
         prefix: start the copies at the lowest layer the jobs touch (:func:`copies_from`).
         kept: the blocks' outputs of a forward of these rows (:func:`keep_blocks`): given, the layers below the
             copies' start are not run again (:func:`replayed`) — else they run once on the P rows.
+        layered: copies per block call: each job's copy joins the pass at its own start layer and each block runs
+            its rows this many copies at a time (:func:`staggered`) — every layer read once for all J jobs, the
+            activations those of ``layered`` copies (a model opened layer by layer); ``run(1)`` must return a
+            tensor with the rows first (the base copy's rows are dropped from it). Where the model shows no blocks:
+            as None.
     Returns:
         ``(output of the J·P rows, the layer the copies started at)``.
     Raises:
@@ -353,9 +370,12 @@ def run_copies(
 
     jobs = [as_job(job) for job in jobs]
     J, P = len(jobs), ids.shape[0]
+    if layered is not None and J and shows_blocks(model):
+        return _run_layered(model, run, ids, jobs, replacement, real, kept, positive_int("layered", layered))
     masks = job_masks(model, jobs, ids.shape[1], ids.device)
+    window = _Window(0, J)
     hooks = {
-        attention_point(layer, "heads"): partial(_replacing, layer, keep, J, replacement, real)
+        attention_point(layer, "heads"): partial(_replacing, layer, keep, window, replacement, real)
         for layer, keep in masks.items()
     }
     low = start_layer(model, jobs) if prefix and (J > 1 or kept) else 0
@@ -364,9 +384,129 @@ def run_copies(
     return out, low
 
 
-def _replacing(layer, keep, J, replacement, real, out):
+def shows_blocks(model) -> bool:
+    """True where the model shows every block of its layer list (``layers.{i}.resid_pre`` for every layer)."""
+    points = getattr(model, "points", None)
+    return points is not None and all(layer_point(i, "resid_pre") in points for i in range(model.num_layers))
+
+
+@dataclass
+class _Window:
+    """The copies the rows of the block call running now hold: ``start`` … ``stop`` − 1 (the heads' hook reads
+    their rows of the jobs' masks)."""
+
+    start: int
+    stop: int
+
+
+def _replacing(layer, keep, window, replacement, real, out):
     source = replacement if isinstance(replacement, str) else replacement[layer]
     try:
-        return replace_heads(out, keep, J, source, real)
+        return replace_heads(out, keep[window.start : window.stop], window.stop - window.start, source, real)
     except RuntimeError as e:
         raise RuntimeError(f"layer {layer}: {e}") from None
+
+
+def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call: int):
+    """:func:`run_copies` with ``layered``: the copies join the pass layer by layer and each block runs its rows
+    ``per_call`` copies at a time (see :func:`staggered`). Returns ``(output of the J·P rows in job order, the
+    lowest start layer)``."""
+    import torch
+
+    from headwise.points import attention_point
+
+    J, P = len(jobs), ids.shape[0]
+    starts = [start_layer(model, [job]) for job in jobs]
+    order = sorted(range(J), key=lambda j: starts[j])  # stable: jobs of one start layer in their given order
+    begins = [starts[j] for j in order]
+    masks = job_masks(model, [CopyJob(), *(jobs[j] for j in order)], ids.shape[1], ids.device)  # copy 0: the base
+    window = _Window(0, 1)
+    hooks = {
+        attention_point(layer, "heads"): partial(_replacing, layer, keep, window, replacement, real)
+        for layer, keep in masks.items()
+    }
+    low = begins[0]
+    with torch.no_grad(), model.hooks(hooks), replayed(model, low, kept), staggered(model, begins, P, per_call, window):
+        out = run(1)
+    if not isinstance(out, torch.Tensor) or out.shape[0] != (J + 1) * P:
+        raise RuntimeError(
+            f"run_copies: a layered pass expects the rows of {J + 1} copies of {P} from run(1), got "
+            f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}"
+        )
+    inverse = torch.empty(J, dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(J)
+    out = out[P:].reshape(J, P, *out.shape[1:])[inverse.to(out.device)]
+    return out.reshape(J * P, *out.shape[2:]), low
+
+
+@contextlib.contextmanager
+def staggered(model, begins: Sequence[int], P: int, per_call: int, window: _Window) -> Iterator[None]:
+    """Inside the block, a forward of P rows carries 1 + J copies of them through the blocks, each job's copy joining
+    at its own start layer: copy 0 is the input as it is (the base), and when block l runs, a copy of the base's
+    rows joins for every job starting at l (``begins``: the start layer of each job, non-decreasing). Each block
+    runs its rows ``per_call`` copies at a time (``window`` names the copies of the call running now), with the
+    batch-shaped arguments the model hands it copied alike, and writes each call's output into the block's one
+    output — so a pass reads each layer once for all its jobs, holds the residual stream of its copies at a block's
+    input and output and the activations of ``per_call`` copies, and no job runs a layer below its own start.
+    Rows are ordered ``c·P + p`` (copy c: 0 the base, j + 1 the j-th job). Hooks at ``layers.{l}.resid_pre`` see
+    the rows as they reach the block, before the copies starting there join."""
+    import bisect
+
+    from headwise.points import HIDDEN, replaced_calls
+
+    low = begins[0] if begins else 0
+    counts = [1 + bisect.bisect_right(begins, i) for i in range(model.num_layers)]
+
+    def call(k, forward, *args, **kwargs):
+        positional = bool(args)
+        hidden = args[0] if positional else kwargs[HIDDEN]
+        n, have = counts[low + k], hidden.shape[0] // P  # the jobs starting here join as copies of the base's rows
+        out, rest = None, []
+        for a in range(0, n, per_call):
+            b = min(n, a + per_call)
+            window.start, window.stop = a, b
+            rows = _copies_rows(hidden, P, have, a, b)
+            call_args = (rows, *(_grow(v, b - a, P) for v in args[1:])) if positional else ()
+            call_kwargs = {
+                name: rows if not positional and name == HIDDEN else _grow(v, b - a, P) for name, v in kwargs.items()
+            }
+            got = forward(*call_args, **call_kwargs)
+            first = got[0] if isinstance(got, tuple) else got
+            if out is None:  # the block's output for every copy, filled call by call (no second copy of it)
+                out = first.new_empty((n * P, *first.shape[1:]))
+            out[a * P : b * P] = first
+            if isinstance(got, tuple):
+                rest.append((b - a, got[1:]))
+        window.start, window.stop = 0, n
+        return out if not rest else (out, *_joined(rest, P))
+
+    names = [layer_point(i, "resid_pre") for i in range(low, model.num_layers)]
+    with replaced_calls(model.points, names, call):
+        yield
+
+
+def _copies_rows(hidden, P: int, have: int, a: int, b: int):
+    """The input rows of copies ``a`` … ``b`` − 1 of a block: ``hidden``'s (its ``have`` copies), then copies of the
+    base's rows (copy 0) for the copies joining at this block."""
+    import torch
+
+    if b <= have:
+        return hidden[a * P : b * P]
+    base = hidden[:P]
+    joining = base.repeat(b - max(a, have), *([1] * (base.dim() - 1)))
+    return joining if a >= have else torch.cat([hidden[a * P : have * P], joining])
+
+
+def _joined(rest: list, P: int) -> tuple:
+    """The items after the first of a block's tuple outputs, one per call (``rest``: ``(copies, items)``), as one:
+    an item with each call's rows first concatenated, anything else the first call's."""
+    import torch
+
+    def rows(item, copies) -> bool:
+        return isinstance(item, torch.Tensor) and item.dim() >= 1 and item.shape[0] == copies * P
+
+    first = rest[0][1]
+    return tuple(
+        torch.cat([items[i] for _, items in rest]) if all(rows(items[i], c) for c, items in rest) else item
+        for i, item in enumerate(first)
+    )

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import run_copies
+from headwise.analysis.batched import run_copies, shows_blocks
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -46,6 +46,7 @@ __all__ = [
     "Patching",
     "check_pair",
     "head_jobs",
+    "layered_jobs",
     "patch_heads",
     "patch_positions",
     "patch_set",
@@ -178,13 +179,22 @@ def run_with_cache(target, ids: Tensor) -> HeadCache:
 
 
 def run_patched(
-    target, base: Tensor, source: HeadCache, jobs: Sequence[Sequence[Patch]], *, last_only: bool = False
+    target,
+    base: Tensor,
+    source: HeadCache,
+    jobs: Sequence[Sequence[Patch]],
+    *,
+    last_only: bool = False,
+    layered: int | None = None,
 ) -> Tensor:
     """Run J patched copies of ``base (P, L)`` as one batch; copy j takes ``jobs[j]``'s heads from ``source``
     (the batched engine, :func:`headwise.analysis.batched.run_copies`).
 
     The layers below the lowest one any job patches run once on the P rows and the residual stream is copied J
     times at that layer's input (where the model shows its blocks).
+
+    ``layered``: the pass runs each block on ``layered`` copies at a time, each job's copy joining at its lowest
+    layer (:func:`headwise.analysis.batched.staggered`): every layer read once for all J jobs.
 
     Returns:
         logits ``(J·P, L, V)``, row ``j·P + p`` = pair p patched by ``jobs[j]`` (``last_only``: a Hugging Face
@@ -205,7 +215,7 @@ def run_patched(
         return target.logits(base.repeat(repeat, 1), last_only=last_only)  # (J·P, L, V)
 
     try:
-        logits, _ = run_copies(target, run, base, jobs, replacement=source.heads)
+        logits, _ = run_copies(target, run, base, jobs, replacement=source.heads, layered=layered)
     except RuntimeError as e:
         if str(e).startswith("layer "):
             raise RuntimeError(f"patching: {e}") from None
@@ -213,12 +223,22 @@ def run_patched(
     return logits
 
 
-def run_batch(target, base: Tensor, source: HeadCache, metric: Metric, jobs: Sequence[Sequence[Patch]]) -> Tensor:
+def run_batch(
+    target,
+    base: Tensor,
+    source: HeadCache,
+    metric: Metric,
+    jobs: Sequence[Sequence[Patch]],
+    *,
+    layered: int | None = None,
+) -> Tensor:
     """One batch of a sweep: ``jobs`` (J) run as one pass (:func:`run_patched`, the last position alone where the
-    metric reads no other) and the metric of each, ``(J, P)`` float32 on the CPU. A sweep cut into batches of
-    ``batch_size`` consecutive jobs (:func:`patch_heads`, :func:`patch_positions`) is these batches in order; a run
-    that deals the batches to several processes (:func:`headwise.study.patch_across_ranks`) calls it on each."""
-    logits = run_patched(target, base, source, jobs, last_only=reads_last_position(metric))  # (J·P, L or 1, V)
+    metric reads no other; ``layered``: its blocks run that many copies at a time) and the metric of each,
+    ``(J, P)`` float32 on the CPU. A sweep cut into batches of ``batch_size`` consecutive jobs
+    (:func:`patch_heads`, :func:`patch_positions`) is these batches in order; a run that deals the batches to
+    several processes (:func:`headwise.study.patch_across_ranks`) calls it on each."""
+    last_only = reads_last_position(metric)
+    logits = run_patched(target, base, source, jobs, last_only=last_only, layered=layered)  # (J·P, L or 1, V)
     return metric(logits).detach().float().reshape(len(jobs), base.shape[0]).cpu()
 
 
@@ -240,16 +260,47 @@ def position_jobs(target: HeadModel, heads, length: int) -> list[list[Patch]]:
 
 
 def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
-    """The metric of every job, ``(len(jobs), P)``; returns it with the number of batches run."""
+    """The metric of every job, ``(len(jobs), P)``; returns it with the number of passes run. On a model opened
+    layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run
+    ``batch_size`` copies at a time; elsewhere a pass is ``batch_size`` jobs."""
     P = base.shape[0]
+    per_pass = layered_jobs(target, base.shape, reads_last_position(metric), batch_size, len(jobs))
+    layered = None if per_pass is None else batch_size
+    size = batch_size if per_pass is None else per_pass
     values = []
     batches = 0
-    for start in range(0, len(jobs), batch_size):
-        values.append(run_batch(target, base, source, metric, jobs[start : start + batch_size]))
+    for start in range(0, len(jobs), size):
+        values.append(run_batch(target, base, source, metric, jobs[start : start + size], layered=layered))
         batches += 1
         if progress is not None:
-            progress(min(start + batch_size, len(jobs)), len(jobs))
+            progress(min(start + size, len(jobs)), len(jobs))
     return torch.cat(values) if values else torch.empty(0, P), batches
+
+
+def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs: int) -> int | None:
+    """Jobs one patched pass carries on a model opened layer by layer (None: opened whole, a pass is a batch): as
+    many as the budget holds beside what a layer walk holds (:func:`headwise.models.layer_walk.walk_need`: the
+    process, one layer's weights and working set) and one block call's activations of ``per_call`` copies — per
+    job, the residual stream of its rows twice (a block's input and output) and its logits twice (the model's and
+    the metric's copy), float32; at least 1, at most ``jobs``.
+
+    Args:
+        shape: the input's ``(P, L)``.
+        last_only: the logits are the last position's alone.
+    """
+    stream = getattr(target, "stream", None)
+    if stream is None or not shows_blocks(target):
+        return None
+    from headwise.models.layer_walk import walk_need
+
+    P, L = shape
+    width, vocab = target.width, int(target.vocab_size or 0)
+    largest = max((f32 for f32, _ in stream.sizes().values()), default=0)
+    per_token = largest // max(1, width) + 4 * max(target.heads_per_layer or [1]) * L  # a row's activations
+    call = per_call * P * L * per_token
+    per_job = 4 * P * (2 * L * width + 2 * (1 if last_only else L) * vocab)
+    room = target.memory.budget - walk_need(target, activations=call + per_job)  # the base copy
+    return max(1, min(jobs, room // max(1, per_job)))
 
 
 def prepare(target, clean, corrupted, metric: Metric, direction: str):
