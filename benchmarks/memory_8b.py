@@ -1,7 +1,8 @@
 """Every tool that fits on a checkpoint with Llama 3 8B's exact shapes, under ``--max-memory 4GB``, each a fresh
 process: its peak resident memory (``VmHWM``), its time, the bytes it read.
 
-    .venv/bin/python benchmarks/memory_8b.py [--keep DIR] [--only heads,qk,patch,circuit] [--shapes mistral-7b]
+    .venv/bin/python benchmarks/memory_8b.py [--keep DIR] [--only heads,qk,patch,importance,circuit]
+        [--shapes mistral-7b] [--pairs N] [--method eap|atp*]
 
 The checkpoint (written once by ``benchmarks/memory_layers.py``'s builder, random bf16 weights, 4 layers a shard and
 an index; 16 GB): hidden 4,096, 32 layers, 32 query heads in 8 key/value groups, MLP 14,336, vocabulary 128,256,
@@ -9,9 +10,15 @@ untied — 8.03 B parameters; or, with ``--shapes mistral-7b``, Mistral 7B's (:d
 
 - ``heads``: ``headwise heads`` on a text of 256 tokens (statistics, the example drawn);
 - ``qk``: ``headwise qk`` of layer 16's head 5 at the last position (one forward pass, then one layer at a time);
-- ``patch``: ``headwise patch`` of one clean/corrupted pair (every head, exact: batches of jobs, each a pass);
-- ``circuit``: ``headwise circuit`` on two indirect-object pairs with ``--method eap`` (refused where it does not fit,
-  the refusal's line recorded).
+- ``patch``: ``headwise patch`` of one clean/corrupted pair (every head, exact: a pass carries as many jobs as the
+  budget holds, each layer read once a pass);
+- ``importance``: ``headwise heads --importance`` on 8 sentences of the sample corpus (the estimate walked back layer
+  by layer, the top heads measured exactly, the pruning curve);
+- ``circuit``: ``headwise circuit`` on ``--pairs`` indirect-object pairs (default 2) with ``--method`` (default
+  ``eap``), the exact check of the top 20 edges (refused where it does not fit, the refusal's line recorded).
+
+Runs are merged into the results file: a case run again replaces its own record (each stamped with its time and the
+load average around it), the others stay.
 
 The CPU, the core count and the load average are recorded with every run; the disk's own read rate of the
 checkpoint with ``O_DIRECT`` where the file system allows it. Writes ``benchmarks/results/memory_8b.json``.
@@ -71,20 +78,27 @@ def text_of(folder: Path, tokens: int) -> str:
     return tok.decode(ids[:tokens])
 
 
-def cases(folder: Path, out: Path) -> dict[str, list[str]]:
-    text = text_of(folder, 256)
+def cases(folder: Path, out: Path, pairs_count: int = 2, method: str = "eap") -> dict[str, list[str]]:
+    text = text_of(folder, 256)  # (puts the source on the path)
+    from headwise.study.options import sample_corpus
+
+    corpus = out / "corpus.txt"
+    corpus.write_text("\n".join(sample_corpus().read_text(encoding="utf-8").splitlines()[:8]) + "\n", encoding="utf-8")
     pair = ("When Mary and John went to the store, John gave a drink to",
             "When Mary and John went to the store, Mary gave a drink to")  # fmt: skip
     pairs = out / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"clean": c, "corrupted": x, "answer": " Mary", "wrong": " John"}) + "\n"
-                             for c, x in (pair, pair[::-1])), encoding="utf-8")  # fmt: skip
+                             for c, x in [(pair, pair[::-1])[i % 2] for i in range(pairs_count)]),
+                     encoding="utf-8")  # fmt: skip
     model = ["--model", str(folder)]
     return {
         "heads": ["heads", text, *model, "--out", str(out / "heads")],
         "qk": ["qk", *model, "--text", text, "--head", "16.5", "--query", "-1", "--out", str(out / "qk")],
         "patch": ["patch", *model, "--clean", pair[0], "--corrupted", pair[1], "--answer", " Mary", "--wrong",
                   " John", "--out", str(out / "patch")],
-        "circuit": ["circuit", *model, "--pairs", str(pairs), "--method", "eap", "--exact-top", "4", "--out",
+        "importance": ["heads", *model, "--corpus", str(corpus), "--importance", "--importance-sentences", "8",
+                       "--out", str(out / "importance")],
+        "circuit": ["circuit", *model, "--pairs", str(pairs), "--method", method, "--exact-top", "20", "--out",
                     str(out / "circuit")],
     }  # fmt: skip
 
@@ -94,6 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", type=Path, default=None, help="build the checkpoint here once and keep it")
     p.add_argument("--only", default="heads,qk", help="the cases to run (default: heads,qk)")
     p.add_argument("--shapes", default="llama-3-8b", choices=sorted(SHAPES), help="the family's shapes")
+    p.add_argument("--pairs", type=int, default=2, help="circuit: indirect-object pairs (default 2)")
+    p.add_argument("--method", default="eap", choices=["eap", "eap-ig", "atp*"], help="circuit: the method")
     args = p.parse_args(argv)
     config = SHAPES[args.shapes]
     with tempfile.TemporaryDirectory(prefix="headwise-8b-") as tmp:
@@ -108,13 +124,19 @@ def main(argv=None) -> int:
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         rate = disk_rate(folder)
         runs = {}
-        todo = cases(folder, Path(tmp))
+        todo = cases(folder, Path(tmp), args.pairs, args.method)
         for name in args.only.split(","):
             r = run_command(todo[name], BUDGET)
             r["read_rate"] = r["read_bytes"] / r["seconds"]
             r["refused"] = r["stderr"].strip().splitlines()[-1] if r["code"] else None
+            r["written"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            r["command"] = [a if len(a) < 80 else a[:77] + "..." for a in todo[name]]
             runs[name] = r
             print(name, {k: v for k, v in r.items() if k != "stderr"}, flush=True)
+    name = "memory_8b.json" if args.shapes == "llama-3-8b" else f"memory_{args.shapes}.json"
+    earlier = json.loads((RESULTS / name).read_text()) if (RESULTS / name).is_file() else {}
+    if earlier.get("checkpoint", {}).get("config") == config:  # the same shapes: the other cases' records stay
+        runs = {**earlier.get("runs", {}), **runs}
     result = {
         "cpu": cpu_model(), "cores": os.cpu_count(), "omp_threads": env()["OMP_NUM_THREADS"],
         "checkpoint": {"config": config, "bytes": size, "parameters": parameters(config), "built_seconds": built},
@@ -122,7 +144,6 @@ def main(argv=None) -> int:
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "memory_8b.json" if args.shapes == "llama-3-8b" else f"memory_{args.shapes}.json"
     (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {RESULTS / name}")
     return 0

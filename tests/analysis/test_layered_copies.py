@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,7 +150,7 @@ def test_a_sweep_layer_by_layer_reads_each_layer_once_a_pass(opened, monkeypatch
     heads = sum(layered.heads_per_layer)
     blocks = len(layered.stream.block_units())
     for per_pass in (heads, 5):  # every job in one pass; passes of 5 jobs
-        monkeypatch.setattr("headwise.patching.exact.layered_jobs", lambda *a, n=per_pass: n)
+        monkeypatch.setattr("headwise.patching.exact.layered_jobs", lambda *a, n=per_pass: (n, 3))
         loads = layered.stream.loads
         got = patch_heads(layered, clean, corrupted, _metric, batch_size=3)
         passes = -(-heads // per_pass)
@@ -170,13 +171,50 @@ def test_the_budget_sets_the_jobs_a_pass_carries(opened, monkeypatch):
 
     whole, layered = opened
     assert layered_jobs(whole, (1, 8), True, 4, 100) is None  # opened whole: a pass is a batch
-    assert layered_jobs(layered, (1, 8), True, 4, 3) == 3  # never more than the jobs
+    assert layered_jobs(layered, (1, 8), True, 4, 3)[0] == 3  # never more than the jobs
     base = walk_need(layered)
     counts = {}
     for extra in (0, 2**20, 8 * 2**20, 64 * 2**20):
         monkeypatch.setattr(layered, "memory", dataclasses.replace(layered.memory, budget=base + extra))
-        counts[extra] = (layered_jobs(layered, (1, 8), True, 4, 10**6), layered_jobs(layered, (1, 8), False, 4, 10**6))
+        last, every = layered_jobs(layered, (1, 8), True, 4, 10**6), layered_jobs(layered, (1, 8), False, 4, 10**6)
+        assert 1 <= last[1] <= 4 and 1 <= every[1] <= 4  # copies a block call: at most the given
+        counts[extra] = (last[0], every[0])
     assert counts[0] == (1, 1)  # no room: one job a pass
     lasts, alls = zip(*counts.values())
     assert list(lasts) == sorted(lasts) and list(alls) == sorted(alls)  # more budget, more jobs a pass
     assert lasts[-1] > alls[-1] >= 8  # the last position's logits alone: more a pass
+
+
+def _padded(P: int, L: int, seed: int):
+    """``(ids, mask)`` ``(P, L)``, right padding: row p has ``L - p`` real tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 100, (P, L), generator=g)
+    mask = torch.ones(P, L, dtype=torch.long)
+    for p in range(P):
+        mask[p, L - p :] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablations_layer_by_layer_equal_the_whole_route_in_fewer_passes(opened, mode):
+    """Head sets over every layer (single heads and prefix sets, as importance's exact heads and curves): a model
+    opened layer by layer runs them in passes of as many jobs as its budget holds, each job from its own start
+    layer, with the objective of the whole route's batched passes."""
+    from headwise.analysis.ablation import ablation_objectives
+    from headwise.analysis.batched import SweepCost
+
+    whole, layered = opened
+    batches = [_padded(3, 9, 1), _padded(2, 6, 2)]
+    H, NL = layered.heads_per_layer, layered.num_layers
+    jobs = [{layer: [h]} for layer in reversed(range(NL)) for h in range(H[layer])]
+    jobs += [{0: [0]}, {0: [0, 1], NL - 1: [2]}, {NL - 1: [0, 1, 2]}, {}]
+    ref_cost, cost = SweepCost(), SweepCost()
+    ref = ablation_objectives(whole, batches, jobs, mode=mode, cost=ref_cost)
+    got = ablation_objectives(layered, batches, jobs, mode=mode, cost=cost)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert cost.passes == (2 if mode == "mean" else 1)  # every job in one pass a part (mean: one part a batch)
+    assert cost.passes < ref_cost.passes
+    assert cost.kept_passes == 0  # the base rides along: no intact forward kept
+    # each job from its own start layer, plus the base's rows from the lowest
+    starts = [min(j) if j else 0 for j in jobs]
+    assert cost.layer_rows == sum(b[0].shape[0] for b in batches) * (sum(NL - s for s in starts) + NL)

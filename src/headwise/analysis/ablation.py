@@ -27,8 +27,9 @@ from headwise.checks import one_of, positive_int
 __all__ = ["ablation_objectives"]
 
 
-def _pass_objective(hm: SweptModel, part: Part, jobs, mode: str, kept, prefix: bool, scored: str):
-    """One pass: ``(per job objective sums (c,) float64, the layer the copies started at)``."""
+def _pass_objective(hm: SweptModel, part: Part, jobs, mode: str, kept, prefix: bool, scored: str, layered=None):
+    """One pass: ``(per job objective sums (c,) float64, the layer the copies started at)``; ``layered``: copies a
+    block call of a layered pass (:func:`~headwise.analysis.batched.staggered`; the jobs in start-layer order)."""
     import torch
 
     from headwise.analysis.batched import run_copies
@@ -40,20 +41,22 @@ def _pass_objective(hm: SweptModel, part: Part, jobs, mode: str, kept, prefix: b
         mask = None if part.mask is None else part.mask.repeat(repeat, 1)
         return hm.forward(part.ids.repeat(repeat, 1), mask)
 
+    engine = dict(replacement=mode, real=real, prefix=prefix, kept=kept, layered=layered)
     if scored == "embedding":
-        out, low = run_copies(hm, run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+        out, low = run_copies(hm, run, part.ids, jobs, **engine)
         e = mean_pooled(out, part.mask.repeat(c, 1))
         loss = 1 - torch.nn.functional.cosine_similarity(e, part.reference.repeat(c, 1), dim=-1)
         return loss.double().reshape(c, P).sum(dim=1), low
     m = part.index.shape[0]
-    index = (torch.arange(c)[:, None] * (P * L) + part.index[None, :]).reshape(-1)  # (c·m,) in the c·P rows
+    first = 0 if layered is None else 1  # a layered pass's copy 0 is the base's rows: nothing scored there
+    index = ((torch.arange(c)[:, None] + first) * (P * L) + part.index[None, :]).reshape(-1)  # (c·m,) of the rows
 
     def scored_run(repeat):
         with scored_rows(hm, index) as selected:
             out = run(repeat)
         return out if selected else out.reshape(-1, out.shape[-1])[index]
 
-    logits, low = run_copies(hm, scored_run, part.ids, jobs, replacement=mode, real=real, prefix=prefix, kept=kept)
+    logits, low = run_copies(hm, scored_run, part.ids, jobs, **engine, whole_rows=layered is None)
     ce = token_losses(logits, part.targets.repeat(c))  # (c·m,)
     return ce.double().reshape(c, m).sum(dim=1), low
 
@@ -111,12 +114,14 @@ def ablation_objectives(
     if copies is not None:
         positive_int("copies", copies)
     t0 = time.perf_counter()
-    parts, count, plan, budget = _plan(
+    parts, count, plan, budget, calls = _plan(
         hm, batches, jobs, scored=scored, reference=reference, mode=mode, copies=copies, memory=memory, prefix=prefix
     )
     cost.copies = max(cost.copies, max((len(chunk) for _, chunk in plan), default=0))
     cost.memory_budget = 0 if copies is not None else budget
-    sums = _run_passes(hm, parts, plan, jobs, mode=mode, prefix=prefix, scored=scored, cost=cost, progress=progress)
+    sums = _run_passes(
+        hm, parts, plan, jobs, mode=mode, prefix=prefix, scored=scored, cost=cost, progress=progress, calls=calls
+    )
     nl = hm.num_layers
     cost.tokens = sum(part.tokens for part in parts)
     cost.forward_equivalents = cost.layer_tokens / max(nl * cost.tokens, 1)
@@ -126,10 +131,15 @@ def ablation_objectives(
 
 def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, copies, memory, prefix: bool):
     """The passes of :func:`ablation_objectives`: ``(parts, the scored count, [(part index, job indices)], the
-    memory budget in bytes)``. ``copies`` given: that many jobs a pass, in the order of their start layers, each
-    batch as given; else jobs grouped by start layer, rows packed by length for zero ablation, J as many as the
-    budget and :data:`~headwise.analysis.batched.PASS_TOKENS` allow (at most 64)."""
-    from headwise.analysis.batched import PASS_TOKENS, free_memory, start_groups
+    memory budget in bytes, {part index: copies a block call} of layered passes or None)``. ``copies`` given: that
+    many jobs a pass, in the order of their start layers, each batch as given; a model opened layer by layer
+    (:func:`_layered_plan`): every job in one group in start-layer order, passes as many jobs as its budget holds;
+    else jobs grouped by start layer, rows packed by length for zero ablation, J as many as the budget and
+    :data:`~headwise.analysis.batched.PASS_TOKENS` allow (at most 64)."""
+    from headwise.analysis.batched import PASS_TOKENS, free_memory, shows_blocks, start_groups
+
+    if copies is None and prefix and getattr(hm, "stream", None) is not None and shows_blocks(hm):
+        return _layered_plan(hm, batches, jobs, scored=scored, reference=reference, mode=mode)
 
     width = getattr(hm, "vocab_size", None) if scored != "embedding" else None
     row_bytes = bytes_per_token(hm, int(width or 1024))
@@ -149,19 +159,41 @@ def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, c
         plan = pass_plan(
             groups, parts, lambda part, members: max(1, min(len(members), most, tokens // max(1, part.tokens)))
         )
-    return parts, count, plan, budget
+    return parts, count, plan, budget, None
 
 
-def _run_passes(hm: SweptModel, parts, plan, jobs, *, mode: str, prefix: bool, scored: str, cost, progress):
+def _layered_plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str):
+    """:func:`_plan` on a model opened layer by layer, where every pass reads the layers it runs: the rows of each
+    batch in one part (packed for zero ablation, no cap), every job in one group in start-layer order, and passes of
+    as many jobs as the budget holds beside a layer walk's (:func:`~headwise.analysis.batched.layered_plan`; a job
+    holds its copy's residual stream at a block's input and output and its output — the scored positions' logits
+    and their losses, or an encoder's last hidden states), each job joining at its own start layer."""
+    from headwise.analysis.batched import layered_plan, start_layer
+
+    starts = [start_layer(hm, [job]) for job in jobs]
+    groups = [(0, sorted(range(len(jobs)), key=lambda j: starts[j]))]
+    parts, count = row_parts(batches, scored, reference, mode == "zero", 1 << 62)
+    D, V = hm.width, int(getattr(hm, "vocab_size", 0) or 0)
+    calls, sizes = {}, {}
+    for k, part in enumerate(parts):
+        P, L = part.ids.shape
+        out = 2 * len(part.index) * V if scored != "embedding" else 2 * P * L * D
+        sizes[k], calls[k] = layered_plan(hm, P, L, 4 * (2 * P * L * D + out), len(jobs))
+    plan = pass_plan(groups, parts, lambda part, members: sizes[next(k for k, p in enumerate(parts) if p is part)])
+    return parts, count, plan, hm.memory.budget, calls
+
+
+def _run_passes(hm: SweptModel, parts, plan, jobs, *, mode: str, prefix: bool, scored: str, cost, progress, calls=None):
     """Run ``plan``'s passes: each group of rows once intact with every block's output kept (where a job starts
-    above layer 0), then each pass from there. Returns the objective's sums per job ``(len(jobs),)``; the passes,
+    above layer 0), then each pass from there; ``calls`` (layered passes: copies a block call per part) — each pass
+    carries the base's rows itself, nothing kept. Returns the objective's sums per job ``(len(jobs),)``; the passes,
     rows and layers run are added to ``cost``."""
     import torch
 
     from headwise.analysis.batched import keep_blocks, start_layer
 
     nl = hm.num_layers
-    deep = prefix and any(start_layer(hm, [job]) > 0 for job in jobs)
+    deep = calls is None and prefix and any(start_layer(hm, [job]) > 0 for job in jobs)
     sums = np.zeros(len(jobs))
     kept: list = []
     current = -1
@@ -179,13 +211,18 @@ def _run_passes(hm: SweptModel, parts, plan, jobs, *, mode: str, prefix: bool, s
                         cost.rows += P
                         cost.layer_rows += nl * P
                         cost.layer_tokens += nl * part.tokens
-            per_job, low = _pass_objective(hm, part, [jobs[i] for i in chunk], mode, kept, prefix, scored)
+            layered = None if calls is None else calls[k]
+            per_job, low = _pass_objective(hm, part, [jobs[i] for i in chunk], mode, kept, prefix, scored, layered)
             sums[chunk] += per_job.cpu().numpy()
             c = len(chunk)
             cost.passes += 1
             cost.rows += c * P
-            cost.layer_rows += (nl - low) * c * P
-            cost.layer_tokens += (nl - low) * c * part.tokens
+            if layered is None:
+                run = (nl - low) * c
+            else:  # each job from its own start layer, the base's rows from the lowest
+                run = sum(nl - start_layer(hm, [jobs[i]]) for i in chunk) + nl - low
+            cost.layer_rows += run * P
+            cost.layer_tokens += run * part.tokens
             if progress is not None:
                 progress(done, len(plan))
     return sums

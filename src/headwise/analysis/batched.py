@@ -66,6 +66,7 @@ __all__ = [
     "start_layer",
     "shows_blocks",
     "staggered",
+    "layered_plan",
     "copies_from",
     "keep_blocks",
     "replayed",
@@ -334,6 +335,7 @@ def run_copies(
     prefix: bool = True,
     kept: Sequence = (),
     layered: int | None = None,
+    whole_rows: bool = True,
 ) -> tuple[object, int]:
     """One forward of J = ``len(jobs)`` copies of the input, copy j with job j's heads replaced (and the caller's
     edits of its rows, made by ``run``) — the one engine of batched copies: importance's ablations and pruning sets,
@@ -359,6 +361,10 @@ def run_copies(
             activations those of ``layered`` copies (a model opened layer by layer); ``run(1)`` must return a
             tensor with the rows first (the base copy's rows are dropped from it). Where the model shows no blocks:
             as None.
+        whole_rows: with ``layered``, ``run(1)``'s output holds every copy's rows, ``(J + 1)·P`` first (the base's
+            dropped here, the others put back in job order); False: the caller's ``run`` selected its own rows of
+            the jobs' copies (rows ``(j + 1)·P + p`` of the pass, ``P`` … ``(J + 1)·P``), returned as they are —
+            the jobs must then be given in the order of their start layers.
     Returns:
         ``(output of the J·P rows, the layer the copies started at)``.
     Raises:
@@ -371,7 +377,8 @@ def run_copies(
     jobs = [as_job(job) for job in jobs]
     J, P = len(jobs), ids.shape[0]
     if layered is not None and J and shows_blocks(model):
-        return _run_layered(model, run, ids, jobs, replacement, real, kept, positive_int("layered", layered))
+        per_call = positive_int("layered", layered)
+        return _run_layered(model, run, ids, jobs, replacement, real, kept, per_call, whole_rows)
     masks = job_masks(model, jobs, ids.shape[1], ids.device)
     window = _Window(0, J)
     hooks = {
@@ -407,7 +414,7 @@ def _replacing(layer, keep, window, replacement, real, out):
         raise RuntimeError(f"layer {layer}: {e}") from None
 
 
-def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call: int):
+def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call: int, whole_rows: bool):
     """:func:`run_copies` with ``layered``: the copies join the pass layer by layer and each block runs its rows
     ``per_call`` copies at a time (see :func:`staggered`). Returns ``(output of the J·P rows in job order, the
     lowest start layer)``."""
@@ -418,6 +425,8 @@ def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call:
     J, P = len(jobs), ids.shape[0]
     starts = [start_layer(model, [job]) for job in jobs]
     order = sorted(range(J), key=lambda j: starts[j])  # stable: jobs of one start layer in their given order
+    if not whole_rows and order != list(range(J)):
+        raise ValueError("jobs: a layered pass whose run selects its own rows takes its jobs in start-layer order")
     begins = [starts[j] for j in order]
     masks = job_masks(model, [CopyJob(), *(jobs[j] for j in order)], ids.shape[1], ids.device)  # copy 0: the base
     window = _Window(0, 1)
@@ -428,6 +437,8 @@ def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call:
     low = begins[0]
     with torch.no_grad(), model.hooks(hooks), replayed(model, low, kept), staggered(model, begins, P, per_call, window):
         out = run(1)
+    if not whole_rows:
+        return out, low
     if not isinstance(out, torch.Tensor) or out.shape[0] != (J + 1) * P:
         raise RuntimeError(
             f"run_copies: a layered pass expects the rows of {J + 1} copies of {P} from run(1), got "
@@ -483,6 +494,33 @@ def staggered(model, begins: Sequence[int], P: int, per_call: int, window: _Wind
     names = [layer_point(i, "resid_pre") for i in range(low, model.num_layers)]
     with replaced_calls(model.points, names, call):
         yield
+
+
+def layered_plan(model, rows: int, length: int, per_job: int, jobs: int, *, per_call: int | None = None):
+    """``(jobs a pass, copies a block call)`` of a layered pass (:func:`staggered`) on a model opened layer by layer
+    (None where it was opened whole or shows no blocks): what its budget leaves beside what a layer walk holds
+    (:func:`headwise.models.layer_walk.walk_need`: the process, one layer's weights and working set) holds one block
+    call's activations — a row's ≈ its largest layer's float32 parameters per model width (its widest products) and
+    its attention scores, for ``per_call`` copies or as many as a quarter of the room holds — and ``per_job`` bytes
+    a job (its copy's residual stream, its output) for each job and the base copy; at least 1, at most ``jobs``.
+
+    Args:
+        rows, length: the input's ``(P, L)``.
+        per_job: bytes a job's copy holds through the pass.
+        per_call: copies a block call runs at most (None: as the room allows).
+    """
+    stream = getattr(model, "stream", None)
+    if stream is None or not shows_blocks(model):
+        return None
+    from headwise.models.layer_walk import walk_need
+
+    largest = max((f32 for f32, _ in stream.sizes().values()), default=0)
+    heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
+    per_copy = rows * length * (largest // max(1, model.width) + 4 * heads * length)  # one copy's activations
+    room = model.memory.budget - walk_need(model, activations=per_job)  # the base copy
+    fit = max(1, room // 4 // max(1, per_copy))
+    call = max(1, min(fit, per_call or fit, jobs + 1))
+    return max(1, min(jobs, (room - call * per_copy) // max(1, per_job))), call
 
 
 def _copies_rows(hidden, P: int, have: int, a: int, b: int):

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import run_copies, shows_blocks
+from headwise.analysis.batched import layered_plan, run_copies
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -264,9 +264,8 @@ def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, j
     layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run
     ``batch_size`` copies at a time; elsewhere a pass is ``batch_size`` jobs."""
     P = base.shape[0]
-    per_pass = layered_jobs(target, base.shape, reads_last_position(metric), batch_size, len(jobs))
-    layered = None if per_pass is None else batch_size
-    size = batch_size if per_pass is None else per_pass
+    plan = layered_jobs(target, base.shape, reads_last_position(metric), batch_size, len(jobs))
+    size, layered = (batch_size, None) if plan is None else plan
     values = []
     batches = 0
     for start in range(0, len(jobs), size):
@@ -277,30 +276,20 @@ def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, j
     return torch.cat(values) if values else torch.empty(0, P), batches
 
 
-def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs: int) -> int | None:
-    """Jobs one patched pass carries on a model opened layer by layer (None: opened whole, a pass is a batch): as
-    many as the budget holds beside what a layer walk holds (:func:`headwise.models.layer_walk.walk_need`: the
-    process, one layer's weights and working set) and one block call's activations of ``per_call`` copies — per
-    job, the residual stream of its rows twice (a block's input and output) and its logits twice (the model's and
-    the metric's copy), float32; at least 1, at most ``jobs``.
+def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs: int) -> tuple[int, int] | None:
+    """``(jobs a pass, copies a block call)`` of a sweep on a model opened layer by layer (None: opened whole, a
+    pass is a batch of ``batch_size``): as many jobs as the budget holds
+    (:func:`headwise.analysis.batched.layered_plan`), each holding the residual stream of its rows twice (a block's
+    input and output) and its logits twice (the model's and the metric's copy), float32; a block call runs at most
+    ``per_call`` copies.
 
     Args:
         shape: the input's ``(P, L)``.
         last_only: the logits are the last position's alone.
     """
-    stream = getattr(target, "stream", None)
-    if stream is None or not shows_blocks(target):
-        return None
-    from headwise.models.layer_walk import walk_need
-
     P, L = shape
-    width, vocab = target.width, int(target.vocab_size or 0)
-    largest = max((f32 for f32, _ in stream.sizes().values()), default=0)
-    per_token = largest // max(1, width) + 4 * max(target.heads_per_layer or [1]) * L  # a row's activations
-    call = per_call * P * L * per_token
-    per_job = 4 * P * (2 * L * width + 2 * (1 if last_only else L) * vocab)
-    room = target.memory.budget - walk_need(target, activations=call + per_job)  # the base copy
-    return max(1, min(jobs, room // max(1, per_job)))
+    per_job = 4 * P * (2 * L * target.width + 2 * (1 if last_only else L) * int(target.vocab_size or 0))
+    return layered_plan(target, P, L, per_job, jobs, per_call=per_call)
 
 
 def prepare(target, clean, corrupted, metric: Metric, direction: str):
