@@ -185,3 +185,37 @@ def test_head_importance_layer_by_layer_equals_the_whole_route(pair, route):
             continue
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(a))))
     assert all(p.device.type == "meta" for p in layered.model.parameters())
+
+
+def test_a_pass_reads_each_block_into_the_buffers_the_last_one_freed(pair):
+    """The stream keeps a released block's float32 tensors (at most one block's worth) and reads the next block into
+    them; a weight a caller still holds — a detached copy, a view — is never written over."""
+    whole, layered = pair
+    ids, _ = _ids()
+    stream = layered.stream
+    stream.drain()
+    block = stream.units[stream.block_units()[0]]
+    kept, pointers = [], []
+
+    def keep(module, args):  # after the stream's own pre-hook: the block's weights are in
+        if not kept:  # the first pass: a view of one weight held past the block's release
+            kept.append((next(module.parameters()).detach()[:1], next(module.parameters()).detach()[:1].clone()))
+        pointers.append({p.data_ptr() for p in module.parameters()})
+
+    handle = block.register_forward_pre_hook(keep)
+    try:
+        with torch.no_grad():
+            first = layered.logits(ids)
+            assert 0 < stream.pooled_bytes <= stream._pool_limit()
+            pooled = {t.data_ptr() for ts in stream._buffers._free.values() for t in ts}
+            second = layered.logits(ids)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    _close(second, whole.logits(ids))
+    view, values = kept[0]
+    torch.testing.assert_close(view, values, rtol=0, atol=0)  # the held weight was not written over
+    assert pointers[1] & pooled  # the second pass's block 0 read into buffers the first pass freed
+    assert view.data_ptr() not in pointers[1]  # … never into the one a caller still holds
+    stream.drain()
+    assert stream.pooled_bytes == 0

@@ -103,12 +103,18 @@ class GGUFTensors:
     def stored_bytes(self, name: str) -> int:
         return self.header.tensors[name][2]
 
-    def load(self, names: Sequence[str]) -> dict:
+    def load(self, names: Sequence[str], *, into=None) -> dict:
+        """The tensors ``names`` de-quantised to float32 (``into[name]``: written into that tensor of its shape)."""
         import torch
 
+        into = into or {}
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            return {name: torch.from_numpy(self._finished(name, self._dequantized(fd, name))) for name in names}
+            out = {}
+            for name in names:
+                t = torch.from_numpy(self._finished(name, self._dequantized(fd, name)))
+                out[name] = into[name].copy_(t) if name in into else t
+            return out
         finally:
             os.close(fd)
 

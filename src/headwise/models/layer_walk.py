@@ -51,15 +51,16 @@ READS = "one layer's weights at a time and what it keeps of every layer's activa
 
 def walk_need(hm: HeadModel, *, activations: int = 0) -> int:
     """Bytes of peak resident memory a forward and backward pass need on ``hm`` opened layer by layer: what the
-    process holds now, the largest unit's float32 and stored bytes and its float32 bytes once more (the layer's
-    working set: a tool's copies of its matrices, the allocator's slack — a circuit on Llama 3 8B's shapes peaked
-    0.41 GB above the estimate without it), the activations ``activations`` (the caller's estimate) and
-    :data:`~headwise.models.memory.MIN_WORKING`."""
+    process holds now (less the freed buffers the stream keeps to read the next layer into), the largest unit's
+    float32 and stored bytes and its float32 bytes once more (the layer's working set: a tool's copies of its
+    matrices, the allocator's slack — a circuit on Llama 3 8B's shapes peaked 0.41 GB above the estimate without
+    it), the activations ``activations`` (the caller's estimate) and :data:`~headwise.models.memory.MIN_WORKING`."""
     from headwise.models import memory
 
     sizes = hm.stream.sizes().values()
     largest = max((2 * f32 + st for f32, st in sizes), default=0)
-    return memory.current_rss() + largest + activations + memory.MIN_WORKING
+    held = memory.current_rss() - hm.stream.pooled_bytes  # the kept buffers are the next layer's to read into
+    return held + largest + activations + memory.MIN_WORKING
 
 
 def check_walk(hm: HeadModel, what: str, *, activations: int = 0) -> None:

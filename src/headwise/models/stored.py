@@ -13,7 +13,7 @@ Shape legend: V rows of a matrix (an embedding's or unembedding's vocabulary), D
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -38,8 +38,9 @@ class StoredTensors(Protocol):
         """The bytes of a stored tensor in the file (what reading it touches)."""
         ...
 
-    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
-        """The tensors ``names`` as new float32 tensors (nothing of the file kept mapped after the call)."""
+    def load(self, names: Sequence[str], *, into: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The tensors ``names`` as float32 tensors (nothing of the file kept mapped after the call): written into
+        ``into[name]`` (a float32 tensor of its shape, warm memory to reuse) where given, else new."""
         ...
 
 
@@ -116,9 +117,10 @@ class SafetensorsTensors:
                 k = end
         return out
 
-    def load(self, names: Sequence[str]) -> dict[str, Tensor]:
+    def load(self, names: Sequence[str], *, into: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         from safetensors import safe_open
 
+        into = into or {}
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self._where[name], []).append(name)
@@ -127,7 +129,12 @@ class SafetensorsTensors:
             with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
                 for name in group:
                     # a copy even when stored as float32: the mapped tensor must not outlive the file
-                    out[name] = f.get_tensor(name).to(torch.float32, copy=True)
+                    stored = f.get_tensor(name)
+                    if name in into:
+                        out[name] = into[name].copy_(stored)
+                    else:
+                        out[name] = stored.to(torch.float32, copy=True)
+                    del stored
         return out
 
 
