@@ -247,7 +247,10 @@ def _view(hm: HeadModel, ids, mask, n: int, reader=None) -> ExampleView:
     view: dict = {"ids": ids[0, :n].tolist()}
     if pooled is None:
         maps = hm.attentions(ids[:1, :n], mask[:1, :n])  # bounded: n ≤ VIEW_FULL_UP_TO
-        view["maps"] = np.stack([m[0] for m in maps]).astype(np.float32)
+        out = np.empty((len(maps), *maps[0].shape[1:]), np.float32)  # (NL, H, n, n)
+        for i in range(len(maps)):  # each layer's map dropped once copied: the maps are held once, not twice
+            out[i], maps[i] = maps[i][0], None
+        view["maps"] = out
     else:
         view["pooled"], view["bounds"] = reader.pooled_maps()
     if reader is not None and reader.kept is not None:
