@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--commands", default="heads,importance,patch,qk,circuit")
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--name", default="memory_small")
-    p.add_argument("--follow", type=int, default=2, help="reruns at the budget a refusal names (0: none)")
+    p.add_argument("--follow", type=int, default=3, help="reruns at the budget a refusal names (0: none)")
     args = p.parse_args(argv)
     results: dict = {"cpu": cpu_model(), "cores": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS",
                      "2"), "budget": args.budget, "tokens": 256, "pairs": args.pairs, "runs": {}}  # fmt: skip
