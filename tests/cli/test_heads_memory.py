@@ -198,3 +198,40 @@ def test_importance_layer_by_layer_is_refused_under_torchrun(folder, tmp_path, r
                   str(tmp_path / "o"), "--max-memory", "20GB")  # fmt: skip
     assert_user_error(out, "--importance", "opened layer by layer", "without torchrun")
     assert not (tmp_path / "o").exists()
+
+
+def test_heads_need_grows_with_the_example_and_its_heads(folder):
+    """The study's need counts what grows with the text: the example's maps (the square of its length up to 256
+    tokens, then the pooled overview's fixed bins) and the head view's page, beside what the process holds."""
+    from headwise.commands.heads import PICTURES, heads_need
+    from headwise.models import open_model
+    from headwise.study.decoder import VIEW_BINS, view_bytes
+
+    hm = open_model(folder, max_memory="20GB")
+    NL, H = hm.num_layers, hm.num_heads
+    needs = [heads_need(hm, n, held=0) for n in (8, 64, 256)]
+    assert needs[0] < needs[1] < needs[2]
+    assert needs[0] > PICTURES  # the pictures and the pass's working set are counted whatever the length
+    assert heads_need(hm, 256, held=10**9) == needs[2] + 10**9  # what the process holds, counted as measured
+    assert view_bytes(NL, H, 256) == 4 * NL * H * 256 * 256
+    assert view_bytes(NL, H, 4096) == view_bytes(NL, H, 100_000) == 4 * NL * H * 2 * VIEW_BINS**2  # pooled
+    assert view_bytes(NL, H, 100, (10, 30)) == 4 * NL * H * (100 * 100 + 20 * 20)  # --queries kept
+    assert view_bytes(2 * NL, H, 256) == 2 * view_bytes(NL, H, 256)
+
+
+def test_heads_under_a_budget_too_small_for_its_example(folder, tmp_path, run_cli, monkeypatch):
+    """A budget that opens the model but not the study of its example is refused in one line naming the example's
+    length and the memory it needs, nothing written; that memory as the budget runs."""
+    import headwise.models.memory as memory
+    from headwise.models import open_model
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    out = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "o"), "--max-memory",
+                  str(smallest))  # fmt: skip
+    assert_user_error(out, "--max-memory", "heads on an example of 15 tokens needs about")
+    assert not (tmp_path / "o").exists()
+    need = re.search(r"needs about ([0-9.]+ [kMG]?B)", out.err).group(1).replace(" ", "")
+    ok = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "o"), "--max-memory", need)
+    assert ok.code == 0, ok.err

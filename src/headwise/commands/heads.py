@@ -29,6 +29,8 @@ __all__ = [
     "HeadsOptions",
     "HeadsResult",
     "check_opened",
+    "check_room",
+    "heads_need",
     "composition_result",
     "decoder_study",
     "encoder_model",
@@ -168,6 +170,7 @@ def _decoder(hm: HeadModel, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsRes
     from headwise.study.heads_lines import view_note
 
     plan = plan_decoder(hm, opts)
+    check_room(hm, plan)
     prepare_folder(opts.out, "--out")
     if opts.queries_only:
         return _queries_only(hm, opts, plan, warn=warn, bars=bars)
@@ -264,6 +267,61 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
                          "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
                          "process")  # fmt: skip
+
+
+#: What the pictures take in the process beyond the maps and the page: matplotlib's import (30 MB on SmolLM2's run)
+#: and its figures' buffers (heads.png and roles.png are drawn in forked children where the system forks).
+PICTURES = 48 * 2**20
+
+
+def heads_need(hm: HeadModel, tokens: int, queries: tuple[int, int] | None = None, *, held: int | None = None) -> int:
+    """The peak resident memory of a decoder's study of an example of ``tokens`` tokens, in bytes: what the process
+    holds now (``held``, default :func:`~headwise.models.memory.current_rss`: the interpreter, the imports, the
+    tokenizer, a whole model's weights), the pass's weights and activations (opened layer by layer the largest unit's
+    float32 and stored bytes and :data:`~headwise.models.memory.MIN_WORKING`, else that working set alone), the
+    example's view kept for the pictures (:func:`~headwise.study.decoder.view_bytes`: it grows with the square of the
+    length up to 256 tokens), the head view's page three times (its JSON, the page, its bytes written:
+    :func:`~headwise.viz.headview.page_size_bound`) and :data:`PICTURES`."""
+    from headwise.models.memory import MIN_WORKING, current_rss
+    from headwise.study.decoder import VIEW_BINS, VIEW_FULL_UP_TO, view_bytes
+    from headwise.viz.headview import page_size_bound
+
+    held = current_rss() if held is None else held
+    plan = hm.memory
+    weights = plan.layers if plan is not None and hm.stream is not None else MIN_WORKING
+    rows = tokens if tokens <= VIEW_FULL_UP_TO else VIEW_BINS
+    page = page_size_bound(rows, hm.num_layers, hm.num_heads)
+    if queries is not None:
+        page += page_size_bound(queries[1] - queries[0], hm.num_layers, hm.num_heads)
+    view = view_bytes(hm.num_layers, hm.num_heads, tokens, queries)
+    return held + weights + view + 3 * page + PICTURES
+
+
+def check_room(hm: HeadModel, plan) -> None:
+    """A decoder's study weighed against a budget the user gave (``--max-memory``), before anything is written:
+    :func:`heads_need` of the example (``plan``: :func:`~headwise.study.decoder.plan_decoder`'s).
+
+    Raises:
+        ValueError: one line naming the budget, the example's length and the memory the run needs.
+    """
+    from headwise.models.memory import HELD_SLACK, MemoryBudgetError, format_size
+
+    memory = hm.memory
+    if memory is None or not memory.given:
+        return
+    need = heads_need(hm, plan.tokens, plan.queries)
+    if need <= memory.budget:
+        return
+    need += HELD_SLACK  # named: a run given it is not refused again by what the process holds moving
+    route = "opened layer by layer" if hm.stream is not None else "opened whole"
+    message = (
+        f"{{option}}: {format_size(memory.budget)} is too small for {hm.name} ({route}): heads on an example of "
+        f"{plan.tokens} tokens needs about {format_size(need)} (what the process holds, the pass's weights and "
+        "activations, the example's attention maps kept for its pictures, the pictures); give a {option} at least "
+        "that"
+    )
+    error = MemoryBudgetError(message, given=True, budget=memory.budget, need=need, route=memory.route)
+    raise ValueError(said(error))
 
 
 def encoder_model(hm: HeadModel | None, opts: HeadsOptions, *, warn: Callable[[str], None]):

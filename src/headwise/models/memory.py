@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from headwise._machine import free_memory
 
 __all__ = [
+    "HELD_SLACK",
     "WORKING",
     "FREE_SHARE",
     "MemoryBudgetError",
@@ -44,6 +45,10 @@ WORKING = 256 * 2**20
 #: The least left for the activations when the budget is tight (64 MiB: the streaming pass's smallest blocks, 50 MB,
 #: and a short batch's hidden states); a budget between this and :data:`WORKING` above the weights is taken as given.
 MIN_WORKING = 64 * 2**20
+#: What a budget named as the smallest that works adds to the need weighed (4 MiB): what the process holds when the
+#: need is weighed moves by about 1 MB from run to run (its imports' allocations), so that a run given exactly the
+#: budget a refusal named is not refused again by that much.
+HELD_SLACK = 4 * 2**20
 #: The share of the machine's available memory a default budget takes (the rest is the margin).
 FREE_SHARE = 0.8
 #: the default budget is never below this share of the machine's memory: on a busy machine a model that small takes
@@ -267,7 +272,7 @@ def plan_memory(
         largest = (big, units[big][0])
     else:
         need_layers, largest = need_whole, ("the whole model", whole)
-    smallest = held + min(need_layers, need_whole)
+    smallest = held + min(need_layers, need_whole) + HELD_SLACK  # named: a run given it is not refused again
     given = max_memory is not None
     try:
         budget = parse_size(max_memory) if given else default_budget()

@@ -42,6 +42,7 @@ __all__ = [
     "plan_decoder",
     "probe_detectors",
     "query_rows",
+    "view_bytes",
 ]
 
 #: Longest example drawn at full resolution (heads.png / headview.html); a longer one is drawn pooled.
@@ -93,6 +94,15 @@ class DecoderPlan:
     probe: object
     tokens: int
     queries: tuple[int, int] | None
+
+
+def view_bytes(num_layers: int, num_heads: int, tokens: int, queries: tuple[int, int] | None = None) -> int:
+    """Bytes the example's view holds from its pass to the pictures, for an example of ``tokens`` tokens: its
+    ``(NL, H, n, n)`` float32 maps up to :data:`VIEW_FULL_UP_TO` tokens, else the pooled overview's
+    ``(NL, H, VIEW_BINS, VIEW_BINS)`` sums and maps; the ``(NL, H, B − A, B − A)`` queries kept (``queries``)."""
+    cells = tokens * tokens if tokens <= VIEW_FULL_UP_TO else 2 * VIEW_BINS * VIEW_BINS
+    kept = 0 if queries is None else (queries[1] - queries[0]) ** 2
+    return 4 * num_layers * num_heads * (cells + kept)
 
 
 @dataclass(frozen=True)
@@ -247,7 +257,10 @@ def _view(hm: HeadModel, ids, mask, n: int, reader=None) -> ExampleView:
     view: dict = {"ids": ids[0, :n].tolist()}
     if pooled is None:
         maps = hm.attentions(ids[:1, :n], mask[:1, :n])  # bounded: n ≤ VIEW_FULL_UP_TO
-        view["maps"] = np.stack([m[0] for m in maps]).astype(np.float32)
+        out = np.empty((len(maps), *maps[0].shape[1:]), np.float32)  # (NL, H, n, n)
+        for i in range(len(maps)):  # each layer's map dropped once copied: the maps are held once, not twice
+            out[i], maps[i] = maps[i][0], None
+        view["maps"] = out
     else:
         view["pooled"], view["bounds"] = reader.pooled_maps()
     if reader is not None and reader.kept is not None:

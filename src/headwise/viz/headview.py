@@ -133,11 +133,17 @@ def query_overview(
 
 
 def _as_maps(attentions) -> np.ndarray:
-    a = np.asarray([np.asarray(x, dtype=np.float32).reshape(np.shape(x)[-3:]) for x in attentions])
+    """``(NL, H, n, n)`` float32 maps, checked: a float32 array of that shape as it is (no copy: a 256-token view
+    of 30 layers × 9 heads is 71 MB), else the layers stacked; checked a layer at a time (no whole-size masks)."""
+    if isinstance(attentions, np.ndarray) and attentions.dtype == np.float32 and attentions.ndim == 4:
+        a = attentions
+    else:
+        a = np.asarray([np.asarray(x, dtype=np.float32).reshape(np.shape(x)[-3:]) for x in attentions])
     if a.ndim != 4 or a.shape[-1] != a.shape[-2] or 0 in a.shape:
         raise ValueError(f"attentions: expected shape (NL, H, n, n), got {a.shape}")
-    if not np.all(np.isfinite(a)) or np.any(a < 0):
-        raise ValueError("attentions: expected finite, non-negative weights")
+    for layer in a:
+        if not np.all(np.isfinite(layer)) or np.any(layer < 0):
+            raise ValueError("attentions: expected finite, non-negative weights")
     return a
 
 
@@ -158,9 +164,12 @@ def thumbnails(maps: np.ndarray, size: int = THUMB) -> tuple[np.ndarray, np.ndar
     of = np.searchsorted(bounds, np.arange(n), side="right") - 1  # (n,) bin of each token
     one_hot = np.zeros((n, t))
     one_hot[np.arange(n), of] = 1.0
-    keys = a @ one_hot  # (NL, H, n, T): summed over each key bin
     rows = one_hot.T / one_hot.sum(axis=0)[:, None]  # (T, n): mean over each query bin
-    return np.einsum("pn,lhnq->lhpq", rows, keys), bounds
+    pooled = np.empty((*a.shape[:2], t, t))
+    for i, layer in enumerate(a):  # a layer at a time: (H, n, T) float64 of the key bins, not (NL, H, n, T)
+        keys = layer @ one_hot  # (H, n, T): summed over each key bin
+        pooled[i] = np.einsum("pn,hnq->hpq", rows, keys)
+    return pooled, bounds
 
 
 def headview_payload(
@@ -211,12 +220,17 @@ def headview_payload(
     k = n if n <= EXACT_UP_TO else TOP_K
     if k == n:
         keys = np.broadcast_to(np.arange(n, dtype=np.uint16), a.shape)  # (NL, H, n, n)
-        kept = a
-    else:
-        keys = np.argpartition(-a, k - 1, axis=-1)[..., :k].astype(np.uint16)  # (NL, H, n, K): the K largest
-        kept = np.take_along_axis(a, keys.astype(np.int64), axis=-1)
-    q = np.clip(np.rint(kept * 255.0), 0, 255).astype(np.uint8)  # (NL, H, n, K)
-    dropped = float(np.max(a.sum(-1) - kept.sum(-1))) if k < n else 0.0
+        q = np.clip(np.rint(a * 255.0), 0, 255).astype(np.uint8)  # (NL, H, n, n)
+        dropped = 0.0
+    else:  # a layer at a time: argpartition's int64 indices of a whole (NL, H, n, n) would be twice the maps
+        keys = np.empty((num_layers, num_heads, n, k), np.uint16)  # (NL, H, n, K): the K largest
+        q = np.empty((num_layers, num_heads, n, k), np.uint8)
+        dropped = 0.0
+        for i, layer in enumerate(a):
+            top = np.argpartition(-layer, k - 1, axis=-1)[..., :k]  # (H, n, K)
+            kept = np.take_along_axis(layer, top, axis=-1)
+            keys[i], q[i] = top, np.clip(np.rint(kept * 255.0), 0, 255)
+            dropped = max(dropped, float(np.max(layer.sum(-1) - kept.sum(-1))))
     note = (
         f"{n} tokens, {num_layers} layers × {num_heads} heads. Line opacity = attention weight "
         "(quantised to 1/255; weights under 0.002 are not drawn)."
