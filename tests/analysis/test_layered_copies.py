@@ -218,3 +218,43 @@ def test_ablations_layer_by_layer_equal_the_whole_route_in_fewer_passes(opened, 
     # each job from its own start layer, plus the base's rows from the lowest
     starts = [min(j) if j else 0 for j in jobs]
     assert cost.layer_rows == sum(b[0].shape[0] for b in batches) * (sum(NL - s for s in starts) + NL)
+
+
+def _job(hm) -> int:
+    from headwise.patching.exact import _job_bytes
+    from headwise.patching.metric import reads_last_position
+
+    return _job_bytes(hm, (1, 8), reads_last_position(_metric))
+
+
+def test_a_whole_model_under_a_given_budget_runs_the_copies_it_holds(opened, monkeypatch):
+    """Opened whole under a budget given, a sweep's passes hold no more copies than the budget leaves (and the values
+    stay the batched sweep's); no budget given: ``batch_size`` a pass."""
+    import dataclasses
+
+    from headwise.analysis.batched import budget_copies
+    from headwise.models.memory import MIN_WORKING, current_rss
+
+    whole, _ = opened
+    assert budget_copies(whole, 1, 8, 10**6, 16) == 16  # no budget given: as asked
+    g = torch.Generator().manual_seed(5)
+    clean = torch.randint(3, 100, (1, 8), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, 2] = 7
+    ref = patch_heads(whole, clean, corrupted, _metric, batch_size=16)
+    held = current_rss()
+    monkeypatch.setattr("headwise.models.memory.current_rss", lambda: held)  # the process held still
+
+    def budget(extra):
+        monkeypatch.setattr(whole, "memory", dataclasses.replace(whole.memory, budget=held + MIN_WORKING + extra,
+                                                                 given=True))  # fmt: skip
+
+    budget(0)
+    assert budget_copies(whole, 1, 8, _job(whole), 16) == 1  # no room: one copy a pass
+    budget(2**16)
+    per_pass = budget_copies(whole, 1, 8, _job(whole), 16)
+    assert 1 <= per_pass < 16
+    got = patch_heads(whole, clean, corrupted, _metric, batch_size=16)
+    heads = sum(whole.heads_per_layer)
+    assert got.passes == 2 + -(-heads // per_pass)
+    _close(got.patched, ref.patched)

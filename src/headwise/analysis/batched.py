@@ -67,6 +67,7 @@ __all__ = [
     "shows_blocks",
     "staggered",
     "layered_plan",
+    "budget_copies",
     "copies_from",
     "keep_blocks",
     "replayed",
@@ -521,6 +522,28 @@ def layered_plan(model, rows: int, length: int, per_job: int, jobs: int, *, per_
     fit = max(1, room // 4 // max(1, per_copy))
     call = max(1, min(fit, per_call or fit, jobs + 1))
     return max(1, min(jobs, (room - call * per_copy) // max(1, per_job))), call
+
+
+def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int:
+    """Copies a pass holds on a model opened whole within the budget it was opened under, where one was given
+    (``model.memory.given``; else ``most``): what the budget leaves beside what the process holds now and
+    :data:`~headwise.models.memory.MIN_WORKING`, per copy its activations (as :func:`layered_plan` counts them, from
+    the largest block's parameters) and ``per_job`` bytes; at least 1, at most ``most``."""
+    memory = getattr(model, "memory", None)
+    if memory is None or not memory.given:
+        return most
+    from headwise.models.memory import MIN_WORKING, current_rss
+    from headwise.structure import layer_list
+
+    try:
+        _, blocks = layer_list(model.model)
+    except ValueError:  # no layer list: its parameters all count as one block's
+        blocks = [model.model]
+    largest = 4 * max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0)
+    heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
+    per_copy = per_job + rows * length * (largest // max(1, model.width) + 4 * heads * length)
+    room = memory.budget - current_rss() - MIN_WORKING
+    return max(1, min(most, room // max(1, per_copy)))
 
 
 def _copies_rows(hidden, P: int, have: int, a: int, b: int):

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import layered_plan, run_copies
+from headwise.analysis.batched import budget_copies, layered_plan, run_copies
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -262,10 +262,15 @@ def position_jobs(target: HeadModel, heads, length: int) -> list[list[Patch]]:
 def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
     """The metric of every job, ``(len(jobs), P)``; returns it with the number of passes run. On a model opened
     layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run
-    ``batch_size`` copies at a time; elsewhere a pass is ``batch_size`` jobs."""
+    ``batch_size`` copies at a time; elsewhere a pass is ``batch_size`` jobs, or as many as a budget given holds
+    (:func:`~headwise.analysis.batched.budget_copies`)."""
     P = base.shape[0]
-    plan = layered_jobs(target, base.shape, reads_last_position(metric), batch_size, len(jobs))
-    size, layered = (batch_size, None) if plan is None else plan
+    last_only = reads_last_position(metric)
+    plan = layered_jobs(target, base.shape, last_only, batch_size, len(jobs))
+    if plan is None:  # opened whole: batches of batch_size, fewer where a budget given holds fewer
+        size, layered = budget_copies(target, *base.shape, _job_bytes(target, base.shape, last_only), batch_size), None
+    else:
+        size, layered = plan
     values = []
     batches = 0
     for start in range(0, len(jobs), size):
@@ -288,8 +293,14 @@ def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs:
         last_only: the logits are the last position's alone.
     """
     P, L = shape
-    per_job = 4 * P * (2 * L * target.width + 2 * (1 if last_only else L) * int(target.vocab_size or 0))
-    return layered_plan(target, P, L, per_job, jobs, per_call=per_call)
+    return layered_plan(target, P, L, _job_bytes(target, shape, last_only), jobs, per_call=per_call)
+
+
+def _job_bytes(target: HeadModel, shape, last_only: bool) -> int:
+    """Bytes a patched copy of ``shape`` ``(P, L)`` holds through a pass: its residual stream twice and its logits
+    twice (the model's and the metric's copy), float32."""
+    P, L = shape
+    return 4 * P * (2 * L * target.width + 2 * (1 if last_only else L) * int(target.vocab_size or 0))
 
 
 def prepare(target, clean, corrupted, metric: Metric, direction: str):
