@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from headwise.models.head_model import HeadModel
 
-__all__ = ["READS", "attention_bytes", "attention_need", "attention_pinned", "check_attention"]
+__all__ = [
+    "READS",
+    "attention_bytes",
+    "attention_held",
+    "attention_need",
+    "attention_pinned",
+    "check_attention",
+    "layer_attention_bytes",
+]
 
 #: What such a tool reads, as the refusal names it.
 READS = "every layer's attention weights at once"
@@ -89,4 +97,31 @@ def attention_pinned(hm: HeadModel, what: str, *, extra: int = 0) -> Iterator[No
     if outermost:
         check_attention(hm, what, extra=extra)
     with hm.stream.pinned(_chosen(hm) if outermost else {}):  # the stream counts its open blocks
+        yield
+
+
+def layer_attention_bytes(hm: HeadModel) -> list[tuple[int, int]]:
+    """Per layer, ``(float32 bytes, stored bytes)`` of what :func:`attention_held` reads of it: its attention
+    module's parameters and its 1-D parameters (norms' gains, biases); ``[]`` for a model opened whole."""
+    if hm.stream is None:
+        return []
+    sizes = hm.stream.chosen_sizes(_chosen(hm))
+    return [sizes.get(unit, (0, 0)) for unit in hm.stream.block_units()]
+
+
+@contextlib.contextmanager
+def attention_held(hm: HeadModel, *layers: int) -> Iterator[None]:
+    """Within the block, the attention parts of ``layers`` (layer indices) are in on a model opened layer by layer —
+    each layer's attention module's parameters and its 1-D parameters, read as stored into float32 (the MLP's
+    matrices stay on the meta device) — and released after
+    (:meth:`~headwise.models.streamed.LayerStream.holding` with the parameters :func:`attention_pinned` would pin);
+    a model opened whole: nothing. For a tool that reads a few layers' attention weights at a time."""
+    if hm.stream is None:
+        yield
+        return
+    chosen = _chosen(hm)
+    with contextlib.ExitStack() as stack:
+        for layer in layers:
+            unit = hm.stream.unit_of(layer)
+            stack.enter_context(hm.stream.holding(unit, only=chosen.get(unit, [])))
         yield
