@@ -38,6 +38,13 @@ eigenvalues are those of the ``(Dh, Dh)`` matrix ``W_O (W_U W_E) W_V`` (``eig(AB
 ones), so ``(W_U W_E)`` ``(D, D)`` is formed once. The copying score is Elhage et al.'s ``Σ Re λ / Σ |λ|``
 (1: the head copies each token it reads, −1: it suppresses it); ``positive`` is the fraction of the nonzero
 eigenvalues with a positive real part.
+
+A model opened layer by layer: :func:`weights_circuits` never holds every layer's attention parts. It reads one
+layer's at a time (:func:`headwise.models.pinned.attention_held`) and keeps the sender factors ``R(W_V^s) W_O^s``
+``(H, Dh, D)`` of a group of layers, as many as the budget holds (:func:`composition_group`, weighed by
+:func:`composition_need`); each group's layers are scored against one another as they are read, then every later
+layer is read as a receiver of the group. :func:`head_weights` (every layer's matrices at once) pins every layer's
+attention parts for its call (:func:`headwise.models.pinned.attention_pinned`, weighed by :func:`weights_bytes`).
 """
 
 from __future__ import annotations
@@ -648,8 +655,12 @@ def weights_circuits(
         group = composition_group(target)
     elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"group: expected a positive number of layers, got {group!r}")
+    from headwise.models.memory import return_freed
+
     with layer_walk(target):  # the anatomy read on the streamed model; no gradient is recorded
-        return _by_groups(target, group, dtype, progress)
+        found = _by_groups(target, group, dtype, progress)
+    return_freed()  # the groups' factors and copies, freed, given back before what the caller runs next
+    return found
 
 
 def _by_groups(target, group: int, dtype, progress) -> tuple[CompositionScores, CopyingScores]:
