@@ -55,11 +55,12 @@ FAMILIES = {
 REFUSED = {"opt", "gptj"}
 
 
-def tiny(family: str, attn: str = "headwise", seed: int = 0) -> torch.nn.Module:
-    """A tiny random ``AutoModelForCausalLM`` of ``family`` (weights redrawn by :func:`_hf_models.randomise`)."""
+def tiny(family: str, attn: str = "headwise", seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny random ``AutoModelForCausalLM`` of ``family`` (weights redrawn by :func:`_hf_models.randomise`);
+    ``overrides``: config entries over the family's (``num_hidden_layers=5``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(family, **{**_BASE, **FAMILIES[family]})
+    config = AutoConfig.for_model(family, **{**_BASE, **FAMILIES[family], **overrides})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)

@@ -90,10 +90,12 @@ def save_decoder(
     seed: int = 0,
     positions: int = 128,
     init: float = 0.02,
+    layers: int | None = None,
 ) -> Path:
     """Save a tiny random causal LM of ``family`` (safetensors + config.json, maybe tokenizer.json).
 
-    ``init``: the weights' standard deviation (``initializer_range``); 0.5 gives sharp, varied heads.
+    ``init``: the weights' standard deviation (``initializer_range``); 0.5 gives sharp, varied heads. ``layers``:
+    that many layers (default: the family's 2).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -101,6 +103,8 @@ def save_decoder(
     folder.mkdir(parents=True, exist_ok=True)
     vocab = len(SPECIALS) + len(WORDS)
     sizes = dict(FAMILIES[family])
+    if layers is not None:
+        sizes["n_layer" if family == "gpt2" else "num_hidden_layers"] = layers
     if family == "gpt2":
         sizes.update(n_positions=positions, vocab_size=vocab, bos_token_id=0, eos_token_id=1)
     else:

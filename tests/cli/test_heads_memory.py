@@ -1,6 +1,7 @@
-"""``headwise heads --max-memory``: the layer-by-layer route's files equal the whole route's (``--composition`` too),
-and bad budgets are one line naming the smallest budget that works (or, for ``--composition``, the memory every
-layer's attention parts need, for ``--importance`` what its gradient pass keeps), exit 2, nothing written;
+"""``headwise heads --max-memory``: the layer-by-layer route's files equal the whole route's (``--composition`` too,
+under a budget that holds two layers' senders at a time), and bad budgets are one line naming the smallest budget that
+works (or, for ``--composition``, the memory one receiver layer and one sender layer need, for ``--importance`` what
+its gradient pass keeps), exit 2, nothing written;
 ``--importance`` layer by layer equals the whole route."""
 
 from __future__ import annotations
@@ -89,19 +90,10 @@ def test_bad_budgets_name_the_smallest_that_works(folder, tmp_path, run_cli, bud
 COMPOSITION = ("copying", "copying_positive", "q_composition_max", "k_composition_max", "v_composition_max")
 
 
-@pytest.mark.slow  # the fast suite keeps a GGUF file's (tests/cli/test_heads_gguf.py)
-def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run_cli, monkeypatch):
-    """Every layer's attention parts kept in, the rest streamed, ``W_U W_E`` summed over slices of rows: the same
-    columns and scores."""
-    args = ("heads", TEXT, "--model", str(folder), "--composition", "--max-memory", "20GB", "--out")
-    whole = run_cli(*args, str(tmp_path / "whole"))
-    assert whole.code == 0, whole.err
-    _by_layer(monkeypatch)
-    out = run_cli(*args, str(tmp_path / "layers"))
-    assert out.code == 0, out.err
-    assert "memory: layer by layer within 20.00 GB" in out.out and "composition (weights)" in out.out
-    head_w, rows_w = _csv(tmp_path / "whole" / "heads.csv")
-    head_l, rows_l = _csv(tmp_path / "layers" / "heads.csv")
+def _same_composition(whole, layers):
+    """heads.csv's composition and copying columns and heads.json's scores of two runs' folders: the same."""
+    head_w, rows_w = _csv(whole / "heads.csv")
+    head_l, rows_l = _csv(layers / "heads.csv")
     assert head_w == head_l and all(name in head_w for name in COMPOSITION)
     for name in COMPOSITION:
         k = head_w.index(name)
@@ -109,29 +101,77 @@ def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run
         b = np.array([float(r[k] or "nan") for r in rows_l])
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=name)  # NaN where NaN
         assert np.isfinite(a).any(), name
-    a = json.loads((tmp_path / "whole" / "heads.json").read_text())["composition"]
-    b = json.loads((tmp_path / "layers" / "heads.json").read_text())["composition"]
+    a = json.loads((whole / "heads.json").read_text())["composition"]
+    b = json.loads((layers / "heads.json").read_text())["composition"]
     for kind in ("q", "k", "v", "k_group", "v_group"):
         x, y = (np.array(s[kind], dtype=np.float64) for s in (a, b))  # None (no score) -> NaN
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=2e-5, err_msg=kind)  # written to 5 decimals
-    assert (tmp_path / "layers" / "composition.png").is_file()
+    for kind in "qkv":  # the strongest pairs, in the same order
+        keys = ("sender_layer", "sender_head", "layer", "head")
+        assert [[t[k] for k in keys] for t in a["top"][kind]] == [[t[k] for k in keys] for t in b["top"][kind]]
+    assert (layers / "composition.png").is_file()
 
 
-def test_composition_under_a_budget_too_small_for_the_attention_parts(folder, tmp_path, run_cli, monkeypatch):
+@pytest.mark.slow  # the fast suite keeps a GGUF file's (tests/cli/test_heads_gguf.py) and the budget's below
+def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run_cli, monkeypatch):
+    """A group of layers' attention parts at a time, the rest streamed, ``W_U W_E`` summed over slices of rows: the
+    same columns and scores."""
+    args = ("heads", TEXT, "--model", str(folder), "--composition", "--max-memory", "20GB", "--out")
+    whole = run_cli(*args, str(tmp_path / "whole"))
+    assert whole.code == 0, whole.err
+    _by_layer(monkeypatch)
+    out = run_cli(*args, str(tmp_path / "layers"))
+    assert out.code == 0, out.err
+    assert "memory: layer by layer within 20.00 GB" in out.out and "composition (weights)" in out.out
+    _same_csv(tmp_path / "whole" / "heads.csv", tmp_path / "layers" / "heads.csv")
+    _same_composition(tmp_path / "whole", tmp_path / "layers")
+
+
+def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path_factory, tmp_path, run_cli,
+                                                                         monkeypatch):  # fmt: skip
+    """A budget under the whole route's opens the model layer by layer and holds two of its four layers' senders at
+    a time: heads.csv and heads.json equal the whole route's."""
     import headwise.models.memory as memory
-    from headwise.circuits.composition import weights_bytes
+    from headwise.circuits import composition
     from headwise.models import open_model
-    from headwise.models.pinned import attention_need
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    monkeypatch.setattr(composition, "BLOCK_BYTES", 2**16)  # a tiny model's products: the senders set the group
+    deep = save_decoder(tmp_path_factory.mktemp("deep") / "llama", "llama", init=0.5, layers=4)
+    whole = run_cli("heads", TEXT, "--model", str(deep), "--composition", "--out", str(tmp_path / "whole"))
+    assert whole.code == 0, whole.err
+    budget = composition.composition_need(open_model(deep, by_layer=True), 2)
+    groups = []
+    by_groups = composition._by_groups
+    monkeypatch.setattr(composition, "_by_groups", lambda t, group, *a: groups.append(group) or by_groups(t, group, *a))
+    out = run_cli("heads", TEXT, "--model", str(deep), "--composition", "--out", str(tmp_path / "layers"),
+                  "--max-memory", str(budget))  # fmt: skip
+    assert out.code == 0, out.err
+    assert f"memory: layer by layer within {memory.format_size(budget)}" in out.out, out.out
+    assert "composition (weights)" in out.out and groups == [2]
+    _same_csv(tmp_path / "whole" / "heads.csv", tmp_path / "layers" / "heads.csv")
+    _same_composition(tmp_path / "whole", tmp_path / "layers")
+
+
+def test_composition_under_a_budget_too_small_for_one_group(folder, tmp_path, run_cli, monkeypatch):
+    """Not even one sender layer beside its receiver fits: one line naming the memory that does, nothing written."""
+    import headwise.models.memory as memory
+    from headwise.circuits.composition import composition_need
+    from headwise.models import open_model
 
     monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
     _by_layer(monkeypatch)
     smallest = open_model(folder, max_memory="20GB").memory.smallest
     hm = open_model(folder, max_memory=smallest)
-    need = attention_need(hm, extra=weights_bytes(hm))
+    need = composition_need(hm, 1)
+    assert need > smallest
     out = run_cli("heads", "--model", str(folder), "--composition", "--out", str(tmp_path / "o"),
                   "--max-memory", str(smallest))  # fmt: skip
-    assert_user_error(out, "opened layer by layer", f"--composition reads every layer's attention weights at once, "
-                      f"which needs about {memory.format_size(need)}")  # fmt: skip
+    said = (
+        "--composition reads the attention weights of a receiver layer and a group of its senders' layers at a time, "
+        f"which needs about {memory.format_size(need)}"
+    )
+    assert_user_error(out, "opened layer by layer", said)
     assert not (tmp_path / "o").exists()
 
 

@@ -20,6 +20,7 @@ from headwise.circuits.composition import (
     head_weights,
     ov_top_tokens,
     qk_top_pairs,
+    weights_circuits,
 )
 
 # -- paths, edges and faithfulness (docs/circuits.md) --
@@ -76,4 +77,5 @@ __all__ = [
     "ov_top_tokens",
     "qk_attribution",
     "qk_top_pairs",
+    "weights_circuits",
 ]

@@ -38,6 +38,13 @@ eigenvalues are those of the ``(Dh, Dh)`` matrix ``W_O (W_U W_E) W_V`` (``eig(AB
 ones), so ``(W_U W_E)`` ``(D, D)`` is formed once. The copying score is Elhage et al.'s ``Σ Re λ / Σ |λ|``
 (1: the head copies each token it reads, −1: it suppresses it); ``positive`` is the fraction of the nonzero
 eigenvalues with a positive real part.
+
+A model opened layer by layer: :func:`weights_circuits` never holds every layer's attention parts. It reads one
+layer's at a time (:func:`headwise.models.pinned.attention_held`) and keeps the sender factors ``R(W_V^s) W_O^s``
+``(H, Dh, D)`` of a group of layers, as many as the budget holds (:func:`composition_group`, weighed by
+:func:`composition_need`); each group's layers are scored against one another as they are read, then every later
+layer is read as a receiver of the group. :func:`head_weights` (every layer's matrices at once) pins every layer's
+attention parts for its call (:func:`headwise.models.pinned.attention_pinned`, weighed by :func:`weights_bytes`).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from torch import Tensor, nn
 
 from headwise.models.anatomy import affine
 from headwise.models.anatomy_probe import input_embedding, probe_ids
+from headwise.models.layer_walk import layer_walk
 from headwise.models.norms import FrozenNorm
 from headwise.models.pinned import attention_bytes, attention_pinned
 from headwise.models.streamed import SLICE_BYTES
@@ -57,15 +65,20 @@ from headwise.points import attention_point, layer_point, unembedding
 
 __all__ = [
     "BLOCK_BYTES",
+    "READS",
     "CompositionScores",
     "CopyingScores",
     "HeadWeights",
+    "check_composition",
+    "composition_group",
+    "composition_need",
     "composition_scores",
     "copying_scores",
     "head_weights",
     "ov_top_tokens",
     "qk_top_pairs",
     "weights_bytes",
+    "weights_circuits",
 ]
 
 
@@ -174,11 +187,21 @@ def weights_bytes(model) -> int:
     return 2 * attention_bytes(hm) + 8 * D * D + slices + products
 
 
-def _head_weights(target, ids, tokens: bool) -> HeadWeights:
-    """:func:`head_weights` of a view (its attention parts in)."""
-    anatomy = target.anatomy
+def _refuse_tokens(anatomy) -> None:
+    """The anatomy's sentence where the model has no linear unembedding and token embedding to read."""
     if anatomy.unembed is None or affine(anatomy.unembed) is None or anatomy.embed is None:
         raise anatomy.refuse("it has no linear unembedding and token embedding to read")
+
+
+def _rows(x: Tensor) -> Tensor:
+    """``(1, L, …, D')`` -> ``(L·…, D')``."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _probe(target, anatomy, ids) -> dict:
+    """The short forward pass whose records freeze the folded norms: ``{point: tensor}`` (every layer's residual
+    entering it, the attention's input, q, k and, with a norm on the attention's write, its output; the final
+    norm's input)."""
     ids = probe_ids(target) if ids is None else torch.as_tensor(ids).reshape(1, -1)
     names = ["resid_final"]
     for i in range(len(anatomy)):
@@ -189,38 +212,46 @@ def _head_weights(target, ids, tokens: bool) -> HeadWeights:
             layer_point(i, "attn.k"),
         ]
         names += [layer_point(i, "attn.out")] if anatomy[i].attn_post is not None else []
-    cache = target.run_with_cache(ids, names=names)
+    return target.run_with_cache(ids, names=names)
 
-    def rows(x: Tensor) -> Tensor:  # (1, L, …, D') -> (L·…, D')
-        return x.reshape(-1, x.shape[-1])
 
+def _layer_weights(anatomy, cache: dict, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Layer ``layer``'s head matrices, norms folded (its attention parts in): ``W_Q (H, D, Dh)``, ``W_K`` and
+    ``W_V (Hkv, D, Dh)``, ``W_O (H, Dv, D)``, float64."""
+    part = anatomy.layers[layer]
+    H, Hkv = part.num_heads, part.num_kv
+    r, x_in = cache[layer_point(layer, "resid_pre")], cache[layer_point(layer, "attn.in")]
+    frozen = part.attn_norm_frozen(_rows(r).double(), _rows(x_in).double())
+    Wq, Wk, Wv = (_fold(s.weights("columns")[0].detach().double(), frozen) for s in (part.q, part.k, part.v))
+    for side in (part.q, part.k):  # a QK-norm's gain as it acts (per head or over n·Dh), and the side's factor
+        g = side.norm_gain(cache[attention_point(layer, side.name)])  # (n·Dh,) or None
+        g = (torch.ones((), dtype=torch.float64) if g is None else g) * side.scale
+        if side.name == "q":
+            Wq = Wq * g.to(Wq)
+        else:
+            Wk = Wk * g.to(Wk)
+    Wo = part.heads_out().detach().double()  # (H, Dv, D)
+    Dv = Wo.shape[1]
+    Wo = Wo.reshape(H * Dv, -1)
+    if part.attn_post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
+        o = cache[layer_point(layer, "attn.out")]
+        Wo = _fold(Wo.T, part.attn_post_frozen(_rows(o))).T
+    Wo = Wo * part.scale
+    return _heads(Wq, H), _heads(Wk, Hkv), _heads(Wv, Hkv), Wo.reshape(H, Dv, -1)
+
+
+def _head_weights(target, ids, tokens: bool) -> HeadWeights:
+    """:func:`head_weights` of a view (its attention parts in)."""
+    anatomy = target.anatomy
+    _refuse_tokens(anatomy)
+    cache = _probe(target, anatomy, ids)
     W_Q, W_K, W_V, W_O = [], [], [], []
-    for layer, part in enumerate(anatomy.layers):
-        H, Hkv = part.num_heads, part.num_kv
-        r, x_in = cache[layer_point(layer, "resid_pre")], cache[layer_point(layer, "attn.in")]
-        frozen = part.attn_norm_frozen(rows(r).double(), rows(x_in).double())
-        Wq, Wk, Wv = (_fold(s.weights("columns")[0].detach().double(), frozen) for s in (part.q, part.k, part.v))
-        for side in (part.q, part.k):  # a QK-norm's gain as it acts (per head or over n·Dh), and the side's factor
-            g = side.norm_gain(cache[attention_point(layer, side.name)])  # (n·Dh,) or None
-            g = (torch.ones((), dtype=torch.float64) if g is None else g) * side.scale
-            if side.name == "q":
-                Wq = Wq * g.to(Wq)
-            else:
-                Wk = Wk * g.to(Wk)
-        Wo = part.heads_out().detach().double()  # (H, Dv, D)
-        Dv = Wo.shape[1]
-        Wo = Wo.reshape(H * Dv, -1)
-        if part.attn_post is not None:  # a norm on the attention's write (Gemma 2/3, OLMo 2): its gain folded into W_O
-            o = cache[layer_point(layer, "attn.out")]
-            Wo = _fold(Wo.T, part.attn_post_frozen(rows(o))).T
-        Wo = Wo * part.scale
-        W_Q.append(_heads(Wq, H))
-        W_K.append(_heads(Wk, Hkv))
-        W_V.append(_heads(Wv, Hkv))
-        W_O.append(Wo.reshape(H, Dv, -1))
+    for layer in range(len(anatomy.layers)):
+        for out, W in zip((W_Q, W_K, W_V, W_O), _layer_weights(anatomy, cache, layer)):
+            out.append(W)
     final = None
     if anatomy.final_norm is not None:
-        final = anatomy.final_norm_frozen(rows(cache["resid_final"]))
+        final = anatomy.final_norm_frozen(_rows(cache["resid_final"]))
     if not tokens:
         UE = _ue_by_slices(target.stream, anatomy, final)
         return HeadWeights(W_Q, W_K, W_V, W_O, None, None, target.name or "", UE)
@@ -299,6 +330,94 @@ def _through(A: Tensor, W: Tensor, Ns: int, Dh: int) -> Tensor:
     return (A @ W.permute(1, 0, 2).reshape(W.shape[1], -1)).reshape(Ns, Dh, W.shape[0], -1).transpose(1, 2)
 
 
+def _per_head(W: Tensor, H: int) -> Tensor:
+    """A key/value group's matrices ``(Hkv, …)`` repeated for each of its query heads: ``(H, …)``."""
+    return W.repeat_interleave(H // W.shape[0], 0)
+
+
+def _sender(W_V: Tensor, W_O: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """A layer's senders: ``L_s = R(W_V^s) W_O^s`` ``(H, Dh, D)`` and ``‖W_OV^s‖_F = ‖L_s‖_F`` ``(H,)``, from its
+    ``W_V (Hkv, D, Dh)`` and ``W_O (H, Dh, D)``."""
+    Ls = _r_factor(_per_head(W_V, W_O.shape[0]).to(dtype)) @ W_O.to(dtype)  # (H, Dh, D)
+    return Ls, Ls.flatten(1).norm(dim=1)
+
+
+@dataclass
+class _Receiver:
+    """A receiver layer's factors: ``Q (H, D, Dh)``, ``Kg``, ``Vg (Hkv, D, Dh)``, ``g (H,)`` each query head's
+    group, the ``(H, Dh, Dh)`` R factors of its keys, queries and ``W_Oᵀ``, and ``r_norm`` kind → ``(H,)`` the
+    receiver's ``‖W_QK‖_F`` / ``‖W_OV‖_F``."""
+
+    Q: Tensor
+    Kg: Tensor
+    Vg: Tensor
+    g: Tensor
+    RK: Tensor
+    RQ: Tensor
+    RO: Tensor
+    r_norm: dict
+
+
+def _receiver(W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor, dtype: torch.dtype) -> _Receiver:
+    """:class:`_Receiver` of a layer's ``W_Q (H, D, Dh)``, ``W_K``, ``W_V (Hkv, D, Dh)``, ``W_O (H, Dh, D)``."""
+    Q, O = W_Q.to(dtype), W_O.to(dtype)  # (H, D, Dh), (H, Dh, D)
+    Kg, Vg = W_K.to(dtype), W_V.to(dtype)  # (Hkv, D, Dh): shared by a group's heads
+    H, Hkv = Q.shape[0], Kg.shape[0]
+    g = torch.arange(H) // (H // Hkv)  # each query head's group
+    RK, RQ, RO = _r_factor(Kg)[g], _r_factor(Q), _r_factor(O.transpose(1, 2))  # (H, Dh, Dh) each
+    # ‖Y W_QK‖ = ‖Y Q R_Kᵀ‖, ‖Y W_QKᵀ‖ = ‖Y K R_Qᵀ‖, ‖Y W_OV‖ = ‖Y V R_Oᵀ‖ (W_Oᵀ = U R_O)
+    r_norm = {
+        "q": (Q @ RK.transpose(1, 2)).flatten(1).norm(dim=1),
+        "v": (Vg[g] @ RO.transpose(1, 2)).flatten(1).norm(dim=1),
+    }
+    r_norm["k"] = r_norm["q"]
+    return _Receiver(Q, Kg, Vg, g, RK, RQ, RO, r_norm)
+
+
+def _compose(out: dict, groups: dict, rec: _Receiver, lr: int, senders: list, left, left_norm, dtype) -> None:
+    """Write the scores of ``senders`` (``(ls, hs)`` pairs) into receiver layer ``lr`` (:class:`_Receiver`
+    ``rec``) into ``out`` kind → ``(NL, H, NL, H)`` and ``groups`` kind → ``(NL, H, NL, Hkv)``; ``left[ls]``,
+    ``left_norm[ls]``: :func:`_sender` of layer ls."""
+    Q, Kg, Vg, g = rec.Q, rec.Kg, rec.Vg, rec.g
+    H, Hkv = Q.shape[0], Kg.shape[0]
+    Dh = left[senders[0][0]].shape[1]
+    # the senders a block at a time: one block's products and their (Dh, Dh) factors, at most (n, 6·H + 2·Hkv,
+    # Dh, Dh) at once, stay within BLOCK_BYTES
+    per_sender = (6 * H + 2 * Hkv) * Dh * Dh * torch.finfo(dtype).bits // 8
+    step = max(1, BLOCK_BYTES // per_sender)
+    for s0 in range(0, len(senders), step):
+        chunk = senders[s0 : s0 + step]
+        Ls = torch.stack([left[ls][hs] for ls, hs in chunk])  # (n, Dh, D)
+        ns = torch.stack([left_norm[ls][hs] for ls, hs in chunk])  # (n,)
+        idx_l = torch.tensor([s[0] for s in chunk])
+        idx_h = torch.tensor([s[1] for s in chunk])
+        Ns = Ls.shape[0]
+        A = Ls.reshape(-1, Ls.shape[-1])  # (n·Dh, D)
+
+        # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
+        # then each head's (Dh, Dh) factor
+        PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (n, H|Hkv, Dh, Dh)
+        fro = {
+            "q": (PQ @ rec.RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (n, H)
+            "k": (PK[:, g] @ rec.RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+            "v": (PV[:, g] @ rec.RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
+        }
+        for kind in "qkv":
+            scores = fro[kind] / (ns[:, None] * rec.r_norm[kind][None]).clamp_min(1e-30)
+            out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
+        for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
+            norm = (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
+            groups[kind][idx_l, idx_h, lr, :Hkv] = (P.pow(2).sum((2, 3)).sqrt() / norm).float().cpu()
+        del PQ, PK, PV, fro
+
+
+def _empty_scores(NL: int, Hmax: int, Hkv_max: int) -> tuple[dict, dict]:
+    nan = float("nan")
+    return {k: torch.full((NL, Hmax, NL, Hmax), nan) for k in "qkv"}, {
+        k: torch.full((NL, Hmax, NL, Hkv_max), nan) for k in "kv"
+    }
+
+
 def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float32) -> CompositionScores:
     """Q-, K-, V-composition scores between every pair of heads (Elhage et al. 2021), GQA per query head and per
     key/value group, RoPE at offset 0, norms folded (see the module's notes).
@@ -312,57 +431,17 @@ def composition_scores(weights: HeadWeights, *, dtype: torch.dtype = torch.float
     NL = len(weights.W_Q)
     Hmax = max(weights.heads_per_layer)
     Hkv_max = max(w.shape[0] for w in weights.W_K)
-    nan = float("nan")
-    out = {k: torch.full((NL, Hmax, NL, Hmax), nan) for k in "qkv"}
-    groups = {k: torch.full((NL, Hmax, NL, Hkv_max), nan) for k in "kv"}
+    out, groups = _empty_scores(NL, Hmax, Hkv_max)
     # senders: L_s = R(W_V^s) W_O^s (Dh, D), ‖W_OV^s‖ = ‖L_s‖
     left, left_norm = [], []
     for layer in range(NL):
-        Ls = _r_factor(weights.w_v(layer).to(dtype)) @ weights.W_O[layer].to(dtype)  # (H, Dh, D)
+        Ls, norm = _sender(weights.W_V[layer], weights.W_O[layer], dtype)  # (H, Dh, D), (H,)
         left.append(Ls)
-        left_norm.append(Ls.flatten(1).norm(dim=1))  # (H,)
+        left_norm.append(norm)
     for lr in range(1, NL):
-        Q, O = weights.W_Q[lr].to(dtype), weights.W_O[lr].to(dtype)  # (H, D, Dh), (H, Dh, D)
-        Kg, Vg = weights.W_K[lr].to(dtype), weights.W_V[lr].to(dtype)  # (Hkv, D, Dh): shared by a group's heads
-        H, Hkv = Q.shape[0], Kg.shape[0]
-        g = torch.arange(H) // (H // Hkv)  # each query head's group
-        RK, RQ, RO = _r_factor(Kg)[g], _r_factor(Q), _r_factor(O.transpose(1, 2))  # (H, Dh, Dh) each
-        # ‖Y W_QK‖ = ‖Y Q R_Kᵀ‖, ‖Y W_QKᵀ‖ = ‖Y K R_Qᵀ‖, ‖Y W_OV‖ = ‖Y V R_Oᵀ‖ (W_Oᵀ = U R_O)
-        r_norm = {
-            "q": (Q @ RK.transpose(1, 2)).flatten(1).norm(dim=1),
-            "v": (Vg[g] @ RO.transpose(1, 2)).flatten(1).norm(dim=1),
-        }
-        r_norm["k"] = r_norm["q"]
+        rec = _receiver(weights.W_Q[lr], weights.W_K[lr], weights.W_V[lr], weights.W_O[lr], dtype)
         senders = [(ls, hs) for ls in range(lr) for hs in range(weights.heads_per_layer[ls])]
-        Dh = left[0].shape[1]
-        # the senders a block at a time: one block's products and their (Dh, Dh) factors, at most (n, 6·H + 2·Hkv,
-        # Dh, Dh) at once, stay within BLOCK_BYTES
-        per_sender = (6 * H + 2 * Hkv) * Dh * Dh * torch.finfo(dtype).bits // 8
-        step = max(1, BLOCK_BYTES // per_sender)
-        for s0 in range(0, len(senders), step):
-            chunk = senders[s0 : s0 + step]
-            Ls = torch.stack([left[ls][hs] for ls, hs in chunk])  # (n, Dh, D)
-            ns = torch.stack([left_norm[ls][hs] for ls, hs in chunk])  # (n,)
-            idx_l = torch.tensor([s[0] for s in chunk])
-            idx_h = torch.tensor([s[1] for s in chunk])
-            Ns = Ls.shape[0]
-            A = Ls.reshape(-1, Ls.shape[-1])  # (n·Dh, D)
-
-            # one product per receiver's query heads and one per key/value group (a group's heads share W_K, W_V),
-            # then each head's (Dh, Dh) factor
-            PQ, PK, PV = (_through(A, W, Ns, Dh) for W in (Q, Kg, Vg))  # (n, H|Hkv, Dh, Dh)
-            fro = {
-                "q": (PQ @ RK.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),  # (n, H)
-                "k": (PK[:, g] @ RQ.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
-                "v": (PV[:, g] @ RO.transpose(1, 2)).pow(2).sum((2, 3)).sqrt(),
-            }
-            for kind in "qkv":
-                scores = fro[kind] / (ns[:, None] * r_norm[kind][None]).clamp_min(1e-30)
-                out[kind][idx_l, idx_h, lr, :H] = scores.float().cpu()
-            for kind, P, W in (("k", PK, Kg), ("v", PV, Vg)):
-                norm = (ns[:, None] * W.flatten(1).norm(dim=1)[None]).clamp_min(1e-30)
-                groups[kind][idx_l, idx_h, lr, :Hkv] = (P.pow(2).sum((2, 3)).sqrt() / norm).float().cpu()
-            del PQ, PK, PV, fro
+        _compose(out, groups, rec, lr, senders, left, left_norm, dtype)
     return CompositionScores(out["q"], out["k"], out["v"], groups["k"], groups["v"])
 
 
@@ -395,6 +474,17 @@ def _whole_matrices(weights: HeadWeights) -> None:
                          "head_weights(model) of a model opened whole")  # fmt: skip
 
 
+def _copying(W_V: Tensor, W_O: Tensor, UE: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One layer's copying scores ``(H,)``, fractions of positive eigenvalues ``(H,)`` and eigenvalues ``(H, Dh)``
+    from its ``W_V (Hkv, D, Dh)``, ``W_O (H, Dh, D)`` and ``W_U W_E`` ``(D, D)``."""
+    small = W_O @ UE @ _per_head(W_V, W_O.shape[0])  # (H, Dh, Dh)
+    lam = torch.linalg.eigvals(small)  # (H, Dh)
+    copying = (lam.real.sum(-1) / lam.abs().sum(-1).clamp_min(1e-300)).float()
+    nonzero = lam.abs() > 1e-9 * lam.abs().amax(-1, keepdim=True)
+    positive = ((lam.real > 0) & nonzero).sum(-1).float() / nonzero.sum(-1).clamp_min(1).float()
+    return copying, positive, lam
+
+
 def copying_scores(weights: HeadWeights) -> CopyingScores:
     """The copying score of every head (Elhage et al. 2021) from the ``(Dh, Dh)`` matrices
     ``W_O (W_U W_E) W_V`` — the nonzero eigenvalues of the ``(V, V)`` OV circuit, never formed."""
@@ -404,12 +494,9 @@ def copying_scores(weights: HeadWeights) -> CopyingScores:
     positive = torch.full((NL, Hmax), float("nan"))
     eigs = []
     for layer in range(NL):
-        small = weights.W_O[layer] @ UE @ weights.w_v(layer)  # (H, Dh, Dh)
-        lam = torch.linalg.eigvals(small)  # (H, Dh)
+        c, p, lam = _copying(weights.W_V[layer], weights.W_O[layer], UE)
         H = lam.shape[0]
-        copying[layer, :H] = (lam.real.sum(-1) / lam.abs().sum(-1).clamp_min(1e-300)).float()
-        nonzero = lam.abs() > 1e-9 * lam.abs().amax(-1, keepdim=True)
-        positive[layer, :H] = ((lam.real > 0) & nonzero).sum(-1).float() / nonzero.sum(-1).clamp_min(1).float()
+        copying[layer, :H], positive[layer, :H] = c, p
         eigs.append(lam)
     return CopyingScores(copying, positive, eigs)
 
@@ -457,3 +544,174 @@ def qk_top_pairs(
         best_v, best_i = best_v[keep], best_i[keep]
     order = best_v.argsort(descending=True)
     return [(int(best_i[o]) // V, int(best_i[o]) % V, float(best_v[o])) for o in order]
+
+
+# -- layer by layer: a group of sender layers at a time ----------------------------------------------------------
+
+#: What :func:`weights_circuits` reads on a model opened layer by layer, as its refusal names it.
+READS = "the attention weights of a receiver layer and a group of its senders' layers at a time"
+
+
+def _need_parts(hm) -> tuple[int, int, int, int]:
+    """``(first, fixed, sender, reads)`` of :func:`composition_need`: the bytes the probe pass and ``W_U W_E`` need,
+    those a group needs besides its senders' factors, one sender layer's factors, and the model's layers."""
+    from headwise.models.pinned import layer_attention_bytes
+
+    stream = hm.stream
+    D = hm.width
+    embed, unembed = input_embedding(hm.model), unembedding(hm.model)
+    pair = {id(m): m for m in (embed, unembed) if m is not None}
+    slices = sum(3 * stream.slice_bytes(m) for m in pair.values())  # a slice in float32 and float64, and a product
+    largest = max((f32 + st for f32, st in stream.sizes().values()), default=0)  # the probe pass streams every unit
+    ue = 8 * D * D  # W_U W_E, float64
+    layers = layer_attention_bytes(hm)
+    read = max((f32 + st for f32, st in layers), default=0)  # one layer's attention parts as read
+    # its float64 copies (twice its float32 bytes), the receiver's float32 factors and their temporaries
+    copies = max((4 * f32 for f32, _ in layers), default=0)
+    sender = max(  # L_s (H, Dh, D) float32 has W_O's entries: at most the layer's largest attention matrix's
+        (4 * max((p.numel() for p in m.parameters() if p.dim() >= 2), default=0) for m in hm.attention_modules),
+        default=0,
+    )
+    products = 3 * BLOCK_BYTES  # a block of senders' products, a temporary as large, the block's stacked factors
+    return largest + ue + slices, ue + read + copies + products, sender, len(layers)
+
+
+def composition_need(hm, group: int = 1) -> int:
+    """Bytes of peak resident memory :func:`weights_circuits` needs on ``hm`` opened layer by layer holding the
+    senders of ``group`` layers at a time, an upper bound: what the process holds now,
+    :data:`~headwise.models.memory.MIN_WORKING`, and the larger of the probe pass (the largest unit's float32 and
+    stored bytes) with ``W_U W_E`` ``(D, D)`` float64 and its slices of rows, and of a group's work — ``W_U W_E``,
+    ``group`` layers' sender factors ``(H, Dh, D)`` float32, one layer's attention parts as read with their float64
+    copies and the receiver's factors, a block of products (:data:`BLOCK_BYTES`). 0 for a model opened whole."""
+    if as_target(hm).stream is None:
+        return 0
+    from headwise.models import memory
+
+    hm = as_target(hm)
+    first, fixed, sender, _ = _need_parts(hm)
+    return memory.current_rss() + memory.MIN_WORKING + max(first, fixed + group * sender)
+
+
+def composition_group(hm) -> int:
+    """How many layers' senders :func:`weights_circuits` holds at a time on ``hm`` opened layer by layer: the most
+    its budget holds (:func:`composition_need`), at most every layer; NL for a model opened whole.
+
+    Raises:
+        MemoryBudgetError: not even one layer's senders beside a receiver fit the budget (one line naming the
+            memory needed, as every tool words it).
+    """
+    from headwise.models import memory
+
+    hm = as_target(hm)
+    if hm.stream is None:
+        return hm.num_layers
+    first, fixed, sender, NL = _need_parts(hm)
+    base = memory.current_rss() + memory.MIN_WORKING
+    need = base + max(first, fixed + sender)
+    if need > hm.memory.budget:
+        raise memory.whole_refused(hm.name, hm.memory, "--composition", reads=READS, need=need)
+    return max(1, min(NL, (hm.memory.budget - base - fixed) // max(1, sender)))
+
+
+def check_composition(hm) -> None:
+    """ValueError (one line naming the memory, :func:`composition_group`) when ``hm`` was opened layer by layer and
+    not even one group of layers fits its budget; nothing for a model opened whole."""
+    composition_group(hm)
+
+
+def weights_circuits(
+    model, *, dtype: torch.dtype = torch.float32, group: int | None = None, progress=None
+) -> tuple[CompositionScores, CopyingScores]:
+    """The composition scores (:func:`composition_scores`) and copying scores (:func:`copying_scores`) of every
+    head, on a model opened whole or layer by layer.
+
+    A model opened whole: :func:`head_weights` (``tokens=False``) and the two scores, as before. A model opened
+    layer by layer (``hm.stream``) never holds every layer's attention parts: after the probe pass (streamed) and
+    ``W_U W_E`` summed over slices of rows, the layers are taken in groups of ``group`` sender layers; each layer of
+    a group is read alone (its attention parts as stored, :func:`headwise.models.pinned.attention_held`), its
+    folded matrices formed, its copying scores and sender factors ``L_s (H, Dh, D)`` kept, and it is scored as a
+    receiver of the group's earlier layers; then every later layer is read as a receiver of the group. So the
+    process holds one group's sender factors, one layer's attention parts and their float64 copies, and
+    ``W_U W_E``; the layers after a group are read again for each group (one group: every layer read once). The
+    numbers are the whole route's (the same float32 weights and operations; the senders are blocked otherwise).
+
+    Args:
+        model: see :func:`headwise.patching.as_target`.
+        dtype: of the composition's products (see :func:`composition_scores`).
+        group: sender layers held at a time (default: the most the budget holds, :func:`composition_group`);
+            ignored on a model opened whole.
+        progress: ``progress(done, total)`` as each layer is read on a model opened layer by layer, or None.
+    Returns:
+        ``(CompositionScores, CopyingScores)``.
+    Raises:
+        ValueError: a structure headwise does not read (the anatomy's one sentence); on a model opened layer by
+            layer, a budget too small for one group (:func:`composition_group`), or ``group`` not a positive int.
+    """
+    target = as_target(model)
+    if target.stream is None:
+        weights = head_weights(target, tokens=False)
+        return composition_scores(weights, dtype=dtype), copying_scores(weights)
+    if group is None:
+        group = composition_group(target)
+    elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group: expected a positive number of layers, got {group!r}")
+    from headwise.models.memory import return_freed
+
+    with layer_walk(target):  # the anatomy read on the streamed model; no gradient is recorded
+        found = _by_groups(target, group, dtype, progress)
+    return_freed()  # the groups' factors and copies, freed, given back before what the caller runs next
+    return found
+
+
+def _by_groups(target, group: int, dtype, progress) -> tuple[CompositionScores, CopyingScores]:
+    """:func:`weights_circuits` on a model opened layer by layer (see there)."""
+    from headwise.models.pinned import attention_held
+
+    anatomy = target.anatomy
+    _refuse_tokens(anatomy)
+    cache = _probe(target, anatomy, None)
+    final = None
+    if anatomy.final_norm is not None:
+        with target.holding(anatomy.final_norm):
+            final = anatomy.final_norm_frozen(_rows(cache["resid_final"]))
+    UE = _ue_by_slices(target.stream, anatomy, final)
+    parts = anatomy.layers
+    NL = len(parts)
+    Hmax, Hkv_max = max(p.num_heads for p in parts), max(p.num_kv for p in parts)
+    out, groups = _empty_scores(NL, Hmax, Hkv_max)
+    copying = torch.full((NL, Hmax), float("nan"))
+    positive = torch.full((NL, Hmax), float("nan"))
+    eigs: list = [None] * NL
+    starts = range(0, NL, group)
+    total, done = NL + sum(NL - min(NL, a + group) for a in starts), 0
+
+    def read(layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        nonlocal done
+        with attention_held(target, layer):
+            W = _layer_weights(anatomy, cache, layer)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return W
+
+    for a in starts:
+        b = min(NL, a + group)
+        left: dict[int, Tensor] = {}
+        left_norm: dict[int, Tensor] = {}
+        for layer in range(a, b):  # the group's layers: senders, and receivers of the group's earlier ones
+            Wq, Wk, Wv, Wo = read(layer)
+            c, p, lam = _copying(Wv, Wo, UE)
+            copying[layer, : lam.shape[0]], positive[layer, : lam.shape[0]], eigs[layer] = c, p, lam
+            left[layer], left_norm[layer] = _sender(Wv, Wo, dtype)
+            if layer > a:
+                senders = [(ls, hs) for ls in range(a, layer) for hs in range(parts[ls].num_heads)]
+                _compose(out, groups, _receiver(Wq, Wk, Wv, Wo, dtype), layer, senders, left, left_norm, dtype)
+            del Wq, Wk, Wv, Wo
+        senders = [(ls, hs) for ls in range(a, b) for hs in range(parts[ls].num_heads)]
+        for lr in range(b, NL):  # every later layer: a receiver of the group
+            rec = _receiver(*read(lr), dtype)
+            _compose(out, groups, rec, lr, senders, left, left_norm, dtype)
+            del rec
+        del left, left_norm
+    scores = CompositionScores(out["q"], out["k"], out["v"], groups["k"], groups["v"])
+    return scores, CopyingScores(copying, positive, eigs)

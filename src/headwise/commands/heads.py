@@ -234,18 +234,17 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
 
     Raises:
         ValueError: ``--composition`` or ``--queries-only`` without a decoder; ``--corpus`` of the untrained block
-            under torchrun; opened layer by layer, ``--composition`` whose attention parts, or ``--importance``
-            whose gradient pass on the corpus's batches, do not fit the budget (one line naming the memory), or
-            ``--importance`` under torchrun.
+            under torchrun; opened layer by layer, ``--composition`` whose receiver layer with one sender layer's
+            attention parts, or ``--importance`` whose gradient pass on the corpus's batches, do not fit the budget
+            (one line naming the memory), or ``--importance`` under torchrun.
     """
     from headwise.distributed.ranks import launched
 
     if hm is not None and hm.stream is not None and opts.composition:
-        from headwise.circuits.composition import weights_bytes
-        from headwise.models.pinned import check_attention
+        from headwise.circuits.composition import check_composition
 
-        # opened layer by layer: every layer's attention parts kept in, within the budget
-        check_attention(hm, "--composition", extra=weights_bytes(hm))
+        # opened layer by layer: a receiver layer and a group of its senders' layers at a time, within the budget
+        check_composition(hm)
     if hm is not None and hm.stream is not None and opts.importance and launched():
         raise ValueError(
             f"--importance: {hm.name} was opened layer by layer, which --importance runs in one process alone; run "
@@ -495,13 +494,17 @@ def composition_result(hm: HeadModel, *, warn, bars: Bars = Bars()) -> tuple[dic
     weights' copies are gone before the statistics' passes)."""
     from headwise.study.decoder import composition_columns
 
+    stage = "composition and copying scores"
     try:
         with bars.stages() as progress:
             if progress is not None:
-                progress("composition and copying scores", 0, 1)
-            cols, summary = composition_columns(hm)
-            if progress is not None:
-                progress("composition and copying scores", 1, 1)
+                progress(stage, 0, 1)
+            layers = None  # layer by layer: the bar counts the layers read
+            if progress is not None and hm.stream is not None:
+                layers = lambda done, total: progress(stage, done, total)  # noqa: E731
+            cols, summary = composition_columns(hm, progress=layers)
+            if progress is not None and layers is None:
+                progress(stage, 1, 1)
     except ValueError as e:
         warn(f"--composition skipped: {said(e)}")
         return None

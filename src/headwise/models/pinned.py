@@ -1,5 +1,7 @@
-"""A model opened layer by layer, its attention parts kept in for a tool that reads them from the weights
-(``headwise qk``'s attribution, ``heads --composition``'s circuits), the rest of each layer still streamed.
+"""A model opened layer by layer, its attention parts kept in for a tool that reads them from the weights (the weights'
+circuits), the rest of each layer still streamed: every layer's at once (:func:`attention_pinned`,
+:func:`~headwise.circuits.composition.head_weights`), or a few layers' at a time (:func:`attention_held`,
+``heads --composition``'s groups of layers).
 
 Such a tool reads, of every layer, only what attention uses — the q / k / v / o projections, a QK-norm, the norms
 around the attention (and the final norm) — besides activations of one forward pass; the MLP's matrices, most of a
@@ -10,7 +12,13 @@ hooks bring in and release the rest of each layer as before. The anatomy (:attr:
 the streamed model as on a whole one (its reading touches no MLP weight: the MLP's input and output are recorded);
 it keeps modules, never weights, so after the block the model streams again and holds what it held before.
 
-Before anything is read, the memory the tool needs is weighed against the budget (:func:`attention_need`): what the
+:func:`attention_held` reads the same parameters of the layers named alone, as stored, into float32
+(:meth:`~headwise.models.streamed.LayerStream.holding` with ``only``: the MLP's matrices stay on the meta device),
+and puts them back on the meta device after; the caller reads the anatomy inside a
+:func:`~headwise.models.layer_walk.layer_walk` and weighs its own need (:func:`layer_attention_bytes`: each layer's
+share).
+
+Before anything is pinned, the memory the tool needs is weighed against the budget (:func:`attention_need`): what the
 process holds now, the pinned parameters in float32, the largest part still streamed (its float32 and stored bytes),
 :data:`~headwise.models.memory.MIN_WORKING` for the activations, and what the tool adds (``extra``); over the budget,
 one line naming that memory (:func:`~headwise.models.memory.whole_refused`, worded as every tool words it).
@@ -25,7 +33,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from headwise.models.head_model import HeadModel
 
-__all__ = ["READS", "attention_bytes", "attention_need", "attention_pinned", "check_attention"]
+__all__ = [
+    "READS",
+    "attention_bytes",
+    "attention_held",
+    "attention_need",
+    "attention_pinned",
+    "check_attention",
+    "layer_attention_bytes",
+]
 
 #: What such a tool reads, as the refusal names it.
 READS = "every layer's attention weights at once"
@@ -90,4 +106,31 @@ def attention_pinned(hm: HeadModel, what: str, *, extra: int = 0) -> Iterator[No
     if outermost:
         check_attention(hm, what, extra=extra)
     with hm.stream.pinned(_chosen(hm) if outermost else {}):  # the stream counts its open blocks
+        yield
+
+
+def layer_attention_bytes(hm: HeadModel) -> list[tuple[int, int]]:
+    """Per layer, ``(float32 bytes, stored bytes)`` of what :func:`attention_held` reads of it: its attention
+    module's parameters and its 1-D parameters (norms' gains, biases); ``[]`` for a model opened whole."""
+    if hm.stream is None:
+        return []
+    sizes = hm.stream.chosen_sizes(_chosen(hm))
+    return [sizes.get(unit, (0, 0)) for unit in hm.stream.block_units()]
+
+
+@contextlib.contextmanager
+def attention_held(hm: HeadModel, *layers: int) -> Iterator[None]:
+    """Within the block, the attention parts of ``layers`` (layer indices) are in on a model opened layer by layer —
+    each layer's attention module's parameters and its 1-D parameters, read as stored into float32 (the MLP's
+    matrices stay on the meta device) — and released after
+    (:meth:`~headwise.models.streamed.LayerStream.holding` with the parameters :func:`attention_pinned` would pin);
+    a model opened whole: nothing. For a tool that reads a few layers' attention weights at a time."""
+    if hm.stream is None:
+        yield
+        return
+    chosen = _chosen(hm)
+    with contextlib.ExitStack() as stack:
+        for layer in layers:
+            unit = hm.stream.unit_of(layer)
+            stack.enter_context(hm.stream.holding(unit, only=chosen.get(unit, [])))
         yield

@@ -373,14 +373,15 @@ class LayerStream:
         if self.on_unit is not None:
             self.on_unit(unit, self._order.index(unit), len(self._order))
 
-    def bring(self, unit: str) -> None:
+    def bring(self, unit: str, only: Sequence[str] | None = None) -> None:
         """Read ``unit``'s tensors still on the meta device, in float32, onto its module (a unit already in, or whose
-        parameters are all pinned: nothing)."""
+        parameters are all pinned: nothing); ``only``: those of these relative names alone (:meth:`select`)."""
         import time
 
         module = self.units[unit]
         names = self.stored[unit]
-        todo = [rel for rel in names if self._current(module, rel).device.type == "meta"]  # pinned ones are in
+        wanted = names if only is None else [rel for rel in only if rel in names]
+        todo = [rel for rel in wanted if self._current(module, rel).device.type == "meta"]  # pinned ones are in
         if not todo:
             return
         start = time.perf_counter()
@@ -464,17 +465,17 @@ class LayerStream:
         raise ValueError(f"{self.where}: the {type(part).__name__} is not part of the model read layer by layer")
 
     @contextlib.contextmanager
-    def holding(self, unit: str) -> Iterator[None]:
+    def holding(self, unit: str, only: Sequence[str] | None = None) -> Iterator[None]:
         """Within the block, ``unit``'s weights are in: brought in if they were not, kept in if the unit runs (its
         forward hook does not release it), and released after; a unit already in — a block running now, a pinned
         part — is left as it was. For a reader of one unit's weights outside a forward pass (a norm called on
-        recorded activations)."""
+        recorded activations). ``only``: the unit's parameters of these relative names alone are read (the rest
+        stays on the meta device unless the unit runs; :meth:`select` names them, as for :meth:`pinned`)."""
         module = self.units[unit]
-        brought = unit not in self._holds and any(
-            self._current(module, rel).device.type == "meta" for rel in self.stored[unit]
-        )
+        wanted = self.stored[unit] if only is None else [rel for rel in only if rel in self.stored[unit]]
+        brought = unit not in self._holds and any(self._current(module, rel).device.type == "meta" for rel in wanted)
         if brought:
-            self.bring(unit)
+            self.bring(unit, only)
             self._holds.add(unit)
         try:
             yield

@@ -310,9 +310,11 @@ def query_rows(
     return ExampleView(ids=ids[0, :n].tolist(), kept=reader.kept.numpy(), queries=reader.keep)
 
 
-def composition_columns(hm: HeadModel) -> tuple[dict[str, np.ndarray], dict]:
+def composition_columns(hm: HeadModel, *, progress=None) -> tuple[dict[str, np.ndarray], dict]:
     """The weights' circuits of every head (:mod:`headwise.circuits.composition`, Elhage et al. 2021) for
-    ``heads.json`` / ``heads.csv``: ``(columns, summary)``.
+    ``heads.json`` / ``heads.csv``: ``(columns, summary)``. A model opened layer by layer reads a group of layers'
+    attention parts at a time (:func:`headwise.circuits.composition.weights_circuits`; ``progress(done, total)`` as
+    each layer is read).
 
     Returns:
         columns: per-head ``(NL, H)`` values — ``copying`` (``Σ Re λ / Σ |λ|`` of the OV circuit through the
@@ -322,11 +324,9 @@ def composition_columns(hm: HeadModel) -> tuple[dict[str, np.ndarray], dict]:
         summary: the conventions, the 20 strongest pairs of each kind, and the full ``(NL, H, NL, H)`` Q/K/V and
             ``(NL, H, NL, Hkv)`` per-group K/V scores (None where no score: same or later sender).
     """
-    from headwise.circuits import composition_scores, copying_scores, head_weights
+    from headwise.circuits.composition import weights_circuits
 
-    weights = head_weights(hm, tokens=False)  # W_U W_E alone: the (V, D) matrices are not copied
-    scores = composition_scores(weights)
-    copying = copying_scores(weights)
+    scores, copying = weights_circuits(hm, progress=progress)  # W_U W_E alone: the (V, D) matrices are not copied
 
     def receiver_max(s):
         m = s.numpy().reshape(-1, *s.shape[2:])  # (NL·H, NL, H)
