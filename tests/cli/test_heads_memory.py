@@ -137,6 +137,7 @@ def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path
 
     monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
     monkeypatch.setattr(composition, "BLOCK_BYTES", 2**16)  # a tiny model's products: the senders set the group
+    monkeypatch.setattr("headwise.commands.heads.heads_need", lambda *a, **k: 0)  # the statistics' own need aside
     deep = save_decoder(tmp_path_factory.mktemp("deep") / "llama", "llama", init=0.5, layers=4)
     whole = run_cli("heads", TEXT, "--model", str(deep), "--composition", "--out", str(tmp_path / "whole"))
     assert whole.code == 0, whole.err
