@@ -137,10 +137,12 @@ LAYER_EVERY = 5.0
 
 
 @contextmanager
-def layer_progress(hm: HeadModel) -> Iterator[None]:
+def layer_progress(hm: HeadModel, command: str | None = None) -> Iterator[None]:
     """While ``hm`` (opened layer by layer: ``hm.stream``) runs, one line on stderr at most every :data:`LAYER_EVERY`
     seconds: the pass, the layer it reached and the time left in that pass, from the seconds its layers took so far
-    (reading and computing); nothing for a model opened whole, or for passes quicker than that."""
+    (reading and computing); nothing for a model opened whole, or for passes quicker than that. ``command`` given: a
+    run that ends without an error is recorded (:func:`headwise.models.runs.record_run`, what ``size --memory``
+    states)."""
     stream = getattr(hm, "stream", None)
     if stream is None:
         yield
@@ -177,7 +179,12 @@ def layer_progress(hm: HeadModel) -> Iterator[None]:
         print(line, file=sys.stderr)
 
     saved, stream.on_unit = stream.on_unit, on_unit
+    began = time.perf_counter()
     try:
         yield
     finally:
         stream.on_unit = saved
+    if command is not None:
+        from headwise.models.runs import record_run
+
+        record_run(hm, command, time.perf_counter() - began)

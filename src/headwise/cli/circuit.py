@@ -52,6 +52,7 @@ status 2, before anything is written.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -139,7 +140,7 @@ def circuit(
     )  # fmt: skip
     try:
         got = flow.run(options, stages=stage_progress, warn=lambda m: typer.echo(m, err=True), note=typer.echo,
-                       layers=layer_progress)  # fmt: skip
+                       layers=partial(layer_progress, command="circuit"))  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if got is None:  # not rank 0: rank 0 writes

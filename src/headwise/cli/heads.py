@@ -43,6 +43,7 @@ rows (``docs/heads.md``, "Long inputs").
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -170,7 +171,8 @@ def bars():
     from headwise.commands.heads import Bars
     from headwise.viz.report import prefetch_pictures
 
-    return Bars(corpus=corpus_progress, rows=row_progress, stages=stage_progress, layers=layer_progress,
+    return Bars(corpus=corpus_progress, rows=row_progress, stages=stage_progress,
+                layers=partial(layer_progress, command="heads"),
                 ready=prefetch_pictures)  # fmt: skip  # matplotlib imported beside the statistics
 
 

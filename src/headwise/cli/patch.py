@@ -30,6 +30,7 @@ answer and wrong tokens, a ``--head`` out of range
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -78,7 +79,7 @@ def patch(
         direction=direction, heads=tuple(heads or ()), batch_size=batch_size, max_memory=max_memory,
     )  # fmt: skip
     try:
-        got = flow.run(options, stages=stage_progress, layers=layer_progress, note=typer.echo)
+        got = flow.run(options, stages=stage_progress, layers=partial(layer_progress, command="patch"), note=typer.echo)
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if got is None:  # not rank 0: rank 0 writes

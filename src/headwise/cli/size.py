@@ -323,10 +323,37 @@ def _memory(console, sizing, name, config, all_, seq_len, batch) -> None:
     archs = [sizing.from_hf_config(config) if config else sizing.get_arch(name)] if name or config else [
         sizing.get_arch(m) for m in DEFAULT_MODELS]  # fmt: skip
     title, headers, rows, note = planning_table(archs, tokens=seq_len or 512, batches=batch or 32)
+    runs = [_last_runs(arch) for arch in archs]
     table = Table(title=title, header_style="bold")
     for h in headers:
         table.add_column(h, justify="left" if h == "model" else "right")
-    for row in rows:
-        table.add_row(*row)
+    for row, ran in zip(rows, runs):
+        table.add_row(f"{row[0]}\n({'run here' if ran else 'extrapolated'})", *row[1:])
     console.print(table)
     console.print(note)
+    ran = [(arch, run) for arch, got in zip(archs, runs) for run in got]
+    if ran:
+        runs_table = Table(title="run here: the last run of each command on a model of that size", header_style="bold")
+        for h in ("model", "command", "peak", "budget", "seconds", "run", "CPU"):
+            runs_table.add_column(h, justify="right" if h in ("peak", "budget", "seconds") else "left")
+        for arch, run in ran:
+            peak, budget = f"{run['peak'] / 1e9:.2f} GB", f"{run['budget'] / 1e9:.2f} GB"
+            runs_table.add_row(arch.name, run["command"], peak, budget, f"{run['seconds']:.0f} s",
+                               f"{run['model']}, {run['written']}", run["cpu"])  # fmt: skip
+        console.print(runs_table)
+    from headwise.models.runs import runs_path
+
+    console.print(f"run here: a command run layer by layer on this machine on a model of that size ({runs_path()}); "
+                  "extrapolated: arithmetic on the rates measured now, not run.")  # fmt: skip
+
+
+def _last_runs(arch) -> list[dict]:
+    """The last recorded run of each command on a model of ``arch``'s parameter count
+    (:func:`headwise.models.runs.recorded_runs`)."""
+    from headwise.models.runs import recorded_runs
+    from headwise.sizing.count import total_params
+
+    last: dict[str, dict] = {}
+    for run in recorded_runs(total_params(arch)):
+        last[run["command"]] = run
+    return list(last.values())
