@@ -140,6 +140,31 @@ def test_circuit_under_a_budget_too_small_for_its_activations(run_cli, folder, t
     assert out.code == 0, out.err
 
 
+def test_patch_under_a_budget_too_small_for_one_job(run_cli, folder, tmp_path, monkeypatch):
+    """The smallest budget that opens the model layer by layer holds one layer; an exact sweep also keeps both cached
+    runs and one patched job: one line naming the memory it needs, nothing written; that memory does."""
+    import headwise.models.memory as memory
+    from headwise.models import open_model
+    from headwise.models.layer_walk import walk_need
+    from headwise.patching.exact import exact_activations
+
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    _by_layer(monkeypatch)
+    smallest = open_model(folder, max_memory="20GB").memory.smallest
+    hm = open_model(folder, max_memory=smallest)
+    length = len(hm.tokenizer.encode(CLEAN).ids)
+    need = walk_need(hm, activations=exact_activations(hm, (1, length), True))
+    assert need > smallest
+    args = [a if a != "20GB" else str(smallest) for a in _patch(folder, tmp_path / "o")]
+    out = run_cli(*args)
+    assert_user_error(out, "opened layer by layer", "patch reads one layer's weights at a time and what it keeps of "
+                      f"every layer's activations, which needs about {memory.format_size(need)} (a --max-memory at "
+                      "least that)")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    out = run_cli(*[a if a != "20GB" else str(need) for a in _patch(folder, tmp_path / "o")])
+    assert out.code == 0, out.err
+
+
 def _qk(folder, out, budget="20GB"):
     return ("qk", "--model", str(folder), "--text", CLEAN, "--head", "1.2", "--query", "-1", "--out", str(out),
             "--max-memory", budget)  # fmt: skip

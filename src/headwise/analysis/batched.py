@@ -68,6 +68,7 @@ __all__ = [
     "staggered",
     "layered_plan",
     "budget_copies",
+    "row_activations",
     "copies_from",
     "keep_blocks",
     "replayed",
@@ -515,13 +516,30 @@ def layered_plan(model, rows: int, length: int, per_job: int, jobs: int, *, per_
         return None
     from headwise.models.layer_walk import walk_need
 
-    largest = max((f32 for f32, _ in stream.sizes().values()), default=0)
-    heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
-    per_copy = rows * length * (largest // max(1, model.width) + 4 * heads * length)  # one copy's activations
+    per_copy = row_activations(model, rows, length)
     room = model.memory.budget - walk_need(model, activations=per_job)  # the base copy
     fit = max(1, room // 4 // max(1, per_copy))
     call = max(1, min(fit, per_call or fit, jobs + 1))
     return max(1, min(jobs, (room - call * per_copy) // max(1, per_job))), call
+
+
+def row_activations(model, rows: int, length: int) -> int:
+    """Bytes of one copy's activations in a block call, ``(rows, length)`` tokens: a token's ≈ its largest layer's
+    float32 parameters per model width (the widest products: an MLP's hidden units, the stacked projections) and its
+    attention scores. The largest layer: a stream's unit (a model opened layer by layer) or the layer list's block."""
+    stream = getattr(model, "stream", None)
+    if stream is not None:
+        largest = max((f32 for f32, _ in stream.sizes().values()), default=0)
+    else:
+        from headwise.structure import layer_list
+
+        try:
+            _, blocks = layer_list(model.model)
+        except ValueError:  # no layer list: its parameters all count as one block's
+            blocks = [model.model]
+        largest = 4 * max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0)
+    heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
+    return rows * length * (largest // max(1, model.width) + 4 * heads * length)
 
 
 def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int:
@@ -533,15 +551,8 @@ def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int
     if memory is None or not memory.given:
         return most
     from headwise.models.memory import MIN_WORKING, current_rss
-    from headwise.structure import layer_list
 
-    try:
-        _, blocks = layer_list(model.model)
-    except ValueError:  # no layer list: its parameters all count as one block's
-        blocks = [model.model]
-    largest = 4 * max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0)
-    heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
-    per_copy = per_job + rows * length * (largest // max(1, model.width) + 4 * heads * length)
+    per_copy = per_job + row_activations(model, rows, length)
     room = memory.budget - current_rss() - MIN_WORKING
     return max(1, min(most, room // max(1, per_copy)))
 

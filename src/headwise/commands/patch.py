@@ -132,11 +132,17 @@ def run(
     chosen = parse_heads(target, list(o.heads))
     metric = logit_difference(answer_id, wrong_id)
     c, x = torch.tensor([clean_ids]), torch.tensor([corrupted_ids])
+    from headwise.models.layer_walk import check_walk
+
     if o.method != "exact":
-        from headwise.models.layer_walk import check_walk
         from headwise.patching.attribution import attribution_activations
 
         check_walk(hm, "--method attribution", activations=attribution_activations(hm, *c.shape))
+    else:  # one patched job a pass at least, beside both cached runs
+        from headwise.patching.exact import exact_activations
+        from headwise.patching.metric import reads_last_position
+
+        check_walk(hm, "patch", activations=exact_activations(hm, c.shape, reads_last_position(metric)))
     with layer_walk(hm), layers(hm):  # layer by layer: differentiated so; the pass, the layer and the time left
         found = patch_study(hm, target, c, x, metric, chosen, method=o.method, direction=o.direction,
                             batch_size=o.batch_size, out=o.out, stages=stages)  # fmt: skip

@@ -47,6 +47,7 @@ __all__ = [
     "check_pair",
     "head_jobs",
     "layered_jobs",
+    "exact_activations",
     "patch_heads",
     "patch_positions",
     "patch_set",
@@ -161,8 +162,9 @@ def _check_batch_size(batch_size) -> int:
 # -- runs ------------------------------------------------------------------------------------------------------
 
 
-def run_with_cache(target, ids: Tensor) -> HeadCache:
-    """Run ``ids (P, L)`` once; keep the logits and every layer's per-head outputs ``(P, H, L, Dh)``."""
+def run_with_cache(target, ids: Tensor, *, last_only: bool = False) -> HeadCache:
+    """Run ``ids (P, L)`` once; keep the logits (``last_only``: the last position's alone, ``(P, 1, V)``, where the
+    model can form them alone) and every layer's per-head outputs ``(P, H, L, Dh)``."""
     target = as_target(target)
     heads: list[Tensor | None] = [None] * target.num_layers
 
@@ -171,7 +173,7 @@ def run_with_cache(target, ids: Tensor) -> HeadCache:
 
     hooks = {attention_point(i, "heads"): partial(keep, i) for i in range(target.num_layers)}
     with torch.no_grad(), target.hooks(hooks):
-        logits = target.logits(ids)  # (P, L, V)
+        logits = target.logits(ids, last_only=last_only)  # (P, L or 1, V)
     missing = [i for i, h in enumerate(heads) if h is None]
     if missing:
         raise RuntimeError(f"patching: attention layers {missing} did not run (is the model on headwise's backend?)")
@@ -296,6 +298,19 @@ def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs:
     return layered_plan(target, P, L, _job_bytes(target, shape, last_only), jobs, per_call=per_call)
 
 
+def exact_activations(target: HeadModel, shape, last_only: bool, per_call: int = 1) -> int:
+    """Bytes of activations an exact sweep of ``shape`` ``(P, L)`` holds at least, on a model opened layer by layer:
+    both cached runs' per-head outputs and logits, the base copy and one job (:func:`_job_bytes`) and one block call of
+    ``per_call`` copies (:func:`headwise.analysis.batched.layered_plan`'s row) — what a budget must leave for one job a
+    pass (:func:`headwise.models.layer_walk.check_walk` weighs it before the sweep)."""
+    from headwise.analysis.batched import row_activations
+
+    P, L = shape
+    heads = 4 * P * L * sum(target.heads_per_layer) * (target.width // max(1, max(target.heads_per_layer)))
+    logits = 4 * P * (1 if last_only else L) * int(target.vocab_size or 0)
+    return 2 * (heads + logits) + 2 * _job_bytes(target, shape, last_only) + per_call * row_activations(target, P, L)
+
+
 def _job_bytes(target: HeadModel, shape, last_only: bool) -> int:
     """Bytes a patched copy of ``shape`` ``(P, L)`` holds through a pass: its residual stream twice and its logits
     twice (the model's and the metric's copy), float32."""
@@ -311,10 +326,11 @@ def prepare(target, clean, corrupted, metric: Metric, direction: str):
     if not callable(metric):
         raise TypeError(f"metric: expected a callable logits (N, L, V) -> (N,), got {type(metric).__name__}")
     c, x = check_pair(target, clean, corrupted)
+    last_only = reads_last_position(metric)  # the metric reads the last position: no other position's logits kept
     t0 = time.perf_counter()
-    clean_run = run_with_cache(target, c)
+    clean_run = run_with_cache(target, c, last_only=last_only)
     forward = time.perf_counter() - t0
-    corrupted_run = run_with_cache(target, x)
+    corrupted_run = run_with_cache(target, x, last_only=last_only)
     m_clean = metric(clean_run.logits).detach().float().cpu()
     m_corrupted = metric(corrupted_run.logits).detach().float().cpu()
     if m_clean.shape != (c.shape[0],):
