@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import budget_copies, layered_plan, run_copies
+from headwise.analysis.batched import PASS_TOKENS, budget_copies, layered_plan, run_copies
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -263,12 +263,14 @@ def position_jobs(target: HeadModel, heads, length: int) -> list[list[Patch]]:
 
 def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, jobs: list, batch_size: int, progress):
     """The metric of every job, ``(len(jobs), P)``; returns it with the number of passes run. On a model opened
-    layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run
-    ``batch_size`` copies at a time; elsewhere a pass is ``batch_size`` jobs, or as many as a budget given holds
+    layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run at least
+    ``batch_size`` copies at a time, up to 4,096 tokens a call where the budget holds them; elsewhere a pass is
+    ``batch_size`` jobs, or as many as a budget given holds
     (:func:`~headwise.analysis.batched.budget_copies`)."""
-    P = base.shape[0]
+    P, L = base.shape
     last_only = reads_last_position(metric)
-    plan = layered_jobs(target, base.shape, last_only, batch_size, len(jobs))
+    per_call = max(batch_size, PASS_TOKENS["cpu"] // max(1, P * L))  # a block call of up to 4,096 tokens
+    plan = layered_jobs(target, base.shape, last_only, per_call, len(jobs))
     if plan is None:  # opened whole: batches of batch_size, fewer where a budget given holds fewer
         size, layered = budget_copies(target, *base.shape, _job_bytes(target, base.shape, last_only), batch_size), None
     else:
@@ -328,9 +330,16 @@ def prepare(target, clean, corrupted, metric: Metric, direction: str):
     c, x = check_pair(target, clean, corrupted)
     last_only = reads_last_position(metric)  # the metric reads the last position: no other position's logits kept
     t0 = time.perf_counter()
-    clean_run = run_with_cache(target, c, last_only=last_only)
-    forward = time.perf_counter() - t0
-    corrupted_run = run_with_cache(target, x, last_only=last_only)
+    if getattr(target, "stream", None) is not None:  # layer by layer: both runs in one pass, each layer read once
+        both = run_with_cache(target, torch.cat([c, x]), last_only=last_only)
+        forward = (time.perf_counter() - t0) / 2
+        P = c.shape[0]
+        clean_run = HeadCache(both.logits[:P], [h[:P] for h in both.heads])
+        corrupted_run = HeadCache(both.logits[P:], [h[P:] for h in both.heads])
+    else:
+        clean_run = run_with_cache(target, c, last_only=last_only)
+        forward = time.perf_counter() - t0
+        corrupted_run = run_with_cache(target, x, last_only=last_only)
     m_clean = metric(clean_run.logits).detach().float().cpu()
     m_corrupted = metric(corrupted_run.logits).detach().float().cpu()
     if m_clean.shape != (c.shape[0],):
