@@ -12,8 +12,9 @@ untied — 8.03 B parameters; or, with ``--shapes mistral-7b``, Mistral 7B's (:d
 - ``qk``: ``headwise qk`` of layer 16's head 5 at the last position (one forward pass, then one layer at a time);
 - ``patch``: ``headwise patch`` of one clean/corrupted pair (every head, exact: a pass carries as many jobs as the
   budget holds, each layer read once a pass);
-- ``importance``: ``headwise heads --importance`` on 8 sentences of the sample corpus (the estimate walked back layer
-  by layer, the top heads measured exactly, the pruning curve);
+- ``importance``: ``headwise heads --importance`` with the sample corpus's first 8 lines, measured on ``--sentences``
+  of them (default 1: the estimate keeps every head's write change, ``(B, T, D)`` each — 8 sentences of Llama 3 8B
+  need 14 GB), the estimate walked back layer by layer, the top heads measured exactly, the pruning curve;
 - ``circuit``: ``headwise circuit`` on ``--pairs`` indirect-object pairs (default 2) with ``--method`` (default
   ``eap``), the exact check of the top 20 edges (refused where it does not fit, the refusal's line recorded).
 
@@ -78,7 +79,9 @@ def text_of(folder: Path, tokens: int) -> str:
     return tok.decode(ids[:tokens])
 
 
-def cases(folder: Path, out: Path, pairs_count: int = 2, method: str = "eap") -> dict[str, list[str]]:
+def cases(
+    folder: Path, out: Path, pairs_count: int = 2, method: str = "eap", sentences: int = 1
+) -> dict[str, list[str]]:
     text = text_of(folder, 256)  # (puts the source on the path)
     from headwise.study.options import sample_corpus
 
@@ -96,8 +99,8 @@ def cases(folder: Path, out: Path, pairs_count: int = 2, method: str = "eap") ->
         "qk": ["qk", *model, "--text", text, "--head", "16.5", "--query", "-1", "--out", str(out / "qk")],
         "patch": ["patch", *model, "--clean", pair[0], "--corrupted", pair[1], "--answer", " Mary", "--wrong",
                   " John", "--out", str(out / "patch")],
-        "importance": ["heads", *model, "--corpus", str(corpus), "--importance", "--importance-sentences", "8",
-                       "--out", str(out / "importance")],
+        "importance": ["heads", *model, "--corpus", str(corpus), "--importance", "--importance-sentences",
+                       str(sentences), "--out", str(out / "importance")],
         "circuit": ["circuit", *model, "--pairs", str(pairs), "--method", method, "--exact-top", "20", "--out",
                     str(out / "circuit")],
     }  # fmt: skip
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="llama-3-8b", choices=sorted(SHAPES), help="the family's shapes")
     p.add_argument("--pairs", type=int, default=2, help="circuit: indirect-object pairs (default 2)")
     p.add_argument("--method", default="eap", choices=["eap", "eap-ig", "atp*"], help="circuit: the method")
+    p.add_argument("--sentences", type=int, default=1, help="importance: the sentences it measures on (default 1)")
     args = p.parse_args(argv)
     config = SHAPES[args.shapes]
     with tempfile.TemporaryDirectory(prefix="headwise-8b-") as tmp:
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         rate = disk_rate(folder)
         runs = {}
-        todo = cases(folder, Path(tmp), args.pairs, args.method)
+        todo = cases(folder, Path(tmp), args.pairs, args.method, args.sentences)
         for name in args.only.split(","):
             r = run_command(todo[name], BUDGET)
             r["read_rate"] = r["read_bytes"] / r["seconds"]
