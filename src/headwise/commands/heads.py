@@ -28,6 +28,7 @@ __all__ = [
     "HeadsFound",
     "HeadsOptions",
     "HeadsResult",
+    "check_importance_whole",
     "check_opened",
     "check_room",
     "heads_need",
@@ -152,6 +153,7 @@ def run(options: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars
 def _encoder(hm: HeadModel | None, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsResult | None:
     """The encoder's study (and the untrained block's, ``hm`` None), then ``--importance``."""
     hm, enc = encoder_model(hm, opts, warn=warn)
+    check_importance_whole(hm, opts)
     prepare_folder(opts.out, "--out")
     found = encoder_study(hm, enc, opts, warn=warn, bars=bars)
     if found is None:  # not rank 0: rank 0 prints and writes
@@ -166,11 +168,12 @@ def _decoder(hm: HeadModel, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsRes
     """The decoder's study, ``--importance``, ``--composition`` and what the pictures show; ``--queries-only``: the
     chosen queries alone (:func:`_queries_only`)."""
     from headwise.distributed.ranks import launched
-    from headwise.study.decoder import plan_decoder
+    from headwise.study.decoder import plan_decoder, view_bytes
     from headwise.study.heads_lines import view_note
 
     plan = plan_decoder(hm, opts)
     check_room(hm, plan)
+    check_importance_whole(hm, opts, kept=view_bytes(hm.num_layers, hm.num_heads, plan.tokens, plan.queries))
     prepare_folder(opts.out, "--out")
     if opts.queries_only:
         return _queries_only(hm, opts, plan, warn=warn, bars=bars)
@@ -255,17 +258,43 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
         raise ValueError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and opts.importance:
-        from headwise.study.importance import check_top_k, importance_room, importance_texts
+        from headwise.study.importance import check_top_k, estimated, importance_room, importance_texts
         from headwise.study.inputs import text_batches
 
         check_top_k(hm, opts)
         texts = importance_texts(opts) if hm.stream is not None and hm.tokenizer is not None else []
         if texts:  # layer by layer: the gradient pass weighed on the corpus's batches before the statistics' pass
-            importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)))
+            mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+            importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)), mode)
     if opts.corpus is not None and launched() and opts.model == "untrained":
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
                          "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
                          "process")  # fmt: skip
+
+
+def check_importance_whole(hm: HeadModel | None, opts: HeadsOptions, *, kept: int = 0) -> None:
+    """``--importance`` on a model opened whole under a budget given, weighed on the corpus's batches before anything
+    is written (:func:`~headwise.study.importance.check_whole`; ``kept``: the bytes the command keeps through it, a
+    decoder's example maps). Nothing otherwise (layer by layer: :func:`check_opened` weighs it).
+
+    Raises:
+        ValueError: one line naming the budget, the largest batch and the memory the run needs.
+    """
+    if hm is None or not opts.importance or hm.stream is not None or hm.tokenizer is None:
+        return
+    from headwise.models.memory import MemoryBudgetError
+    from headwise.study.importance import check_whole, estimated, importance_texts
+    from headwise.study.inputs import text_batches
+
+    texts = importance_texts(opts)
+    if not texts:
+        return
+    batches = list(text_batches(hm, texts, opts.batch_size, lambda message: None))
+    mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+    try:
+        check_whole(hm, batches, mode=mode, kept=kept)
+    except MemoryBudgetError as e:
+        raise ValueError(said(e)) from None
 
 
 #: What the pictures take in the process beyond the maps and the page: matplotlib's import (30 MB on SmolLM2's run)
@@ -474,10 +503,12 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     result = found.ranked
     if result is None:
         check_top_k(hm, opts)
-        memory = importance_room(hm, batches)  # layer by layer: weighed, and what the budget leaves the ablations
+        route = estimated(hm, opts, warn)
+        # layer by layer: weighed; whole under a budget given: what it leaves the ablations
+        memory = importance_room(hm, batches, opts.ablation if route else None)
         with bars.stages() as bar, layer_walk(hm):
             progress = None if bar is None else _importance_bar(bar)
-            if estimated(hm, opts, warn):
+            if route:
                 result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,
                                              progress=progress, memory=memory)  # fmt: skip
             else:
