@@ -264,7 +264,10 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
         check_top_k(hm, opts)
         texts = importance_texts(opts) if hm.stream is not None and hm.tokenizer is not None else []
         if texts:  # layer by layer: the gradient pass weighed on the corpus's batches before the statistics' pass
-            mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+            from headwise.models.layer_walk import layer_walk
+
+            with layer_walk(hm):  # the wiring read within the walk
+                mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
             importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)), mode)
     if opts.corpus is not None and launched() and opts.model == "untrained":
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
@@ -503,10 +506,10 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     result = found.ranked
     if result is None:
         check_top_k(hm, opts)
-        route = estimated(hm, opts, warn)
-        # layer by layer: weighed; whole under a budget given: what it leaves the ablations
-        memory = importance_room(hm, batches, opts.ablation if route else None)
         with bars.stages() as bar, layer_walk(hm):
+            route = estimated(hm, opts, warn)  # the wiring read within the walk (a model opened layer by layer)
+            # layer by layer: weighed; whole under a budget given: what it leaves the ablations
+            memory = importance_room(hm, batches, opts.ablation if route else None)
             progress = None if bar is None else _importance_bar(bar)
             if route:
                 result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,

@@ -127,6 +127,8 @@ def check_whole(
     if need <= plan.budget:
         return
     need += HELD_SLACK  # named: a run given it is not refused again by what the process holds moving
+    step = next((scale // 100 for scale in (10**12, 10**9, 10**6) if need >= scale), 1)
+    need = -(-need // step) * step  # rounded up to the figure named (format_size's two decimals)
     B, T = _largest(hm, batches, mode)
     message = (
         f"{{option}}: {format_size(plan.budget)} is too small for {hm.name} (opened whole): --importance on passes "
