@@ -506,6 +506,12 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     result = found.ranked
     if result is None:
         check_top_k(hm, opts)
+        if hm.memory is not None and hm.memory.given:
+            from headwise.models.memory import map_large_allocations
+
+            # a budget given: each large temporary mapped on its own and given back when freed (glibc's heap kept the
+            # attention-aware terms' chunks, layer after layer, 0.2 GB over the freed memory on SmolLM2)
+            map_large_allocations()
         with bars.stages() as bar, layer_walk(hm):
             route = estimated(hm, opts, warn)  # the wiring read within the walk (a model opened layer by layer)
             # layer by layer: weighed; whole under a budget given: what it leaves the ablations
