@@ -117,7 +117,14 @@ def check_whole(
         MemoryBudgetError: over the budget, naming the budget, the largest batch and the memory the run needs (the
             smallest budget that works, with :data:`~headwise.models.memory.HELD_SLACK`).
     """
-    from headwise.models.memory import HELD_SLACK, MIN_WORKING, MemoryBudgetError, current_rss, format_size
+    from headwise.models.memory import (
+        HELD_SLACK,
+        MIN_WORKING,
+        MemoryBudgetError,
+        current_rss,
+        format_size,
+        named_size,
+    )
 
     plan = hm.memory
     if hm.stream is not None or plan is None or not plan.given or not batches:
@@ -127,8 +134,7 @@ def check_whole(
     if need <= plan.budget:
         return
     need += HELD_SLACK  # named: a run given it is not refused again by what the process holds moving
-    step = next((scale // 100 for scale in (10**12, 10**9, 10**6) if need >= scale), 1)
-    need = -(-need // step) * step  # rounded up to the figure named (format_size's two decimals)
+    need = named_size(need)  # rounded up to the figure named
     B, T = _largest(hm, batches, mode)
     message = (
         f"{{option}}: {format_size(plan.budget)} is too small for {hm.name} (opened whole): --importance on passes "
@@ -142,11 +148,13 @@ def check_whole(
 def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None) -> int | None:
     """The bytes a budget leaves ``--importance``'s batched ablations. On a model opened layer by layer: what its
     budget leaves after the gradient pass's (:func:`importance_activations`, weighed first: over the budget, the
-    one-line refusal of :func:`headwise.models.layer_walk.check_walk`). On a model opened whole under a budget given:
-    what it leaves beside what the process holds now and :data:`~headwise.models.memory.MIN_WORKING` (weighed
-    before by :func:`check_whole`; the estimate's memory is given back before the ablations run). None on a model
-    opened whole without a budget given (the engine's own default: half the memory free). ``mode``: the estimate
-    route's ablation (its parts weighed, :func:`importance_activations`), None for the exact route."""
+    one-line refusal of :func:`headwise.models.layer_walk.check_walk`, its need named with
+    :data:`~headwise.models.memory.HELD_SLACK` and rounded up, so that the figure named as a budget runs). On a
+    model opened whole under a budget given: what it leaves beside what the process holds now and
+    :data:`~headwise.models.memory.MIN_WORKING` (weighed before by :func:`check_whole`; the estimate's memory is
+    given back before the ablations run). None on a model opened whole without a budget given (the engine's own
+    default: half the memory free). ``mode``: the estimate route's ablation (its parts weighed,
+    :func:`importance_activations`), None for the exact route."""
     if hm.stream is None:
         plan = hm.memory
         if plan is None or not plan.given:
@@ -154,10 +162,13 @@ def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None
         from headwise.models.memory import MIN_WORKING, current_rss
 
         return max(MIN_WORKING, plan.budget - current_rss() - MIN_WORKING)
-    from headwise.models.layer_walk import check_walk, walk_need
+    from headwise.models.layer_walk import READS, walk_need
+    from headwise.models.memory import HELD_SLACK, named_size, whole_refused
 
     keeps = importance_activations(hm, batches, mode)
-    check_walk(hm, "--importance", activations=keeps)
+    need = walk_need(hm, activations=keeps)
+    if need > hm.memory.budget:  # named: what the process holds may move by a MB, and the figure is rounded up
+        raise whole_refused(hm.name, hm.memory, "--importance", reads=READS, need=named_size(need + HELD_SLACK))
     return hm.memory.budget - walk_need(hm, activations=keeps) + keeps  # the gradient pass's keeps freed by then
 
 
