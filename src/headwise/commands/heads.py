@@ -168,12 +168,14 @@ def _decoder(hm: HeadModel, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsRes
     """The decoder's study, ``--importance``, ``--composition`` and what the pictures show; ``--queries-only``: the
     chosen queries alone (:func:`_queries_only`)."""
     from headwise.distributed.ranks import launched
-    from headwise.study.decoder import plan_decoder, view_bytes
+    from headwise.study.decoder import plan_decoder
     from headwise.study.heads_lines import view_note
 
     plan = plan_decoder(hm, opts)
     check_room(hm, plan)
-    check_importance_whole(hm, opts, kept=view_bytes(hm.num_layers, hm.num_heads, plan.tokens, plan.queries))
+    # what the study holds beside the pass until the pictures: its need beyond the process and the pass's weights
+    kept = heads_need(hm, plan.tokens, plan.queries, held=0) - _pass_weights(hm)
+    check_importance_whole(hm, opts, kept=kept)
     prepare_folder(opts.out, "--out")
     if opts.queries_only:
         return _queries_only(hm, opts, plan, warn=warn, bars=bars)
@@ -275,25 +277,38 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
                          "process")  # fmt: skip
 
 
+def _pass_weights(hm: HeadModel) -> int:
+    """The pass's weights and working set :func:`heads_need` counts (the largest unit layer by layer)."""
+    from headwise.models.memory import MIN_WORKING
+
+    return hm.memory.layers if hm.memory is not None and hm.stream is not None else MIN_WORKING
+
+
 def check_importance_whole(hm: HeadModel | None, opts: HeadsOptions, *, kept: int = 0) -> None:
-    """``--importance`` on a model opened whole under a budget given, weighed on the corpus's batches before anything
-    is written (:func:`~headwise.study.importance.check_whole`; ``kept``: the bytes the command keeps through it, a
-    decoder's example maps). Nothing otherwise (layer by layer: :func:`check_opened` weighs it).
+    """``--importance`` under a budget given, weighed on the corpus's batches before anything is written, with
+    ``kept`` bytes the command holds through it (a decoder's study: its maps, its page, the pictures' imports): on a
+    model opened whole :func:`~headwise.study.importance.check_whole`, layer by layer
+    :func:`~headwise.study.importance.importance_room`.
 
     Raises:
         ValueError: one line naming the budget, the largest batch and the memory the run needs.
     """
-    if hm is None or not opts.importance or hm.stream is not None or hm.tokenizer is None:
+    if hm is None or not opts.importance or hm.tokenizer is None or hm.memory is None or not hm.memory.given:
         return
+    from headwise.models.layer_walk import layer_walk
     from headwise.models.memory import MemoryBudgetError
-    from headwise.study.importance import check_whole, estimated, importance_texts
+    from headwise.study.importance import check_whole, estimated, importance_room, importance_texts
     from headwise.study.inputs import text_batches
 
     texts = importance_texts(opts)
     if not texts:
         return
     batches = list(text_batches(hm, texts, opts.batch_size, lambda message: None))
-    mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+    with layer_walk(hm):  # the wiring read within the walk
+        mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+    if hm.stream is not None:  # layer by layer: the walk's need with what the study keeps by then
+        importance_room(hm, batches, mode, kept=kept)
+        return
     try:
         check_whole(hm, batches, mode=mode, kept=kept)
     except MemoryBudgetError as e:

@@ -145,7 +145,7 @@ def check_whole(
     raise MemoryBudgetError(message, given=True, budget=plan.budget, need=need, route=plan.route)
 
 
-def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None) -> int | None:
+def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None, *, kept: int = 0) -> int | None:
     """The bytes a budget leaves ``--importance``'s batched ablations. On a model opened layer by layer: what its
     budget leaves after the gradient pass's (:func:`importance_activations`, weighed first: over the budget, the
     one-line refusal of :func:`headwise.models.layer_walk.check_walk`, its need named with
@@ -154,7 +154,8 @@ def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None
     :data:`~headwise.models.memory.MIN_WORKING` (weighed before by :func:`check_whole`; the estimate's memory is
     given back before the ablations run). None on a model opened whole without a budget given (the engine's own
     default: half the memory free). ``mode``: the estimate route's ablation (its parts weighed,
-    :func:`importance_activations`), None for the exact route."""
+    :func:`importance_activations`), None for the exact route; ``kept``: bytes the command will hold by then beyond
+    what the process holds now (weighed before the study: what the study keeps)."""
     if hm.stream is None:
         plan = hm.memory
         if plan is None or not plan.given:
@@ -166,7 +167,7 @@ def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None
     from headwise.models.memory import HELD_SLACK, named_size, whole_refused
 
     keeps = importance_activations(hm, batches, mode)
-    need = walk_need(hm, activations=keeps)
+    need = walk_need(hm, activations=keeps) + kept  # kept: what the command holds by then beyond the process now
     if need > hm.memory.budget:  # named: what the process holds may move by a MB, and the figure is rounded up
         raise whole_refused(hm.name, hm.memory, "--importance", reads=READS, need=named_size(need + HELD_SLACK))
     return hm.memory.budget - walk_need(hm, activations=keeps) + keeps  # the gradient pass's keeps freed by then
