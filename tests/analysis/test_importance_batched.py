@@ -172,8 +172,8 @@ def test_lab_model_sweep_equals_one_forward_per_head_set():
             _assert_same(got, reference)
             np.testing.assert_array_equal(got.importance, reference.importance)
         # memory for 4 rows of 10 tokens a pass: zero ablation runs 4 copies of 1 row (the batch split), mean
-        # ablation 1 copy of the whole batch (its mean is over the batch)
-        four_rows = 4 * 10 * SP.bytes_per_token(hm, 20)
+        # ablation 1 copy of the whole batch (its mean is over the batch); beside one chunk of the loss's exponentials
+        four_rows = 4 * 10 * SP.bytes_per_token(hm, 20) + 4 * O.LOSS_CHUNK * 20
         got = I.head_importance(hm, batches, mode=mode, memory=four_rows, **kw)
         _assert_same(got, reference)
         assert got.sweep["copies"] == (4 if mode == "zero" else 1)

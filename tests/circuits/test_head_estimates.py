@@ -69,3 +69,36 @@ def test_estimates_are_the_formula_by_hand(case, mode):
     # the last layer's heads write after every pattern: the QK fix changes nothing there, and something before
     torch.testing.assert_close(aware[NL - 1], plain[NL - 1])
     assert (aware[0] - plain[0]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2"])
+def test_estimates_equal_one_sender_a_chunk(case, monkeypatch):
+    """The attention-aware terms taken one sender at a time (the smallest chunk a memory bound allows) equal the
+    default chunks', every head."""
+    import headwise.circuits.atp as atp
+
+    ids = _ids(N=2, L=9)
+    wide = head_ablation_estimates(hf_model(case), ids, METRIC)
+    monkeypatch.setattr(atp, "CHUNK_BYTES", 1)
+    narrow = head_ablation_estimates(hf_model(case), ids, METRIC)
+    torch.testing.assert_close(narrow, wide, rtol=1e-5, atol=1e-6)
+
+
+def test_chunk_holds_its_senders_within_the_bound(monkeypatch):
+    """A layer's chunk of senders is as many as :data:`~headwise.circuits.atp.CHUNK_BYTES` holds by
+    :func:`~headwise.circuits.atp.sender_bytes`, at least one; the bytes grow with the rows and the length."""
+    import headwise.circuits.atp as atp
+
+    args = (4, 576, 9, 3, 64)
+    assert atp.sender_bytes(2, *args) == 2 * atp.sender_bytes(1, *args)
+    assert atp.sender_bytes(1, 8, 576, 9, 3, 64) > atp.sender_bytes(1, *args)
+    lp = type("P", (), {})()  # the chunk reads the record's shapes alone
+    lp.N, lp.L, lp.H, lp.Hkv = 5, 39, 9, 3
+    lp.rec = type("R", (), {})()
+    lp.rec.r = torch.zeros(5, 39, 576)
+    lp.rec.rows = type("Rows", (), {"q": torch.zeros(5, 9, 39, 64)})()
+    each = atp.sender_bytes(5, 39, 576, 9, 3, 64)
+    assert atp.LayerPatterns.chunk(lp, 10_000) == atp.CHUNK_BYTES // each
+    assert atp.LayerPatterns.chunk(lp, 3) == 3
+    monkeypatch.setattr(atp, "CHUNK_BYTES", 1)
+    assert atp.LayerPatterns.chunk(lp, 10_000) == 1

@@ -276,3 +276,64 @@ def test_heads_under_a_budget_too_small_for_its_example(folder, tmp_path, run_cl
     need = re.search(r"needs about ([0-9.]+ [kMG]?B)", out.err).group(1).replace(" ", "")
     ok = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "o"), "--max-memory", need)
     assert ok.code == 0, ok.err
+
+
+def test_importance_need_grows_with_the_tokens(folder):
+    """--importance's need on a model opened whole grows with the tokens of its largest pass: the gradient pass's
+    activations, what autograd saves of every layer, the estimate's chunk."""
+    import torch
+
+    from headwise.circuits.atp import CHUNK_BYTES
+    from headwise.models import open_model
+    from headwise.study.importance import importance_activations, importance_whole
+
+    hm = open_model(folder, max_memory="20GB")
+
+    def batches(rows, length):
+        return [(torch.ones(rows, length, dtype=torch.long), torch.ones(rows, length, dtype=torch.long))]
+
+    needs = [importance_whole(hm, batches(r, n)) for r, n in ((1, 8), (2, 8), (2, 16))]
+    assert needs[0] < needs[1] < needs[2]
+    keeps = [importance_activations(hm, batches(r, n)) for r, n in ((1, 8), (2, 16))]
+    assert CHUNK_BYTES < keeps[0] < keeps[1]  # the estimate's chunk counted whatever the length
+    assert importance_whole(hm, batches(2, 16)) - keeps[1] > 0  # autograd's saves on top
+    # the estimate's parts (rows repacked by length) weighed in place of the batches: never more
+    assert importance_whole(hm, batches(2, 16), "zero") <= needs[2]
+
+
+def _importance_columns(path):
+    head, rows = _csv(path)
+    names = [n for n in head if "importance" in n or "ablation" in n]
+    return {n: np.array([float(r[head.index(n)]) for r in rows]) for n in names}
+
+
+def test_importance_opened_whole_under_a_budget_too_small(folder, tmp_path, run_cli, monkeypatch):
+    """A budget that opens the model whole but not --importance's gradient pass is refused in one line naming the
+    memory it needs, nothing written; that memory as the budget runs, its importance, estimates, exact ablations
+    and curves equal the run without a budget."""
+    import headwise.circuits.atp as atp
+    import headwise.models.memory as memory
+    from headwise.models import open_model
+
+    corpus = _corpus(tmp_path)
+    args = ("heads", "--corpus", corpus, "--model", str(folder), "--importance", "--out")
+    free = run_cli(*args, str(tmp_path / "free"))
+    assert free.code == 0, free.err
+    monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
+    monkeypatch.setattr(atp, "CHUNK_BYTES", 512 * 2**20)  # an estimate bigger than the whole route's working set
+    plan = open_model(folder, max_memory="20GB").memory
+    budget = plan.held + plan.whole  # the smallest that opens it whole
+    out = run_cli(*args, str(tmp_path / "o"), "--max-memory", str(budget))
+    assert_user_error(out, "--max-memory", "(opened whole): --importance on passes of up to", "needs about")
+    assert not (tmp_path / "o").exists()
+    need = re.search(r"needs about ([0-9.]+ [kMG]?B)", out.err).group(1).replace(" ", "")
+    ok = run_cli(*args, str(tmp_path / "o"), "--max-memory", need)
+    assert ok.code == 0, ok.err
+    assert "memory: whole" in ok.out or "layer by layer" not in ok.out
+    got, want = _importance_columns(tmp_path / "o" / "heads.csv"), _importance_columns(tmp_path / "free" / "heads.csv")
+    assert set(got) == set(want) and "ablation_estimate" in got
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=name)
+    a = json.loads((tmp_path / "o" / "heads.json").read_text())["importance"]
+    b = json.loads((tmp_path / "free" / "heads.json").read_text())["importance"]
+    assert a["exact_heads"] == b["exact_heads"] and a["half_removed"] == pytest.approx(b["half_removed"], rel=1e-5)

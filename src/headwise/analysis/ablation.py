@@ -135,8 +135,10 @@ def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, c
     many jobs a pass, in the order of their start layers, each batch as given; a model opened layer by layer
     (:func:`_layered_plan`): every job in one group in start-layer order, passes as many jobs as its budget holds;
     else jobs grouped by start layer, rows packed by length for zero ablation, J as many as the budget and
-    :data:`~headwise.analysis.batched.PASS_TOKENS` allow (at most 64)."""
+    :data:`~headwise.analysis.batched.PASS_TOKENS` allow (at most 64; a decoder's budget less one chunk of its loss's
+    exponentials, :data:`~headwise.analysis.objective.LOSS_CHUNK` positions × the vocabulary)."""
     from headwise.analysis.batched import PASS_TOKENS, free_memory, shows_blocks, start_groups
+    from headwise.analysis.objective import LOSS_CHUNK
 
     if copies is None and prefix and getattr(hm, "stream", None) is not None and shows_blocks(hm):
         return _layered_plan(hm, batches, jobs, scored=scored, reference=reference, mode=mode)
@@ -146,7 +148,9 @@ def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, c
     device = next(hm.model.parameters()).device
     budget = int(memory if memory is not None else free_memory(device) // 2)
     most = 64
-    tokens = min(PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]), max(1, budget // max(1, row_bytes)))
+    # a decoder's loss takes one chunk's exponentials (LOSS_CHUNK positions × the vocabulary) beside the pass's rows
+    loss = 4 * LOSS_CHUNK * int(width) if width is not None else 0
+    tokens = min(PASS_TOKENS.get(device.type, PASS_TOKENS["cpu"]), max(1, (budget - loss) // max(1, row_bytes)))
     if copies is not None:
         lowest = [min((int(k) for k, v in job.items() if v), default=0) for job in jobs]
         groups = [(0, sorted(range(len(jobs)), key=lambda j: -lowest[j]))]

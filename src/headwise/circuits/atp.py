@@ -41,10 +41,30 @@ from headwise.core.rows import AttentionRows
 from headwise.models.anatomy import same
 from headwise.points import layer_point
 
-__all__ = ["AttentionTaps", "LayerPatterns", "LowRank", "atp_scores", "head_use_gradients"]
+__all__ = [
+    "CHUNK_BYTES",
+    "AttentionTaps",
+    "LayerPatterns",
+    "LowRank",
+    "atp_scores",
+    "head_use_gradients",
+    "sender_bytes",
+]
 
 #: elements of the transient ``(N, n, L, D)`` inputs / ``(N·n, H, L, S)`` patterns of n senders taken at once
 _CHUNK_ELEMENTS = 1 << 24
+#: bytes of every transient of one chunk of senders together (:func:`sender_bytes` each; at least one sender a chunk)
+CHUNK_BYTES = 128 * 2**20
+
+
+def sender_bytes(rows: int, length: int, width: int, heads: int, groups: int, head_width: int) -> int:
+    """Bytes :meth:`LayerPatterns.scores` holds at once for one sender's change over ``rows`` rows of ``length``
+    positions of a layer of model width ``width``, ``heads`` query heads, ``groups`` key/value groups of
+    ``head_width``, float32, an upper bound: the changed input and its norm ``(L, D)`` twice, the projected columns
+    and the post-rotary queries and keys with the rotation's temporaries (four times ``(H + Hkv)·Dh``), and the
+    recomputed patterns with the softmax's temporaries (three ``(H, L, L)``) — measured on SmolLM2 about half of it."""
+    columns = (heads + groups) * head_width
+    return 4 * rows * length * (2 * width + 4 * columns + 3 * heads * length)
 
 
 @dataclass(eq=False)
@@ -342,10 +362,13 @@ class LayerPatterns:
         return w.reshape(self.N, n, self.H, self.L - start, -1)
 
     def chunk(self, n: int) -> int:
-        """How many of ``n`` senders' changes are taken at once (their inputs, projections and patterns)."""
+        """How many of ``n`` senders' changes are taken at once (their inputs, projections and patterns): their
+        transients together within :data:`CHUNK_BYTES` (:func:`sender_bytes`), none over :data:`_CHUNK_ELEMENTS`."""
         D = self.rec.r.shape[-1]
         per = self.N * self.L * max(D, self.H * self.L)
-        return max(1, min(n, _CHUNK_ELEMENTS // max(1, per)))
+        dh = self.rec.rows.q.shape[-1]
+        each = sender_bytes(self.N, self.L, D, self.H, self.Hkv, dh)
+        return max(1, min(n, _CHUNK_ELEMENTS // max(1, per), CHUNK_BYTES // max(1, each)))
 
     def scores(
         self, delta: Tensor, *, queries: bool = True, keys: bool = True, both: bool = False, first: int | None = None

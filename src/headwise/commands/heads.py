@@ -28,6 +28,7 @@ __all__ = [
     "HeadsFound",
     "HeadsOptions",
     "HeadsResult",
+    "check_importance_whole",
     "check_opened",
     "check_room",
     "heads_need",
@@ -152,6 +153,7 @@ def run(options: HeadsOptions, *, warn: Callable[[str], None], bars: Bars = Bars
 def _encoder(hm: HeadModel | None, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsResult | None:
     """The encoder's study (and the untrained block's, ``hm`` None), then ``--importance``."""
     hm, enc = encoder_model(hm, opts, warn=warn)
+    check_importance_whole(hm, opts)
     prepare_folder(opts.out, "--out")
     found = encoder_study(hm, enc, opts, warn=warn, bars=bars)
     if found is None:  # not rank 0: rank 0 prints and writes
@@ -171,6 +173,9 @@ def _decoder(hm: HeadModel, opts: HeadsOptions, *, warn, bars: Bars) -> HeadsRes
 
     plan = plan_decoder(hm, opts)
     check_room(hm, plan)
+    # what the study holds beside the pass until the pictures: its need beyond the process and the pass's weights
+    kept = heads_need(hm, plan.tokens, plan.queries, held=0) - _pass_weights(hm)
+    check_importance_whole(hm, opts, kept=kept)
     prepare_folder(opts.out, "--out")
     if opts.queries_only:
         return _queries_only(hm, opts, plan, warn=warn, bars=bars)
@@ -255,17 +260,59 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
     if opts.queries_only and (hm is None or hm.kind != "decoder"):
         raise ValueError("--queries-only: expected --model naming a decoder (the query view is a decoder's)")
     if hm is not None and opts.importance:
-        from headwise.study.importance import check_top_k, importance_room, importance_texts
+        from headwise.study.importance import check_top_k, estimated, importance_room, importance_texts
         from headwise.study.inputs import text_batches
 
         check_top_k(hm, opts)
         texts = importance_texts(opts) if hm.stream is not None and hm.tokenizer is not None else []
         if texts:  # layer by layer: the gradient pass weighed on the corpus's batches before the statistics' pass
-            importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)))
+            from headwise.models.layer_walk import layer_walk
+
+            with layer_walk(hm):  # the wiring read within the walk
+                mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+            importance_room(hm, list(text_batches(hm, texts, opts.batch_size, lambda message: None)), mode)
     if opts.corpus is not None and launched() and opts.model == "untrained":
         raise ValueError("--corpus: under torchrun the documents are split across ranks for decoders only and for "
                          "checkpoint encoders (the bundled MiniLM, an encoder folder); --model untrained runs in one "
                          "process")  # fmt: skip
+
+
+def _pass_weights(hm: HeadModel) -> int:
+    """The pass's weights and working set :func:`heads_need` counts (the largest unit layer by layer)."""
+    from headwise.models.memory import MIN_WORKING
+
+    return hm.memory.layers if hm.memory is not None and hm.stream is not None else MIN_WORKING
+
+
+def check_importance_whole(hm: HeadModel | None, opts: HeadsOptions, *, kept: int = 0) -> None:
+    """``--importance`` under a budget given, weighed on the corpus's batches before anything is written, with
+    ``kept`` bytes the command holds through it (a decoder's study: its maps, its page, the pictures' imports): on a
+    model opened whole :func:`~headwise.study.importance.check_whole`, layer by layer
+    :func:`~headwise.study.importance.importance_room`.
+
+    Raises:
+        ValueError: one line naming the budget, the largest batch and the memory the run needs.
+    """
+    if hm is None or not opts.importance or hm.tokenizer is None or hm.memory is None or not hm.memory.given:
+        return
+    from headwise.models.layer_walk import layer_walk
+    from headwise.models.memory import MemoryBudgetError
+    from headwise.study.importance import check_whole, estimated, importance_room, importance_texts
+    from headwise.study.inputs import text_batches
+
+    texts = importance_texts(opts)
+    if not texts:
+        return
+    batches = list(text_batches(hm, texts, opts.batch_size, lambda message: None))
+    with layer_walk(hm):  # the wiring read within the walk
+        mode = opts.ablation if estimated(hm, opts, lambda message: None) else None
+    if hm.stream is not None:  # layer by layer: the walk's need with what the study keeps by then
+        importance_room(hm, batches, mode, kept=kept)
+        return
+    try:
+        check_whole(hm, batches, mode=mode, kept=kept)
+    except MemoryBudgetError as e:
+        raise ValueError(said(e)) from None
 
 
 #: What the pictures take in the process beyond the maps and the page: matplotlib's import (30 MB on SmolLM2's run)
@@ -474,10 +521,18 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
     result = found.ranked
     if result is None:
         check_top_k(hm, opts)
-        memory = importance_room(hm, batches)  # layer by layer: weighed, and what the budget leaves the ablations
+        if hm.memory is not None and hm.memory.given:
+            from headwise.models.memory import map_large_allocations
+
+            # a budget given: each large temporary mapped on its own and given back when freed (glibc's heap kept the
+            # attention-aware terms' chunks, layer after layer, 0.2 GB over the freed memory on SmolLM2)
+            map_large_allocations()
         with bars.stages() as bar, layer_walk(hm):
+            route = estimated(hm, opts, warn)  # the wiring read within the walk (a model opened layer by layer)
+            # layer by layer: weighed; whole under a budget given: what it leaves the ablations
+            memory = importance_room(hm, batches, opts.ablation if route else None)
             progress = None if bar is None else _importance_bar(bar)
-            if estimated(hm, opts, warn):
+            if route:
                 result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,
                                              progress=progress, memory=memory)  # fmt: skip
             else:

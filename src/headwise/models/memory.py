@@ -33,6 +33,7 @@ __all__ = [
     "MIN_WORKING",
     "OPTION",
     "map_large_allocations",
+    "named_size",
     "peak_rss",
     "plan_memory",
     "return_freed",
@@ -112,6 +113,13 @@ def format_size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def named_size(n: int) -> int:
+    """``n`` bytes rounded up to the figure :func:`format_size` shows (two decimals of its unit), so that a budget
+    given as the named figure is never below ``n``."""
+    step = next((scale // 100 for scale in (10**12, 10**9, 10**6, 10**3) if n >= scale), 1)
+    return -(-int(n) // step) * step
 
 
 def parse_size(value: str | int | float) -> int:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_top_k",
+    "check_whole",
     "estimated",
     "importance_batches",
     "importance_activations",
@@ -25,6 +26,7 @@ __all__ = [
     "importance_room",
     "importance_summary",
     "importance_texts",
+    "importance_whole",
     "run_importance",
 ]
 
@@ -44,28 +46,130 @@ def importance_batches(
     return probe_batches(hm, probe, batch_size)
 
 
-def importance_activations(hm: HeadModel, batches: list[tuple]) -> int:
+def _largest(hm: HeadModel, batches: list[tuple], mode: str | None) -> tuple[int, int]:
+    """``(rows, length)`` of the largest pass (by tokens) the gradient pass runs: the estimate's parts of a decoder
+    (``mode`` given: its rows repacked as :func:`~headwise.study.estimate_importance` packs them), else the batches
+    as given."""
+    if mode is not None and hm.kind == "decoder" and batches:
+        from headwise.analysis.sweep_plan import row_parts
+        from headwise.study.importance_estimate import ESTIMATE_TOKENS
+
+        parts, _ = row_parts(batches, "next_token", None, mode == "zero", ESTIMATE_TOKENS)
+        shapes = [tuple(part.ids.shape) for part in parts]
+    else:
+        shapes = [(int(b[0].shape[0]), int(b[0].shape[1])) for b in batches]
+    return max(shapes, key=lambda s: s[0] * s[1], default=(0, 0))
+
+
+def importance_activations(hm: HeadModel, batches: list[tuple], mode: str | None = None) -> int:
     """Bytes of activations ``--importance``'s gradient pass keeps on ``hm`` for its largest batch of ``batches``
     (``(ids (B, T), …)``), float32, an upper bound: each head's output change and its first-order write change
     ``(B, H, T, D)`` (the estimate's), the per-layer records of the attention-aware terms (the block's input, queries,
     keys, values, outputs and their gradients, about ``(B, T, D)`` each), the residual stream at every layer boundary,
-    and the logits ``(B, T, V)``."""
+    the logits ``(B, T, V)``, and the attention-aware terms' working set at a layer: one chunk of senders
+    (:data:`~headwise.circuits.atp.CHUNK_BYTES`, or one sender where that is more) and every earlier head's output
+    change concatenated ``(B, ΣH, T, Dh)``. ``mode`` (the estimate route's ablation): the largest of the estimate's
+    parts, as it packs the rows, in place of the largest batch."""
+    from headwise.circuits.atp import CHUNK_BYTES, sender_bytes
+
     D = hm.width
-    tokens = max((int(b[0].numel()) for b in batches), default=0)  # B·T of the largest batch
+    B, T = _largest(hm, batches, mode)
+    tokens = B * T  # B·T of the largest batch
     row = 4 * tokens * D
-    return row * (2 * sum(hm.heads_per_layer) + 10 * hm.num_layers) + 4 * tokens * int(hm.vocab_size or 0)
+    H = max(hm.heads_per_layer or [hm.num_heads])
+    dh = D // max(1, hm.num_heads)
+    chunk = max(CHUNK_BYTES, sender_bytes(B, T, D, H, H, dh)) + 4 * tokens * sum(hm.heads_per_layer) * dh
+    keeps = row * (2 * sum(hm.heads_per_layer) + 10 * hm.num_layers) + 4 * tokens * int(hm.vocab_size or 0)
+    return keeps + chunk
 
 
-def importance_room(hm: HeadModel, batches: list[tuple]) -> int | None:
-    """On a model opened layer by layer, the bytes its budget leaves the batched ablations after the gradient pass's
-    (:func:`importance_activations`, weighed first: over the budget, the one-line refusal of
-    :func:`headwise.models.layer_walk.check_walk`); None on a model opened whole (the engine's own default)."""
+def importance_whole(hm: HeadModel, batches: list[tuple], mode: str | None = None) -> int:
+    """Bytes ``--importance``'s gradient pass takes beyond what the process holds on a model opened whole: its
+    activations (:func:`importance_activations`) and what autograd saves of every layer for the backward pass (no
+    layer walk recomputes them) — per token and layer about the largest block's float32 parameters per model width
+    (its products' inputs and outputs) and its attention scores, for the largest batch of ``batches`` (``mode``: the
+    estimate's largest part, as :func:`importance_activations`)."""
+    from headwise.structure import layer_list
+
+    try:
+        _, blocks = layer_list(hm.model)
+    except ValueError:  # no layer list: its parameters all count as one block's
+        blocks = [hm.model]
+    largest = max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0)
+    B, T = _largest(hm, batches, mode)
+    H = max(hm.heads_per_layer or [hm.num_heads])
+    saved = 4 * B * T * hm.num_layers * (largest // max(1, hm.width) + H * T)
+    return importance_activations(hm, batches, mode) + saved
+
+
+def check_whole(
+    hm: HeadModel, batches: list[tuple], *, mode: str | None = None, kept: int = 0, held: int | None = None
+) -> None:
+    """``--importance`` on a model opened whole, weighed against a budget given (``--max-memory``) before anything is
+    written: what the process holds (``held``, default :func:`~headwise.models.memory.current_rss`), ``kept`` bytes
+    the command keeps through the run (a decoder's example maps), the gradient pass's need
+    (:func:`importance_whole`; ``mode``: the estimate route's ablation, its parts weighed) and
+    :data:`~headwise.models.memory.MIN_WORKING` (the exact ablations' passes take what the budget leaves beside what
+    the process holds then: :func:`importance_room`). Nothing on a model opened layer by layer
+    (:func:`importance_room` weighs it) or without a budget given.
+
+    Raises:
+        MemoryBudgetError: over the budget, naming the budget, the largest batch and the memory the run needs (the
+            smallest budget that works, with :data:`~headwise.models.memory.HELD_SLACK`).
+    """
+    from headwise.models.memory import (
+        HELD_SLACK,
+        MIN_WORKING,
+        MemoryBudgetError,
+        current_rss,
+        format_size,
+        named_size,
+    )
+
+    plan = hm.memory
+    if hm.stream is not None or plan is None or not plan.given or not batches:
+        return
+    held = current_rss() if held is None else held
+    need = held + kept + importance_whole(hm, batches, mode) + MIN_WORKING
+    if need <= plan.budget:
+        return
+    need += HELD_SLACK  # named: a run given it is not refused again by what the process holds moving
+    need = named_size(need)  # rounded up to the figure named
+    B, T = _largest(hm, batches, mode)
+    message = (
+        f"{{option}}: {format_size(plan.budget)} is too small for {hm.name} (opened whole): --importance on passes "
+        f"of up to {B} × {T} tokens needs about {format_size(need)} (what the process holds, the gradient pass's "
+        "activations and what autograd saves of every layer, the attention-aware estimate's chunks, the exact "
+        "ablations' smallest pass); give a {option} at least that"
+    )
+    raise MemoryBudgetError(message, given=True, budget=plan.budget, need=need, route=plan.route)
+
+
+def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None, *, kept: int = 0) -> int | None:
+    """The bytes a budget leaves ``--importance``'s batched ablations. On a model opened layer by layer: what its
+    budget leaves after the gradient pass's (:func:`importance_activations`, weighed first: over the budget, the
+    one-line refusal of :func:`headwise.models.layer_walk.check_walk`, its need named with
+    :data:`~headwise.models.memory.HELD_SLACK` and rounded up, so that the figure named as a budget runs). On a
+    model opened whole under a budget given: what it leaves beside what the process holds now and
+    :data:`~headwise.models.memory.MIN_WORKING` (weighed before by :func:`check_whole`; the estimate's memory is
+    given back before the ablations run). None on a model opened whole without a budget given (the engine's own
+    default: half the memory free). ``mode``: the estimate route's ablation (its parts weighed,
+    :func:`importance_activations`), None for the exact route; ``kept``: bytes the command will hold by then beyond
+    what the process holds now (weighed before the study: what the study keeps)."""
     if hm.stream is None:
-        return None
-    from headwise.models.layer_walk import check_walk, walk_need
+        plan = hm.memory
+        if plan is None or not plan.given:
+            return None
+        from headwise.models.memory import MIN_WORKING, current_rss
 
-    keeps = importance_activations(hm, batches)
-    check_walk(hm, "--importance", activations=keeps)
+        return max(MIN_WORKING, plan.budget - current_rss() - MIN_WORKING)
+    from headwise.models.layer_walk import READS, walk_need
+    from headwise.models.memory import HELD_SLACK, named_size, whole_refused
+
+    keeps = importance_activations(hm, batches, mode)
+    need = walk_need(hm, activations=keeps) + kept  # kept: what the command holds by then beyond the process now
+    if need > hm.memory.budget:  # named: what the process holds may move by a MB, and the figure is rounded up
+        raise whole_refused(hm.name, hm.memory, "--importance", reads=READS, need=named_size(need + HELD_SLACK))
     return hm.memory.budget - walk_need(hm, activations=keeps) + keeps  # the gradient pass's keeps freed by then
 
 

@@ -197,6 +197,7 @@ def estimate_importance(
     from headwise.analysis.batched import MODES, SweepCost
     from headwise.analysis.objective import OBJECTIVES
     from headwise.checks import one_of
+    from headwise.models.memory import return_freed
 
     if not batches:
         raise ValueError("batches: expected at least one batch, got none")
@@ -211,6 +212,7 @@ def estimate_importance(
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
     got = _estimated(hm, batches, mode, progress, reduce)
+    return_freed()  # the estimate's freed memory given back before the exact passes take what a budget leaves
     seconds_estimate = time.perf_counter() - t0
     measured = _measured_heads(got.estimate, top_k, random_heads, seed)
     norms = np.linalg.norm(got.importance, axis=1, keepdims=True)  # (NL, 1)
