@@ -15,6 +15,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 _OWN_CACHE = None if "HEADWISE_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="headwise-test-cache-")
 if _OWN_CACHE is not None:
     os.environ["HEADWISE_CACHE_DIR"] = _OWN_CACHE
+# the runs a test records (a command run layer by layer, what size --memory states) stay out of the user's state
+os.environ["HEADWISE_STATE_DIR"] = os.path.join(_OWN_CACHE or tempfile.mkdtemp(prefix="headwise-test-"), "state")
 
 
 def pytest_sessionfinish(session, exitstatus):

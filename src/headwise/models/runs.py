@@ -2,10 +2,11 @@
 rows it extrapolates from measured rates.
 
 A command that ran a model layer by layer (``heads``, ``patch``, ``circuit``, from the command line) appends one JSON
-line to ``runs.jsonl`` in headwise's cache directory (:func:`headwise.models.gguf.cache_root`): the model's name and
+line to ``runs.jsonl`` in headwise's state directory (:func:`state_root`: a history, not a cache — ``--no-cache``
+writes nothing to the cache directory, and a cleared cache keeps it): the model's name and
 parameter count, the command, the budget, the process's peak resident memory (``ru_maxrss``: the whole process, at the
 end of the run), the run's seconds after the model opened, the stored bytes a pass reads and the CPU. A machine whose
-cache directory cannot be written records nothing (the run itself is not affected).
+state directory cannot be written records nothing (the run itself is not affected).
 """
 
 from __future__ import annotations
@@ -14,17 +15,26 @@ import json
 import time
 from pathlib import Path
 
-__all__ = ["RUNS", "record_run", "recorded_runs", "runs_path"]
+__all__ = ["RUNS", "record_run", "recorded_runs", "runs_path", "state_root"]
 
 #: The file's name in the cache directory.
 RUNS = "runs.jsonl"
 
 
-def runs_path() -> Path:
-    """Where the runs are recorded: ``<cache directory>/runs.jsonl``."""
-    from headwise.models.gguf import cache_root
+def state_root() -> Path:
+    """headwise's state directory: ``$HEADWISE_STATE_DIR``, ``$XDG_STATE_HOME/headwise`` or
+    ``~/.local/state/headwise`` (the XDG base directories' place for a history that outlives a cache)."""
+    import os
 
-    return cache_root() / RUNS
+    if os.environ.get("HEADWISE_STATE_DIR"):
+        return Path(os.environ["HEADWISE_STATE_DIR"]).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base).expanduser() / "headwise"
+
+
+def runs_path() -> Path:
+    """Where the runs are recorded: ``<state directory>/runs.jsonl``."""
+    return state_root() / RUNS
 
 
 def record_run(hm, command: str, seconds: float, *, path: Path | None = None) -> dict | None:
