@@ -5,7 +5,8 @@ folder, so that the final rename stays on one file system), lets the caller writ
 and renames it over the destination with ``os.replace`` — atomic on POSIX and Windows. If anything goes
 wrong before the rename (an error, a full disk, Ctrl-C: any ``BaseException``), the temporary file is
 removed and the destination is untouched: a reader sees the previous file or the complete new one,
-never a half-written one.
+never a half-written one. :func:`append_line` adds one line to a log whole or not at all (one ``write`` of the
+line to a file opened for appending).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_folder", "write_text_atomic", "TEMP_PREFIX", "TEMP_SUFFIX"]
+__all__ = ["append_line", "atomic_write", "atomic_folder", "write_text_atomic", "TEMP_PREFIX", "TEMP_SUFFIX"]
 
 #: Temporary names are ``TEMP_PREFIX + name + "." + 12 hex digits + TEMP_SUFFIX``.
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
@@ -53,6 +54,24 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str = "u
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append ``line`` (one line, UTF-8; a newline added) to ``path`` in one ``write`` of a file opened with
+    ``O_APPEND`` (created when missing): concurrent appenders never interleave within a line on a local file
+    system, and an interrupted call adds the whole line or nothing of it.
+
+    Raises:
+        ValueError: a line holding a newline. OSError: the folder is missing or not writable.
+    """
+    if "\n" in line or "\r" in line:
+        raise ValueError("line: expected one line, got a text with a line break")
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

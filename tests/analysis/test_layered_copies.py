@@ -232,8 +232,8 @@ def test_a_whole_model_under_a_given_budget_runs_the_copies_it_holds(opened, mon
     stay the batched sweep's); no budget given: ``batch_size`` a pass."""
     import dataclasses
 
-    from headwise.analysis.batched import budget_copies
     from headwise.models.memory import MIN_WORKING, current_rss
+    from headwise.patching.exact import budget_copies
 
     whole, _ = opened
     assert budget_copies(whole, 1, 8, 10**6, 16) == 16  # no budget given: as asked

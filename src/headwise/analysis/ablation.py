@@ -141,7 +141,9 @@ def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, c
     from headwise.analysis.objective import LOSS_CHUNK
 
     if copies is None and prefix and getattr(hm, "stream", None) is not None and shows_blocks(hm):
-        return _layered_plan(hm, batches, jobs, scored=scored, reference=reference, mode=mode)
+        device = next(hm.model.parameters()).device
+        room = int(memory if memory is not None else free_memory(device) // 2)
+        return _layered_plan(hm, batches, jobs, scored=scored, reference=reference, mode=mode, room=room)
 
     width = getattr(hm, "vocab_size", None) if scored != "embedding" else None
     row_bytes = bytes_per_token(hm, int(width or 1024))
@@ -166,7 +168,7 @@ def _plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, c
     return parts, count, plan, budget, None
 
 
-def _layered_plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str):
+def _layered_plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode: str, room: int):
     """:func:`_plan` on a model opened layer by layer, where every pass reads the layers it runs: the rows of each
     batch in one part (packed for zero ablation, no cap), every job in one group in start-layer order, and passes of
     as many jobs as the budget holds beside a layer walk's (:func:`~headwise.analysis.batched.layered_plan`; a job
@@ -182,7 +184,7 @@ def _layered_plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode
     for k, part in enumerate(parts):
         P, L = part.ids.shape
         out = 2 * len(part.index) * V if scored != "embedding" else 2 * P * L * D
-        sizes[k], calls[k] = layered_plan(hm, P, L, 4 * (2 * P * L * D + out), len(jobs))
+        sizes[k], calls[k] = layered_plan(hm, P, L, 4 * (2 * P * L * D + out), len(jobs), room=room)
     plan = pass_plan(groups, parts, lambda part, members: sizes[next(k for k, p in enumerate(parts) if p is part)])
     return parts, count, plan, hm.memory.budget, calls
 

@@ -67,7 +67,6 @@ __all__ = [
     "shows_blocks",
     "staggered",
     "layered_plan",
-    "budget_copies",
     "row_activations",
     "copies_from",
     "keep_blocks",
@@ -498,26 +497,25 @@ def staggered(model, begins: Sequence[int], P: int, per_call: int, window: _Wind
         yield
 
 
-def layered_plan(model, rows: int, length: int, per_job: int, jobs: int, *, per_call: int | None = None):
+def layered_plan(model, rows: int, length: int, per_job: int, jobs: int, *, room: int, per_call: int | None = None):
     """``(jobs a pass, copies a block call)`` of a layered pass (:func:`staggered`) on a model opened layer by layer
-    (None where it was opened whole or shows no blocks): what its budget leaves beside what a layer walk holds
-    (:func:`headwise.models.layer_walk.walk_need`: the process, one layer's weights and working set) holds one block
-    call's activations — a row's ≈ its largest layer's float32 parameters per model width (its widest products) and
-    its attention scores, for ``per_call`` copies or as many as a quarter of the room holds — and ``per_job`` bytes
-    a job (its copy's residual stream, its output) for each job and the base copy; at least 1, at most ``jobs``.
+    (None where it was opened whole or shows no blocks): ``room`` — the bytes its budget leaves beside what a layer
+    walk holds (the process, one layer's weights and working set; the caller weighs that,
+    :func:`headwise.models.layer_walk.walk_need`, which this floor does not import) — holds one block call's
+    activations (:func:`row_activations`, for ``per_call`` copies or as many as a quarter of the room holds) and
+    ``per_job`` bytes a job (its copy's residual stream, its output) for each job and the base copy; at least 1, at
+    most ``jobs``.
 
     Args:
         rows, length: the input's ``(P, L)``.
         per_job: bytes a job's copy holds through the pass.
+        room: bytes for the pass's copies and one call's activations.
         per_call: copies a block call runs at most (None: as the room allows).
     """
-    stream = getattr(model, "stream", None)
-    if stream is None or not shows_blocks(model):
+    if getattr(model, "stream", None) is None or not shows_blocks(model):
         return None
-    from headwise.models.layer_walk import walk_need
-
     per_copy = row_activations(model, rows, length)
-    room = model.memory.budget - walk_need(model, activations=per_job)  # the base copy
+    room -= per_job  # the base copy
     fit = max(1, room // 4 // max(1, per_copy))
     call = max(1, min(fit, per_call or fit, jobs + 1))
     return max(1, min(jobs, (room - call * per_copy) // max(1, per_job))), call
@@ -540,21 +538,6 @@ def row_activations(model, rows: int, length: int) -> int:
         largest = 4 * max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0)
     heads = max(getattr(model, "heads_per_layer", None) or [model.num_heads])
     return rows * length * (largest // max(1, model.width) + 4 * heads * length)
-
-
-def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int:
-    """Copies a pass holds on a model opened whole within the budget it was opened under, where one was given
-    (``model.memory.given``; else ``most``): what the budget leaves beside what the process holds now and
-    :data:`~headwise.models.memory.MIN_WORKING`, per copy its activations (as :func:`layered_plan` counts them, from
-    the largest block's parameters) and ``per_job`` bytes; at least 1, at most ``most``."""
-    memory = getattr(model, "memory", None)
-    if memory is None or not memory.given:
-        return most
-    from headwise.models.memory import MIN_WORKING, current_rss
-
-    per_copy = per_job + row_activations(model, rows, length)
-    room = memory.budget - current_rss() - MIN_WORKING
-    return max(1, min(most, room // max(1, per_copy)))
 
 
 def _copies_rows(hidden, P: int, have: int, a: int, b: int):

@@ -53,11 +53,12 @@ def record_run(hm, command: str, seconds: float, *, path: Path | None = None) ->
         "stored_bytes": int(sum(stream.stored_bytes.values())), "cpu": cpu_name(),
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
+    from headwise._io import append_line
+
     target = path or runs_path()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")  # one line, one write
+        append_line(target, json.dumps(record))
     except OSError:
         return None
     return record

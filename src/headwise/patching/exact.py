@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from headwise.analysis.batched import PASS_TOKENS, budget_copies, layered_plan, run_copies
+from headwise.analysis.batched import PASS_TOKENS, layered_plan, row_activations, run_copies
 from headwise.checks import one_of, positive_int
 from headwise.models.head_model import HeadModel
 from headwise.patching.metric import reads_last_position
@@ -47,6 +47,7 @@ __all__ = [
     "check_pair",
     "head_jobs",
     "layered_jobs",
+    "budget_copies",
     "exact_activations",
     "patch_heads",
     "patch_positions",
@@ -266,7 +267,7 @@ def _sweep(target: HeadModel, base: Tensor, source: HeadCache, metric: Metric, j
     layer by layer a pass carries as many jobs as the budget holds (:func:`layered_jobs`), its blocks run at least
     ``batch_size`` copies at a time, up to 4,096 tokens a call where the budget holds them; elsewhere a pass is
     ``batch_size`` jobs, or as many as a budget given holds
-    (:func:`~headwise.analysis.batched.budget_copies`)."""
+    (:func:`budget_copies`)."""
     P, L = base.shape
     last_only = reads_last_position(metric)
     per_call = max(batch_size, PASS_TOKENS["cpu"] // max(1, P * L))  # a block call of up to 4,096 tokens
@@ -296,8 +297,28 @@ def layered_jobs(target: HeadModel, shape, last_only: bool, per_call: int, jobs:
         shape: the input's ``(P, L)``.
         last_only: the logits are the last position's alone.
     """
+    if getattr(target, "stream", None) is None:
+        return None
+    from headwise.models.layer_walk import walk_need
+
     P, L = shape
-    return layered_plan(target, P, L, _job_bytes(target, shape, last_only), jobs, per_call=per_call)
+    room = target.memory.budget - walk_need(target)
+    return layered_plan(target, P, L, _job_bytes(target, shape, last_only), jobs, room=room, per_call=per_call)
+
+
+def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int:
+    """Copies a pass holds on a model opened whole within the budget it was opened under, where one was given
+    (``model.memory.given``; else ``most``): what the budget leaves beside what the process holds now and
+    :data:`~headwise.models.memory.MIN_WORKING`, per copy its activations
+    (:func:`~headwise.analysis.batched.row_activations`) and ``per_job`` bytes; at least 1, at most ``most``."""
+    memory = getattr(model, "memory", None)
+    if memory is None or not memory.given:
+        return most
+    from headwise.models.memory import MIN_WORKING, current_rss
+
+    per_copy = per_job + row_activations(model, rows, length)
+    room = memory.budget - current_rss() - MIN_WORKING
+    return max(1, min(most, room // max(1, per_copy)))
 
 
 def exact_activations(target: HeadModel, shape, last_only: bool, per_call: int = 1) -> int:
@@ -305,8 +326,6 @@ def exact_activations(target: HeadModel, shape, last_only: bool, per_call: int =
     both cached runs' per-head outputs and logits, the base copy and one job (:func:`_job_bytes`) and one block call of
     ``per_call`` copies (:func:`headwise.analysis.batched.layered_plan`'s row) — what a budget must leave for one job a
     pass (:func:`headwise.models.layer_walk.check_walk` weighs it before the sweep)."""
-    from headwise.analysis.batched import row_activations
-
     P, L = shape
     heads = 4 * P * L * sum(target.heads_per_layer) * (target.width // max(1, max(target.heads_per_layer)))
     logits = 4 * P * (1 if last_only else L) * int(target.vocab_size or 0)
