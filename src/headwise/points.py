@@ -518,15 +518,20 @@ def replaced_calls(points: NamedPoints, names, call, *, arg: str = "names") -> I
     """Inside the block, calling the module of each named point runs ``call(k, forward, *args, **kwargs)`` (``forward``
     the module's own, ``k`` the name's index in ``names``) — a forward that starts at a layer has the blocks below
     return what they returned before; activation checkpointing recomputes a block from its input. Hooks registered
-    on the module still run around the call. Each module gets its own ``forward`` back after, also on error."""
+    on the module still run around the call. Each module gets its own ``forward`` back after, also on error — an
+    enclosing block's replacement where one was in place (blocks nest)."""
     modules = [points.point(arg, name).module for name in names]
+    before = [module.__dict__.get("forward") for module in modules]  # an enclosing block's replacement, if any
     try:
         for k, module in enumerate(modules):
             module.forward = _Call(call, k, module.forward)
         yield
     finally:
-        for module in modules:
-            module.__dict__.pop("forward", None)
+        for module, previous in zip(modules, before):
+            if previous is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = previous
 
 
 class _CallHook:

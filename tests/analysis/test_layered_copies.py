@@ -258,3 +258,20 @@ def test_a_whole_model_under_a_given_budget_runs_the_copies_it_holds(opened, mon
     heads = sum(whole.heads_per_layer)
     assert got.passes == 2 + -(-heads // per_pass)
     _close(got.patched, ref.patched)
+
+
+def test_a_layered_pass_inside_a_layer_walk_leaves_the_walk_in_place(opened):
+    """Replaced calls nest: a layered pass inside a layer walk gives the blocks back to the walk (whose backward then
+    still equals autograd's), not to their own forward."""
+    from headwise.models.layer_walk import layer_walk
+    from headwise.points import layer_point
+
+    _, layered = opened
+    ids = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(6))
+    block = layered.points.point("names", layer_point(0, "resid_pre")).module
+    with layer_walk(layered):
+        walked = block.__dict__.get("forward")
+        assert walked is not None
+        run_copies(layered, lambda r: layered.logits(ids.repeat(r, 1)), ids, [[Patch(0, 1)]], layered=1)
+        assert block.__dict__.get("forward") is walked
+    assert "forward" not in block.__dict__
