@@ -185,6 +185,9 @@ def layer_progress(hm: HeadModel, command: str | None = None) -> Iterator[None]:
     finally:
         stream.on_unit = saved
     if command is not None:
-        from headwise.models.runs import record_run
+        try:  # a record that cannot be made never fails a run that succeeded
+            from headwise.models.runs import record_run
 
-        record_run(hm, command, time.perf_counter() - began)
+            record_run(hm, command, time.perf_counter() - began)
+        except Exception as e:  # noqa: BLE001
+            print(f"headwise: the run was not recorded for size --memory ({type(e).__name__}: {e})", file=sys.stderr)
