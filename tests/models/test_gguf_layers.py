@@ -160,9 +160,9 @@ def test_a_copy_that_would_not_fit_the_disk_is_not_written(blob, cache, monkeypa
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 
-def _heads_run(out: Path, cache: Path, *args: str, status: int = 0) -> int | str:
+def _heads_run(out: Path, cache: Path, *args: str, status: int | None = 0) -> int | str:
     """``headwise heads`` in a fresh process; its own peak resident memory (``VmHWM``, bytes), or its last stderr line
-    where it is expected to fail (``status`` ≠ 0)."""
+    where it is expected to fail (``status`` ≠ 0; None: either, as it ends)."""
     code = (
         "import atexit, sys\n"
         "def hwm():\n"
@@ -177,8 +177,8 @@ def _heads_run(out: Path, cache: Path, *args: str, status: int = 0) -> int | str
     text = "The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."
     done = subprocess.run([sys.executable, "-c", code, "heads", text, "--model", "smollm2", "--out", str(out), *args],
                           capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
-    assert done.returncode == status, done.stderr[-2000:]
-    if status:
+    assert status is None or done.returncode == status, done.stderr[-2000:]
+    if done.returncode:
         return [line for line in done.stderr.splitlines() if line.startswith("headwise: error")][-1]
     return int(done.stderr.split("VmHWM")[-1].split()[0])
 
@@ -193,10 +193,16 @@ def test_smollm2_without_a_cache_in_400mb_equals_the_cached_route(tmp_path):
     line = _heads_run(tmp_path / "small", cache, "--no-cache", "--max-memory", "1MB", status=2)
     smallest = parse_size(line.split("SmolLM2-135M-Instruct.Q4_1.gguf: ")[1].split(" (")[0].replace(" ", ""))
     budget = max(400 * 10**6, -(-smallest // 10**6) * 10**6)
+    # the study's own need on this text (the example's maps, its page and the pictures beside the pass), named in one
+    # line where it is more: then that budget
+    said = _heads_run(tmp_path / "need", cache, "--no-cache", "--max-memory", str(budget), status=None)
+    if isinstance(said, str):
+        need = parse_size(said.split("needs about ")[1].split(" (")[0].replace(" ", ""))
+        budget = -(-need // 10**6) * 10**6
     peak = _heads_run(tmp_path / "layers", cache, "--no-cache", "--max-memory", str(budget))
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))  # no float32 copy anywhere
     _heads_run(tmp_path / "cached", cache)
-    assert peak < budget + 0.1e9, (peak, budget)
+    assert peak <= budget, (peak, budget)  # the whole process within the budget it was given
     memory = json.loads((tmp_path / "layers" / "heads.json").read_text())["memory"]
     assert memory["route"] == "layers" and memory["budget_bytes"] == budget
     with (
