@@ -43,7 +43,7 @@ def hm(request):
     return HeadModel(tiny(request.param).eval())
 
 
-@pytest.mark.parametrize("per_call", [1, 3])
+@pytest.mark.parametrize("per_call", [3])  # calls of 3 copies: uneven, and a call straddles the joins
 @pytest.mark.parametrize("replacement", ["zero", "mean", "patch"])
 def test_a_layered_pass_equals_the_batched_pass(hm, per_call, replacement):
     g = torch.Generator().manual_seed(1)

@@ -127,6 +127,7 @@ def test_composition_layer_by_layer_equals_the_whole_route(folder, tmp_path, run
     _same_composition(tmp_path / "whole", tmp_path / "layers")
 
 
+@pytest.mark.slow  # a few seconds: the fast suite keeps its three minutes
 def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path_factory, tmp_path, run_cli,
                                                                          monkeypatch):  # fmt: skip
     """A budget under the whole route's opens the model layer by layer and holds two of its four layers' senders at
@@ -307,6 +308,7 @@ def _importance_columns(path):
     return {n: np.array([float(r[head.index(n)]) for r in rows]) for n in names}
 
 
+@pytest.mark.slow  # a few seconds: the fast suite keeps its three minutes
 def test_importance_opened_whole_under_a_budget_too_small(folder, tmp_path, run_cli, monkeypatch):
     """A budget that opens the model whole but not --importance's gradient pass is refused in one line naming the
     memory it needs, nothing written; that memory as the budget runs, its importance, estimates, exact ablations
