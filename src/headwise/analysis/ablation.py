@@ -184,8 +184,8 @@ def _layered_plan(hm: SweptModel, batches, jobs, *, scored: str, reference, mode
     for k, part in enumerate(parts):
         P, L = part.ids.shape
         out = 2 * len(part.index) * V if scored != "embedding" else 2 * P * L * D
-        sizes[k], calls[k] = layered_plan(hm, P, L, 4 * (2 * P * L * D + out), len(jobs), room=room)
-    plan = pass_plan(groups, parts, lambda part, members: sizes[next(k for k, p in enumerate(parts) if p is part)])
+        sizes[id(part)], calls[k] = layered_plan(hm, P, L, 4 * (2 * P * L * D + out), len(jobs), room=room)
+    plan = pass_plan(groups, parts, lambda part, members: sizes[id(part)])
     return parts, count, plan, hm.memory.budget, calls
 
 

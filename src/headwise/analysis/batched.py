@@ -373,19 +373,12 @@ def run_copies(
     """
     import torch
 
-    from headwise.points import attention_point
-
     jobs = [as_job(job) for job in jobs]
     J, P = len(jobs), ids.shape[0]
     if layered is not None and J and shows_blocks(model):
         per_call = positive_int("layered", layered)
         return _run_layered(model, run, ids, jobs, replacement, real, kept, per_call, whole_rows)
-    masks = job_masks(model, jobs, ids.shape[1], ids.device)
-    window = _Window(0, J)
-    hooks = {
-        attention_point(layer, "heads"): partial(_replacing, layer, keep, window, replacement, real)
-        for layer, keep in masks.items()
-    }
+    hooks = _heads_hooks(job_masks(model, jobs, ids.shape[1], ids.device), _Window(0, J), replacement, real)
     low = start_layer(model, jobs) if prefix and (J > 1 or kept) else 0
     with torch.no_grad(), model.hooks(hooks), replayed(model, low, kept), copies_from(model, low, J, P):
         out = run(1 if low > 0 else J)
@@ -407,6 +400,17 @@ class _Window:
     stop: int
 
 
+def _heads_hooks(masks: dict, window: _Window, replacement, real) -> dict:
+    """``{layers.{l}.attn.heads: hook}``: each layer's jobs' heads replaced in the rows of the copies ``window``
+    names (:func:`_replacing`)."""
+    from headwise.points import attention_point
+
+    return {
+        attention_point(layer, "heads"): partial(_replacing, layer, keep, window, replacement, real)
+        for layer, keep in masks.items()
+    }
+
+
 def _replacing(layer, keep, window, replacement, real, out):
     source = replacement if isinstance(replacement, str) else replacement[layer]
     try:
@@ -421,8 +425,6 @@ def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call:
     lowest start layer)``."""
     import torch
 
-    from headwise.points import attention_point
-
     J, P = len(jobs), ids.shape[0]
     starts = [start_layer(model, [job]) for job in jobs]
     order = sorted(range(J), key=lambda j: starts[j])  # stable: jobs of one start layer in their given order
@@ -431,10 +433,7 @@ def _run_layered(model, run, ids, jobs: list, replacement, real, kept, per_call:
     begins = [starts[j] for j in order]
     masks = job_masks(model, [CopyJob(), *(jobs[j] for j in order)], ids.shape[1], ids.device)  # copy 0: the base
     window = _Window(0, 1)
-    hooks = {
-        attention_point(layer, "heads"): partial(_replacing, layer, keep, window, replacement, real)
-        for layer, keep in masks.items()
-    }
+    hooks = _heads_hooks(masks, window, replacement, real)
     low = begins[0]
     with torch.no_grad(), model.hooks(hooks), replayed(model, low, kept), staggered(model, begins, P, per_call, window):
         out = run(1)

@@ -59,8 +59,7 @@ def walk_need(hm: HeadModel, *, activations: int = 0) -> int:
 
     sizes = hm.stream.sizes().values()
     largest = max((2 * f32 + st for f32, st in sizes), default=0)
-    held = memory.current_rss() - hm.stream.pooled_bytes  # the kept buffers are the next layer's to read into
-    return held + largest + activations + memory.MIN_WORKING
+    return hm.stream.process_bytes() + largest + activations + memory.MIN_WORKING
 
 
 def check_walk(hm: HeadModel, what: str, *, activations: int = 0) -> None:

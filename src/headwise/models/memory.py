@@ -233,6 +233,10 @@ class MemoryPlan:
         """The smallest budget that opens the model (layer by layer where it can, else whole)."""
         return self.held + self.layers
 
+    def left(self) -> int:
+        """Bytes the budget leaves beside what the process holds now and :data:`MIN_WORKING` (negative: none)."""
+        return self.budget - current_rss() - MIN_WORKING
+
     def line(self) -> str:
         """One line on the route, for the terminal and heads.json."""
         if self.route == "whole":

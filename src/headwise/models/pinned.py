@@ -70,8 +70,7 @@ def attention_need(hm: HeadModel, *, extra: int = 0) -> int:
 
     pinned = hm.stream.chosen_sizes(_chosen(hm))
     rest = max((f32 + st - sum(pinned.get(unit, (0, 0))) for unit, (f32, st) in hm.stream.sizes().items()), default=0)
-    held = memory.current_rss() - hm.stream.pooled_bytes  # the kept buffers are the next unit's to read into
-    return held + sum(f32 for f32, _ in pinned.values()) + rest + memory.MIN_WORKING + extra
+    return hm.stream.process_bytes() + sum(f32 for f32, _ in pinned.values()) + rest + memory.MIN_WORKING + extra
 
 
 def check_attention(hm: HeadModel, what: str, *, extra: int = 0) -> None:

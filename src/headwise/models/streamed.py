@@ -7,11 +7,11 @@ parameters itself (the embeddings, the final norm, the unembedding). A forward p
 tensors from the checkpoint (:class:`StoredTensors`: a safetensors file opened with ``safe_open`` for the unit alone,
 or a GGUF file's blocks de-quantised), turns them into float32 and puts them on the module; a forward hook puts the
 meta tensors back and drops what the unit kept (a stacked Q/K/V weight), keeping the freed float32 tensors of a
-block, by shape, to read the next block into (:class:`_BufferPool`: warm memory, where a fresh allocation would be
-first-touched page by page; never a tensor anything else still holds). A batch's forward pass so runs through
-layer i with layer i's weights alone, then layer i + 1: the maths is the float32 route's on the same weights, and the
-process holds one unit's weights (float32, plus the stored bytes read to make them, whose mapping is closed with the
-unit) and the activations.
+block, by shape, to read the next block into (:class:`~headwise.models.buffers.BufferPool`: warm memory, where a
+fresh allocation would be first-touched page by page; never a tensor anything else still holds). A batch's forward
+pass so runs through layer i with layer i's weights alone, then layer i + 1: the maths is the float32 route's on the
+same weights, and the process holds one unit's weights (float32, plus the stored bytes read to make them, whose
+mapping is closed with the unit) and the activations.
 
 - :class:`StoredTensors` — the protocol of a checkpoint read by names; :class:`SafetensorsTensors` for folders
   (:mod:`headwise.models.stored`, what the stream reads from; re-exported here).
@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from headwise.models.buffers import BufferPool
 from headwise.models.stored import RowTensors, SafetensorsTensors, StoredTensors
 from headwise.structure import layer_list
 
@@ -52,57 +53,6 @@ __all__ = [
 #: An embedding or unembedding larger than this in float32 is read by rows where the checkpoint can (RowTensors); an
 #: unembedding is then applied this many bytes of float32 rows at a time.
 SLICE_BYTES = 16 * 2**20
-
-
-class _BufferPool:
-    """Float32 tensors a released block leaves, by shape, for the next block's weights to be read into.
-
-    Each block's weights are a fresh allocation otherwise (mapped by glibc on its own and given back when freed,
-    :func:`headwise.models.memory.map_large_allocations`), and first-touching fresh memory runs several times slower
-    than writing warm memory. A tensor is kept only when nothing else holds it or a view of it (its storage used by
-    it alone), so no caller's copy of a weight is ever overwritten; the pool keeps at most ``limit`` bytes."""
-
-    def __init__(self):
-        self._free: dict[tuple[int, ...], list[Tensor]] = {}
-        self.bytes = 0
-
-    def keep(self, tensors: list, *, limit: int) -> None:
-        import sys
-
-        for t in tensors:
-            if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t._base is not None:
-                continue
-            # nothing else holds it: the Python object (the list, the loop's name, the call's argument), the tensor
-            # (an autograd graph's saved tensors), its storage (a view, a detached copy)
-            if sys.getrefcount(t) > 3 or _users(t) != (1, 1):
-                continue
-            size = t.numel() * 4
-            if self.bytes + size > limit:
-                continue
-            self._free.setdefault(tuple(t.shape), []).append(t.detach())
-            self.bytes += size
-
-    def take(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
-        """A kept tensor for each name whose shape one has (``name → shape``), taken out of the pool."""
-        out = {}
-        for name, shape in shapes.items():
-            free = self._free.get(tuple(shape))
-            if free:
-                t = free.pop()
-                self.bytes -= t.numel() * 4
-                out[name] = t
-        return out
-
-    def clear(self) -> None:
-        self._free, self.bytes = {}, 0
-
-
-def _users(t: Tensor) -> tuple[int, int]:
-    """``(holders of the tensor, tensors using its storage)``; ``(0, 0)`` where PyTorch does not say."""
-    try:
-        return int(t._use_count()), int(torch._C._storage_Use_Count(t.untyped_storage()._cdata)) - 1  # less the new one
-    except (AttributeError, RuntimeError):
-        return 0, 0
 
 
 @contextlib.contextmanager
@@ -195,7 +145,8 @@ class LayerStream:
             for unit, m in self.units.items()
         }
         self.loads, self.seconds = 0, 0.0
-        self._buffers = _BufferPool()
+        # a block's float32 weights at most: what a pass frees and reads again, layer after layer
+        self._buffers = BufferPool(max((self.float32_bytes[u] for u in self.block_units()), default=0))
         self._handles: list = []
         self._order = list(self.units)
         self.sliced = {u: n for u, m in self.units.items() if (n := self._by_rows(u, m)) is not None}
@@ -394,11 +345,12 @@ class LayerStream:
         self.seconds += time.perf_counter() - start
         self._count(unit)
 
-    def _pool_limit(self) -> int:
-        """Bytes the pool of freed buffers keeps at most: the largest block's float32 weights (what a pass frees
-        and reads again, layer after layer)."""
-        sizes = self.sizes()
-        return max((sizes[u][0] for u in self.block_units()), default=0)
+    def process_bytes(self) -> int:
+        """What the process holds now (:func:`~headwise.models.memory.current_rss`) less the kept buffers, which the
+        next unit is read into: the base a need adds the next unit's bytes to."""
+        from headwise.models.memory import current_rss
+
+        return current_rss() - self._buffers.bytes
 
     @property
     def pooled_bytes(self) -> int:
@@ -432,7 +384,7 @@ class LayerStream:
                 freed.append(owner._parameters[leaf])
                 owner._parameters[leaf] = meta
         if unit not in self.sliced:  # a block's float32 buffers, kept to read the next block into (warm memory)
-            self._buffers.keep(freed, limit=self._pool_limit())
+            self._buffers.keep(freed)
         del freed
         if unit in self._padding:
             module.padding_idx = self._padding.pop(unit)

@@ -314,11 +314,8 @@ def budget_copies(model, rows: int, length: int, per_job: int, most: int) -> int
     memory = getattr(model, "memory", None)
     if memory is None or not memory.given:
         return most
-    from headwise.models.memory import MIN_WORKING, current_rss
-
     per_copy = per_job + row_activations(model, rows, length)
-    room = memory.budget - current_rss() - MIN_WORKING
-    return max(1, min(most, room // max(1, per_copy)))
+    return max(1, min(most, memory.left() // max(1, per_copy)))
 
 
 def exact_activations(target: HeadModel, shape, last_only: bool, per_call: int = 1) -> int:

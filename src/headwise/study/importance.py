@@ -160,9 +160,9 @@ def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None
         plan = hm.memory
         if plan is None or not plan.given:
             return None
-        from headwise.models.memory import MIN_WORKING, current_rss
+        from headwise.models.memory import MIN_WORKING
 
-        return max(MIN_WORKING, plan.budget - current_rss() - MIN_WORKING)
+        return max(MIN_WORKING, plan.left())
     from headwise.models.layer_walk import READS, walk_need
     from headwise.models.memory import HELD_SLACK, named_size, whole_refused
 
