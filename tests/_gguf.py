@@ -146,3 +146,15 @@ def write_blob(folder: Path, name: str, *, seed: int, quantized: bool = False, t
     path = folder / name
     write_gguf(path, model, tok, quantized=quantized)
     return path, model, tok
+
+
+def gguf_routes(folder: Path):
+    """A quantized GGUF file with a tied unembedding (:func:`write_blob`) opened without a cache both ways: ``(whole,
+    layer by layer)`` model views."""
+    from headwise.models import open_model
+
+    path, _, _ = write_blob(folder, "sha256-q8", seed=5, quantized=True, tie=True)
+    whole = open_model(path, cache=False, by_layer=False)
+    layered = open_model(path, cache=False, by_layer=True)
+    assert whole.stream is None and layered.stream is not None
+    return whole, layered

@@ -98,3 +98,8 @@ __all__ = [
     "np64",
     "ref_params",
 ]
+
+
+def all_meta(hm) -> bool:
+    """Every parameter of a model read layer by layer back on the meta device (nothing of its weights kept)."""
+    return all(p.device.type == "meta" for p in hm.model.parameters())

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from _anatomy_models import tiny
+from _helpers import all_meta
 from headwise.circuits import composition
 from headwise.circuits.composition import composition_group, composition_need, weights_circuits
 from headwise.models import open_model
@@ -32,10 +33,6 @@ def _save(family: str, folder, layers: int = LAYERS):
         warnings.simplefilter("ignore")
         model.to(torch.bfloat16).save_pretrained(folder)
     return folder
-
-
-def _all_meta(hm) -> bool:
-    return all(p.device.type == "meta" for p in hm.model.parameters())
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,7 +82,7 @@ def test_groups_of_layers_equal_the_whole_route(family, tmp_path, monkeypatch):
     projection, a tied unembedding), Qwen 3 (a per-head QK-norm), Phi-3 (a fused qkv_proj)."""
     folder = _save(family, tmp_path / family)
     whole, layered = open_model(folder, by_layer=False), open_model(folder, by_layer=True)
-    assert layered.stream is not None and _all_meta(layered)
+    assert layered.stream is not None and all_meta(layered)
     reference = weights_circuits(whole)
     seen = _watch(monkeypatch, layered)
     for group in (1, 2, LAYERS):
@@ -95,7 +92,7 @@ def test_groups_of_layers_equal_the_whole_route(family, tmp_path, monkeypatch):
             layered, group=group, progress=lambda done, total, steps=steps: steps.append((done, total))
         )
         _same(reference, got)
-        assert _all_meta(layered)
+        assert all_meta(layered)
         assert seen and max(seen) == 1  # one layer's attention parts in at a time
         starts = range(0, LAYERS, group)  # each group's layers once, then every later layer as a receiver
         total = LAYERS + sum(LAYERS - min(LAYERS, a + group) for a in starts)
@@ -113,19 +110,16 @@ def test_matrices_read_by_rows(tmp_path, monkeypatch):
     whole, layered = open_model(folder, by_layer=False), open_model(folder, by_layer=True)
     assert layered.stream.sliced
     _same(weights_circuits(whole), weights_circuits(layered, group=2))
-    assert _all_meta(layered)
+    assert all_meta(layered)
 
 
 def test_gguf_without_a_cache(tmp_path):
     pytest.importorskip("gguf")
-    from _gguf import write_blob
+    from _gguf import gguf_routes
 
-    path, _, _ = write_blob(tmp_path, "sha256-q8", seed=5, quantized=True, tie=True)
-    whole = open_model(path, cache=False, by_layer=False)
-    layered = open_model(path, cache=False, by_layer=True)
-    assert whole.stream is None and layered.stream is not None
+    whole, layered = gguf_routes(tmp_path)
     _same(weights_circuits(whole), weights_circuits(layered, group=1))
-    assert _all_meta(layered)
+    assert all_meta(layered)
 
 
 def test_the_group_follows_the_budget_and_too_small_a_budget_is_refused(tmp_path, monkeypatch):
@@ -161,7 +155,7 @@ def test_the_group_follows_the_budget_and_too_small_a_budget_is_refused(tmp_path
         weights_circuits(hm)
     assert (e.value.budget, e.value.need, e.value.route) == (need - 1, need, "layers")
     assert e.value.worded("--max-memory").endswith("(a --max-memory at least that)")
-    assert _all_meta(hm)
+    assert all_meta(hm)
     with pytest.raises(ValueError, match=r"group: expected a positive number of layers, got 0"):
         weights_circuits(hm, group=0)
 
@@ -182,7 +176,7 @@ def test_a_held_layer_reads_its_attention_parts_alone(tmp_path):
                 torch.testing.assert_close(p, reference[name], rtol=0, atol=0)
             else:
                 assert p.device.type == "meta", name
-    assert hm.stream.loads == loads + 1 and _all_meta(hm)
+    assert hm.stream.loads == loads + 1 and all_meta(hm)
     layer = hm.model.model.layers[1]
     attn = sum(4 * p.numel() for p in layer.self_attn.parameters())
     ones = sum(4 * p.numel() for n, p in layer.named_parameters() if p.dim() == 1 and ".self_attn." not in f".{n}")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from _anatomy_models import tiny
+from _helpers import all_meta
 from headwise.circuits import composition_scores, copying_scores, head_weights, qk_attribution
 from headwise.circuits.qk import qk_activations
 from headwise.models import open_model
@@ -37,10 +38,6 @@ def _save(family: str, folder):
 
 def _ids(seed=0, n=9):
     return torch.randint(3, 100, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _all_meta(hm) -> bool:
-    return all(p.device.type == "meta" for p in hm.model.parameters())
 
 
 def _same_qk(a, b):
@@ -71,13 +68,13 @@ def test_qk_and_composition_layer_by_layer_equal_the_whole_route(family, tmp_pat
     fused projection, a tied unembedding)."""
     folder = _save(family, tmp_path / family)
     whole, layered = open_model(folder, by_layer=False), open_model(folder, by_layer=True)
-    assert layered.stream is not None and _all_meta(layered)
+    assert layered.stream is not None and all_meta(layered)
     ids = _ids()
     for layer, head, query in ((1, 1, 8), (0, 2, 5)):
         _same_qk(qk_attribution(whole, ids, layer, head, query), qk_attribution(layered, ids, layer, head, query))
-    assert _all_meta(layered)
+    assert all_meta(layered)
     _same_weights(head_weights(whole), head_weights(layered))
-    assert _all_meta(layered)
+    assert all_meta(layered)
     with pytest.raises(ValueError, match="opened layer by layer"):  # outside the tools' block: refused as before
         layered.anatomy  # noqa: B018
 
@@ -87,7 +84,7 @@ def test_headwise_llama_qk_layer_by_layer(tmp_path):
     whole = open_model(folder, backend="headwise", by_layer=False)
     layered = open_model(folder, backend="headwise", by_layer=True)
     _same_qk(qk_attribution(whole, _ids(1), 1, 3, 7), qk_attribution(layered, _ids(1), 1, 3, 7))
-    assert _all_meta(layered)
+    assert all_meta(layered)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -106,21 +103,18 @@ def test_matrices_read_by_rows(family, tmp_path, monkeypatch):
     torch.testing.assert_close(torch.cat([rows for _, [rows] in slices]), whole.model.get_input_embeddings().weight)
     _same_qk(qk_attribution(whole, _ids(2), 1, 0, 8), qk_attribution(layered, _ids(2), 1, 0, 8))
     _same_weights(head_weights(whole), head_weights(layered))
-    assert _all_meta(layered)
+    assert all_meta(layered)
 
 
 def test_gguf_without_a_cache(tmp_path):
     pytest.importorskip("gguf")
-    from _gguf import write_blob
+    from _gguf import gguf_routes
 
-    path, _, _ = write_blob(tmp_path, "sha256-q8", seed=5, quantized=True, tie=True)
-    whole = open_model(path, cache=False, by_layer=False)
-    layered = open_model(path, cache=False, by_layer=True)
-    assert whole.stream is None and layered.stream is not None
+    whole, layered = gguf_routes(tmp_path)
     ids = _ids(3, 11)
     _same_qk(qk_attribution(whole, ids, 1, 3, 10), qk_attribution(layered, ids, 1, 3, 10))
     _same_weights(head_weights(whole), head_weights(layered))
-    assert _all_meta(layered)
+    assert all_meta(layered)
 
 
 def test_pinned_parameters_stay_through_a_pass(tmp_path):
@@ -146,7 +140,7 @@ def test_pinned_parameters_stay_through_a_pass(tmp_path):
         assert all(p.device.type != "meta" for n, p in hm.model.named_parameters() if n in names)
     torch.testing.assert_close(logits, whole.logits(ids), rtol=1e-5, atol=1e-5)
     assert stream.loads > loads  # the layers' MLPs still streamed through each pass
-    assert _all_meta(hm)  # every parameter back on the meta device
+    assert all_meta(hm)  # every parameter back on the meta device
 
 
 def test_the_kept_anatomy_holds_no_weight(tmp_path):
@@ -160,7 +154,7 @@ def test_the_kept_anatomy_holds_no_weight(tmp_path):
         assert parts[0].q.module.weight.device.type == "cpu"
     gc.collect()
     assert all(r() is None for r in refs)  # nothing kept the pinned tensors alive
-    assert _all_meta(hm) and hm.__dict__["_anatomy"] is parts  # kept: modules, not weights
+    assert all_meta(hm) and hm.__dict__["_anatomy"] is parts  # kept: modules, not weights
 
 
 def test_a_budget_too_small_for_the_attention_parts_is_refused(tmp_path, monkeypatch):
@@ -197,6 +191,6 @@ def test_a_budget_too_small_for_the_attention_parts_is_refused(tmp_path, monkeyp
     with pytest.raises(MemoryBudgetError, match=said) as e:
         qk_attribution(hm, _ids(), 1, 0, 8)
     assert (e.value.budget, e.value.need, e.value.route) == (need - 1, need, "layers")
-    assert _all_meta(hm) and "_anatomy" not in hm.__dict__  # refused before anything was read
+    assert all_meta(hm) and "_anatomy" not in hm.__dict__  # refused before anything was read
     hm.memory = dataclasses.replace(hm.memory, budget=need)
     qk_attribution(hm, _ids(), 1, 0, 8)  # the budget that names suffices
