@@ -285,6 +285,7 @@ def read_rows(
     pool: int | None = None,
     keep: tuple[int, int] | None = None,
     rows_only: bool = False,
+    extra: Sequence[BlockReader] = (),
 ) -> RowReader:
     """One forward pass of ``hm`` (a :class:`headwise.models.HeadModel`) on a batch, every layer's heads reduced
     at its ``hook_qk`` point into ``head_stats`` / ``detector_stats``.
@@ -301,6 +302,7 @@ def read_rows(
         rows_only: form the kept rows alone — a bounded pass (the forward plus ``(B − A)`` rows of every head, no
             statistics; no ``head_stats``, ``detector_stats`` or ``pool``).
         js_max_rows: Jensen–Shannon rows per sentence (32; fewer beyond 4,096 tokens, :func:`js_row_budget`).
+        extra: more :class:`BlockReader` s fed every block of the same pass, after the statistics' own.
     Returns:
         the :class:`RowReader` (its sums).
     """
@@ -325,6 +327,7 @@ def read_rows(
     )
     if rows_only and (head_stats is not None or detector_stats is not None):
         raise ValueError("rows_only: a pass of the kept rows alone feeds no head_stats or detector_stats")
+    reader.parts.extend(extra)
     hm.read_rows(ids, mask, reader.readers())
     if not rows_only:
         reader.add_to(head_stats, detector_stats)

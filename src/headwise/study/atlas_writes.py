@@ -44,7 +44,7 @@ from headwise.points import layer_point
 __all__ = ["EXACT_TOKENS", "HeadWrites", "WrittenTokens", "ov_mappings"]
 
 #: Predicted tokens on which every head's direct effect on the loss is also computed exactly (the estimate's error).
-EXACT_TOKENS = 32
+EXACT_TOKENS = 16
 #: Elements of one chunk of logits (tokens × vocabulary).
 _LOGIT_ELEMENTS = 1 << 25
 
@@ -315,12 +315,14 @@ def ov_mappings(hm, sources: Tensor, targets: Tensor, *, k: int = 6) -> list[lis
     """
     from headwise.models.anatomy import affine
 
+    from headwise.models.anatomy_probe import input_embedding
+
     anatomy = hm.anatomy
-    with (
-        hm.holding(*[m for m in (anatomy.embed, anatomy.final_norm, anatomy.unembed) if m is not None]),
-        torch.no_grad(),
-    ):
-        e = anatomy.embed(sources[None])[0].float()  # (F, D)
+    embed = anatomy.embed if anatomy.embed is not None else input_embedding(hm.model)
+    if embed is None or anatomy.unembed is None or affine(anatomy.unembed) is None:
+        raise anatomy.refuse("its OV circuit's tokens (no token embedding and linear unembedding to read)")
+    with hm.holding(*[m for m in (embed, anatomy.final_norm, anatomy.unembed) if m is not None]), torch.no_grad():
+        e = embed(sources[None])[0].float()  # (F, D)
         U = affine(anatomy.unembed)[0].detach().float()[targets]  # (T, D)
         if anatomy.final_norm is not None:
             frozen = anatomy.final_norm_frozen(e)

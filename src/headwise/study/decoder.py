@@ -7,6 +7,8 @@ Shape legend: NL layers, H heads, n the example's tokens, P bins of a pooled ove
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -170,6 +172,7 @@ def decoder_heads(
     warn: Callable[[str], None],
     progress: Callable[[int, int], None] | None = None,
     row_progress: Callable[[int, int, int], None] | None = None,
+    observe: Callable | None = None,
 ) -> DecoderHeads:
     """Every head's statistics over ``texts`` (:func:`decoder_texts`; None: the probe's sequences) and the probe,
     and the example drawn: TEXT when a corpus is read beside it, else the first sequence read.
@@ -178,6 +181,8 @@ def decoder_heads(
         warn: called with one line per warning (texts cut to the model's context), naming the option.
         progress: ``(texts done, tokens done)`` after every batch of texts.
         row_progress: ``(layer, rows done, L)`` after every block of query rows of a long example.
+        observe: ``observe(ids, mask, first_text)``, a context manager around each batch's pass yielding the block
+            readers it adds (:class:`~headwise.study.atlas.AtlasPass`); None: the statistics alone.
     """
     if texts is None:
         batches = probe_batches(hm, plan.probe, PROBE_BATCH)
@@ -192,6 +197,7 @@ def decoder_heads(
         block_size=options.block_size,
         queries=plan.queries,
         row_progress=row_progress,
+        observe=observe,
     )
     if options.text is not None and options.corpus is not None:  # the example drawn is TEXT
         [(ids, mask)] = list(text_batches(hm, [options.text], 1, lambda m: warn(f"TEXT: {m}")))
@@ -200,7 +206,15 @@ def decoder_heads(
 
 
 def decoder_report(
-    hm: HeadModel, batches: Iterable[tuple], probe, *, progress=None, block_size=None, queries=None, row_progress=None
+    hm: HeadModel,
+    batches: Iterable[tuple],
+    probe,
+    *,
+    progress=None,
+    block_size=None,
+    queries=None,
+    row_progress=None,
+    observe=None,
 ):
     """Stream ``(ids (b, T), mask (b, T))`` batches and the probe into a :class:`~headwise.analysis.DecoderReport`,
     every head's statistics reduced inside attention a block of query rows at a time
@@ -210,6 +224,7 @@ def decoder_report(
         queries: ``(A, B)``: the first sequence's queries kept at full resolution (None: none).
         progress: ``(texts done, tokens done)`` after every batch.
         row_progress: ``(layer, rows done, L)`` after every block (long inputs).
+        observe: as :func:`decoder_heads`'s.
     Returns:
         ``(report, example)``: the report and the first sequence's :class:`ExampleView`.
     """
@@ -224,10 +239,11 @@ def decoder_report(
         n = int(mask[0].sum())
         pool = VIEW_BINS if first and n > VIEW_FULL_UP_TO else None
         keep = queries if first else None
-        reader = read_rows(
-            hm, ids, mask, head_stats=stats.heads, detector_stats=stats.detectors, block_size=block_size,
-            progress=row_progress, pool=pool, keep=keep,
-        )  # fmt: skip
+        with observe(ids, mask, texts) if observe is not None else contextlib.nullcontext([]) as extra:
+            reader = read_rows(
+                hm, ids, mask, head_stats=stats.heads, detector_stats=stats.detectors, block_size=block_size,
+                progress=row_progress, pool=pool, keep=keep, extra=extra,
+            )  # fmt: skip
         if first:
             example = _view(hm, ids, mask, n, reader)
         texts += ids.shape[0]

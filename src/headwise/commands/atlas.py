@@ -1,0 +1,235 @@
+"""``headwise atlas``'s flow and its library face, :func:`atlas`: every head of a decoder with what it does, the evidence
+from a corpus, what it writes, how much it matters and whom it works with — ``atlas.json`` and the offline
+``atlas.html`` (:mod:`headwise.viz.atlas_page`).
+
+One streaming pass over the corpus gives the statistics and roles of ``headwise heads``, the attention evidence
+(each head's strongest contexts, its attention by offset, what its attention lands on) and what every head writes
+(:class:`headwise.study.atlas.AtlasPass`); then the importance (``--importance``'s estimate, the strongest heads
+measured exactly) and the weights' circuits (Q-, K- and V-composition partners, the OV circuit's copying) — each the
+same run ``headwise heads --importance --composition`` makes.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from headwise.commands import said
+from headwise.commands.heads import Bars
+
+__all__ = ["Atlas", "AtlasOptions", "atlas", "run"]
+
+
+@dataclass(frozen=True)
+class AtlasOptions:
+    """What ``headwise atlas`` reads and writes.
+
+    Attributes:
+        model: what :func:`headwise.models.open_model` opens (a folder, a GGUF file, ``"smollm2"``).
+        corpus: a UTF-8 text file, one text per line, or ``"sample"`` (the bundled corpus).
+        out: the output folder (None: nothing written — the library's :func:`atlas`).
+        top: contexts kept per head (its strongest attention, its largest writes).
+        importance: measure every head's importance (``--importance``'s run); composition: the weights' circuits.
+        batch_size, importance_sentences, ablation, top_k, seed, max_memory, cache: as ``headwise heads``'s.
+    Raises:
+        ValueError: naming the option, as :class:`~headwise.study.HeadsOptions` does.
+    """
+
+    model: str | None = "smollm2"
+    corpus: str = "sample"
+    out: Path | None = Path("headwise-out/atlas")
+    top: int = 8
+    importance: bool = True
+    composition: bool = True
+    batch_size: int = 16
+    importance_sentences: int = 64
+    ablation: str = "zero"
+    top_k: int | None = None
+    seed: int = 0
+    max_memory: str | None = None
+    cache: bool = True
+
+    def __post_init__(self):
+        from headwise import checks
+
+        checks.positive_int("--top", self.top)
+        if self.top > 64:
+            raise ValueError(f"--top: expected at most 64 contexts a head, got {self.top}")
+        self.heads_options()  # every check of the shared options, naming them as the command line does
+
+    def heads_options(self):
+        """The :class:`~headwise.study.HeadsOptions` of the same run of ``headwise heads``."""
+        from headwise.study.options import HeadsOptions
+
+        return HeadsOptions(
+            corpus=self.corpus, model=self.model, cache=self.cache,
+            out=self.out if self.out is not None else Path("."), batch_size=self.batch_size,
+            importance=self.importance, importance_sentences=self.importance_sentences, ablation=self.ablation,
+            top_k=self.top_k, seed=self.seed, composition=self.composition, max_memory=self.max_memory,
+        )  # fmt: skip
+
+
+class Atlas:
+    """Every head's record (a dict of ``atlas.json``'s format, ``headwise.atlas/1``; docs/heads.md).
+
+    ``atlas["L3.H5"]`` or ``atlas[3, 5]`` is one head's record; ``atlas.heads`` all of them, layer-major;
+    ``atlas.to_dict()`` the whole JSON-ready dict; ``atlas.html()`` the offline page; in a notebook the atlas shows
+    itself, and ``atlas.card("L3.H5")`` shows the page opened at that head's card.
+    """
+
+    def __init__(self, data: dict):
+        self.data = data
+        self._by_id = {h["id"]: h for h in data["heads"]}
+
+    @property
+    def heads(self) -> list[dict]:
+        return self.data["heads"]
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def __getitem__(self, key) -> dict:
+        from headwise.study.atlas import head_id
+
+        name = head_id(*key) if isinstance(key, tuple) else key
+        if name not in self._by_id:
+            raise KeyError(f"head: expected a head of this atlas (L0.H0 … {self.heads[-1]['id']}), got {key!r}")
+        return self._by_id[name]
+
+    def to_dict(self) -> dict:
+        return self.data
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, ensure_ascii=False, allow_nan=False)
+
+    def html(self) -> str:
+        """The self-contained offline page (:func:`headwise.viz.atlas_page.atlas_html`)."""
+        from headwise.viz.atlas_page import atlas_html
+
+        return atlas_html(self.data)
+
+    def card(self, head, *, height: int = 720):
+        """A notebook view of the page opened at ``head``'s card (``"L3.H5"`` or ``(3, 5)``)."""
+        from headwise.viz.notebook import HTMLView
+
+        name = self[head]["id"]
+        page = self.html().replace("</head>", f"<script>location.hash = {json.dumps('#' + name)};</script></head>", 1)
+        return HTMLView(page, height=height, title=f"{self.data['model']['name']} {name}")
+
+    def _repr_html_(self) -> str:
+        from headwise.viz.notebook import HTMLView
+
+        return HTMLView(self.html(), height=760, title=self.data["model"]["name"])._repr_html_()
+
+    def save(self, folder) -> dict[str, Path]:
+        """``atlas.json`` and ``atlas.html`` written into ``folder`` (each atomically)."""
+        from headwise._io import write_text_atomic
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"atlas.json": folder / "atlas.json", "atlas.html": folder / "atlas.html"}
+        write_text_atomic(paths["atlas.json"], self.to_json())
+        write_text_atomic(paths["atlas.html"], self.html())
+        return paths
+
+
+def atlas(model, corpus=None, *, top: int = 8, importance: bool = True, composition: bool = True, **options) -> Atlas:
+    """Every head of ``model`` explained over ``corpus``: the library face of ``headwise atlas``.
+
+    Args:
+        model: a :class:`~headwise.models.HeadModel` or what :func:`headwise.models.open_model` opens.
+        corpus: a text file (one text per line), ``"sample"`` or None (the bundled corpus).
+        top, importance, composition, options: as :class:`AtlasOptions`.
+    Returns:
+        :class:`Atlas`.
+    """
+    name = model if isinstance(model, str) or model is None else None
+    opts = AtlasOptions(model=name or "smollm2", corpus=corpus or "sample", out=None, top=top,
+                        importance=importance, composition=composition, **options)  # fmt: skip
+    return run(opts, warn=lambda m: None, hm=None if name is not None else model)
+
+
+def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars = Bars(), hm=None) -> Atlas:
+    """``headwise atlas``: the model opened (or ``hm``), checked against the options, ``--out`` created, the corpus
+    pass, the importance and the weights' circuits, assembled into an :class:`Atlas` (the caller writes it).
+
+    Raises:
+        ValueError: one line naming the option (an encoder: not read yet; a budget the run does not fit).
+    """
+    from headwise.commands._folders import prepare_folder
+    from headwise.commands.heads import check_opened, check_room, composition_result, heads_importance
+    from headwise.models.memory import MemoryBudgetError
+    from headwise.study.decoder import decoder_heads, decoder_texts, plan_decoder
+    from headwise.study.heads_model import open_heads_model
+
+    opts, hopts = options, options.heads_options()
+    if hm is None:
+        try:
+            # on Hugging Face's modules: the written tokens read the embedding, final norm and unembedding there
+            hm = open_heads_model(opts.model, cache=opts.cache, backend="auto", warn=warn, max_memory=opts.max_memory)
+        except MemoryBudgetError as e:
+            raise ValueError(("" if e.given else "--model: ") + said(e)) from None
+    if hm.kind != "decoder":
+        raise ValueError(f"--model: {hm.title} is an encoder; the atlas reads decoders (use headwise heads)")
+    if hm.tokenizer is None:
+        raise ValueError(f"--model: {hm.title} has no tokenizer; the atlas reads a corpus of text")
+    check_opened(hm, hopts)
+    with bars.layers(hm):
+        plan = plan_decoder(hm, hopts)
+        check_room(hm, plan)
+        if opts.out is not None:
+            prepare_folder(opts.out, "--out")
+        comp = None
+        if opts.composition and hm.stream is not None:  # layer by layer: while the process holds least
+            comp = composition_result(hm, warn=warn, bars=bars)
+        texts, total = decoder_texts(hopts)
+        atlas_pass = _atlas_pass(hm, opts)
+        with bars.corpus(total) as progress:
+            found = decoder_heads(hm, hopts, plan, texts, warn=warn, progress=progress, observe=atlas_pass)
+        report = found.report
+        importance = None
+        if opts.importance:
+            holder = types.SimpleNamespace(ranked=None, extra={})
+            result, columns = heads_importance(hm, hopts, holder, plan.probe, warn=warn, bars=bars)
+            importance = {
+                "columns": columns,
+                "header": _importance_header(holder.extra["importance"], result, opts.ablation),
+            }
+        if opts.composition and comp is None and hm.stream is None:
+            comp = composition_result(hm, warn=warn, bars=bars)
+    return Atlas(_assemble(hm, opts, report, atlas_pass, importance, comp))
+
+
+def _atlas_pass(hm, opts: AtlasOptions):
+    from headwise.study.atlas import AtlasPass
+
+    return AtlasPass(hm, top=opts.top)
+
+
+def _assemble(hm, opts: AtlasOptions, report, atlas_pass, importance, comp) -> dict:
+    from headwise.study.atlas import atlas_dict
+
+    corpus = "the sample corpus" if opts.corpus == "sample" else Path(opts.corpus).name
+    cols, summary = comp if comp is not None else (None, None)
+    return atlas_dict(
+        hm, report, atlas_pass, corpus=corpus, importance=importance, composition=summary,
+        copying=None if cols is None else cols.get("copying"),
+    )  # fmt: skip
+
+
+def _importance_header(summary: dict, result, ablation: str) -> dict:
+    """What the page says of the importance run: the metric, the estimator, the heads measured and the agreement."""
+    n = int(result.importance.size)
+    exact = summary.get("route") == "exact"
+    measured = n if exact else len(summary.get("exact_heads", {}).get("heads", []))
+    agreement = summary.get("agreement") or None
+    return {
+        "metric": f"the change of {result.objective} when the head is ablated ({ablation})",
+        "estimator": None if exact else summary.get("estimator"),
+        "measured": measured,
+        "of": n,
+        "agreement": agreement,
+    }

@@ -1,0 +1,333 @@
+"""An atlas of every head: the corpus pass's observer and the one record of each head (``atlas.json``, format
+``headwise.atlas/1``, documented in docs/heads.md), assembled from the statistics, the evidence, the writes, the
+importance and the weights' circuits.
+
+Shape legend: NL layers, H query heads, V vocabulary.
+
+:class:`AtlasPass` rides on the statistics' own forward pass (:func:`headwise.study.decoder.decoder_report`'s
+``observe``): per batch it counts the corpus's tokens, keeps the texts' token ids a context needs, and reads what every
+head writes (:class:`~headwise.study.atlas_writes.HeadWrites`); the attention evidence is read by the pass's block
+readers. :func:`atlas_dict` turns the pieces into the records the page and the library read. Every magnitude says
+whether it is exact or an estimate, and an estimate carries the error measured on this run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["ATLAS_FORMAT", "AtlasPass", "atlas_dict", "head_id", "PARTNERS"]
+
+#: The format name ``atlas.json`` carries.
+ATLAS_FORMAT = "headwise.atlas/1"
+#: Composition partners kept per head and direction.
+PARTNERS = 5
+#: Source tokens of the OV mappings (the corpus's most frequent) and target tokens read (its most frequent).
+OV_SOURCES, OV_TARGETS = 64, 4096
+
+
+def head_id(layer: int, head: int) -> str:
+    """``"L3.H5"``: a head's name everywhere headwise prints one."""
+    return f"L{layer}.H{head}"
+
+
+def _num(v) -> float | None:
+    """A JSON number: None for NaN / inf / missing."""
+    if v is None:
+        return None
+    v = float(v)
+    return None if not math.isfinite(v) else round(v, 6)
+
+
+class AtlasPass:
+    """What the atlas reads in the statistics' pass besides the statistics.
+
+    Args:
+        hm: the decoder (its anatomy read where it has an unembedding: the written tokens).
+        top, context: contexts kept per head and tokens of each snippet.
+        readers: ``readers(ids, mask, first_text) -> list`` of block readers the pass adds (the attention evidence),
+            or None.
+    Use: ``with atlas_pass(ids, mask, first_text) as readers: <the batch's pass with readers>``.
+    """
+
+    def __init__(self, hm, *, top: int = 8, context: int = 24, readers: Callable | None = None):
+        from headwise.study.atlas_writes import HeadWrites
+
+        self.hm, self.top, self.context, self.readers = hm, top, context, readers
+        vocab = hm.vocab_size or 0
+        self.counts = np.zeros(max(vocab, 1), dtype=np.int64)
+        self.writes = HeadWrites(hm, top=top, context=context) if hm.anatomy.unembed is not None else None
+        self.texts = 0
+
+    @contextlib.contextmanager
+    def __call__(self, ids, mask, first_text: int):
+        ids_np, mask_np = np.asarray(ids), np.asarray(mask).astype(bool)
+        real = ids_np[mask_np]
+        real = real[(real >= 0) & (real < self.counts.shape[0])]
+        self.counts += np.bincount(real, minlength=self.counts.shape[0])[: self.counts.shape[0]]
+        self.texts = max(self.texts, first_text + ids_np.shape[0])
+        readers = [] if self.readers is None else list(self.readers(ids_np, mask_np, first_text))
+        if self.writes is None:
+            yield readers
+            return
+        with self.writes.batch(ids_np, mask_np, first_text):
+            yield readers
+
+    def frequent(self, n: int, *, exclude=()) -> np.ndarray:
+        """The ``n`` most frequent token ids of the corpus read (ties by id), without ``exclude``."""
+        counts = self.counts.copy()
+        counts[[i for i in exclude if 0 <= i < counts.shape[0]]] = 0
+        order = np.lexsort((np.arange(counts.shape[0]), -counts))
+        return order[: min(n, int((counts > 0).sum()))]
+
+
+def _stats(report, layer: int, head: int) -> dict:
+    keep = ("first", "prev", "self", "entropy", "entropy_ratio_causal", "distance", "duplicate", "induction",
+            "induction_probe", "duplicate_probe", "positional_offset", "positional_share")  # fmt: skip
+    return {k: _num(report.metrics[k][layer, head]) for k in keep if k in report.metrics}
+
+
+def _tokens(hm, ids) -> list[str]:
+    """What a reader sees of a snippet's ids (-1: a gap, shown as "…")."""
+    out, run = [], []
+    for i in [*ids, -1]:
+        if i >= 0:
+            run.append(int(i))
+            continue
+        if run:
+            out.extend(hm.token_texts(run))
+            run = []
+        out.append("…")
+    return out[:-1]
+
+
+def _partners(scores: dict | None, layer: int, head: int) -> dict | None:
+    """Strongest senders into the head and receivers of it (Q-, K-, V-composition), :data:`PARTNERS` each."""
+    if not scores:
+        return None
+    ins, outs = [], []
+    for kind in ("q", "k", "v"):
+        grid = scores.get(kind)
+        if grid is None:
+            continue
+        for sl, sender in enumerate(grid):  # [sender layer][sender head][layer][head]
+            for sh, row in enumerate(sender):
+                v = row[layer][head] if layer < len(row) and head < len(row[layer]) else None
+                if v is not None:
+                    ins.append({"head": head_id(sl, sh), "kind": kind.upper(), "score": _num(v)})
+        for rl, receivers in enumerate(grid[layer][head]):
+            for rh, v in enumerate(receivers):
+                if v is not None:
+                    outs.append({"head": head_id(rl, rh), "kind": kind.upper(), "score": _num(v)})
+    ins.sort(key=lambda p: -(p["score"] or 0))
+    outs.sort(key=lambda p: -(p["score"] or 0))
+    return {"in": ins[:PARTNERS], "out": outs[:PARTNERS]}
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < 3:
+        return None
+    ra, rb = (np.argsort(np.argsort(x[ok])).astype(float) for x in (a, b))
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def loss_agreement(found) -> dict:
+    """The direct loss effect's estimate against exact on the sampled tokens: Spearman over heads, sign agreement,
+    median ratio estimate / exact (heads whose exact effect is at least 1 % of the largest)."""
+    est, ex = found.estimate_sample.ravel(), found.exact_sample.ravel()
+    ok = np.isfinite(est) & np.isfinite(ex)
+    big = ok & (np.abs(ex) >= 0.01 * np.nanmax(np.abs(ex[ok]))) if ok.any() else ok
+    return {
+        "tokens": int(found.sampled),
+        "spearman": _num(_spearman(est, ex)),
+        "sign": _num(np.mean(np.sign(est[big]) == np.sign(ex[big]))) if big.any() else None,
+        "median_ratio": _num(np.median(est[big] / ex[big])) if big.any() else None,
+    }
+
+
+def atlas_dict(
+    hm,
+    report,
+    atlas_pass: AtlasPass,
+    *,
+    corpus: str,
+    roles: list | None = None,
+    role_legend: list[dict] | None = None,
+    evidence=None,
+    importance: dict | None = None,
+    composition: dict | None = None,
+    copying: np.ndarray | None = None,
+) -> dict:
+    """``atlas.json``'s dict (format :data:`ATLAS_FORMAT`).
+
+    Args:
+        report: the statistics (:class:`~headwise.analysis.DecoderReport`).
+        atlas_pass: the pass's :class:`AtlasPass` after the corpus.
+        corpus: what the corpus is, as said to the reader.
+        roles: ``[layer][head]`` ``(primary, [role evidence dicts])`` (None: the report's roles alone).
+        role_legend: ``[{"name", "description", "threshold"}]`` every role named, in display order.
+        evidence: the attention evidence (offsets, contexts) or None.
+        importance: ``{"columns": {name: (NL, H)}, "summary": dict}`` of the importance run, or None.
+        composition: the weights' circuits' summary (full ``q`` / ``k`` / ``v`` grids), or None.
+        copying: ``(NL, H)`` the copying scores of the weights' circuits, or None.
+    """
+    NL, H = hm.num_layers, hm.max_heads
+    heads_per = list(hm.heads_per_layer)
+    written = atlas_pass.writes.result() if atlas_pass.writes is not None else None
+    raised = atlas_pass.writes.written(written) if written is not None else None
+    ov = None
+    if atlas_pass.writes is not None and atlas_pass.counts.any():
+        import torch
+
+        from headwise.study.atlas_writes import ov_mappings
+
+        special = list(getattr(hm, "special_ids", ()) or ())
+        sources = torch.from_numpy(atlas_pass.frequent(OV_SOURCES, exclude=special)).long()
+        targets = torch.from_numpy(atlas_pass.frequent(OV_TARGETS)).long()
+        if sources.numel():
+            ov = ov_mappings(hm, sources, targets)
+    agreement = loss_agreement(written) if written is not None else None
+    loss_label = None
+    if agreement is not None:
+        loss_label = (
+            "estimate: first-order change of the next-token loss when the head's direct write is removed (final "
+            f"norm frozen); on {agreement['tokens']} tokens measured exactly — Spearman "
+            f"{_fmt(agreement['spearman'])} over heads, signs agree {_fmt(agreement['sign'])}, median ratio "
+            f"{_fmt(agreement['median_ratio'])}"
+        )
+    imp = _importance(importance)
+    heads = []
+    for layer in range(NL):
+        for head in range(heads_per[layer]):
+            primary, named = roles[layer][head] if roles is not None else (str(report.roles[layer, head]), [])
+            card = {
+                "id": head_id(layer, head),
+                "layer": layer,
+                "head": head,
+                "role": primary,
+                "roles": named,
+                "stats": _stats(report, layer, head),
+                "offsets": None if evidence is None else evidence.offsets_of(layer, head),
+                "contexts": [] if evidence is None else [_context(hm, c) for c in evidence.contexts_of(layer, head)],
+                "outputs": [],
+                "writes": None,
+                "ov": None,
+                "loss_effect": None,
+                "importance": imp(layer, head),
+                "partners": _partners(composition, layer, head),
+            }
+            if written is not None:
+                card["outputs"] = [
+                    {"tokens": _tokens(hm, ids), "at": at, "norm": _num(norm), "text": text, "position": pos}
+                    for norm, text, pos, ids, at in written.top[layer][head]
+                ]
+                ups, downs = raised[layer][head]
+                card["writes"] = {
+                    "raises": [{"token": hm.token_texts([i])[0], "value": _num(v)} for i, v in ups],
+                    "lowers": [{"token": hm.token_texts([i])[0], "value": _num(v)} for i, v in downs],
+                    "label": f"mean direct logit attribution over the corpus's {written.tokens} tokens (exact: the "
+                    "head's write through the final norm frozen at each token and the unembedding, before any "
+                    "soft-cap)",
+                }
+                card["loss_effect"] = {
+                    "value": _num(written.loss_effect[layer, head]),
+                    "exact": False,
+                    "label": loss_label,
+                    "exact_on_sample": _num(written.exact_sample[layer, head]),
+                }
+            if ov is not None:
+                m = ov[layer][head]
+                card["ov"] = {
+                    "copying": _num(copying[layer, head]) if copying is not None else None,
+                    "copying_share": _num(m["copying"]),
+                    "top": [
+                        {"from": hm.token_texts([s])[0], "to": hm.token_texts([t])[0], "value": _num(v)}
+                        for s, t, v in m["top"]
+                    ],
+                }
+            heads.append(card)
+    return {
+        "format": ATLAS_FORMAT,
+        "model": {
+            "name": hm.title,
+            "kind": hm.kind,
+            "family": hm.family,
+            "num_layers": NL,
+            "num_heads": H,
+            "kv_heads": _kv_heads(hm),
+        },
+        "corpus": {"source": corpus, "texts": int(report.num_sentences), "tokens": int(report.num_tokens)},
+        "roles": role_legend or _legend(report),
+        "importance": None if importance is None else importance.get("header"),
+        "loss_effect": agreement,
+        "heads": heads,
+    }
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def _kv_heads(hm) -> int | None:
+    try:
+        return int(hm.anatomy[0].num_kv)
+    except Exception:  # noqa: BLE001 - a structure the anatomy does not read has no group count to show
+        return None
+
+
+def _legend(report) -> list[dict]:
+    names = sorted({str(r) for r in np.asarray(report.roles).ravel()})
+    return [{"name": n, "description": n, "threshold": None} for n in names]
+
+
+def _context(hm, c) -> dict:
+    return {
+        "tokens": _tokens(hm, c.ids),
+        "query": int(c.query_at),
+        "key": int(c.key_at),
+        "weight": _num(c.weight),
+        "text": int(c.text),
+        "position": int(c.query),
+    }
+
+
+def _importance(importance: dict | None) -> Callable[[int, int], dict | None]:
+    """Per head: the exact ablation where it was measured, else the estimate labelled with the run's error."""
+    if importance is None:
+        return lambda layer, head: None
+    cols = importance["columns"]
+    exact = cols.get("ablation_delta")
+    estimate = cols.get("ablation_estimate")
+    header = importance.get("header") or {}
+    agreement = header.get("agreement") or {}
+    est_label = f"estimate ({header.get('estimator') or 'first order'})"
+    if agreement:
+        est_label += (
+            f"; this run's error over the {agreement.get('heads', '?')} heads measured: Spearman "
+            f"{_fmt(_num(agreement.get('spearman')))}"
+        )
+    order = None
+    basis = exact if exact is not None else estimate
+    if basis is not None:
+        merged = np.where(np.isfinite(exact), exact, estimate) if exact is not None and estimate is not None else basis
+        flat = np.nan_to_num(np.abs(np.asarray(merged, dtype=float)), nan=-1).ravel()
+        order = np.empty(flat.size, dtype=int)
+        order[np.argsort(-flat, kind="stable")] = np.arange(flat.size)
+
+    def one(layer: int, head: int) -> dict | None:
+        H = (exact if exact is not None else estimate).shape[1]
+        rank = None if order is None else int(order[layer * H + head]) + 1
+        if exact is not None and np.isfinite(exact[layer, head]):
+            return {"value": _num(exact[layer, head]), "exact": True, "rank": rank,
+                    "label": "measured: the loss change when the head is ablated, on this run"}  # fmt: skip
+        if estimate is not None and np.isfinite(estimate[layer, head]):
+            return {"value": _num(estimate[layer, head]), "exact": False, "rank": rank, "label": est_label}
+        return None
+
+    return one
