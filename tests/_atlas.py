@@ -24,7 +24,7 @@ def _round(x: float) -> float:
 
 
 def _context(rng, n: int, *, markup: bool, text_count: int) -> dict:
-    tokens = [str(rng.choice(WORDS)) for _ in range(n)]
+    tokens = [str(t) for t in rng.choice(WORDS, n)]
     if n > 8 and rng.random() < 0.3:
         tokens[n // 2] = "…"
     query = int(rng.integers(1, n))
@@ -120,7 +120,7 @@ def synthetic_atlas(
                 if quiet
                 else [
                     {
-                        "tokens": [str(rng.choice(WORDS)) for _ in range(context_tokens // 2)],
+                        "tokens": [str(t) for t in rng.choice(WORDS, context_tokens // 2)],
                         "at": int(rng.integers(0, context_tokens // 2)),
                         "norm": _round(rng.uniform(1, 20)),
                         "text": int(rng.integers(0, text_count)),

@@ -3,6 +3,7 @@ but the file's own is blocked and recorded, the grid, the cards, the links, the 
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -12,17 +13,10 @@ from _browser import BROWSER_MARKS, chromium
 from headwise.viz.atlas_page import atlas_card_html, write_atlas_page
 
 pytestmark = BROWSER_MARKS
-pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def _open(browser, path, *, fragment: str = "", width: int = 1300, height: int = 900):
-    """Open ``path`` (+ ``#fragment``) with every request but ``file:`` / ``data:`` aborted.
+    """Open ``path`` (+ ``#fragment``) in ``browser`` with every request but ``file:`` / ``data:`` aborted.
 
     Returns:
         ``(page, problems, attempted)``: console errors and warnings and uncaught exceptions, and the URLs of the
@@ -46,6 +40,13 @@ def _open(browser, path, *, fragment: str = "", width: int = 1300, height: int =
     return page, problems, attempted
 
 
+@pytest.fixture(scope="module")
+def open_atlas():
+    """:func:`_open` on one chromium for the whole module (skipped where chromium or Playwright is missing)."""
+    with chromium() as browser:
+        yield functools.partial(_open, browser)
+
+
 def _card(page) -> str:
     return page.text_content("#aw-card-id")
 
@@ -59,6 +60,14 @@ def _search(page, text: str) -> int:
     return _count(page)
 
 
+def _follow_first_partner(page) -> str:
+    """Click the card's first partner link; its head id."""
+    link = page.locator("#aw-partners a[data-head]").first
+    partner = link.get_attribute("data-head")
+    link.click()
+    return partner
+
+
 def _bare(atlas: dict, index: int) -> None:
     """Head ``index`` with every optional field null or empty."""
     h = atlas["heads"][index]
@@ -66,11 +75,11 @@ def _bare(atlas: dict, index: int) -> None:
     h.update(ov=None, loss_effect=None, importance=None, partners=None)
 
 
-def test_cards_links_and_markup_offline(browser, tmp_path):
+def test_cards_links_and_markup_offline(open_atlas, tmp_path):
     atlas = synthetic_atlas(4, 5, markup=True)
     _bare(atlas, 19)  # L3.H4
     path = write_atlas_page(atlas, tmp_path / "atlas.html")
-    page, problems, attempted = _open(browser, path)
+    page, problems, attempted = open_atlas(path)
     assert page.locator("#aw-grid .cell").count() == 20 and _count(page) == 20
     page.click(".cell[data-id='L2.H3']")
     assert _card(page) == "L2.H3" and page.evaluate("location.hash") == "#L2.H3"
@@ -79,10 +88,8 @@ def test_cards_links_and_markup_offline(browser, tmp_path):
     assert page.get_attribute("#aw-card svg.offsets", "data-bars") == "12"
     assert page.get_attribute("#aw-contexts", "data-count") == "8"
     # A partner link opens its card, and the hash follows.
-    link = page.locator("#aw-partners a[data-head]").first
-    partner = link.get_attribute("data-head")
+    partner = _follow_first_partner(page)
     assert partner == atlas["heads"][13]["partners"]["in"][0]["head"] != "L2.H3"
-    link.click()
     assert _card(page) == partner and page.evaluate("location.hash") == f"#{partner}"
     page.go_back()
     page.wait_for_function("document.getElementById('aw-card-id').textContent === 'L2.H3'")
@@ -108,10 +115,10 @@ def test_cards_links_and_markup_offline(browser, tmp_path):
     page.close()
 
 
-def test_search_and_filters_fade_the_others(browser, tmp_path):
+def test_search_and_filters_fade_the_others(open_atlas, tmp_path):
     atlas = synthetic_atlas(4, 5)
     path = write_atlas_page(atlas, tmp_path / "atlas.html")
-    page, problems, attempted = _open(browser, path)
+    page, problems, attempted = open_atlas(path)
     heads = atlas["heads"]
     induction = sum(
         any(n.startswith("induction") for n in [h["role"]] + [r["name"] for r in h["roles"]]) for h in heads
@@ -148,10 +155,10 @@ def test_search_and_filters_fade_the_others(browser, tmp_path):
     page.close()
 
 
-def test_a_hash_opens_its_card_and_a_card_alone_for_a_notebook(browser, tmp_path):
+def test_a_hash_opens_its_card_and_a_card_alone_for_a_notebook(open_atlas, tmp_path):
     atlas = synthetic_atlas(3, 2)
     path = write_atlas_page(atlas, tmp_path / "atlas.html")
-    page, problems, attempted = _open(browser, path, fragment="L1.H0")
+    page, problems, attempted = open_atlas(path, fragment="L1.H0")
     assert _card(page) == "L1.H0" and page.get_attribute(".cell.sel", "data-id") == "L1.H0"
     page.evaluate("location.hash = '#L2.H1'")
     page.wait_for_function("document.getElementById('aw-card-id').textContent === 'L2.H1'")
@@ -159,20 +166,18 @@ def test_a_hash_opens_its_card_and_a_card_alone_for_a_notebook(browser, tmp_path
     page.close()
     one = tmp_path / "card.html"
     one.write_text(atlas_card_html(atlas, "L2.H1"), encoding="utf-8")
-    page, problems, attempted = _open(browser, one)
+    page, problems, attempted = open_atlas(one)
     assert _card(page) == "L2.H1" and not page.is_visible("#aw-grid") and not page.is_visible("#aw-search")
-    link = page.locator("#aw-partners a[data-head]").first
-    partner = link.get_attribute("data-head")
-    link.click()
+    partner = _follow_first_partner(page)
     assert _card(page) == partner and page.evaluate("location.hash") == ""  # the frame's URL is left alone
     assert problems == [] and attempted == []
     page.close()
 
 
-def test_a_thousand_heads_render(browser, tmp_path):
+def test_a_thousand_heads_render(open_atlas, tmp_path):
     path = write_atlas_page(synthetic_atlas(32, 32, markup=True), tmp_path / "atlas.html")
     start = time.perf_counter()
-    page, problems, attempted = _open(browser, path, width=1600, height=1000)
+    page, problems, attempted = open_atlas(path, width=1600, height=1000)
     loaded = time.perf_counter() - start
     assert page.get_attribute("#aw-grid", "data-cells") == "1024" and page.locator(".cell").count() == 1024
     assert _count(page) == 1024
