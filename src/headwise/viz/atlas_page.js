@@ -31,6 +31,10 @@
   function shown(token) { return String(token).replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
   function text(id, value) { document.getElementById(id).textContent = value; }
   function count(n) { return Number(n).toLocaleString("en"); }
+  function hashId() {
+    var raw = location.hash.slice(1);
+    try { return decodeURIComponent(raw); } catch (e) { return raw; }
+  }
 
   // --- roles and their colours (Okabe & Ito's colour-blind-safe palette, then Paul Tol's muted one) --------
   var PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
@@ -378,7 +382,7 @@
     var cell = cells[current];
     if (cell) { cell.classList.add("sel"); }
     render(heads[current]);
-    if (!options.card_only && decodeURIComponent(location.hash.slice(1)) !== id) {
+    if (!options.card_only && hashId() !== id) {
       try { location.hash = id; } catch (e) { /* a sandboxed frame without a URL of its own */ }
     }
     return true;
@@ -388,13 +392,13 @@
     if (a) { e.preventDefault(); open(a.dataset.head); card.scrollIntoView({ block: "nearest" }); }
   });
   window.addEventListener("hashchange", function () {
-    var id = decodeURIComponent(location.hash.slice(1));
+    var id = hashId();
     if (id && (current === null || heads[current].id !== id)) open(id);
   });
 
   filter();
   if (options.card_only) document.body.classList.add("card-only");
-  var first = options.open || decodeURIComponent(location.hash.slice(1));
+  var first = options.open || hashId();
   if (first) open(first);
   window.atlasView = { open: open, current: function () { return current === null ? null : heads[current].id; } };
   document.body.dataset.ready = "1";
