@@ -11,6 +11,8 @@ of a cell shows the view; :meth:`HTMLView.save` writes the page as a file.
 
 - :func:`head_view` — the head view with the model view below it (``show="both"``), the head view alone
   (``"head"``) or the model view alone, the head view opening when a thumbnail is clicked (``"model"``).
+- :func:`atlas_view` — an atlas (``atlas.json``'s contents): the whole page, or one head's card
+  (:func:`headwise.viz.atlas_page.atlas_card_html`).
 - :func:`report_view` — a head report (``HeadReport`` / ``DecoderReport``: every head's row) as a table,
   with its role counts.
 """
@@ -24,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from headwise._io import write_text_atomic
+from headwise.viz.atlas_page import atlas_card_html, atlas_html
 from headwise.viz.headview import headview_payload, render_headview
 
-__all__ = ["HTMLView", "head_view", "report_view", "SHOW"]
+__all__ = ["HTMLView", "atlas_view", "head_view", "report_view", "SHOW"]
 
 SHOW = ("both", "head", "model")
 
@@ -85,6 +88,19 @@ def head_view(
     payload = headview_payload(attentions, tokens, roles=roles, title=title, subtitle=subtitle, causal=causal)
     payload["show"] = show
     return HTMLView(render_headview(payload), height=height, title=title)
+
+
+def atlas_view(atlas: dict, *, head: str | None = None, height: int = 720) -> HTMLView:
+    """An atlas for a notebook: the whole page (grid, filters, cards), or with ``head`` (e.g. ``"L3.H5"``) that
+    head's card alone, its partner links opening their cards in the same frame.
+
+    Raises:
+        ValueError / TypeError: ``atlas`` or ``head`` as :func:`headwise.viz.atlas_page.atlas_card_html` says;
+            ``height`` below 100.
+    """
+    page = atlas_html(atlas) if head is None else atlas_card_html(atlas, head)
+    title = "atlas" if head is None else f"atlas: {head}"
+    return HTMLView(page, height=height, title=title)
 
 
 _REPORT_STYLE = """
