@@ -19,6 +19,8 @@ _LAZY = {
     "EmbeddingWithPE": "headwise.core.block",
     "EncoderLayer": "headwise.core.layers",
     "DecoderLayer": "headwise.core.layers",
+    "atlas": "headwise.commands.atlas",
+    "Atlas": "headwise.commands.atlas",
     "Cache": "headwise.core.cache",
     "KVCache": "headwise.core.cache",
     "SlidingWindowCache": "headwise.core.cache",

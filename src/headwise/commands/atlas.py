@@ -1,5 +1,5 @@
-"""``headwise atlas``'s flow and its library face, :func:`atlas`: every head of a decoder with what it does, the evidence
-from a corpus, what it writes, how much it matters and whom it works with — ``atlas.json`` and the offline
+"""``headwise atlas``'s flow and its library face, :func:`atlas`: every head of a decoder with what it does, the
+evidence from a corpus, what it writes, how much it matters and whom it works with — ``atlas.json`` and the offline
 ``atlas.html`` (:mod:`headwise.viz.atlas_page`).
 
 One streaming pass over the corpus gives the statistics and roles of ``headwise heads``, the attention evidence
@@ -125,15 +125,13 @@ class Atlas:
         return HTMLView(self.html(), height=760, title=self.data["model"]["name"])._repr_html_()
 
     def save(self, folder) -> dict[str, Path]:
-        """``atlas.json`` and ``atlas.html`` written into ``folder`` (each atomically)."""
+        """``atlas.json`` and ``atlas.html`` written into ``folder`` (each atomically, both made first)."""
         from headwise._io import write_text_atomic
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        paths = {"atlas.json": folder / "atlas.json", "atlas.html": folder / "atlas.html"}
-        write_text_atomic(paths["atlas.json"], self.to_json())
-        write_text_atomic(paths["atlas.html"], self.html())
-        return paths
+        texts = {"atlas.json": self.to_json(), "atlas.html": self.html()}  # both made before either is written
+        return {name: write_text_atomic(folder / name, text) for name, text in texts.items()}
 
 
 def atlas(model, corpus=None, *, top: int = 8, importance: bool = True, composition: bool = True, **options) -> Atlas:
@@ -152,7 +150,7 @@ def atlas(model, corpus=None, *, top: int = 8, importance: bool = True, composit
     return run(opts, warn=lambda m: None, hm=None if name is not None else model)
 
 
-def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars = Bars(), hm=None) -> Atlas:
+def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None = None, hm=None) -> Atlas:
     """``headwise atlas``: the model opened (or ``hm``), checked against the options, ``--out`` created, the corpus
     pass, the importance and the weights' circuits, assembled into an :class:`Atlas` (the caller writes it).
 
@@ -165,7 +163,7 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars = Bars
     from headwise.study.decoder import decoder_heads, decoder_texts, plan_decoder
     from headwise.study.heads_model import open_heads_model
 
-    opts, hopts = options, options.heads_options()
+    opts, hopts, bars = options, options.heads_options(), bars or Bars()
     if hm is None:
         try:
             # on Hugging Face's modules: the written tokens read the embedding, final norm and unembedding there
@@ -225,7 +223,14 @@ def _importance_header(summary: dict, result, ablation: str) -> dict:
     n = int(result.importance.size)
     exact = summary.get("route") == "exact"
     measured = n if exact else len(summary.get("exact_heads", {}).get("heads", []))
-    agreement = summary.get("agreement") or None
+    agreement = None
+    if summary.get("agreement"):  # the page shows numbers: the worst head named in one string
+        agreement = {k: v for k, v in summary["agreement"].items() if isinstance(v, int | float)}
+        worst = summary["agreement"].get("largest_error")
+        if worst:
+            agreement["largest_error"] = (
+                f"L{worst['layer']}.H{worst['head']}: estimate {worst['estimate']:.4g}, exact {worst['exact']:.4g}"
+            )
     return {
         "metric": f"the change of {result.objective} when the head is ablated ({ablation})",
         "estimator": None if exact else summary.get("estimator"),

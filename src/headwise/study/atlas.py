@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ATLAS_FORMAT", "AtlasPass", "atlas_dict", "head_id", "PARTNERS"]
+__all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "head_id", "loss_agreement", "summary_lines"]
 
 #: The format name ``atlas.json`` carries.
 ATLAS_FORMAT = "headwise.atlas/1"
@@ -255,7 +255,7 @@ def atlas_dict(
     return {
         "format": ATLAS_FORMAT,
         "model": {
-            "name": hm.title,
+            "name": hm.name,
             "kind": hm.kind,
             "family": hm.family,
             "num_layers": NL,
@@ -331,3 +331,46 @@ def _importance(importance: dict | None) -> Callable[[int, int], dict | None]:
         return None
 
     return one
+
+
+def summary_lines(data: dict, *, per_role: int = 3) -> list[str]:
+    """What fits a screen of an atlas (``atlas_dict``'s dict): each role counted with its strongest heads (by
+    |importance| where measured or estimated, else in order), and how the estimates were checked — every head's row
+    stays in the files."""
+    heads = data["heads"]
+    order = [r["name"] for r in data["roles"]]
+    by_role: dict[str, list[dict]] = {}
+    for h in heads:
+        by_role.setdefault(h["role"], []).append(h)
+    model, corpus = data["model"], data["corpus"]
+    lines = [
+        f"{model['name']}: {len(heads)} heads ({model['num_layers']} layers × {model['num_heads']}) read over "
+        f"{corpus['texts']} texts of {corpus['source']} ({corpus['tokens']} tokens)"
+    ]
+
+    def strength(h: dict) -> float:
+        imp = h.get("importance") or {}
+        return abs(imp.get("value") or 0.0)
+
+    width = max((len(r) for r in by_role), default=0)
+    for role in [*order, *sorted(set(by_role) - set(order))]:
+        members = by_role.get(role)
+        if not members:
+            continue
+        top = sorted(members, key=lambda h: (-strength(h), h["layer"], h["head"]))[:per_role]
+        names = ", ".join(h["id"] + ("*" if (h.get("importance") or {}).get("exact") else "") for h in top)
+        lines.append(f"  {role:<{width}}  {len(members):>4}  {names}")
+    imp = data.get("importance")
+    if imp:
+        agreement = imp.get("agreement") or {}
+        lines.append(
+            f"importance: {imp['measured']} of {imp['of']} heads measured exactly (*)"
+            + (f"; estimate's Spearman over them {_fmt(_num(agreement.get('spearman')))}" if agreement else "")
+        )
+    loss = data.get("loss_effect")
+    if loss:
+        lines.append(
+            f"direct loss effects are first-order estimates; on {loss['tokens']} tokens measured exactly: Spearman "
+            f"{_fmt(loss['spearman'])}, signs agree {_fmt(loss['sign'])}, median ratio {_fmt(loss['median_ratio'])}"
+        )
+    return lines

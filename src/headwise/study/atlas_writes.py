@@ -314,7 +314,6 @@ def ov_mappings(hm, sources: Tensor, targets: Tensor, *, k: int = 6) -> list[lis
         strongest target}``.
     """
     from headwise.models.anatomy import affine
-
     from headwise.models.anatomy_probe import input_embedding
 
     anatomy = hm.anatomy

@@ -8,7 +8,6 @@ Shape legend: NL layers, H heads, n the example's tokens, P bins of a pooled ove
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING

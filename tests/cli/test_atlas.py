@@ -1,0 +1,99 @@
+"""``headwise atlas`` on tiny random decoders: the files, the page, the printed summary, the library face, and bad
+input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _cli_helpers import assert_user_error
+from _decoders import save_decoder
+
+from headwise.viz.atlas_page import check_atlas
+
+TEXTS = [
+    "the cat sat on the mat and the dog ran to the tree .",
+    "a red tree and a blue house , the big dog saw the cat .",
+    "one two three , one two three , the cat sat .",
+    "in the beginning god created the heavens and the earth .",
+    "it was good , and the night was day .",
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_decoder(tmp_path_factory.mktemp("atlas") / "llama", "llama", init=0.5, seed=1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "texts.txt"
+    path.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+def test_atlas_writes_every_head_and_the_page(run_cli, folder, corpus, tmp_path):
+    out = tmp_path / "atlas"
+    got = run_cli("atlas", "--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--top", "3")
+    assert got.code == 0, got.err
+    data = json.loads((out / "atlas.json").read_text(encoding="utf-8"))
+    check_atlas(data)  # the page's own check of the format
+    assert data["format"] == "headwise.atlas/1"
+    assert [h["id"] for h in data["heads"]] == [f"L{i}.H{h}" for i in range(2) for h in range(4)]
+    assert data["corpus"]["texts"] == len(TEXTS)
+    for h in data["heads"]:
+        assert 0 < len(h["outputs"]) <= 3
+        assert h["writes"]["raises"] and h["writes"]["lowers"]
+        assert h["loss_effect"]["exact"] is False and "estimate" in h["loss_effect"]["label"]
+        imp = h["importance"]
+        assert imp is not None and (imp["exact"] or "estimate" in imp["label"])
+        assert h["partners"] is not None
+    assert data["importance"]["measured"] >= 1
+    page = (out / "atlas.html").read_text(encoding="utf-8")
+    assert "headwise.atlas/1" in page
+    # the screen: each role counted, not one row per head
+    lines = got.out.strip().splitlines()
+    assert len(lines) < 16
+    assert any("importance:" in line for line in lines)
+    roles = [line for line in lines if line.startswith("  ")]
+    assert sum(int(line[: line.rindex("  ")].split()[-1]) for line in roles) == 8  # every head counted once
+
+
+def test_library_face(folder, corpus):
+    import headwise
+    from headwise.models import open_model
+
+    hm = open_model(str(folder))
+    got = headwise.atlas(hm, str(corpus), importance=False, composition=False, top=2)
+    assert isinstance(got, headwise.Atlas)
+    assert len(got) == 8
+    assert got["L1.H2"] is got[1, 2]
+    assert got[1, 2]["importance"] is None and got[1, 2]["partners"] is None
+    with pytest.raises(KeyError, match="L1.H3"):
+        got["L5.H0"]
+    assert "<iframe" in got._repr_html_()
+    assert "#L0.H1" in got.card("L0.H1").page
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--top", "0"], ["--top"]),
+        (["--top", "65"], ["--top", "65"]),
+        (["--ablation", "half"], ["--ablation", "half"]),
+        (["--corpus", "missing.txt"], ["--corpus", "missing.txt"]),
+        (["--max-memory", "lots"], ["--max-memory"]),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(run_cli, folder, corpus, tmp_path, argv, words):
+    out = tmp_path / "atlas"
+    got = run_cli("atlas", "--model", str(folder), "--corpus", str(corpus), "--out", str(out), *argv)
+    assert_user_error(got, *words)
+    assert not out.exists()
+
+
+def test_an_encoder_or_a_model_without_tokenizer_is_refused(run_cli, tmp_path, corpus):
+    bare = save_decoder(tmp_path / "bare", "llama", tokenizer=False, init=0.5)
+    got = run_cli("atlas", "--model", str(bare), "--corpus", str(corpus), "--out", str(tmp_path / "o"))
+    assert_user_error(got, "--model", "tokenizer")
+    assert not (tmp_path / "o").exists()
