@@ -133,3 +133,22 @@ def test_a_model_folder_is_opened_once_per_command(run_cli, tiny, tmp_path, monk
     assert outcome.code == 0, outcome.err
     assert calls == {"inspect_folder": 1, "load_bert": 1}
     assert (tmp_path / "o" / "pruning.csv").read_text().startswith("removed,importance,estimate,")
+
+
+def test_more_heads_than_a_screen_are_summarised_by_role(run_cli, tmp_path):
+    """72 heads: each role counted with its strongest heads, every row left to the files; ``--layer`` keeps the
+    table."""
+    code, out, err = astuple(run_cli("heads", "The cat sat on the mat.", "--out", str(tmp_path / "a")))
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) < 20
+    data = json.loads((tmp_path / "a" / "heads.json").read_text())
+    counts: dict = {}
+    for row in data["heads"]:
+        counts[row["role"]] = counts.get(row["role"], 0) + 1
+    for role, n in counts.items():  # each role's line: its count
+        assert any(line.split(role)[-1].split()[0] == str(n) for line in lines if line.startswith(f"  {role} "))
+    assert "heads.csv" in out
+    code, out, err = astuple(run_cli("heads", "The cat sat on the mat.", "--layer", "2", "--out", str(tmp_path / "b")))
+    assert code == 0, err
+    assert "┏" in out and len(out.strip().splitlines()) > 12  # the table of layer 2's 12 heads

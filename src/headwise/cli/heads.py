@@ -192,7 +192,7 @@ def _encoder(result) -> None:
 
     found, opts = result.found, result.options
     report, console = found.report, table_console()
-    _print_found(console, found, opts.layer, study.COLUMNS, study.positional_line(report))
+    _print_found(console, found, opts.layer, study.COLUMNS, study.positional_line(report), model=opts.model)
     more = _importance(result, console)
     try:
         paths = write_heads_outputs(
@@ -204,13 +204,28 @@ def _encoder(result) -> None:
     console.print("wrote " + ", ".join(str(p) for p in [*paths.values(), *more.values()]))
 
 
-def _print_found(console, found, layer: int | None, columns, note: str) -> None:
-    """What the ranks did (under torchrun), the layer × head table, the roles and ``note``."""
+def _print_found(console, found, layer: int | None, columns, note: str, model: str | None = None) -> None:
+    """What the ranks did (under torchrun), the layer × head table and the roles — or, for more heads than fit a screen
+    (:data:`headwise.study.SCREEN_ROWS`) and no ``--layer``, each role counted with its strongest heads — and
+    ``note``."""
     for line in found.lines:
         console.print(line)
     heading = f"{found.title} — {found.scope}, {found.report.num_tokens} tokens"
-    print_head_table(console, found.report, layer=layer, title=heading, columns=columns)
-    console.print(study.roles_line(found.report))
+    report = found.report
+    if layer is None and report.num_layers * report.num_heads > study.SCREEN_ROWS:  # what fits a screen
+        console.print(heading, highlight=False)
+        console.print(study.roles_line(report), highlight=False, markup=False)
+        for line in study.role_summary(report):
+            console.print(line, highlight=False, markup=False)
+        atlas = f"; each head explained on one page: headwise atlas --model {model}" if found.view is not None else ""
+        console.print(
+            f"every head's row: heads.csv and heads.json (--layer N prints one layer's table){atlas}",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        print_head_table(console, report, layer=layer, title=heading, columns=columns)
+        console.print(study.roles_line(report))
     console.print(note)
 
 
@@ -240,7 +255,7 @@ def _decoder(result) -> None:
     if not (opts.importance or opts.composition):  # the plain run: drawn while the rest is printed and made
         grid = start_head_grid(found.sentence, out, report=report, layer=layer, title=title)
     console = table_console()
-    _print_found(console, found, layer, study.DECODER_COLUMNS, study.probe_line(result.probe))
+    _print_found(console, found, layer, study.DECODER_COLUMNS, study.probe_line(result.probe), model=opts.model)
     more = _importance(result, console)
     if result.composition is not None:
         more = {**more, "composition.png": _composition(result.composition, out, title)}

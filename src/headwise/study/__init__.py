@@ -67,7 +67,8 @@ _MODULES = {
     "headwise.study.heads_ranks": ["RankedHeads", "heads_across_ranks"],
     "headwise.study.heads_lines": [
         "COLUMNS", "COMMAND_TEXT_UP_TO", "DECODER_COLUMNS", "composition_line", "drawn", "head_row",
-        "importance_line", "positional_line", "probe_line", "roles_line", "sweep_note", "view_command", "view_note",
+        "importance_line", "positional_line", "probe_line", "role_summary", "roles_line", "SCREEN_ROWS", "sweep_note",
+        "view_command", "view_note",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",

@@ -78,6 +78,36 @@ def roles_line(report) -> str:
     return "roles: " + ", ".join(f"{r} {k}" for r, k in sorted(counts.items(), key=lambda x: -x[1]))
 
 
+#: Most heads whose rows ``headwise heads`` prints as a table; above it, :func:`role_summary` (every row in the files).
+SCREEN_ROWS = 48
+#: The metric that measures each role, whose strongest heads :func:`role_summary` names.
+ROLE_SCORES = {
+    "induction": "induction_probe", "duplicate-token": "duplicate_probe", "previous-token": "prev",
+    "first-token sink": "first", "broad": "entropy_ratio_causal", "next-token": "next", "self": "self",
+    "[CLS] sink": "cls", "[SEP] sink": "sep", "punctuation sink": "punct",
+}  # fmt: skip
+
+
+def role_summary(report, *, per_role: int = 3) -> list[str]:
+    """What fits a screen of a report of many heads: each role counted (the most frequent first) with its strongest
+    heads by the metric that gives the role (:data:`ROLE_SCORES`; ``other``: in order)."""
+    counts: dict[str, list[tuple[int, int]]] = {}
+    roles = report.roles
+    for layer in range(roles.shape[0]):
+        for head in range(roles.shape[1]):
+            counts.setdefault(str(roles[layer, head]), []).append((layer, head))
+    width = max(len(r) for r in counts)
+    lines = []
+    for role, heads in sorted(counts.items(), key=lambda x: (-len(x[1]), x[0])):
+        metric = report.metrics.get(ROLE_SCORES.get(role, ""))
+        if metric is not None:
+            heads = sorted(heads, key=lambda lh: -float(np.nan_to_num(metric[lh], nan=-np.inf)))
+        names = ", ".join(f"L{layer}.H{head}" for layer, head in heads[:per_role])
+        score = f" (by {ROLE_SCORES[role]})" if metric is not None else ""
+        lines.append(f"  {role:<{width}}  {len(heads):>4}  {names}{score}")
+    return lines
+
+
 def positional_line(report) -> str:
     """What the encoder table's ``pos`` column and ``ln n`` say, one line."""
     return (
