@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from _cli_helpers import assert_user_error
 from _decoders import save_decoder
-
 from headwise.viz.atlas_page import check_atlas
 
 TEXTS = [
