@@ -207,4 +207,3 @@ def _assemble(found, shape) -> AtlasRoles:
             if kept:
                 primary[layer, head] = kept[0].name
     return AtlasRoles(roles, primary.astype(str))
-
