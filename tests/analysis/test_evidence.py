@@ -58,7 +58,7 @@ def _line_starts(ids, mask, newline: int = 3):
     return out
 
 
-def _brute(maps, ids, mask, first_text, marks, line, *, causal):
+def _brute(maps, ids, mask, first_text, marks, line, *, causal, skip_self=False):
     """Every statistic from the full maps, row by row."""
     NL, H = len(maps), maps[0].shape[1]
     off, first, beyond = np.zeros((NL, H, 2 * K)), np.zeros((NL, H)), np.zeros((NL, H))
@@ -90,6 +90,8 @@ def _brute(maps, ids, mask, first_text, marks, line, *, causal):
                     for h in range(H):
                         row = a[h, i].copy()
                         row[0] = -1
+                        if skip_self:
+                            row[i] = -1
                         j = int(np.argmax(row))
                         if row[j] > 0:
                             cands[layer][h].append((-row[j], first_text + b, i, j))
@@ -123,15 +125,16 @@ def _check(evidence, brute, texts, *, causal):
                 assert len(c.ids) <= CONTEXT
                 assert c.ids[c.key_at] == tokens[c.key] and c.ids[c.query_at] == tokens[c.query]
                 pieces = c.ids.count(GAP)
-                assert pieces <= 1 and (pieces == 1) == (abs(c.query - c.key) + 1 + CONTEXT // 8 > CONTEXT)
+                assert pieces <= 1 and (pieces == 1) == (abs(c.query - c.key) + 1 + 2 * (CONTEXT // 8) > CONTEXT)
     return r
 
 
-def _run(hm, batches, *, causal, block_size, split=False):
+def _run(hm, batches, *, causal, block_size, split=False, skip_self=False):
     """The streaming pass over ``batches`` (with the statistics), beside the brute force on the full maps."""
     marks_names = ("newline",)
     evs = [HeadEvidence(hm.num_layers, hm.num_heads, top=TOP, offsets=K, min_keys=MIN_KEYS, context=CONTEXT,
-                        marks=marks_names, line_start=True) for _ in range(2 if split else 1)]  # fmt: skip
+                        marks=marks_names, line_start=True, skip_self=skip_self)
+           for _ in range(2 if split else 1)]  # fmt: skip
     stats = DecoderStats(hm.num_layers, hm.num_heads, max_length=hm.max_length)
     sums = None
     texts, first_text = {}, 0
@@ -144,7 +147,7 @@ def _run(hm, batches, *, causal, block_size, split=False):
             extra=[ev.reader(first_text=first_text, marks=marks, line_start=line)],
         )  # fmt: skip
         maps = hm.attentions(torch.as_tensor(ids), torch.as_tensor(mask))
-        part = _brute(maps, ids, mask, first_text, marks, line, causal=causal)
+        part = _brute(maps, ids, mask, first_text, marks, line, causal=causal, skip_self=skip_self)
         for b in range(ids.shape[0]):
             texts[first_text + b] = ids[b, mask[b]].tolist()
         sums = part if sums is None else _add(sums, part)
@@ -162,11 +165,11 @@ def _add(a, b):
     return mix(o1, o2), mix(f1, f2), mix(b1, b2), {k: mix(m1[k], m2[k]) for k in m1}, top, r
 
 
-@pytest.mark.parametrize("block_size", [3, 64])
-def test_a_decoders_evidence_in_the_streaming_pass_equals_the_brute_force(block_size):
+@pytest.mark.parametrize("block_size, skip_self", [(3, False), (64, False), (4, True)])
+def test_a_decoders_evidence_in_the_streaming_pass_equals_the_brute_force(block_size, skip_self):
     hm, rng = _decoder(), np.random.default_rng(0)
     batches = [_batch(rng, [14, 5, 20], 20), _batch(rng, [9, 17], 17)]  # padding, two batches
-    ev, brute, texts = _run(hm, batches, causal=True, block_size=block_size)
+    ev, brute, texts = _run(hm, batches, causal=True, block_size=block_size, skip_self=skip_self)
     r = _check(ev, brute, texts, causal=True)
     assert any(c.text >= 3 for per in r.contexts for cs in per for c in cs)  # the second batch's texts kept too
     assert any(GAP in c.ids for per in r.contexts for cs in per for c in cs)  # a cut snippet was checked
@@ -179,11 +182,12 @@ def test_an_encoders_evidence_has_negative_offsets_and_equals_the_brute_force():
     _check(ev, brute, texts, causal=False)
 
 
-def test_runs_split_in_two_and_merged_through_their_states_equal_one_run():
+@pytest.mark.parametrize("skip_self", [False, True])
+def test_runs_split_in_two_and_merged_through_their_states_equal_one_run(skip_self):
     """Also a left-padded batch (texts starting at different slots, said by the token info)."""
     hm, rng = _decoder(2), np.random.default_rng(2)
     batches = [_batch(rng, [11, 16], 16), _batch(rng, [13, 6, 10], 13, left=True), _batch(rng, [8], 8)]
-    ev, brute, texts = _run(hm, batches, causal=True, block_size=5, split=True)
+    ev, brute, texts = _run(hm, batches, causal=True, block_size=5, split=True, skip_self=skip_self)
     _check(ev, brute, texts, causal=True)
 
 
@@ -208,6 +212,9 @@ def test_snippets_keep_key_and_query_and_cut_long_spans():
         shown = [p for p in row if p >= 0]
         assert shown == sorted(shown) and len(row) == 9 and all(0 <= p < n[m] for p in shown)
     assert GAP in pos[1].tolist() and GAP not in pos[0].tolist()
+    pos, key_at, query_at = snippets(torch.tensor([29, 40]), torch.tensor([12, 12]), torch.tensor([64, 64]), 24)
+    assert GAP not in pos[0].tolist() and GAP in pos[1].tolist()
+    assert (key_at >= 3).all() and (pos[torch.arange(2), query_at + 3] == torch.tensor([32, 43])).all()  # 3 each side
 
 
 def test_the_accumulators_arguments_are_checked():

@@ -92,7 +92,8 @@ class Evidence:
             :data:`LINE_START`), the first real token left out.
         contexts: ``contexts[layer][head]``: up to ``top`` :class:`Context` s, strongest first (ties: text, then
             query).
-        rows: the real query rows counted; min_keys: the fewest real keys a context's row saw.
+        rows: the real query rows counted; min_keys: the fewest real keys a context's row saw; skip_self: the
+            contexts leave the query's own key out (:class:`HeadEvidence`).
     """
 
     offsets: np.ndarray
@@ -103,6 +104,7 @@ class Evidence:
     contexts: list[list[list[Context]]]
     rows: int
     min_keys: int
+    skip_self: bool = False
 
     def at_offset(self, d: int) -> np.ndarray:
         """``(NL, H)`` the share at offset ``d`` (ValueError outside the columns)."""
@@ -123,6 +125,10 @@ class HeadEvidence:
             position included; causal: ``query + 1``, non-causal: the text's length) — the first rows of a causal
             text, trivially peaked, would otherwise fill every head's top.
         context: C, the most tokens of a context's snippet (≥ 5).
+        skip_self: also leave the query's own key out of the contexts (a row's strongest other key is shown):
+            many heads fall back on the current token when their pattern finds nothing, as others do on the first
+            token, and such rows of weight ≈ 1 can fill the top of a head whose pattern is elsewhere (the
+            offsets still count them, at d = 0).
         marks: the names of the caller's marks every batch passes (:meth:`reader`).
         line_start: every batch passes each query's line start (the :data:`LINE_START` share).
     Raises:
@@ -141,6 +147,7 @@ class HeadEvidence:
         context: int = 24,
         marks: tuple[str, ...] = (),
         line_start: bool = False,
+        skip_self: bool = False,
     ):
         import torch
 
@@ -156,7 +163,7 @@ class HeadEvidence:
                 f"marks: expected distinct names other than {SAME_TOKEN!r} and {LINE_START!r}, got {marks}"
             )
         self.num_layers, self.num_heads, self.top, self.context = num_layers, num_heads, top, context
-        self.mark_names, self.line_start = marks, bool(line_start)
+        self.mark_names, self.line_start, self.skip_self = marks, bool(line_start), bool(skip_self)
         self.names = (SAME_TOKEN, *marks) + ((LINE_START,) if line_start else ())
         z = (num_layers, num_heads)
         self._off = torch.zeros(*z, 2 * self.K, dtype=torch.float64)  # column c: d = c − K
@@ -274,6 +281,7 @@ class HeadEvidence:
                 contexts=self._contexts(),
                 rows=rows,
                 min_keys=self.min_keys,
+                skip_self=self.skip_self,
             )
 
     def _contexts(self) -> list[list[list[Context]]]:
@@ -362,26 +370,31 @@ class EvidenceReader:
         self._top(layer, block, cand)
 
     def _top(self, layer: int, block: RowBlock, cand) -> None:
-        """The block's strongest row of each head (the first token aside) merged into the running top."""
+        """Each row's strongest key (the first token aside, and the query's own with ``skip_self``); the block's
+        strongest rows of each head merged into the running top."""
         import torch
 
         ev, w = self.ev, block.w
         B, H, R, Sv = w.shape
-        f0 = int(self.fslot[0])
-        if self.first_all:  # every text starts at one slot: the keys after it
-            if Sv <= f0 + 1:
-                return
-            best, arg = w[..., f0 + 1 :].max(-1)  # (B, H, R)
-            arg = arg + f0 + 1
+        # the keys looked at: those after the first token's slot when every text starts there (a view), else all
+        lo = int(self.fslot[0]) + 1 if self.first_all else 0
+        k = (0 if self.first_all else 1) + int(ev.skip_self) + 1  # enough of each row's strongest to skip the rest
+        k = min(k, Sv - lo)
+        if k <= 0:
+            return
+        if k == 1:
+            best, arg = w[..., lo:].max(-1, keepdim=True)  # (B, H, R, 1)
         else:
-            if Sv < 2:
-                return
-            v2, i2 = w.topk(2, -1)  # (B, H, R, 2)
-            on_first = i2[..., 0] == self.fslot[:, None, None]
-            best = torch.where(on_first, v2[..., 1], v2[..., 0])
-            arg = torch.where(on_first, i2[..., 1], i2[..., 0])
+            best, arg = w[..., lo:].topk(k, -1)  # (B, H, R, k)
+        arg = arg + lo
+        skip = arg == self.fslot[:, None, None, None]
+        if ev.skip_self:
+            skip |= arg == torch.arange(block.start, block.stop)[None, None, :, None]
+        pick = (~skip).long().argmax(-1, keepdim=True)  # the strongest key not skipped (0 when all are)
+        kept = ~skip.gather(-1, pick)[..., 0]  # (B, H, R)
+        best, arg = best.gather(-1, pick)[..., 0], arg.gather(-1, pick)[..., 0]
         weight = (best * block.scale).double()
-        weight = torch.where(cand[:, None] & (weight > 0), weight, EMPTY)  # (B, H, R)
+        weight = torch.where(cand[:, None] & kept & (weight > 0), weight, EMPTY)  # (B, H, R)
         flat = weight.permute(1, 0, 2).reshape(H, B * R)  # (H, B·R): text, then query order
         k = min(ev.top, B * R)
         idx = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :k]  # (H, k)

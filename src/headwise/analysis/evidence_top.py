@@ -52,10 +52,10 @@ def merge_top(weights, fields, new_weights, new_fields, top: int):
 def snippets(query, key, n, context: int):
     """Which real positions each context's snippet shows: at most ``context`` tokens around key and query.
 
-    When key, query and a few tokens after the later of them fit in ``context`` tokens, one window: a tail of
-    ``context // 8`` tokens after the later position, the rest before it. Otherwise two pieces joined by a gap:
-    ``(context − 1) // 2`` tokens around the earlier position (a quarter of them after it) and the rest ending
-    ``context // 8`` tokens after the later one.
+    When key, query and ``context // 8`` tokens on either side fit in ``context`` tokens, one window: ``context //
+    8`` tokens after the later position (where the text has them), the rest before it. Otherwise two pieces joined
+    by a gap: ``(context − 1) // 2`` tokens around the earlier position (a quarter of them after it) and the rest
+    ending ``context // 8`` tokens after the later one.
 
     Args:
         query, key: ``(M,)`` int64 positions among the text's real tokens; n: ``(M,)`` the text's real tokens.
@@ -70,7 +70,7 @@ def snippets(query, key, n, context: int):
     tail, w1 = C // 8, (C - 1) // 2
     w2 = C - 1 - w1
     lo, hi = torch.minimum(query, key), torch.maximum(query, key)
-    cut = hi - lo + 1 + tail > C
+    cut = hi - lo + 1 + 2 * tail > C
     # one window (cut False)
     end = torch.minimum(n, hi + 1 + tail)
     start = (end - C).clamp(min=0)
