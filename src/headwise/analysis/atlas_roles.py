@@ -37,12 +37,12 @@ Roles are empirical summaries of one model on one corpus, not mechanisms.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from headwise import checks
 from headwise.analysis.evidence import LINE_START, SAME_TOKEN, Evidence
+from headwise.analysis.roles import RoleThresholds
 
 __all__ = ["ATLAS_ROLES", "AtlasRoles", "AtlasThresholds", "RoleEvidence", "atlas_roles"]
 
@@ -70,37 +70,28 @@ _PROBE = "probe of repeated random tokens"
 
 
 @dataclass(frozen=True)
-class AtlasThresholds:
-    """Thresholds of the atlas's role rules (reasons in the module docstring).
+class AtlasThresholds(RoleThresholds):
+    """Thresholds of the atlas's role rules (reasons in the module docstring): those of
+    :class:`~headwise.analysis.roles.RoleThresholds`, with their defaults — ``induction``, ``duplicate`` (the
+    probe's scores), ``position`` (the share on the previous token, here also on the query itself), ``sink`` (here
+    the share on the first real token), ``broad`` (the entropy ratio) — and the evidence's.
 
     Attributes:
-        induction, duplicate: the probe's induction / duplicate-token score.
-        position: the share on the previous token (``prev``) or on the query itself (offset 0).
         positional: the share at one fixed offset other than 0 and 1.
         same_token: the share on other occurrences of the query's token.
         delimiter: the share on one kind of delimiter (a mark the caller names).
         line_start: the share on the first token of the query's line.
-        sink: the share on the first real token.
         copying: the OV copying score.
-        broad: the entropy ratio.
     Raises:
-        ValueError: a threshold outside (0, 1], naming the field and the value.
+        ValueError: a threshold outside (0, 1], naming the field and the value (the check of
+            :class:`~headwise.analysis.roles.RoleThresholds`).
     """
 
-    induction: float = 0.4
-    duplicate: float = 0.4
-    position: float = 0.5
     positional: float = 0.5
     same_token: float = 0.4
     delimiter: float = 0.5
     line_start: float = 0.4
-    sink: float = 0.5
     copying: float = 0.5
-    broad: float = 0.8
-
-    def __post_init__(self):
-        for name, value in asdict(self).items():
-            checks.number_in(name, value, 0, 1, low_closed=False, high_closed=True)
 
 
 @dataclass(frozen=True)
