@@ -39,7 +39,7 @@ from headwise.analysis.corpus import check_state
 from headwise.analysis.detectors import pattern_mass
 from headwise.analysis.evidence_top import EMPTY, FIELDS, GAP, NONE, merge_top, snippets
 from headwise.analysis.row_readers import PATTERN_ROOM, Layout
-from headwise.analysis.targets import mass_at, mass_on
+from headwise.analysis.targets import mass_at
 
 __all__ = ["Context", "Evidence", "EvidenceReader", "HeadEvidence", "SAME_TOKEN", "LINE_START", "GAP"]
 
@@ -357,13 +357,14 @@ class EvidenceReader:
         offsets[:, ev.K :] = off[:, : ev.K]
         if K2 > ev.K:
             offsets[:, : ev.K] = off[:, ev.K :].flip(-1)  # d = −1 … −K stored at columns K − 1 … 0
-        rows = block.rows
-        fkey = torch.where(rows, self.fslot[:, None], -1)  # (B, R) every real row, the first's own included
-        first = mass_at(block, fkey).sum((0, 2))  # (H,)
+        # each key's renormalised weight summed over the block's rows (one contraction, then every key set's share)
+        col = (block.scale[:, :, None, :] @ w)[:, :, 0, :]  # (B, H, S')
+        f = self.fslot[:, None, None].clamp(max=Sv - 1).expand(B, H, 1)
+        first = (col.gather(-1, f)[..., 0] * (self.fslot < Sv)[:, None]).sum(0)  # (H,) every real row, its own too
         beyond = (block.total * block.scale).sum((0, 2)) - first - off.sum(-1)
         marks = [pattern_mass(block, same).sum((0, 2))[:, None]]  # (H, 1)
         if self.marks is not None:
-            marks.append(mass_on(block, self.marks[:, :Sv].to(w.dtype)).sum((0, 2)))  # (H, M)
+            marks.append((col @ self.marks[:, :Sv].to(w.dtype)).sum(0))  # (H, M)
         if self.line_key is not None:
             marks.append(mass_at(block, self.line_key[:, start:stop]).sum((0, 2))[:, None])
         ev.add_block(layer, offsets, first, beyond, torch.cat(marks, -1), bidirectional=not block.causal)
@@ -371,37 +372,38 @@ class EvidenceReader:
 
     def _top(self, layer: int, block: RowBlock, cand) -> None:
         """Each row's strongest key (the first token aside, and the query's own with ``skip_self``); the block's
-        strongest rows of each head merged into the running top."""
+        strongest rows of each head merged into the running top. The rows' maxima are read without their
+        positions; a row whose maximum may be a key left aside is read again without it, and the key of a row is
+        found only for the rows kept."""
         import torch
 
         ev, w = self.ev, block.w
         B, H, R, Sv = w.shape
         # the keys looked at: those after the first token's slot when every text starts there (a view), else all
         lo = int(self.fslot[0]) + 1 if self.first_all else 0
-        k = (0 if self.first_all else 1) + int(ev.skip_self) + 1  # enough of each row's strongest to skip the rest
-        k = min(k, Sv - lo)
-        if k <= 0:
+        if Sv <= lo:
             return
-        if k == 1:
-            best, arg = w[..., lo:].max(-1, keepdim=True)  # (B, H, R, 1)
-        else:
-            best, arg = w[..., lo:].topk(k, -1)  # (B, H, R, k)
-        arg = arg + lo
-        skip = arg == self.fslot[:, None, None, None]
+        best = w[..., lo:].amax(-1)  # (B, H, R)
+        aside = [] if self.first_all else [self.fslot[:, None, None].expand(B, H, R)]
         if ev.skip_self:
-            skip |= arg == torch.arange(block.start, block.stop)[None, None, :, None]
-        pick = (~skip).long().argmax(-1, keepdim=True)  # the strongest key not skipped (0 when all are)
-        kept = ~skip.gather(-1, pick)[..., 0]  # (B, H, R)
-        best, arg = best.gather(-1, pick)[..., 0], arg.gather(-1, pick)[..., 0]
+            aside.append(torch.arange(block.start, block.stop)[None, None, :].expand(B, H, R))
+        aside = torch.stack(aside, -1) if aside else None  # (B, H, R, E) key slots left aside
+        if aside is not None:
+            inside = (aside >= lo) & (aside < Sv)
+            hit = ((w.gather(-1, aside.clamp(max=Sv - 1)) >= best[..., None]) & inside).any(-1)  # (B, H, R)
+            if bool(hit.any()):
+                b, h, r = hit.nonzero(as_tuple=True)
+                best[b, h, r] = _without(w, b, h, r, lo, aside[b, h, r]).amax(-1)
         weight = (best * block.scale).double()
-        weight = torch.where(cand[:, None] & kept & (weight > 0), weight, EMPTY)  # (B, H, R)
+        weight = torch.where(cand[:, None] & (weight > 0), weight, EMPTY)  # (B, H, R)
         flat = weight.permute(1, 0, 2).reshape(H, B * R)  # (H, B·R): text, then query order
         k = min(ev.top, B * R)
         idx = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :k]  # (H, k)
         top_w = flat.gather(1, idx)
         b, r = idx // R, idx % R
         h = torch.arange(H)[:, None].expand(H, k)
-        kslot = arg[b, h, r]  # (H, k)
+        bf, hf, rf = b.reshape(-1), h.reshape(-1), r.reshape(-1)
+        kslot = (_without(w, bf, hf, rf, lo, None if aside is None else aside[bf, hf, rf]).argmax(-1) + lo).view(H, k)
         query = block.qpos[b, r]
         key = self.layout.cpos[b, kslot]
         n = self.layout.n[b]
@@ -440,6 +442,20 @@ class EvidenceReader:
             self._patterns[(start, stop, causal)] = got
             self._room -= size
         return got
+
+
+def _without(w, b, h, r, lo: int, aside):
+    """Rows ``w[b, h, r, lo:]`` ``(n, S' − lo)`` (a copy) with the keys ``aside`` ``(n, E)`` (slots; those outside
+    ``lo … S' − 1`` ignored) set to −1, below every weight."""
+    import torch
+
+    rows = w[b, h, r, lo:]
+    if aside is None:
+        return rows
+    width = rows.shape[-1]
+    at = torch.where((aside >= lo) & (aside < lo + width), aside - lo, width)  # width: a spare column
+    rows = torch.cat([rows, rows.new_zeros(rows.shape[0], 1)], -1)
+    return rows.scatter_(-1, at, -1.0)[:, :width]
 
 
 def _check_array(name: str, value, shape: tuple[int, int], dtype) -> np.ndarray:
