@@ -16,11 +16,11 @@ its first entry is its primary role — "other" when the list is empty.
    "offset d"); *same-token* (the share on earlier or later copies of the query's token ≥ ``same_token`` [0.4]);
    *delimiter* (the largest share on one of the delimiter marks — punctuation, newlines — ≥ ``delimiter``
    [0.5]); *line-start* (the share on the first token of the query's line ≥ ``line_start`` [0.4]).
-3. **First-token sink**: the share on the first real token ≥ ``sink`` [0.5] (after the patterns: many pattern
+3. **Copying**: the OV circuit's copying score (computed elsewhere, from the weights) ≥ ``copying`` [0.5] — a
+   property of what the head writes, not where it looks, so it accompanies any attention role; primary only
+   where no pattern fits, ahead of the sink (what a head copies says more than where it parks its attention).
+4. **First-token sink**: the share on the first real token ≥ ``sink`` [0.5] (after the patterns: many pattern
    heads park their spare attention on it).
-4. **Copying**: the OV circuit's copying score (computed elsewhere, from the weights) ≥ ``copying`` [0.5] — a
-   property of what the head writes, not where it looks, so it accompanies any attention role and is primary
-   only where none fits.
 5. **Broad**: the entropy ratio (decoders ``entropy_ratio_causal``, encoders ``entropy_ratio``) ≥ ``broad`` [0.8].
 
 Why these numbers: "more than half its attention" is Clark et al. 2019's mark of a positional or sink head, and
@@ -56,15 +56,15 @@ ATLAS_ROLES = (
     ("same-token", "attends to other occurrences of the current token in the text"),
     ("delimiter", "attends to punctuation or line breaks"),
     ("line-start", "attends to the first token of the current line"),
-    ("first-token sink", "parks its attention on the first token"),
     ("copying", "its output raises the logits of the tokens it attends to (OV circuit)"),
+    ("first-token sink", "parks its attention on the first token"),
     ("broad", "spreads its attention evenly over what it can see"),
     ("other", "no rule fits; see its evidence"),
 )
 _TIERS = {
     "induction": 0, "duplicate-token": 0, "previous-token": 0,
     "self": 1, "positional": 1, "same-token": 1, "delimiter": 1, "line-start": 1,
-    "first-token sink": 2, "copying": 3, "broad": 4,
+    "copying": 2, "first-token sink": 3, "broad": 4,
 }  # fmt: skip
 _PROBE = "probe of repeated random tokens"
 
@@ -174,12 +174,13 @@ def atlas_roles(
     if LINE_START in evidence.marks:
         found.append((LINE_START, shaped("evidence.marks", evidence.marks[LINE_START]), t.line_start,
                       "share on the first token of the query's line"))  # fmt: skip
-    found.append(("first-token sink", shaped("evidence.first", evidence.first), t.sink, "share on the first token"))
     if copying is not None:
         found.append(("copying", shaped("copying", copying), t.copying, "OV copying score"))
+    found.append(("first-token sink", shaped("evidence.first", evidence.first), t.sink, "share on the first token"))
     ratio = "entropy_ratio_causal" if "entropy_ratio_causal" in metrics else "entropy_ratio"
     if ratio in metrics:
-        found.append(("broad", shaped(f"report.metrics['{ratio}']", metrics[ratio]), t.broad, f"{ratio}"))
+        detail = "entropy over ln(keys seen)" if ratio == "entropy_ratio_causal" else "entropy over ln(tokens)"
+        found.append(("broad", shaped(f"report.metrics['{ratio}']", metrics[ratio]), t.broad, detail))
     return _assemble(found, shape)
 
 
