@@ -8,22 +8,27 @@ that :func:`~headwise.analysis.streaming.read_rows` (its ``extra=``) turns into 
 batch's :class:`~headwise.analysis.row_readers.Layout`, so the evidence and ``heads``' statistics come from one
 forward pass::
 
-    evidence = HeadEvidence(hm.num_layers, hm.num_heads)
-    for t, (ids, mask) in enumerate(batches):
+    stats, evidence = DecoderStats(hm.num_layers, hm.num_heads), HeadEvidence(hm.num_layers, hm.num_heads)
+    texts = 0
+    for ids, mask in batches:
         read_rows(hm, ids, mask, head_stats=stats.heads, detector_stats=stats.detectors,
-                  extra=[evidence.reader(first_text=first[t])])
+                  extra=[evidence.reader(first_text=texts)])  # marks=, line_start= as the accumulator was made
+        texts += ids.shape[0]
     result = evidence.result()
 
 Conventions (the streaming pass's): positions count among the real tokens of a text (padding skipped); each row
 is taken over the real keys and renormalised (:attr:`RowBlock.scale <headwise.analysis.block.RowBlock>`); every
 real query row counts once, so every share is a token-weighted mean over the corpus's real query rows
 (:attr:`Evidence.rows`). The first real token of a text (the usual sink) is reported apart, as ``first``, and left
-out of the offsets, the marks and the contexts.
+out of the offsets, the marks and the contexts (with ``skip_self``, the contexts leave the query's own key out too).
 
 Memory, independent of the corpus's length: the sums ``NL · H · (2K + 2 + M) · 8`` bytes and the kept contexts
-``NL · H · T · (6 + C) · 8`` bytes (K = 32, T = 8, C = 24: about 1.2 kB a head); per batch, the patterns shared by
-every layer (``B · L · 2K · 8`` bytes for the offsets' keys, the same-token pattern's entries up to
-:data:`PATTERN_ROOM`) and one block's temporaries, ``≈ 2 · B · H · R · max(S', 2K) · 8`` bytes.
+``NL · H · T · (6 + C) · 8`` bytes (K = 32, T = 8, C = 24, one mark: about 2.4 kB a head in all); per batch, the
+patterns every layer shares (the offsets' keys ``B · L · K' · 9`` bytes, K' = K causal, 2K otherwise; the
+same-token pattern's entries, within :data:`PATTERN_ROOM` kept, beyond it made again per layer) and one block's
+temporaries: the weights at the offsets' keys ``B · H · R · K'``, the ``(B, R, S')`` same-token pattern as bools,
+``O(B · H · (R + S'))`` sums, and copies of the rows whose maximum may be a key left aside (the first token where
+texts start at different slots, the query's own with ``skip_self``; at most the block, ``B · H · R · S'``).
 """
 
 from __future__ import annotations
