@@ -125,3 +125,8 @@ def test_thresholds_and_shapes_are_checked():
         atlas_roles({}, ev, delimiters=["newline"])
     names = [n for n, _ in ATLAS_ROLES]
     assert len(set(names)) == len(names) and names[-1] == "other"
+    t = AtlasThresholds(positional=0.3)
+    assert t.for_role("positional") == 0.3 and t.for_role("self") == t.position and t.for_role("other") is None
+    assert all(isinstance(t.for_role(n), float) for n in names[:-1])
+    with pytest.raises(ValueError, match="name"):
+        t.for_role("sink")

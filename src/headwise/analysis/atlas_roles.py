@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from headwise import checks
 from headwise.analysis.evidence import LINE_START, SAME_TOKEN, Evidence
 from headwise.analysis.roles import RoleThresholds
 
@@ -61,6 +62,12 @@ ATLAS_ROLES = (
     ("broad", "spreads its attention evenly over what it can see"),
     ("other", "no rule fits; see its evidence"),
 )
+#: The :class:`AtlasThresholds` field of each role's threshold.
+ROLE_FIELDS = {
+    "induction": "induction", "duplicate-token": "duplicate", "previous-token": "position", "self": "position",
+    "positional": "positional", "same-token": "same_token", "delimiter": "delimiter", "line-start": "line_start",
+    "copying": "copying", "first-token sink": "sink", "broad": "broad",
+}  # fmt: skip
 _TIERS = {
     "induction": 0, "duplicate-token": 0, "previous-token": 0,
     "self": 1, "positional": 1, "same-token": 1, "delimiter": 1, "line-start": 1,
@@ -92,6 +99,14 @@ class AtlasThresholds(RoleThresholds):
     delimiter: float = 0.5
     line_start: float = 0.4
     copying: float = 0.5
+
+    def for_role(self, name: str) -> float | None:
+        """The threshold of the role ``name`` (:data:`ATLAS_ROLES`; None for "other"). Raises ValueError on a name
+        that is not a role."""
+        if name == "other":
+            return None
+        checks.one_of("name", name, tuple(ROLE_FIELDS))
+        return getattr(self, ROLE_FIELDS[name])
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,7 @@ def atlas_roles(
     missing = [m for m in delimiters if m not in evidence.marks]
     if missing:
         raise ValueError(f"delimiters: the evidence has no marks {missing}; it has {sorted(evidence.marks)}")
-    found: list[tuple[str, np.ndarray, float, object]] = []  # (role, scores (NL, H), threshold, detail or details)
+    found: list[tuple[str, np.ndarray, object]] = []  # (role, scores (NL, H), its detail or (NL, H) details)
 
     def shaped(name: str, a) -> np.ndarray:
         a = np.asarray(a, dtype=np.float64)
@@ -152,42 +167,43 @@ def atlas_roles(
             raise ValueError(f"{name}: expected shape (NL, H) = {shape}, got {a.shape}")
         return np.nan_to_num(a, nan=-np.inf)
 
-    for role, metric, field, detail in (
-        ("induction", "induction_probe", "induction", _PROBE),
-        ("duplicate-token", "duplicate_probe", "duplicate", _PROBE),
-        ("previous-token", "prev", "position", "share on the previous token"),
+    for role, metric, detail in (
+        ("induction", "induction_probe", _PROBE),
+        ("duplicate-token", "duplicate_probe", _PROBE),
+        ("previous-token", "prev", "share on the previous token"),
     ):
         if metric in metrics:
-            found.append((role, shaped(f"report.metrics['{metric}']", metrics[metric]), getattr(t, field), detail))
-    found.append(("self", shaped("evidence.offsets", evidence.at_offset(0)), t.position, "offset 0"))
+            found.append((role, shaped(f"report.metrics['{metric}']", metrics[metric]), detail))
+    found.append(("self", shaped("evidence.offsets", evidence.at_offset(0)), "offset 0"))
     d = np.arange(evidence.start, evidence.start + evidence.offsets.shape[-1])
     others = np.where((d == 0) | (d == 1), -np.inf, np.nan_to_num(evidence.offsets, nan=-np.inf))  # (NL, H, K')
     best = others.argmax(-1)
-    found.append(("positional", others.max(-1), t.positional, np.vectorize(lambda i: f"offset {d[i]}")(best)))
-    found.append((SAME_TOKEN, shaped("evidence.marks", evidence.marks[SAME_TOKEN]), t.same_token, "share on other "
-                  "occurrences of the query's token"))  # fmt: skip
+    found.append(("positional", others.max(-1), np.vectorize(lambda i: f"offset {d[i]}")(best)))
+    same = "share on other occurrences of the query's token"
+    found.append((SAME_TOKEN, shaped("evidence.marks", evidence.marks[SAME_TOKEN]), same))
     if delimiters:
         shares = np.stack([shaped("evidence.marks", evidence.marks[m]) for m in delimiters], -1)  # (NL, H, M)
         which = np.asarray(delimiters, dtype=object)[shares.argmax(-1)]
         details = np.vectorize(lambda m: f"share on {m} tokens", otypes=[object])(which)
-        found.append(("delimiter", shares.max(-1), t.delimiter, details))
+        found.append(("delimiter", shares.max(-1), details))
     if LINE_START in evidence.marks:
-        found.append((LINE_START, shaped("evidence.marks", evidence.marks[LINE_START]), t.line_start,
-                      "share on the first token of the query's line"))  # fmt: skip
+        line = "share on the first token of the query's line"
+        found.append((LINE_START, shaped("evidence.marks", evidence.marks[LINE_START]), line))
     if copying is not None:
-        found.append(("copying", shaped("copying", copying), t.copying, "OV copying score"))
-    found.append(("first-token sink", shaped("evidence.first", evidence.first), t.sink, "share on the first token"))
+        found.append(("copying", shaped("copying", copying), "OV copying score"))
+    found.append(("first-token sink", shaped("evidence.first", evidence.first), "share on the first token"))
     ratio = "entropy_ratio_causal" if "entropy_ratio_causal" in metrics else "entropy_ratio"
     if ratio in metrics:
         detail = "entropy over ln(keys seen)" if ratio == "entropy_ratio_causal" else "entropy over ln(tokens)"
-        found.append(("broad", shaped(f"report.metrics['{ratio}']", metrics[ratio]), t.broad, detail))
-    return _assemble(found, shape)
+        found.append(("broad", shaped(f"report.metrics['{ratio}']", metrics[ratio]), detail))
+    return _assemble(found, shape, t)
 
 
-def _assemble(found, shape) -> AtlasRoles:
+def _assemble(found, shape, t: AtlasThresholds) -> AtlasRoles:
     NL, H = shape
     roles = [[[] for _ in range(H)] for _ in range(NL)]
-    for name, scores, threshold, detail in found:
+    for name, scores, detail in found:
+        threshold = t.for_role(name)
         for layer, head in zip(*np.nonzero(scores >= threshold)):
             text = detail if isinstance(detail, str) else str(detail[layer, head])
             roles[layer][head].append(RoleEvidence(name, float(scores[layer, head]), float(threshold), text))
