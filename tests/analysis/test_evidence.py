@@ -13,6 +13,7 @@ from headwise.analysis.evidence import LINE_START, SAME_TOKEN, HeadEvidence
 from headwise.analysis.evidence_top import GAP, snippets
 from headwise.analysis.streaming import read_rows
 from headwise.models import BertConfig, BertEncoder, HeadModel, LMConfig, TransformerLM
+from headwise.models.llama import LlamaConfig, LlamaLM
 
 K, TOP, MIN_KEYS, CONTEXT = 4, 5, 7, 6
 
@@ -28,6 +29,15 @@ def _randomised(model, seed: int, scale: float):
 def _decoder(seed: int = 0) -> HeadModel:
     config = LMConfig(vocab_size=12, context_length=32, d_model=16, num_layers=2, num_heads=2, positional="learned")
     return HeadModel(_randomised(TransformerLM(config), seed, 0.6))
+
+
+def _llama(seed: int = 0) -> HeadModel:
+    """headwise's Llama with grouped-query heads (4 query heads over 2 key/value groups)."""
+    config = LlamaConfig.from_dict(dict(
+        model_type="llama", vocab_size=12, hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+    ))  # fmt: skip
+    return HeadModel(_randomised(LlamaLM(config), seed, 0.6))
 
 
 def _encoder(seed: int = 1) -> HeadModel:
@@ -165,9 +175,10 @@ def _add(a, b):
     return mix(o1, o2), mix(f1, f2), mix(b1, b2), {k: mix(m1[k], m2[k]) for k in m1}, top, r
 
 
-@pytest.mark.parametrize("block_size, skip_self", [(3, False), (64, False), (4, True)])
-def test_a_decoders_evidence_in_the_streaming_pass_equals_the_brute_force(block_size, skip_self):
-    hm, rng = _decoder(), np.random.default_rng(0)
+@pytest.mark.parametrize("model, block_size, skip_self", [("lab", 3, False), ("lab", 64, False), ("lab", 4, True),
+                                                         ("llama", 5, False)])  # fmt: skip
+def test_a_decoders_evidence_in_the_streaming_pass_equals_the_brute_force(model, block_size, skip_self):
+    hm, rng = _decoder() if model == "lab" else _llama(), np.random.default_rng(0)
     batches = [_batch(rng, [14, 5, 20], 20), _batch(rng, [9, 17], 17)]  # padding, two batches
     ev, brute, texts = _run(hm, batches, causal=True, block_size=block_size, skip_self=skip_self)
     r = _check(ev, brute, texts, causal=True)
