@@ -23,7 +23,9 @@ causal entropy ratio), :class:`PooledMaps` (the first sequence pooled for the ov
 (full rows of a query range; alone, over that range only, it is the bounded pass of those rows). After the pass,
 the sums go to the accumulators, which finish them as they finish full maps: the same numbers (tested to 1e-5
 against the full-map computation over random layouts, masks, windows, sinks, padding and GQA).
-:class:`RowReader` and :func:`read_rows` put the readers a call asks for into one pass. This module holds the
+:class:`RowReader` and :func:`read_rows` put the readers a call asks for into one pass, and the readers of other
+concerns a caller adds (``extra=``: factories given the batch's :class:`Layout`, fed after the statistics' readers,
+which they leave unchanged — the atlas's :class:`~headwise.analysis.evidence.HeadEvidence`). This module holds the
 pass; the readers and the batch's :class:`Layout` they share live in :mod:`headwise.analysis.row_readers`.
 
 What is exact, what is sampled. Every per-head metric (targets, self / previous / next, entropies, distance,
