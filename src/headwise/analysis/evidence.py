@@ -122,6 +122,11 @@ class Evidence:
 class HeadEvidence:
     """Every head's evidence over a corpus, accumulated batch by batch (memory in the module docstring).
 
+    The contexts: every real query row that sees at least ``min_keys`` real keys offers its strongest key but the
+    first token (and, with ``skip_self``, its own), weighed renormalised; each head keeps the ``top`` strongest of
+    the corpus, merged block by block (ties: text, then query position, ascending — the same whatever the block
+    size, the batches or the order runs are merged in).
+
     Args:
         num_layers, num_heads: NL and H (query heads).
         top: T, the contexts kept per head.
@@ -130,12 +135,12 @@ class HeadEvidence:
             position included; causal: ``query + 1``, non-causal: the text's length) — the first rows of a causal
             text, trivially peaked, would otherwise fill every head's top.
         context: C, the most tokens of a context's snippet (≥ 5).
+        marks: the names of the caller's marks every batch passes (:meth:`reader`).
+        line_start: every batch passes each query's line start (the :data:`LINE_START` share).
         skip_self: also leave the query's own key out of the contexts (a row's strongest other key is shown):
             many heads fall back on the current token when their pattern finds nothing, as others do on the first
             token, and such rows of weight ≈ 1 can fill the top of a head whose pattern is elsewhere (the
             offsets still count them, at d = 0).
-        marks: the names of the caller's marks every batch passes (:meth:`reader`).
-        line_start: every batch passes each query's line start (the :data:`LINE_START` share).
     Raises:
         ValueError: naming the argument: a size that is not a positive integer, ``context`` < 5, a mark named as
             a built-in one or twice.
