@@ -124,8 +124,8 @@ class HeadEvidence:
 
     The contexts: every real query row that sees at least ``min_keys`` real keys offers its strongest key but the
     first token (and, with ``skip_self``, its own), weighed renormalised; each head keeps the ``top`` strongest of
-    the corpus, merged block by block (ties: text, then query position, ascending — the same whatever the block
-    size, the batches or the order runs are merged in).
+    the corpus, merged block by block (equal weights ordered by text, then query position: an order that does not
+    depend on the blocks, the batches or the order runs are merged in).
 
     Args:
         num_layers, num_heads: NL and H (query heads).
