@@ -22,6 +22,10 @@ positions are excluded from every metric. One concept per module:
   induction) and the probe of repeated random tokens.
 - :mod:`~headwise.analysis.decoder` — a decoder's heads over texts and the probe (:class:`DecoderStats`).
 - :mod:`~headwise.analysis.roles` — role labels with documented thresholds (encoders and decoders).
+- :mod:`~headwise.analysis.evidence` — what each head does over a corpus, gathered in the statistics' streaming
+  pass (:class:`HeadEvidence`: offset profile, first-token share, marks, top contexts; helpers in
+  :mod:`~headwise.analysis.evidence_top`); :mod:`~headwise.analysis.atlas_roles` — every head's roles with that
+  evidence (:func:`atlas_roles`, :class:`AtlasThresholds`, :data:`ATLAS_ROLES`).
 - :mod:`~headwise.analysis.corpus` — streaming aggregation over a corpus (:class:`HeadStats`,
   :func:`analyze_texts`); :mod:`~headwise.analysis.corpus_file` — a text file's lines streamed (:class:`CorpusFile`).
 - :mod:`~headwise.analysis.sentence` — one sentence's report and maps (:func:`analyze_sentence`).
@@ -39,6 +43,7 @@ The package draws nothing on the terminal: :func:`analyze_texts` reports progres
 The adapters that run a model and return its maps live with the models (:mod:`headwise.models.attend`).
 """
 
+from headwise.analysis.atlas_roles import ATLAS_ROLES, AtlasRoles, AtlasThresholds, RoleEvidence, atlas_roles
 from headwise.analysis.block import RowBlock
 from headwise.analysis.confidence import (
     VOITA_POSITIONAL_THRESHOLD,
@@ -74,6 +79,7 @@ from headwise.analysis.entropy import (
     row_entropy,
     uniform_entropy,
 )
+from headwise.analysis.evidence import Context, Evidence, HeadEvidence
 from headwise.analysis.importance import (
     SCORED,
     ImportanceResult,
@@ -129,6 +135,14 @@ __all__ = [
     "RoleThresholds",
     "head_roles",
     "decoder_roles",
+    "HeadEvidence",
+    "Evidence",
+    "Context",
+    "atlas_roles",
+    "AtlasRoles",
+    "AtlasThresholds",
+    "RoleEvidence",
+    "ATLAS_ROLES",
     "DETECTORS",
     "previous_token_pattern",
     "first_token_pattern",

@@ -23,7 +23,9 @@ causal entropy ratio), :class:`PooledMaps` (the first sequence pooled for the ov
 (full rows of a query range; alone, over that range only, it is the bounded pass of those rows). After the pass,
 the sums go to the accumulators, which finish them as they finish full maps: the same numbers (tested to 1e-5
 against the full-map computation over random layouts, masks, windows, sinks, padding and GQA).
-:class:`RowReader` and :func:`read_rows` put the readers a call asks for into one pass. This module holds the
+:class:`RowReader` and :func:`read_rows` put the readers a call asks for into one pass, and the readers of other
+concerns a caller adds (``extra=``: factories given the batch's :class:`Layout`, fed after the statistics' readers,
+which they leave unchanged — the atlas's :class:`~headwise.analysis.evidence.HeadEvidence`). This module holds the
 pass; the readers and the batch's :class:`Layout` they share live in :mod:`headwise.analysis.row_readers`.
 
 What is exact, what is sampled. Every per-head metric (targets, self / previous / next, entropies, distance,
@@ -185,8 +187,11 @@ class RowReader(BlockPass):
         rows_only: the kept rows alone (no statistics, no pool).
         heads, detectors: keep the head statistics' sums / the detectors' (both by default; no effect with
             ``rows_only``).
+        extra: factories of more readers of the same pass, each called with the batch's :class:`Layout` (e.g.
+            :meth:`headwise.analysis.evidence.HeadEvidence.reader`); the readers, in order, in ``self.extra``, fed
+            after the statistics' (which they never change).
     Raises:
-        ValueError: a block size ≤ 0; ``rows_only`` without ``keep`` or with ``pool``.
+        ValueError: a block size ≤ 0; ``rows_only`` without ``keep`` or with ``pool`` or with ``extra``.
     """
 
     def __init__(
@@ -207,9 +212,12 @@ class RowReader(BlockPass):
         rows_only: bool = False,
         heads: bool = True,
         detectors: bool = True,
+        extra: Sequence[Callable[[Layout], BlockReader]] = (),
     ):
-        if rows_only and (keep is None or pool is not None):
-            raise ValueError("rows_only: expected keep=(A, B) and no pool= (the pass reads the kept rows alone)")
+        if rows_only and (keep is None or pool is not None or extra):
+            raise ValueError(
+                "rows_only: expected keep=(A, B) and no pool= or extra= (the pass reads the kept rows alone)"
+            )
         layout = Layout(ids, info)
         self.head_sums = self.detector_sums = self.picture = None
         parts: list[BlockReader] = []
@@ -230,6 +238,8 @@ class RowReader(BlockPass):
             rows = KeptRows(num_layers, num_heads, keep)
             self.kept = rows.kept
             parts.append(rows)
+        self.extra = [make(layout) for make in extra]
+        parts.extend(self.extra)
         super().__init__(
             layout, num_layers, num_heads, parts, block_size=block_size, span=keep if rows_only else None,
             progress=progress,
@@ -285,7 +295,7 @@ def read_rows(
     pool: int | None = None,
     keep: tuple[int, int] | None = None,
     rows_only: bool = False,
-    extra: Sequence[BlockReader] = (),
+    extra: Sequence[Callable[[Layout], BlockReader]] = (),
 ) -> RowReader:
     """One forward pass of ``hm`` (a :class:`headwise.models.HeadModel`) on a batch, every layer's heads reduced
     at its ``hook_qk`` point into ``head_stats`` / ``detector_stats``.
@@ -302,7 +312,9 @@ def read_rows(
         rows_only: form the kept rows alone — a bounded pass (the forward plus ``(B − A)`` rows of every head, no
             statistics; no ``head_stats``, ``detector_stats`` or ``pool``).
         js_max_rows: Jensen–Shannon rows per sentence (32; fewer beyond 4,096 tokens, :func:`js_row_budget`).
-        extra: more :class:`BlockReader` s fed every block of the same pass, after the statistics' own.
+        extra: more readers of this pass, as factories given the batch's :class:`Layout` (:class:`RowReader`):
+            e.g. ``extra=[evidence.reader(first_text=t)]`` gathers a
+            :class:`~headwise.analysis.evidence.HeadEvidence` in the statistics' pass.
     Returns:
         the :class:`RowReader` (its sums).
     """
@@ -324,10 +336,10 @@ def read_rows(
         rows_only=rows_only,
         heads=head_stats is not None,
         detectors=detector_stats is not None,
+        extra=extra,
     )
     if rows_only and (head_stats is not None or detector_stats is not None):
         raise ValueError("rows_only: a pass of the kept rows alone feeds no head_stats or detector_stats")
-    reader.parts.extend(extra)
     hm.read_rows(ids, mask, reader.readers())
     if not rows_only:
         reader.add_to(head_stats, detector_stats)
