@@ -98,7 +98,7 @@ def test_the_rules_priority_and_other_only_where_nothing_fits():
                                thresholds=AtlasThresholds(line_start=0.9, copying=0.4))  # fmt: skip
     assert only_copying.primary[0, 3] == "copying"
     sink_and_copying = atlas_roles(metrics, ev, copying=np.array([[0.6, 0.0, 0.9, 0.4]]))
-    assert [r.name for r in sink_and_copying.roles[0][0]] == ["induction", "copying", "first-token sink"]
+    assert [r.name for r in sink_and_copying.roles[0][0]] == ["induction", "first-token sink", "copying"]
     assert atlas_roles({k: v for k, v in metrics.items() if "probe" not in k}, ev).primary[0, 0] == "first-token sink"
 
 

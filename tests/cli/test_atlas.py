@@ -49,6 +49,13 @@ def test_atlas_writes_every_head_and_the_page(run_cli, folder, corpus, tmp_path)
         assert imp is not None and (imp["exact"] or "estimate" in imp["label"])
         assert h["partners"] is not None
     assert data["importance"]["measured"] >= 1
+    for h in data["heads"]:  # the evidence: every share of a row accounted for, contexts pointing into their tokens
+        off = h["offsets"]
+        assert sum(off["shares"]) + off["beyond"] + off["first"] == pytest.approx(1, abs=1e-4)
+        for c in h["contexts"]:
+            assert 0 <= c["key"] < c["query"] < len(c["tokens"]) and 0 < c["weight"] <= 1
+        assert all(r["score"] >= r["threshold"] for r in h["roles"])
+        assert h["role"] == (h["roles"][0]["name"] if h["roles"] else "other")
     page = (out / "atlas.html").read_text(encoding="utf-8")
     assert "headwise.atlas/1" in page
     # the screen: each role counted, not one row per head

@@ -25,6 +25,8 @@ __all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "head_id", "lo
 ATLAS_FORMAT = "headwise.atlas/1"
 #: Composition partners kept per head and direction.
 PARTNERS = 5
+#: The evidence's mark of tokens that are punctuation or a line break (the delimiter role's).
+DELIMITER = "punctuation"
 #: Source tokens of the OV mappings (the corpus's most frequent) and target tokens read (its most frequent).
 OV_SOURCES, OV_TARGETS = 64, 4096
 
@@ -53,14 +55,26 @@ class AtlasPass:
     Use: ``with atlas_pass(ids, mask, first_text) as readers: <the batch's pass with readers>``.
     """
 
-    def __init__(self, hm, *, top: int = 8, context: int = 24, readers: Callable | None = None):
+    def __init__(self, hm, *, top: int = 8, context: int = 24):
+        from headwise.analysis.evidence import HeadEvidence
         from headwise.study.atlas_writes import HeadWrites
 
-        self.hm, self.top, self.context, self.readers = hm, top, context, readers
+        self.hm, self.top, self.context = hm, top, context
         vocab = hm.vocab_size or 0
         self.counts = np.zeros(max(vocab, 1), dtype=np.int64)
         self.writes = HeadWrites(hm, top=top, context=context) if hm.anatomy.unembed is not None else None
+        # a head's fallback on the current token would fill its top with rows of weight ≈ 1: the strongest other key
+        self.evidence = HeadEvidence(hm.num_layers, hm.max_heads, top=top, context=context, marks=(DELIMITER,),
+                                     skip_self=True)  # fmt: skip
+        self._delimiter: dict[int, bool] = {}
         self.texts = 0
+
+    def delimiters(self, ids: np.ndarray) -> np.ndarray:
+        """``ids``'s shape, bool: the tokens whose text is punctuation or a line break alone (:data:`DELIMITER`)."""
+        for i in np.unique(ids).tolist():
+            if i not in self._delimiter:
+                self._delimiter[i] = _is_delimiter(self.hm, i)
+        return np.vectorize(lambda i: self._delimiter[int(i)], otypes=[bool])(ids)
 
     @contextlib.contextmanager
     def __call__(self, ids, mask, first_text: int):
@@ -69,7 +83,8 @@ class AtlasPass:
         real = real[(real >= 0) & (real < self.counts.shape[0])]
         self.counts += np.bincount(real, minlength=self.counts.shape[0])[: self.counts.shape[0]]
         self.texts = max(self.texts, first_text + ids_np.shape[0])
-        readers = [] if self.readers is None else list(self.readers(ids_np, mask_np, first_text))
+        marks = {DELIMITER: self.delimiters(ids_np) & mask_np}
+        readers = [self.evidence.reader(first_text=first_text, marks=marks)]
         if self.writes is None:
             yield readers
             return
@@ -82,6 +97,18 @@ class AtlasPass:
         counts[[i for i in exclude if 0 <= i < counts.shape[0]]] = 0
         order = np.lexsort((np.arange(counts.shape[0]), -counts))
         return order[: min(n, int((counts > 0).sum()))]
+
+
+def _is_delimiter(hm, i: int) -> bool:
+    """Whether token ``i``'s text is punctuation or line breaks alone (Unicode categories P*, and ``\\n``)."""
+    import unicodedata
+
+    try:
+        text = hm.tokenizer.decode([int(i)])
+    except Exception:  # noqa: BLE001 - an id the tokenizer cannot decode is no delimiter
+        return False
+    text = text.strip(" \t")
+    return bool(text) and all(c == "\n" or unicodedata.category(c).startswith("P") for c in text)
 
 
 def _stats(report, layer: int, head: int) -> dict:
@@ -157,26 +184,23 @@ def atlas_dict(
     atlas_pass: AtlasPass,
     *,
     corpus: str,
-    roles: list | None = None,
-    role_legend: list[dict] | None = None,
-    evidence=None,
     importance: dict | None = None,
     composition: dict | None = None,
     copying: np.ndarray | None = None,
 ) -> dict:
-    """``atlas.json``'s dict (format :data:`ATLAS_FORMAT`).
+    """``atlas.json``'s dict (format :data:`ATLAS_FORMAT`): every head's roles with their evidence
+    (:func:`headwise.analysis.atlas_roles`), statistics, offsets, contexts, writes, importance and partners.
 
     Args:
         report: the statistics (:class:`~headwise.analysis.DecoderReport`).
         atlas_pass: the pass's :class:`AtlasPass` after the corpus.
         corpus: what the corpus is, as said to the reader.
-        roles: ``[layer][head]`` ``(primary, [role evidence dicts])`` (None: the report's roles alone).
-        role_legend: ``[{"name", "description", "threshold"}]`` every role named, in display order.
-        evidence: the attention evidence (offsets, contexts) or None.
-        importance: ``{"columns": {name: (NL, H)}, "summary": dict}`` of the importance run, or None.
+        importance: ``{"columns": {name: (NL, H)}, "header": dict}`` of the importance run, or None.
         composition: the weights' circuits' summary (full ``q`` / ``k`` / ``v`` grids), or None.
-        copying: ``(NL, H)`` the copying scores of the weights' circuits, or None.
+        copying: ``(NL, H)`` the copying scores of the weights' circuits (the copying role), or None.
     """
+    from headwise.analysis.atlas_roles import ATLAS_ROLES, AtlasThresholds, atlas_roles
+
     NL, H = hm.num_layers, hm.max_heads
     heads_per = list(hm.heads_per_layer)
     written = atlas_pass.writes.result() if atlas_pass.writes is not None else None
@@ -202,19 +226,26 @@ def atlas_dict(
             f"{_fmt(agreement['median_ratio'])}"
         )
     imp = _importance(importance)
+    evidence = atlas_pass.evidence.result()
+    found = atlas_roles(report, evidence, copying=copying)
+    thresholds = AtlasThresholds()
+    legend = [{"name": n, "description": d, "threshold": thresholds.for_role(n)} for n, d in ATLAS_ROLES]
     heads = []
     for layer in range(NL):
         for head in range(heads_per[layer]):
-            primary, named = roles[layer][head] if roles is not None else (str(report.roles[layer, head]), [])
+            named = [
+                {"name": r.name, "score": _num(r.score), "threshold": _num(r.threshold), "detail": r.detail}
+                for r in found.roles[layer][head]
+            ]
             card = {
                 "id": head_id(layer, head),
                 "layer": layer,
                 "head": head,
-                "role": primary,
+                "role": str(found.primary[layer, head]),
                 "roles": named,
                 "stats": _stats(report, layer, head),
-                "offsets": None if evidence is None else evidence.offsets_of(layer, head),
-                "contexts": [] if evidence is None else [_context(hm, c) for c in evidence.contexts_of(layer, head)],
+                "offsets": _offsets(evidence, layer, head),
+                "contexts": [_context(hm, c) for c in evidence.contexts[layer][head]],
                 "outputs": [],
                 "writes": None,
                 "ov": None,
@@ -263,7 +294,7 @@ def atlas_dict(
             "kv_heads": _kv_heads(hm),
         },
         "corpus": {"source": corpus, "texts": int(report.num_sentences), "tokens": int(report.num_tokens)},
-        "roles": role_legend or _legend(report),
+        "roles": legend,
         "importance": None if importance is None else importance.get("header"),
         "loss_effect": agreement,
         "heads": heads,
@@ -281,9 +312,16 @@ def _kv_heads(hm) -> int | None:
         return None
 
 
-def _legend(report) -> list[dict]:
-    names = sorted({str(r) for r in np.asarray(report.roles).ravel()})
-    return [{"name": n, "description": n, "threshold": None} for n in names]
+def _offsets(evidence, layer: int, head: int) -> dict:
+    """A head's attention by offset: ``shares[i]`` at ``d = start + i`` (query − key), beyond them, on the first
+    token, and on each mark."""
+    return {
+        "start": int(evidence.start),
+        "shares": [_num(v) for v in evidence.offsets[layer, head]],
+        "beyond": _num(evidence.beyond[layer, head]),
+        "first": _num(evidence.first[layer, head]),
+        "marks": {name: _num(v[layer, head]) for name, v in evidence.marks.items()},
+    }
 
 
 def _context(hm, c) -> dict:
