@@ -51,9 +51,11 @@ def test_atlas_writes_every_head_and_the_page(run_cli, folder, corpus, tmp_path)
     assert data["importance"]["measured"] >= 1
     for h in data["heads"]:  # the evidence: every share of a row accounted for, contexts pointing into their tokens
         off = h["offsets"]
+        assert off["start"] == 0 and len(off["shares"]) == 32  # a decoder: keys up to the query (its mask explicit)
         assert sum(off["shares"]) + off["beyond"] + off["first"] == pytest.approx(1, abs=1e-4)
         for c in h["contexts"]:
             assert 0 <= c["key"] < c["query"] < len(c["tokens"]) and 0 < c["weight"] <= 1
+            assert c["position"] >= 7  # rows that see fewer than 8 keys are no context
         assert all(r["score"] >= r["threshold"] for r in h["roles"])
         assert h["role"] == (h["roles"][0]["name"] if h["roles"] else "other")
     page = (out / "atlas.html").read_text(encoding="utf-8")
@@ -104,3 +106,25 @@ def test_an_encoder_or_a_model_without_tokenizer_is_refused(run_cli, tmp_path, c
     got = run_cli("atlas", "--model", str(bare), "--corpus", str(corpus), "--out", str(tmp_path / "o"))
     assert_user_error(got, "--model", "tokenizer")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_encoder_atlas_from_its_full_maps(run_cli, corpus, tmp_path):
+    """The bundled MiniLM: the evidence read from its full maps (keys on both sides: offsets from −32), no written
+    tokens (no unembedding), the importance by the embedding's turning rate."""
+    from headwise.models.checkpoint import default_model_path
+
+    out = tmp_path / "atlas"
+    got = run_cli("atlas", "--model", str(default_model_path()), "--corpus", str(corpus), "--out", str(out),
+                  "--top", "2", "--importance-sentences", "3")  # fmt: skip
+    assert got.code == 0, got.err
+    data = json.loads((out / "atlas.json").read_text(encoding="utf-8"))
+    check_atlas(data)
+    assert data["model"]["kind"] == "encoder" and len(data["heads"]) == 72
+    for h in data["heads"]:
+        off = h["offsets"]
+        assert off["start"] == -32 and sum(off["shares"]) + off["beyond"] + off["first"] == pytest.approx(1, abs=1e-4)
+        assert h["writes"] is None and h["ov"] is None and h["partners"] is None
+        assert h["importance"] is not None
+        for c in h["contexts"]:
+            assert c["tokens"][c["key"]] and c["key"] != c["query"]
+    assert "separator" in data["heads"][0]["offsets"]["marks"]

@@ -141,6 +141,9 @@ class HeadEvidence:
             many heads fall back on the current token when their pattern finds nothing, as others do on the first
             token, and such rows of weight ≈ 1 can fill the top of a head whose pattern is elsewhere (the
             offsets still count them, at d = 0).
+        causal: the model is a decoder: every row sees the keys up to its own (a pass may hand a decoder's blocks
+            unflagged — a Hugging Face model's mask comes as an explicit mask — which would count the text's every
+            key as seen and every offset after the query as a column).
     Raises:
         ValueError: naming the argument: a size that is not a positive integer, ``context`` < 5, a mark named as
             a built-in one or twice.
@@ -158,6 +161,7 @@ class HeadEvidence:
         marks: tuple[str, ...] = (),
         line_start: bool = False,
         skip_self: bool = False,
+        causal: bool = False,
     ):
         import torch
 
@@ -174,6 +178,7 @@ class HeadEvidence:
             )
         self.num_layers, self.num_heads, self.top, self.context = num_layers, num_heads, top, context
         self.mark_names, self.line_start, self.skip_self = marks, bool(line_start), bool(skip_self)
+        self.causal = bool(causal)
         self.names = (SAME_TOKEN, *marks) + ((LINE_START,) if line_start else ())
         z = (num_layers, num_heads)
         self._off = torch.zeros(*z, 2 * self.K, dtype=torch.float64)  # column c: d = c − K
@@ -356,7 +361,8 @@ class EvidenceReader:
         ev, w = self.ev, block.w
         B, H, R, Sv = w.shape
         start, stop = block.start, block.stop
-        slots, ok, same, cand = self._pattern(start, stop, Sv, block.causal)
+        causal = block.causal or ev.causal  # a decoder's blocks: its rows see the keys up to their own
+        slots, ok, same, cand = self._pattern(start, stop, Sv, causal)
         if layer == 0:
             ev.add_rows(int(block.rows.sum()))
         # offsets: each row's weight at the keys of every offset
@@ -377,7 +383,7 @@ class EvidenceReader:
             marks.append((col @ self.marks[:, :Sv].to(w.dtype)).sum(0))  # (H, M)
         if self.line_key is not None:
             marks.append(mass_at(block, self.line_key[:, start:stop]).sum((0, 2))[:, None])
-        ev.add_block(layer, offsets, first, beyond, torch.cat(marks, -1), bidirectional=not block.causal)
+        ev.add_block(layer, offsets, first, beyond, torch.cat(marks, -1), bidirectional=not causal)
         self._top(layer, block, cand)
 
     def _top(self, layer: int, block: RowBlock, cand) -> None:

@@ -11,6 +11,7 @@ same run ``headwise heads --importance --composition`` makes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from collections.abc import Callable
@@ -170,10 +171,10 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
             hm = open_heads_model(opts.model, cache=opts.cache, backend="auto", warn=warn, max_memory=opts.max_memory)
         except MemoryBudgetError as e:
             raise ValueError(("" if e.given else "--model: ") + said(e)) from None
-    if hm.kind != "decoder":
-        raise ValueError(f"--model: {hm.title} is an encoder; the atlas reads decoders (use headwise heads)")
     if hm.tokenizer is None:
         raise ValueError(f"--model: {hm.title} has no tokenizer; the atlas reads a corpus of text")
+    if hm.kind != "decoder":
+        return _encoder(hm, opts, dataclasses.replace(hopts, composition=False), warn=warn, bars=bars)
     check_opened(hm, hopts)
     with bars.layers(hm):
         plan = plan_decoder(hm, hopts)
@@ -199,6 +200,39 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
         if opts.composition and comp is None and hm.stream is None:
             comp = composition_result(hm, warn=warn, bars=bars)
     return Atlas(_assemble(hm, opts, report, atlas_pass, importance, comp))
+
+
+def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> Atlas:
+    """An encoder's atlas: its full maps read batch by batch into the statistics and the evidence (no unembedding:
+    nothing written through one; no weights' circuits), then the importance (the embedding's turning rate)."""
+    from headwise.commands._folders import prepare_folder
+    from headwise.commands.heads import check_importance_whole, encoder_model, heads_importance
+    from headwise.study.encoder import encoder_report, encoder_texts
+
+    hm, enc = encoder_model(hm, hopts, warn=warn)
+    check_importance_whole(hm, hopts)
+    if opts.out is not None:
+        prepare_folder(opts.out, "--out")
+    atlas_pass = _atlas_pass(hm, opts)
+
+    def attend(texts):
+        maps, info = enc.attend(texts)
+        atlas_pass.read_maps(maps, info)
+        return maps, info
+
+    reader, total = encoder_texts(hopts, warn=warn)
+    with bars.corpus(total) as progress:
+        report = encoder_report(reader, dataclasses.replace(enc, attend=attend), hopts.batch_size, warn=warn,
+                                progress=progress)  # fmt: skip
+    importance = None
+    if opts.importance:
+        holder = types.SimpleNamespace(ranked=None, extra={})
+        result, columns = heads_importance(hm, hopts, holder, None, warn=warn, bars=bars)
+        importance = {
+            "columns": columns,
+            "header": _importance_header(holder.extra["importance"], result, opts.ablation),
+        }
+    return Atlas(_assemble(hm, opts, report, atlas_pass, importance, None))
 
 
 def _atlas_pass(hm, opts: AtlasOptions):

@@ -27,6 +27,8 @@ ATLAS_FORMAT = "headwise.atlas/1"
 PARTNERS = 5
 #: The evidence's mark of tokens that are punctuation or a line break (the delimiter role's).
 DELIMITER = "punctuation"
+#: An encoder's evidence also marks its separator tokens (BERT's [SEP], a sink of its own: Clark et al. 2019).
+SEPARATOR = "separator"
 #: Source tokens of the OV mappings (the corpus's most frequent) and target tokens read (its most frequent).
 OV_SOURCES, OV_TARGETS = 64, 4096
 
@@ -62,10 +64,13 @@ class AtlasPass:
         self.hm, self.top, self.context = hm, top, context
         vocab = hm.vocab_size or 0
         self.counts = np.zeros(max(vocab, 1), dtype=np.int64)
-        self.writes = HeadWrites(hm, top=top, context=context) if hm.anatomy.unembed is not None else None
+        decoder = hm.kind == "decoder"
+        self.writes = HeadWrites(hm, top=top, context=context) if decoder and hm.anatomy.unembed is not None else None
         # a head's fallback on the current token would fill its top with rows of weight ≈ 1: the strongest other key
-        self.evidence = HeadEvidence(hm.num_layers, hm.max_heads, top=top, context=context, marks=(DELIMITER,),
-                                     skip_self=True)  # fmt: skip
+        marks = (DELIMITER,) if decoder else (DELIMITER, SEPARATOR)
+        self.evidence = HeadEvidence(hm.num_layers, hm.max_heads, top=top, context=context, marks=marks,
+                                     skip_self=True, causal=decoder)  # fmt: skip
+        self._first_text = 0
         self._delimiter: dict[int, bool] = {}
         self.texts = 0
 
@@ -91,6 +96,38 @@ class AtlasPass:
         with self.writes.batch(ids_np, mask_np, first_text):
             yield readers
 
+    def read_maps(self, maps, info) -> None:
+        """An encoder's batch: its full maps (NL arrays ``(B, H, L, L)``, as :func:`headwise.analysis.analyze_texts`
+        reads them) with their :class:`~headwise.analysis.TokenInfo`, each layer's map one block of the evidence (the
+        ids read back from the tokens' strings; punctuation as the info marks it)."""
+        import torch
+
+        from headwise.analysis.row_readers import Layout
+        from headwise.analysis.tokens import as_token_info
+
+        given = getattr(info, "input_ids", None)  # a tokenizer's batch carries its ids
+        info = as_token_info(info)
+        valid = np.asarray(info.valid, dtype=bool)
+        if given is not None:
+            ids = np.asarray(given, dtype=np.int64)
+        else:  # the ids read back from the tokens' strings
+            ids = np.zeros(valid.shape, dtype=np.int64)
+            for b, tokens in enumerate(info.tokens or ()):
+                ids[b, : len(tokens)] = [self.hm.tokenizer.token_to_id(t) or 0 for t in tokens]
+        layout = Layout(ids, info)
+        marks = {
+            DELIMITER: np.asarray(info.punct, dtype=bool) & valid,
+            SEPARATOR: np.asarray(info.sep, dtype=bool) & valid,
+        }
+        reader = self.evidence.batch(layout, first_text=self._first_text, marks=marks)
+        with torch.no_grad():
+            for layer, m in enumerate(maps):
+                reader.block(layer, layout.block(torch.as_tensor(np.asarray(m, dtype=np.float32)), 0))
+        self._first_text += valid.shape[0]
+        self.texts = self._first_text
+        real = ids[valid]
+        self.counts += np.bincount(real[real < self.counts.shape[0]], minlength=self.counts.shape[0])
+
     def frequent(self, n: int, *, exclude=()) -> np.ndarray:
         """The ``n`` most frequent token ids of the corpus read (ties by id), without ``exclude``."""
         counts = self.counts.copy()
@@ -112,8 +149,9 @@ def _is_delimiter(hm, i: int) -> bool:
 
 
 def _stats(report, layer: int, head: int) -> dict:
-    keep = ("first", "prev", "self", "entropy", "entropy_ratio_causal", "distance", "duplicate", "induction",
-            "induction_probe", "duplicate_probe", "positional_offset", "positional_share")  # fmt: skip
+    keep = ("first", "cls", "sep", "punct", "prev", "next", "self", "entropy", "entropy_ratio", "entropy_ratio_causal",
+            "distance", "duplicate", "induction", "induction_probe", "duplicate_probe", "confidence",
+            "positional_offset", "positional_share")  # fmt: skip
     return {k: _num(report.metrics[k][layer, head]) for k in keep if k in report.metrics}
 
 

@@ -72,6 +72,21 @@ class WrittenTokens:
     top: list
 
 
+def _float32(frozen):
+    """A frozen norm's linear part on float32 parts (its per-row scale and gain, read in float64, cast once);
+    the identity for None."""
+    if frozen is None:
+        return lambda v: v
+    gain, inv = frozen.gain.float(), frozen.inv.float()
+
+    def lin(v: Tensor) -> Tensor:  # (N, …, D)
+        if frozen.centred:
+            v = v - v.mean(-1, keepdim=True)
+        return v * gain.to(v.device) * inv.to(v.device).reshape(inv.shape[0], *([1] * (v.dim() - 1)))
+
+    return lin
+
+
 def _snippet(row: np.ndarray, position: int, n: int, context: int) -> tuple[tuple[int, ...], int]:
     """Token ids of ``row`` ending one past ``position`` (at most ``context`` of them) and ``position``'s index."""
     stop = min(n, position + 2)
@@ -164,9 +179,8 @@ class HeadWrites:
         N = rows.shape[0]
         with hm.holding(*[m for m in (anatomy.final_norm, anatomy.unembed) if m is not None]):
             frozen = anatomy.final_norm_frozen(rows)
-            lin = (lambda v: v) if frozen is None else frozen
-            norm_bias = 0 if frozen is None else frozen.bias
-            y = (lin(rows.double()) + norm_bias).float()  # (N, D)
+            lin = _float32(frozen)  # float32 parts through the frozen norm (its scale read in float64)
+            y = lin(rows) + (0 if frozen is None else frozen.bias.float())  # (N, D)
             W, b = self._unembedding()
             # the predicted rows: every real token but each text's last, with the next token as its target
             nxt = torch.zeros_like(mask)
@@ -174,15 +188,15 @@ class HeadWrites:
             pred_mask = (mask & nxt)[mask]  # (N,)
             targets = ids[:, 1:][mask[:, :-1] & mask[:, 1:]]  # (M,)
             pred = pred_mask.nonzero().squeeze(1)
-            g = torch.zeros(pred.shape[0], W.shape[1], dtype=torch.float64)  # (M, D)  U^T (e_y − p)
+            g = torch.zeros(pred.shape[0], W.shape[1])  # (M, D)  U^T (e_y − p)
             chunk = max(1, _LOGIT_ELEMENTS // W.shape[0])
             for s in range(0, pred.shape[0], chunk):
                 sel = pred[s : s + chunk]
                 logits, slope = self._logits(y[sel], W, b)
-                p = torch.softmax(logits.double(), -1)
+                p = torch.softmax(logits, -1)
                 p[torch.arange(sel.shape[0]), targets[s : s + chunk]] -= 1.0
                 u = -p if slope is None else -p * slope
-                g[s : s + chunk] = (u * self.anatomy.logit_scale).float().double() @ W.double()
+                g[s : s + chunk] = (u * self.anatomy.logit_scale) @ W
             take = min(self.exact_tokens - self.sampled, pred.shape[0])
             sample = pred[:take]
         positions = torch.arange(L).expand(B, L)[mask]  # (N,)
@@ -201,17 +215,16 @@ class HeadWrites:
                     _, ob = affine(part.out_proj)
                     o = w.sum(1) + (0 if ob is None else ob.detach().float())
                     post = part.attn_post_frozen(o)
-            w = w.double()
             if post is not None:
-                w = post(w)
+                w = _float32(post)(w)
             w = w * part.scale
             u = lin(w)  # (N, H, D) through the frozen final norm
-            self.sums[layer, :H] += u.sum(0)
+            self.sums[layer, :H] += u.sum(0, dtype=torch.float64)
             if pred.numel():
-                self.loss[layer, :H] += torch.einsum("mhd,md->h", u[pred], g)
+                self.loss[layer, :H] += torch.einsum("mhd,md->h", u[pred], g).double()
             if take > 0:
-                self.estimate[layer, :H] += torch.einsum("mhd,md->h", u[sample], g[:take])
-                self.exact[layer, :H] += self._exact(rows[sample].double(), w[sample], targets[:take], W, b)
+                self.estimate[layer, :H] += torch.einsum("mhd,md->h", u[sample], g[:take]).double()
+                self.exact[layer, :H] += self._exact(rows[sample].double(), w[sample].double(), targets[:take], W, b)
             self._keep_top(layer, w.norm(dim=-1), texts, positions, b_of, ids_np, n_np)
         self.tokens += N
         self.predicted += pred.shape[0]
