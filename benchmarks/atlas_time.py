@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", default=",".join(CONTENDERS), help="contenders, comma-separated")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "atlas_time.json")
+    ap.add_argument("--name", help="the results' key (default: --model)")
+    ap.add_argument("--encoder", action="store_true", help="an encoder: heads' contender without --composition")
+    ap.add_argument("--keep", type=Path, help="keep the last round's atlas folder here (atlas.json, atlas.html)")
     args = ap.parse_args()
     names = [n.strip() for n in args.only.split(",")]
     runs: dict[str, list] = {n: [] for n in names}
@@ -63,17 +66,23 @@ def main() -> None:
         for r in range(args.rounds):
             for name in names:
                 argv = [a.format(corpus=args.corpus) for a in CONTENDERS[name]]
-                argv += ["--model", args.model, "--out", str(Path(tmp) / f"{name.split()[0]}{r}")]
+                if args.encoder:
+                    argv = [a for a in argv if a != "--composition"]
+                folder = Path(tmp) / f"{name.split()[0]}{r}"
+                if name == "atlas" and args.keep is not None and r == args.rounds - 1:
+                    folder = args.keep
+                argv += ["--model", args.model, "--out", str(folder)]
                 got = run_one(argv)
                 runs[name].append(got)
                 print(name, got, flush=True)
     best = {n: min(r["seconds"] for r in v) for n, v in runs.items()}
     entry = {
-        "cpu": cpu_name(), "threads": os.cpu_count(), "corpus": args.corpus, "rounds": args.rounds, "runs": runs,
+        "cpu": cpu_name(), "threads": os.cpu_count(), "model": args.model, "corpus": args.corpus,
+        "rounds": args.rounds, "runs": runs,
         "ratios": {f"atlas / {n}": round(best["atlas"] / best[n], 2) for n in best if n != "atlas" and "atlas" in best},
     }  # fmt: skip
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
-    data[args.model] = entry
+    data[args.name or args.model] = entry
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(json.dumps(entry["ratios"]))
 

@@ -60,7 +60,7 @@ def atlas(
         int | None, typer.Option("--top-k", help="Heads measured exactly by |estimate| (default min(20, heads/4)).")
     ] = None,
     ablation: Annotated[str, typer.Option("--ablation", help="How a head is removed: zero or mean.")] = "zero",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus texts per model call.", min=1)] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus texts per model call.", min=1)] = 32,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probe and of the random heads measured.", min=0)] = 0,
     max_memory: Annotated[
         str | None, typer.Option("--max-memory", help="Peak memory budget: 1.5GB, 400MB, 2GiB (default 80% free).")

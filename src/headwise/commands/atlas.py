@@ -45,7 +45,7 @@ class AtlasOptions:
     top: int = 8
     importance: bool = True
     composition: bool = True
-    batch_size: int = 16
+    batch_size: int = 32
     importance_sentences: int = 64
     ablation: str = "zero"
     top_k: int | None = None
@@ -192,7 +192,7 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
         importance = None
         if opts.importance:
             holder = types.SimpleNamespace(ranked=None, extra={})
-            result, columns = heads_importance(hm, hopts, holder, plan.probe, warn=warn, bars=bars)
+            result, columns = heads_importance(hm, hopts, holder, plan.probe, warn=warn, bars=bars, curves=False)
             importance = {
                 "columns": columns,
                 "header": _importance_header(holder.extra["importance"], result, opts.ablation),
@@ -227,7 +227,7 @@ def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> Atlas:
     importance = None
     if opts.importance:
         holder = types.SimpleNamespace(ranked=None, extra={})
-        result, columns = heads_importance(hm, hopts, holder, None, warn=warn, bars=bars)
+        result, columns = heads_importance(hm, hopts, holder, None, warn=warn, bars=bars, curves=False)
         importance = {
             "columns": columns,
             "header": _importance_header(holder.extra["importance"], result, opts.ablation),

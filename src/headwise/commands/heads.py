@@ -486,7 +486,9 @@ def decoder_study(
     return HeadsFound(hm.title, scope, report, sentence, extra, view=view, tokens=tokens, ranked=ranked, lines=lines)
 
 
-def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars()):
+def heads_importance(
+    hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe=None, *, warn, bars: Bars = Bars(), curves: bool = True
+):
     """``--importance`` on the corpus's lines (a decoder without a tokenizer: its ``probe``) under the stage bar:
     :func:`~headwise.study.estimate_importance` (every head estimated, the top ``--top-k`` and a few at random
     measured, the pruning curve at a small grid; a decoder the circuits' wiring does not read: said to ``warn``, and
@@ -496,6 +498,8 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
 
     On a model opened layer by layer the run is a :func:`~headwise.models.layer_walk.layer_walk`, weighed first on its
     batches (:func:`~headwise.study.importance.importance_room`), the batched ablations given what the budget leaves.
+
+    ``curves=False``: the estimate's route measures its heads alone, without the pruning curve (the atlas).
 
     Raises:
         ValueError: the untrained block (no objective to measure), an empty corpus, ``--top-k`` above the heads; layer
@@ -533,8 +537,9 @@ def heads_importance(hm: HeadModel, opts: HeadsOptions, found: HeadsFound, probe
             memory = importance_room(hm, batches, opts.ablation if route else None)
             progress = None if bar is None else _importance_bar(bar)
             if route:
+                grid = {} if curves else {"grid": (0.0,), "random_orders": 1}  # the intact run's point alone
                 result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,
-                                             progress=progress, memory=memory)  # fmt: skip
+                                             progress=progress, memory=memory, **grid)  # fmt: skip
             else:
                 result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress,
                                         memory=memory)  # fmt: skip
