@@ -157,6 +157,7 @@ def test_ov_mappings_by_hand(hm):
         for h in range(hm.num_heads):
             g = h * n // hm.num_heads
             s = vals[:, g * Dv : (g + 1) * Dv] @ Wo[h] @ U.T  # (F, T)
+            s = s - s.mean(0, keepdim=True)
             best = s.argmax(1)
             share = float((targets[best] == sources).double().mean())
             assert got[layer][h]["copying"] == pytest.approx(share)

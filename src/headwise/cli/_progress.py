@@ -11,12 +11,14 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def corpus_progress(total: int | None, *, label: str = "corpus") -> Iterator[Callable[[int, int], None]]:
+def corpus_progress(
+    total: int | None, *, label: str = "corpus", command: str = "heads"
+) -> Iterator[Callable[[int, int], None]]:
     """A rich progress bar on stderr; yields the ``progress(texts, tokens)`` callback that moves it.
 
     Args:
         total: the number of texts (None: unknown, the bar only counts).
-        label: the task's name on the bar.
+        label: the task's name on the bar; command: the command that names it.
     Yields:
         ``progress(texts, tokens)``: the texts and real tokens done so far, as
         :func:`headwise.analysis.analyze_texts` reports them.
@@ -34,7 +36,7 @@ def corpus_progress(total: int | None, *, label: str = "corpus") -> Iterator[Cal
 
     columns = (
         SpinnerColumn(),
-        TextColumn("[bold cyan]heads[/] {task.description}"),
+        TextColumn(f"[bold cyan]{command}[/] {{task.description}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("sentences · {task.fields[tokens]:,} tokens"),
@@ -52,8 +54,8 @@ def corpus_progress(total: int | None, *, label: str = "corpus") -> Iterator[Cal
 
 
 @contextmanager
-def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
-    """A rich progress bar on stderr for work in named stages; yields ``progress(stage, done, total)``
+def stage_progress(command: str = "heads") -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar on stderr for work in named stages of ``command``; yields ``progress(stage, done, total)``
     (the callback of :func:`headwise.analysis.importance.head_importance`): one bar per stage."""
     from rich.console import Console
     from rich.progress import (
@@ -66,7 +68,7 @@ def stage_progress() -> Iterator[Callable[[str, int, int], None]]:
     )
 
     columns = (
-        TextColumn("[bold cyan]heads[/] {task.description}"),
+        TextColumn(f"[bold cyan]{command}[/] {{task.description}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

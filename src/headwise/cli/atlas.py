@@ -79,7 +79,8 @@ def atlas(
         batch_size=batch_size, importance_sentences=importance_sentences, ablation=ablation, top_k=top_k, seed=seed,
         max_memory=max_memory, cache=not no_cache,
     )  # fmt: skip
-    bars = Bars(corpus=corpus_progress, stages=stage_progress, layers=partial(layer_progress, command="atlas"))
+    bars = Bars(corpus=partial(corpus_progress, command="atlas"), stages=partial(stage_progress, "atlas"),
+                layers=partial(layer_progress, command="atlas"))  # fmt: skip
     result = flow.run(opts, warn=_warn, bars=bars)
     from headwise.study.atlas import summary_lines
 

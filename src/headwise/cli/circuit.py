@@ -139,8 +139,8 @@ def circuit(
         max_memory=max_memory,
     )  # fmt: skip
     try:
-        got = flow.run(options, stages=stage_progress, warn=lambda m: typer.echo(m, err=True), note=typer.echo,
-                       layers=partial(layer_progress, command="circuit"))  # fmt: skip
+        got = flow.run(options, stages=partial(stage_progress, "circuit"), warn=lambda m: typer.echo(m, err=True),
+                       note=typer.echo, layers=partial(layer_progress, command="circuit"))  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if got is None:  # not rank 0: rank 0 writes

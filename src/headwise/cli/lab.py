@@ -22,6 +22,7 @@ half-written. The progress bars live here; the lab reports through callbacks.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -167,7 +168,7 @@ def prune(
 
     options = flow.PruneOptions(model=model, out=out, sequences=sequences, random_orders=random_orders, seed=seed,
                                 threads=threads, ablation=ablation)  # fmt: skip
-    run = flow.run(options, stages=stage_progress)
+    run = flow.run(options, stages=partial(stage_progress, "lab"))
     out, n_heads = run.out, run.hm.num_layers * run.hm.num_heads
     _write(out, {"importance.json": run.importance_json}, draw=lambda tmp: write_pruning(run.result, tmp, run.title))
     ranked = ", ".join(f"{k} {v:.2f}" for k, v in sorted(run.importance.items(), key=lambda kv: -kv[1]))

@@ -79,7 +79,10 @@ def patch(
         direction=direction, heads=tuple(heads or ()), batch_size=batch_size, max_memory=max_memory,
     )  # fmt: skip
     try:
-        got = flow.run(options, stages=stage_progress, layers=partial(layer_progress, command="patch"), note=typer.echo)
+        got = flow.run(
+            options, stages=partial(stage_progress, "patch"), layers=partial(layer_progress, command="patch"),
+            note=typer.echo,
+        )  # fmt: skip
     except study.CollectiveTimeout as e:
         raise CLIError(str(e)) from None
     if got is None:  # not rank 0: rank 0 writes

@@ -319,7 +319,8 @@ def ov_mappings(hm, sources: Tensor, targets: Tensor, *, k: int = 6) -> list[lis
     """Every head's OV circuit read on tokens: ``sources (F,)`` token ids embedded (the model's embedding module,
     scaled as the model scales it), through the layer's input norm, the head's key/value group's values and its rows
     of ``W_O``, the final norm's gain (its scale set to 1, as :mod:`headwise.circuits.composition` folds norms) and
-    the unembedding's rows ``targets (T,)``.
+    the unembedding's rows ``targets (T,)``; each target's score taken against its mean over the sources (a token
+    every source raises — a row of the unembedding of large norm — is no mapping of one source).
 
     Returns:
         ``[layer][head]``: ``{"copying": share of sources whose strongest target is themselves (among sources in
@@ -360,6 +361,7 @@ def ov_mappings(hm, sources: Tensor, targets: Tensor, *, k: int = 6) -> list[lis
         for h in range(H):
             write = v[:, h * G // H] @ Wo[h] * part.scale  # (F, D)
             scores = write @ U.T  # (F, T)
+            scores = scores - scores.mean(0, keepdim=True)  # each target against its mean over the sources
             value, best = scores.max(1)  # (F,) each source's strongest target
             copying = (
                 float((best[in_targets] == self_col[in_targets]).float().mean()) if bool(in_targets.any()) else None
