@@ -128,3 +128,16 @@ def test_an_encoder_atlas_from_its_full_maps(run_cli, corpus, tmp_path):
         for c in h["contexts"]:
             assert c["tokens"][c["key"]] and c["key"] != c["query"]
     assert "separator" in data["heads"][0]["offsets"]["marks"]
+
+
+def test_a_model_opened_layer_by_layer_is_refused_in_one_line(run_cli, folder, corpus, tmp_path, monkeypatch):
+    """The atlas reads every layer's parts within each batch: a model streamed layer by layer is refused in the
+    sentence every whole-model tool says, nothing written."""
+    import headwise.models.layered as layered
+
+    route = layered.memory_route
+    monkeypatch.setattr(layered, "memory_route", lambda *a, **k: route(*a, **{**k, "by_layer": True}))
+    out = tmp_path / "atlas"
+    got = run_cli("atlas", "--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--max-memory", "20GB")
+    assert_user_error(got, "the atlas", "layer by layer")
+    assert not out.exists()

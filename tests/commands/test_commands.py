@@ -12,7 +12,7 @@ import pytest
 
 import headwise.commands
 
-COMMANDS = ("heads", "patch", "circuit", "qk", "demo", "lab")
+COMMANDS = ("heads", "atlas", "patch", "circuit", "qk", "demo", "lab")
 
 
 def test_one_module_per_command_under_one_naming_rule():

@@ -82,13 +82,11 @@ def atlas(
     bars = Bars(corpus=partial(corpus_progress, command="atlas"), stages=partial(stage_progress, "atlas"),
                 layers=partial(layer_progress, command="atlas"))  # fmt: skip
     result = flow.run(opts, warn=_warn, bars=bars)
-    from headwise.study.atlas import summary_lines
-
     console = table_console()
-    for line in summary_lines(result.to_dict()):
+    for line in result.lines:
         console.print(line, highlight=False, markup=False)
     try:
-        paths = result.save(out)
+        paths = result.atlas.save(out)
     except OSError as e:
         raise write_failed("--out", out, e) from None
     console.print("wrote " + ", ".join(str(p) for p in paths.values()), highlight=False, markup=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 from headwise.commands import said
 from headwise.commands.heads import Bars
 
-__all__ = ["Atlas", "AtlasOptions", "atlas", "run"]
+__all__ = ["Atlas", "AtlasOptions", "AtlasResult", "atlas", "run"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,15 @@ class Atlas:
         return {name: write_text_atomic(folder / name, text) for name, text in texts.items()}
 
 
+@dataclass
+class AtlasResult:
+    """What ``headwise atlas`` prints and writes: the :class:`Atlas` (``atlas.json``, ``atlas.html``) and the lines
+    that fit a screen (:func:`headwise.study.atlas.summary_lines`)."""
+
+    atlas: Atlas
+    lines: list[str]
+
+
 def atlas(model, corpus=None, *, top: int = 8, importance: bool = True, composition: bool = True, **options) -> Atlas:
     """Every head of ``model`` explained over ``corpus``: the library face of ``headwise atlas``.
 
@@ -148,12 +157,13 @@ def atlas(model, corpus=None, *, top: int = 8, importance: bool = True, composit
     name = model if isinstance(model, str) or model is None else None
     opts = AtlasOptions(model=name or "smollm2", corpus=corpus or "sample", out=None, top=top,
                         importance=importance, composition=composition, **options)  # fmt: skip
-    return run(opts, warn=lambda m: None, hm=None if name is not None else model)
+    return run(opts, warn=lambda m: None, hm=None if name is not None else model).atlas
 
 
-def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None = None, hm=None) -> Atlas:
+def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None = None, hm=None) -> AtlasResult:
     """``headwise atlas``: the model opened (or ``hm``), checked against the options, ``--out`` created, the corpus
-    pass, the importance and the weights' circuits, assembled into an :class:`Atlas` (the caller writes it).
+    pass, the importance and the weights' circuits, assembled into an :class:`Atlas` (the caller writes it). A model
+    opened layer by layer is refused in the one sentence every whole-model tool says (its need named).
 
     Raises:
         ValueError: one line naming the option (an encoder: not read yet; a budget the run does not fit).
@@ -171,6 +181,7 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
             hm = open_heads_model(opts.model, cache=opts.cache, backend="auto", warn=warn, max_memory=opts.max_memory)
         except MemoryBudgetError as e:
             raise ValueError(("" if e.given else "--model: ") + said(e)) from None
+    hm.check_whole("the atlas")  # the evidence and the writes read every layer's parts within each batch
     if hm.tokenizer is None:
         raise ValueError(f"--model: {hm.title} has no tokenizer; the atlas reads a corpus of text")
     if hm.kind != "decoder":
@@ -199,10 +210,10 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
             }
         if opts.composition and comp is None and hm.stream is None:
             comp = composition_result(hm, warn=warn, bars=bars)
-    return Atlas(_assemble(hm, opts, report, atlas_pass, importance, comp))
+    return _result(Atlas(_assemble(hm, opts, report, atlas_pass, importance, comp)))
 
 
-def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> Atlas:
+def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> AtlasResult:
     """An encoder's atlas: its full maps read batch by batch into the statistics and the evidence (no unembedding:
     nothing written through one; no weights' circuits), then the importance (the embedding's turning rate)."""
     from headwise.commands._folders import prepare_folder
@@ -232,7 +243,13 @@ def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> Atlas:
             "columns": columns,
             "header": _importance_header(holder.extra["importance"], result, opts.ablation),
         }
-    return Atlas(_assemble(hm, opts, report, atlas_pass, importance, None))
+    return _result(Atlas(_assemble(hm, opts, report, atlas_pass, importance, None)))
+
+
+def _result(found: Atlas) -> AtlasResult:
+    from headwise.study.atlas import summary_lines
+
+    return AtlasResult(found, summary_lines(found.to_dict()))
 
 
 def _atlas_pass(hm, opts: AtlasOptions):
