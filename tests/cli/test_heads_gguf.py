@@ -77,6 +77,7 @@ def test_no_cache_layer_by_layer_equals_the_cached_route(run_cli, blob, cache, t
     assert (tmp_path / "cached" / "heads.csv").read_text() == (tmp_path / "o" / "heads.csv").read_text()
 
 
+@pytest.mark.slow  # the weights' circuits twice over a GGUF file: 4 s
 def test_no_cache_layer_by_layer_composition_equals_the_cached_route(run_cli, blob, cache, tmp_path, monkeypatch):
     """``--composition`` on the file read without a cache, layer by layer (every layer's attention parts kept in,
     ``W_U W_E`` summed over slices of the embedding's rows): the scores of the cached float32 route."""

@@ -179,6 +179,7 @@ def test_layer_and_probe_mistakes(run_cli, tmp_path, folders):
     assert code == 2 and "--probe-repeats" in err
 
 
+@pytest.mark.slow  # a lab model trained and read: 2 s
 def test_a_lab_checkpoint_goes_through_the_same_model_option(run_cli, tmp_path):
     lab = pytest.importorskip("headwise.lab", reason="headwise.lab is not installed")
     import torch

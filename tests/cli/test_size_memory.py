@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_size_memory_prints_the_planning_table(run_cli):
     out = run_cli("size", "--memory")
@@ -13,6 +15,7 @@ def test_size_memory_prints_the_planning_table(run_cli):
     assert run_cli("size", "--all", "--memory").code == 2
 
 
+@pytest.mark.slow  # a run layer by layer and the planning table: 2 s
 def test_a_run_layer_by_layer_is_recorded_and_size_memory_states_it(tmp_path, run_cli, monkeypatch):
     """A command run layer by layer appends its record (the whole process's peak, its seconds, the budget); ``size
     --memory`` marks the rows of a model of that size "run here" with its last run of each command, the others

@@ -48,6 +48,7 @@ def _as_dict(r) -> dict:
     return {name: getattr(r, name) for name in names} | {"tokens": r.num_tokens, "sequences": r.num_sequences}
 
 
+@pytest.mark.slow  # two gloo ranks spawned: 6 s
 def test_two_gloo_ranks_equal_one_process(decoder, launch_world):
     import torch
 

@@ -41,6 +41,7 @@ def world(tmp_path_factory, launch_world, one_thread):
     return folder, ids, mask, launch_world("shards_worker.py", 2, workdir)
 
 
+@pytest.mark.slow  # two gloo ranks spawned: 2.5 s
 def test_two_ranks_equal_one_process(world):
     folder, ids, mask, ranks = world
     whole = open_model(folder, backend="headwise", by_layer=False)
