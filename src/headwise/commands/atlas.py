@@ -166,15 +166,19 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
     opened layer by layer is refused in the one sentence every whole-model tool says (its need named).
 
     Raises:
-        ValueError: one line naming the option (an encoder: not read yet; a budget the run does not fit).
+        ValueError: one line naming the option (a model without a tokenizer, a budget the run does not fit, a model
+            opened layer by layer, a launch under torchrun: the atlas runs in one process).
     """
     from headwise.commands._folders import prepare_folder
-    from headwise.commands.heads import check_opened, check_room, composition_result, heads_importance
+    from headwise.commands.heads import check_opened, check_room, composition_result
+    from headwise.distributed.ranks import launched
     from headwise.models.memory import MemoryBudgetError
     from headwise.study.decoder import decoder_heads, decoder_texts, plan_decoder
     from headwise.study.heads_model import open_heads_model
 
     opts, hopts, bars = options, options.heads_options(), bars or Bars()
+    if launched():
+        raise ValueError("atlas: runs in one process; under torchrun, split the corpus with headwise heads")
     if hm is None:
         try:
             # on Hugging Face's modules: the written tokens read the embedding, final norm and unembedding there
@@ -192,32 +196,20 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
         check_room(hm, plan)
         if opts.out is not None:
             prepare_folder(opts.out, "--out")
-        comp = None
-        if opts.composition and hm.stream is not None:  # layer by layer: while the process holds least
-            comp = composition_result(hm, warn=warn, bars=bars)
         texts, total = decoder_texts(hopts)
         atlas_pass = _atlas_pass(hm, opts)
         with bars.corpus(total) as progress:
             found = decoder_heads(hm, hopts, plan, texts, warn=warn, progress=progress, observe=atlas_pass)
-        report = found.report
-        importance = None
-        if opts.importance:
-            holder = types.SimpleNamespace(ranked=None, extra={})
-            result, columns = heads_importance(hm, hopts, holder, plan.probe, warn=warn, bars=bars, curves=False)
-            importance = {
-                "columns": columns,
-                "header": _importance_header(holder.extra["importance"], result, opts.ablation),
-            }
-        if opts.composition and comp is None and hm.stream is None:
-            comp = composition_result(hm, warn=warn, bars=bars)
-    return _result(Atlas(_assemble(hm, opts, report, atlas_pass, importance, comp)))
+        importance = _importance(hm, opts, hopts, plan.probe, warn=warn, bars=bars)
+        comp = composition_result(hm, warn=warn, bars=bars) if opts.composition else None
+    return _result(Atlas(_assemble(hm, opts, found.report, atlas_pass, importance, comp)))
 
 
 def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> AtlasResult:
     """An encoder's atlas: its full maps read batch by batch into the statistics and the evidence (no unembedding:
     nothing written through one; no weights' circuits), then the importance (the embedding's turning rate)."""
     from headwise.commands._folders import prepare_folder
-    from headwise.commands.heads import check_importance_whole, encoder_model, heads_importance
+    from headwise.commands.heads import check_importance_whole, encoder_model
     from headwise.study.encoder import encoder_report, encoder_texts
 
     hm, enc = encoder_model(hm, hopts, warn=warn)
@@ -235,15 +227,20 @@ def _encoder(hm, opts: AtlasOptions, hopts, *, warn, bars: Bars) -> AtlasResult:
     with bars.corpus(total) as progress:
         report = encoder_report(reader, dataclasses.replace(enc, attend=attend), hopts.batch_size, warn=warn,
                                 progress=progress)  # fmt: skip
-    importance = None
-    if opts.importance:
-        holder = types.SimpleNamespace(ranked=None, extra={})
-        result, columns = heads_importance(hm, hopts, holder, None, warn=warn, bars=bars, curves=False)
-        importance = {
-            "columns": columns,
-            "header": _importance_header(holder.extra["importance"], result, opts.ablation),
-        }
+    importance = _importance(hm, opts, hopts, None, warn=warn, bars=bars)
     return _result(Atlas(_assemble(hm, opts, report, atlas_pass, importance, None)))
+
+
+def _importance(hm, opts: AtlasOptions, hopts, probe, *, warn, bars: Bars) -> dict | None:
+    """``--importance``'s run without its pruning curve (:func:`headwise.commands.heads.heads_importance`): every
+    head's columns and what the page says of the run; None without ``importance``."""
+    from headwise.commands.heads import heads_importance
+
+    if not opts.importance:
+        return None
+    holder = types.SimpleNamespace(ranked=None, extra={})  # what heads' flow would hand it: no ranks, no files
+    result, columns = heads_importance(hm, hopts, holder, probe, warn=warn, bars=bars, curves=False)
+    return {"columns": columns, "header": _importance_header(holder.extra["importance"], result, opts.ablation)}
 
 
 def _result(found: Atlas) -> AtlasResult:
