@@ -1,7 +1,9 @@
 """``headwise heads``: what every attention head of a model does, on a sentence or over a corpus.
 
 ``headwise heads [TEXT] [--corpus FILE] [--model DIR] [--layer N] [--out DIR] [--max-memory SIZE]`` prints a layer ×
-head table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's role, and
+head table of the metrics of :mod:`headwise.analysis` (Clark et al. 2019, Voita et al. 2019) and each head's role —
+for more heads than a screen holds (:data:`headwise.study.SCREEN_ROWS`), without ``--layer``, each role counted with its
+strongest heads instead —, and
 writes into ``--out`` (default ``headwise-out/heads``), each file atomically (a model too big for ``--max-memory`` runs
 layer by layer, docs/memory.md):
 
