@@ -47,14 +47,15 @@ def _num(v) -> float | None:
 
 
 class AtlasPass:
-    """What the atlas reads in the statistics' pass besides the statistics.
+    """What the atlas reads in the statistics' pass besides the statistics: the corpus's token counts, the attention
+    evidence (:class:`~headwise.analysis.evidence.HeadEvidence`, the delimiter mark; an encoder's separators too) and
+    what every head writes (:class:`~headwise.study.atlas_writes.HeadWrites`, decoders with an unembedding).
 
     Args:
-        hm: the decoder (its anatomy read where it has an unembedding: the written tokens).
+        hm: the model (a decoder's anatomy read for the written tokens).
         top, context: contexts kept per head and tokens of each snippet.
-        readers: ``readers(ids, mask, first_text) -> list`` of block readers the pass adds (the attention evidence),
-            or None.
-    Use: ``with atlas_pass(ids, mask, first_text) as readers: <the batch's pass with readers>``.
+    Use: a decoder's batch ``with atlas_pass(ids, mask, first_text) as readers: <the batch's pass with extra=readers>``
+    (:func:`headwise.study.decoder.decoder_report`'s ``observe``); an encoder's full maps :meth:`read_maps`.
     """
 
     def __init__(self, hm, *, top: int = 8, context: int = 24):
