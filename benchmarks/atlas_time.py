@@ -6,8 +6,9 @@ round, every one on the same torch threads.
 
 Contenders: ``heads`` (the statistics alone), ``heads --importance --composition`` (the same runs the atlas makes
 beside its pass) and ``atlas`` (the pass with the evidence and the writes, the importance, the weights' circuits, the
-page). Results go to ``benchmarks/results/atlas_time.json`` (merged by model), with the CPU named and the load
-average before and after each run.
+page); ``atlas --no-importance`` (with ``--only``) the pass and the weights' circuits alone. Results go to
+``benchmarks/results/atlas_time.json`` (merged by ``--name``), with the CPU named and the load average before and
+after each run.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ CONTENDERS = {
     "heads": ["heads", "--corpus", "{corpus}"],
     "heads --importance --composition": ["heads", "--corpus", "{corpus}", "--importance", "--composition"],
     "atlas": ["atlas", "--corpus", "{corpus}"],
+    "atlas --no-importance": ["atlas", "--corpus", "{corpus}", "--no-importance"],
 }
 
 
@@ -79,7 +81,8 @@ def main() -> None:
     entry = {
         "cpu": cpu_name(), "threads": os.cpu_count(), "model": args.model, "corpus": args.corpus,
         "rounds": args.rounds, "runs": runs,
-        "ratios": {f"atlas / {n}": round(best["atlas"] / best[n], 2) for n in best if n != "atlas" and "atlas" in best},
+        "ratios": {f"{a} / {h}": round(best[a] / best[h], 2) for a in best if a.startswith("atlas")
+                   for h in best if h.startswith("heads")},
     }  # fmt: skip
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
     data[args.name or args.model] = entry

@@ -26,8 +26,8 @@ through a norm on the attention's write frozen at the run and times the layer's 
   corpus's tokens: each source's strongest target, and the share of sources whose strongest target is themselves.
 
 Memory beyond the pass: every layer's heads' outputs of one batch ``NL · B · L · H · Dv · 4`` bytes, one layer's
-writes ``N · H · D · 4``, a chunk of logits ``2^25 · 4`` bytes, and ``NL · H · (D + k)`` sums — bounded at any
-corpus length.
+writes ``N · H · D · 4``, a chunk of logits and its softmax ``2 · 2^23 · 4`` bytes, and ``NL · H · (D + k)`` sums —
+bounded at any corpus length.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ __all__ = ["EXACT_TOKENS", "HeadWrites", "WrittenTokens", "ov_mappings"]
 
 #: Predicted tokens on which every head's direct effect on the loss is also computed exactly (the estimate's error).
 EXACT_TOKENS = 16
-#: Elements of one chunk of logits (tokens × vocabulary).
-_LOGIT_ELEMENTS = 1 << 25
+#: Elements of one chunk of logits (tokens × vocabulary): 32 MB of float32 (a chunk of 2^25 held 0.5 GB at its peak
+#: on SmolLM2, the softmax and its products beside the logits).
+_LOGIT_ELEMENTS = 1 << 23
 
 
 @dataclass
@@ -193,10 +194,13 @@ class HeadWrites:
             for s in range(0, pred.shape[0], chunk):
                 sel = pred[s : s + chunk]
                 logits, slope = self._logits(y[sel], W, b)
-                p = torch.softmax(logits, -1)
+                p = torch.softmax(logits, -1)  # (c, V), then in place: the logits' memory alone beside it
+                del logits
                 p[torch.arange(sel.shape[0]), targets[s : s + chunk]] -= 1.0
-                u = -p if slope is None else -p * slope
-                g[s : s + chunk] = (u * self.anatomy.logit_scale) @ W
+                p.mul_(-self.anatomy.logit_scale)  # e_y − p, times the logit scale
+                if slope is not None:
+                    p.mul_(slope)
+                g[s : s + chunk] = p @ W
             take = min(self.exact_tokens - self.sampled, pred.shape[0])
             sample = pred[:take]
         positions = torch.arange(L).expand(B, L)[mask]  # (N,)
