@@ -93,7 +93,7 @@ class Atlas:
         return len(self.heads)
 
     def __getitem__(self, key) -> dict:
-        from headwise.study.atlas import head_id
+        from headwise.circuits.graph import head_id
 
         name = head_id(*key) if isinstance(key, tuple) else key
         if name not in self._by_id:

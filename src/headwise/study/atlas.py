@@ -19,6 +19,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from headwise.circuits.graph import head_id
+from headwise.study.importance_estimate import spearman_or_none
+
 __all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "head_id", "loss_agreement", "summary_lines"]
 
 #: The format name ``atlas.json`` carries.
@@ -31,11 +34,6 @@ DELIMITER = "punctuation"
 SEPARATOR = "separator"
 #: Source tokens of the OV mappings (the corpus's most frequent) and target tokens read (its most frequent).
 OV_SOURCES, OV_TARGETS = 64, 4096
-
-
-def head_id(layer: int, head: int) -> str:
-    """``"L3.H5"``: a head's name everywhere headwise prints one."""
-    return f"L{layer}.H{head}"
 
 
 def _num(v) -> float | None:
@@ -62,7 +60,7 @@ class AtlasPass:
         from headwise.analysis.evidence import HeadEvidence
         from headwise.study.atlas_writes import HeadWrites
 
-        self.hm, self.top, self.context = hm, top, context
+        self.hm = hm
         vocab = hm.vocab_size or 0
         self.counts = np.zeros(max(vocab, 1), dtype=np.int64)
         decoder = hm.kind == "decoder"
@@ -73,7 +71,6 @@ class AtlasPass:
                                      skip_self=True, causal=decoder)  # fmt: skip
         self._first_text = 0
         self._delimiter: dict[int, bool] = {}
-        self.texts = 0
 
     def delimiters(self, ids: np.ndarray) -> np.ndarray:
         """``ids``'s shape, bool: the tokens whose text is punctuation or a line break alone (:data:`DELIMITER`)."""
@@ -88,7 +85,6 @@ class AtlasPass:
         real = ids_np[mask_np]
         real = real[(real >= 0) & (real < self.counts.shape[0])]
         self.counts += np.bincount(real, minlength=self.counts.shape[0])[: self.counts.shape[0]]
-        self.texts = max(self.texts, first_text + ids_np.shape[0])
         marks = {DELIMITER: self.delimiters(ids_np) & mask_np}
         readers = [self.evidence.reader(first_text=first_text, marks=marks)]
         if self.writes is None:
@@ -125,7 +121,6 @@ class AtlasPass:
             for layer, m in enumerate(maps):
                 reader.block(layer, layout.block(torch.as_tensor(np.asarray(m, dtype=np.float32)), 0))
         self._first_text += valid.shape[0]
-        self.texts = self._first_text
         real = ids[valid]
         self.counts += np.bincount(real[real < self.counts.shape[0]], minlength=self.counts.shape[0])
 
@@ -193,16 +188,6 @@ def _partners(scores: dict | None, layer: int, head: int) -> dict | None:
     return {"in": ins[:PARTNERS], "out": outs[:PARTNERS]}
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 3:
-        return None
-    ra, rb = (np.argsort(np.argsort(x[ok])).astype(float) for x in (a, b))
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 def loss_agreement(found) -> dict:
     """The direct loss effect's estimate against exact on the sampled tokens: Spearman over heads, sign agreement,
     median ratio estimate / exact (heads whose exact effect is at least 1 % of the largest)."""
@@ -211,7 +196,7 @@ def loss_agreement(found) -> dict:
     big = ok & (np.abs(ex) >= 0.01 * np.nanmax(np.abs(ex[ok]))) if ok.any() else ok
     return {
         "tokens": int(found.sampled),
-        "spearman": _num(_spearman(est, ex)),
+        "spearman": _num(spearman_or_none(est, ex)),
         "sign": _num(np.mean(np.sign(est[big]) == np.sign(ex[big]))) if big.any() else None,
         "median_ratio": _num(np.median(est[big] / ex[big])) if big.any() else None,
     }

@@ -91,6 +91,8 @@ ROLE_SCORES = {
 def role_summary(report, *, per_role: int = 3) -> list[str]:
     """What fits a screen of a report of many heads: each role counted (the most frequent first) with its strongest
     heads by the metric that gives the role (:data:`ROLE_SCORES`; ``other``: in order)."""
+    from headwise.circuits.graph import head_id
+
     counts: dict[str, list[tuple[int, int]]] = {}
     roles = report.roles
     for layer in range(roles.shape[0]):
@@ -102,7 +104,7 @@ def role_summary(report, *, per_role: int = 3) -> list[str]:
         metric = report.metrics.get(ROLE_SCORES.get(role, ""))
         if metric is not None:
             heads = sorted(heads, key=lambda lh: -float(np.nan_to_num(metric[lh], nan=-np.inf)))
-        names = ", ".join(f"L{layer}.H{head}" for layer, head in heads[:per_role])
+        names = ", ".join(head_id(layer, head) for layer, head in heads[:per_role])
         score = f" (by {ROLE_SCORES[role]})" if metric is not None else ""
         lines.append(f"  {role:<{width}}  {len(heads):>4}  {names}{score}")
     return lines

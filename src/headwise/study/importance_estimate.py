@@ -43,7 +43,10 @@ from headwise.circuits.areas import spearman
 if TYPE_CHECKING:
     from headwise.models import HeadModel
 
-__all__ = ["GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement"]
+__all__ = [
+    "GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement",
+    "spearman_or_none",
+]  # fmt: skip
 
 #: The pruning curve's points: fractions of the heads removed (each point one head set of the batched engine; with
 #: the 5 orders, 16 distinct sets whatever the model's size).
@@ -81,12 +84,14 @@ class EstimatedImportance(ImportanceResult):
     agreement: dict = field(default_factory=dict)
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman's rank correlation (:func:`headwise.circuits.areas.spearman`); None under 3 values or a constant
-    side."""
-    if len(a) < 3:
+def spearman_or_none(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's rank correlation (:func:`headwise.circuits.areas.spearman`) over the pairs where both are finite;
+    None under 3 such pairs or a constant side."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    if int(ok.sum()) < 3:
         return None
-    rho = spearman(torch.as_tensor(np.asarray(a, float)), torch.as_tensor(np.asarray(b, float)))
+    rho = spearman(torch.as_tensor(a[ok]), torch.as_tensor(b[ok]))
     return None if math.isnan(rho) else rho
 
 
@@ -106,7 +111,7 @@ def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top
     m = np.asarray(measured, dtype=np.int64)
     est, ex = np.asarray(estimate, float)[m], np.asarray(exact, float)[m]
     err = est - ex
-    out: dict = {"heads": int(len(m)), "spearman": _spearman(est, ex)}
+    out: dict = {"heads": int(len(m)), "spearman": spearman_or_none(est, ex)}
     k = min(top_k, len(m))
     if k:
         best = set(m[np.argsort(-np.abs(ex), kind="stable")[:k]].tolist())
