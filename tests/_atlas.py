@@ -144,7 +144,12 @@ def synthetic_atlas(
                 },
                 "loss_effect": None
                 if head % 2 == 1
-                else {"value": _round(rng.normal() * 0.01), "exact": False, "label": "direct effect on the loss"},
+                else {
+                    "value": _round(rng.normal() * 0.01),
+                    "stderr": _round(abs(rng.normal()) * 0.001),
+                    "exact": False,
+                    "label": "direct effect on the loss",
+                },
                 "importance": None
                 if i == total - 1
                 else {

@@ -45,10 +45,13 @@ def test_atlas_writes_every_head_and_the_page(run_cli, folder, corpus, tmp_path)
         assert 0 < len(h["outputs"]) <= 3
         assert h["writes"]["raises"] and h["writes"]["lowers"]
         assert h["loss_effect"]["exact"] is False and "estimate" in h["loss_effect"]["label"]
+        assert h["loss_effect"]["stderr"] >= 0
         imp = h["importance"]
         assert imp is not None and (imp["exact"] or "estimate" in imp["label"])
         assert h["partners"] is not None
     assert data["importance"]["measured"] >= 1
+    loss = data["loss_effect"]  # a small corpus: every predicted token in the sample
+    assert loss["stride"] == 1 and loss["sample_tokens"] == loss["predicted_tokens"] > loss["tokens"] > 0
     for h in data["heads"]:  # the evidence: every share of a row accounted for, contexts pointing into their tokens
         off = h["offsets"]
         assert off["start"] == 0 and len(off["shares"]) == 32  # a decoder: keys up to the query (its mask explicit)

@@ -184,8 +184,10 @@ def _heads_files(hm, out, **options) -> dict:
             dict(corpus="TEXTS", batch_size=2, probe_length=8, probe_repeats=3, seed=5), marks=pytest.mark.slow
         ),
         pytest.param(dict(text=" ".join([TEXTS[1]] * 24)), marks=pytest.mark.slow),  # 265 tokens: the view pooled
+        # the importance (estimate and exact heads) and the weights' circuits read the anatomy of either route
+        dict(corpus="TEXTS", batch_size=2, importance=True, importance_sentences=3, composition=True),
     ],
-    ids=["text", "corpus", "pooled"],
+    ids=["text", "corpus", "pooled", "importance+composition"],
 )
 def test_heads_command_writes_the_same_files_and_numbers(folder, tmp_path, options):
     """The plain ``heads`` run, through the library call the command makes, on both routes: the same files, and
@@ -199,6 +201,11 @@ def test_heads_command_writes_the_same_files_and_numbers(folder, tmp_path, optio
     assert list(got) == list(want) and {"heads.json", "heads.csv", "headview.html"} <= set(got)
     a, b = (json.loads(files["heads.json"].read_text()) for files in (got, want))
     assert (a.pop("backend"), b.pop("backend")) == ("headwise", "hf+headwise")
+    if options.get("composition"):
+        assert "composition" in a and "importance" in a
+        for d in (a, b):  # what the machine had free and how long it took: no numbers of the model
+            d["importance"]["sweep"] = {k: v for k, v in d["importance"]["sweep"].items()
+                                        if k != "memory_budget" and "seconds" not in k}  # fmt: skip
     _close(a, b)
     rows_a, rows_b = (list(csv.reader(files["heads.csv"].open())) for files in (got, want))
     assert rows_a[0] == rows_b[0] and len(rows_a) == len(rows_b) == 1 + 2 * 4
@@ -208,6 +215,22 @@ def test_heads_command_writes_the_same_files_and_numbers(folder, tmp_path, optio
                 assert math.isclose(float(x), float(y), rel_tol=1e-5, abs_tol=1e-5), (x, y)
             except ValueError:
                 assert x == y
+
+
+def test_the_atlas_equals_between_the_routes(folder, tmp_path):
+    """The atlas (its pass, writes, OV mappings, importance and partners) on headwise's modules equals Hugging Face's
+    to 1e-5 on every number."""
+    from headwise.commands import atlas as flow
+
+    (tmp_path / "corpus.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    opts = flow.AtlasOptions(model="x", corpus=str(tmp_path / "corpus.txt"), out=None, top=3, batch_size=2,
+                             importance_sentences=3)  # fmt: skip
+    a, b = (
+        flow.run(opts, warn=lambda m: None, hm=hm).atlas.to_dict()
+        for hm in (open_model(folder, backend="headwise"), open_model(folder))
+    )
+    assert a["heads"][0]["partners"] is not None and a["heads"][0]["ov"] is not None
+    _close(a, b)
 
 
 def test_streaming_statistics_equal_between_the_routes(folder):

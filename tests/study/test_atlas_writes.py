@@ -93,6 +93,32 @@ def test_written_tokens_and_loss_effect_equal_a_brute_force(hm):
     g[torch.arange(M), targets] -= 1  # dL/dlogits
     est = -(us @ U.T * g[None, :, None]).sum(-1)  # (NL, M, H)
     np.testing.assert_allclose(got.loss_effect, est.mean(1).numpy(), rtol=1e-4, atol=1e-7)
+    assert (got.stride, got.loss_tokens) == (1, M)
+    np.testing.assert_allclose(got.loss_stderr, est.std(1).numpy() / M**0.5, rtol=1e-4, atol=1e-8)
+    # a budget of 5 tokens: every s-th predicted token, s the smallest power of two that keeps at most 5
+    small = HeadWrites(hm, top=1, exact_tokens=3, loss_tokens=5)
+    for s in (slice(0, 1), slice(1, 3)):  # two batches: the stride is the corpus's, not a batch's
+        e = hm.encode(TEXTS[s])
+        with small.batch(e.ids.numpy(), e.mask.numpy(), s.start):
+            hm.forward(e.ids, e.mask)
+    thin = small.result()
+    stride = next(2**j for j in range(10) if len(range(0, M, 2**j)) <= 5)
+    assert (thin.stride, thin.loss_tokens, thin.predicted) == (stride, len(range(0, M, stride)), M)
+    on = est[:, ::stride]
+    np.testing.assert_allclose(thin.loss_effect, on.mean(1).numpy(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(thin.loss_stderr, on.std(1).numpy() / on.shape[1] ** 0.5, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(thin.estimate_sample, est[:, :3].mean(1).numpy(), rtol=1e-4, atol=1e-7)
+    # told the corpus's length, the stride is set after the first batch (its tokens a text): the same rule holds
+    told = HeadWrites(hm, top=1, exact_tokens=3, loss_tokens=3, texts=3)
+    for s in (slice(0, 1), slice(1, 3)):
+        e = hm.encode(TEXTS[s])
+        with told.batch(e.ids.numpy(), e.mask.numpy(), s.start):
+            hm.forward(e.ids, e.mask)
+    hinted = told.result()
+    assert hinted.stride > 1 and hinted.loss_tokens == len(range(0, M, hinted.stride)) <= 3
+    np.testing.assert_allclose(hinted.loss_effect, est[:, :: hinted.stride].mean(1).numpy(), rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="loss_tokens"):
+        HeadWrites(hm, loss_tokens=0)
     # exact on the first 10 predicted tokens
     k = got.sampled
     assert k == min(10, M)

@@ -174,15 +174,17 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
     from headwise.distributed.ranks import launched
     from headwise.models.memory import MemoryBudgetError
     from headwise.study.decoder import decoder_heads, decoder_texts, plan_decoder
-    from headwise.study.heads_model import open_heads_model
+    from headwise.study.heads_model import heads_backend, open_heads_model
 
     opts, hopts, bars = options, options.heads_options(), bars or Bars()
     if launched():
         raise ValueError("atlas: runs in one process; under torchrun, split the corpus with headwise heads")
     if hm is None:
         try:
-            # on Hugging Face's modules: the written tokens read the embedding, final norm and unembedding there
-            hm = open_heads_model(opts.model, cache=opts.cache, backend="auto", warn=warn, max_memory=opts.max_memory)
+            # headwise heads' route: a Llama-family decoder on headwise's own modules, any other on Hugging Face's
+            hm = open_heads_model(
+                opts.model, cache=opts.cache, backend=heads_backend(hopts), warn=warn, max_memory=opts.max_memory
+            )
         except MemoryBudgetError as e:
             raise ValueError(("" if e.given else "--model: ") + said(e)) from None
     hm.check_whole("the atlas")  # the evidence and the writes read every layer's parts within each batch
@@ -197,7 +199,7 @@ def run(options: AtlasOptions, *, warn: Callable[[str], None], bars: Bars | None
         if opts.out is not None:
             prepare_folder(opts.out, "--out")
         texts, total = decoder_texts(hopts)
-        atlas_pass = _atlas_pass(hm, opts)
+        atlas_pass = _atlas_pass(hm, opts, total)
         with bars.corpus(total) as progress:
             found = decoder_heads(hm, hopts, plan, texts, warn=warn, progress=progress, observe=atlas_pass)
         importance = _importance(hm, opts, hopts, plan.probe, warn=warn, bars=bars)
@@ -249,10 +251,10 @@ def _result(found: Atlas) -> AtlasResult:
     return AtlasResult(found, summary_lines(found.to_dict()))
 
 
-def _atlas_pass(hm, opts: AtlasOptions):
+def _atlas_pass(hm, opts: AtlasOptions, texts: int | None = None):
     from headwise.study.atlas import AtlasPass
 
-    return AtlasPass(hm, top=opts.top)
+    return AtlasPass(hm, top=opts.top, texts=texts)
 
 
 def _assemble(hm, opts: AtlasOptions, report, atlas_pass, importance, comp) -> dict:

@@ -287,6 +287,10 @@ class LlamaLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (``embed_tokens``), as Hugging Face models name it."""
+        return self.embed_tokens
+
     def get_output_embeddings(self) -> nn.Linear:
         """The unembedding (``lm_head``), as Hugging Face models name it."""
         return self.lm_head

@@ -74,6 +74,22 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     return [tok.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]
 
 
+_SPECIAL: dict[int, tuple[object, int, frozenset[int]]] = {}
+
+
+def _special_ids(tok) -> frozenset[int]:
+    """The ids of ``tok``'s special added tokens, read once per tokenizer and vocabulary size (Gemma 3's 6,000-odd
+    added tokens took 10 ms to list: more than the decodes of a short context)."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    kept = _SPECIAL.get(id(tok))
+    if kept is None or kept[0] is not tok or kept[1] != size:
+        if len(_SPECIAL) > 16:
+            _SPECIAL.clear()
+        special = frozenset(int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special)
+        kept = _SPECIAL[id(tok)] = (tok, size, special)
+    return kept[2]
+
+
 def token_texts(tokenizer, ids: Sequence[int], *, marks: bool = True) -> list[str]:
     """The text each token adds to the decoded string, optionally with :func:`visible` marks.
 
@@ -87,7 +103,7 @@ def token_texts(tokenizer, ids: Sequence[int], *, marks: bool = True) -> list[st
     """
     tok = _backend(tokenizer)
     ids = [int(i) for i in ids]
-    special = {int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    special = _special_ids(tok)
     out: list[str] = []
     previous_alone = ""
     for k, i in enumerate(ids):

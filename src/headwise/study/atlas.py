@@ -52,11 +52,12 @@ class AtlasPass:
     Args:
         hm: the model (a decoder's anatomy read for the written tokens).
         top, context: contexts kept per head and tokens of each snippet.
+        texts: the corpus's texts, when known (the direct loss effect's sample set from the first batch).
     Use: a decoder's batch ``with atlas_pass(ids, mask, first_text) as readers: <the batch's pass with extra=readers>``
     (:func:`headwise.study.decoder.decoder_report`'s ``observe``); an encoder's full maps :meth:`read_maps`.
     """
 
-    def __init__(self, hm, *, top: int = 8, context: int = 24):
+    def __init__(self, hm, *, top: int = 8, context: int = 24, texts: int | None = None):
         from headwise.analysis.evidence import HeadEvidence
         from headwise.study.atlas_writes import HeadWrites
 
@@ -64,7 +65,8 @@ class AtlasPass:
         vocab = hm.vocab_size or 0
         self.counts = np.zeros(max(vocab, 1), dtype=np.int64)
         decoder = hm.kind == "decoder"
-        self.writes = HeadWrites(hm, top=top, context=context) if decoder and hm.anatomy.unembed is not None else None
+        writes = decoder and hm.anatomy.unembed is not None
+        self.writes = HeadWrites(hm, top=top, context=context, texts=texts) if writes else None
         # a head's fallback on the current token would fill its top with rows of weight ≈ 1: the strongest other key
         marks = (DELIMITER,) if decoder else (DELIMITER, SEPARATOR)
         self.evidence = HeadEvidence(hm.num_layers, hm.max_heads, top=top, context=context, marks=marks,
@@ -189,12 +191,16 @@ def _partners(scores: dict | None, layer: int, head: int) -> dict | None:
 
 
 def loss_agreement(found) -> dict:
-    """The direct loss effect's estimate against exact on the sampled tokens: Spearman over heads, sign agreement,
-    median ratio estimate / exact (heads whose exact effect is at least 1 % of the largest)."""
+    """The direct loss effect's sample (``sample_tokens`` of ``predicted_tokens``, every ``stride``-th) and its estimate
+    against exact on the first ``tokens`` predicted tokens: Spearman over heads, sign agreement, median ratio estimate
+    / exact (heads whose exact effect is at least 1 % of the largest)."""
     est, ex = found.estimate_sample.ravel(), found.exact_sample.ravel()
     ok = np.isfinite(est) & np.isfinite(ex)
     big = ok & (np.abs(ex) >= 0.01 * np.nanmax(np.abs(ex[ok]))) if ok.any() else ok
     return {
+        "sample_tokens": int(found.loss_tokens),
+        "predicted_tokens": int(found.predicted),
+        "stride": int(found.stride),
         "tokens": int(found.sampled),
         "spearman": _num(spearman_or_none(est, ex)),
         "sign": _num(np.mean(np.sign(est[big]) == np.sign(ex[big]))) if big.any() else None,
@@ -243,9 +249,11 @@ def atlas_dict(
     agreement = loss_agreement(written) if written is not None else None
     loss_label = None
     if agreement is not None:
+        every = "every" if written.stride == 1 else f"every {written.stride}th"
         loss_label = (
             "estimate: first-order change of the next-token loss when the head's direct write is removed (final "
-            f"norm frozen); on {agreement['tokens']} tokens measured exactly — Spearman "
+            f"norm frozen), mean over {written.loss_tokens} of the corpus's {written.predicted} predicted tokens "
+            f"({every} one; ± its standard error there); on {agreement['tokens']} tokens measured exactly — Spearman "
             f"{_fmt(agreement['spearman'])} over heads, signs agree {_fmt(agreement['sign'])}, median ratio "
             f"{_fmt(agreement['median_ratio'])}"
         )
@@ -292,6 +300,7 @@ def atlas_dict(
                 }
                 card["loss_effect"] = {
                     "value": _num(written.loss_effect[layer, head]),
+                    "stderr": _num(written.loss_stderr[layer, head]),
                     "exact": False,
                     "label": loss_label,
                     "exact_on_sample": _num(written.exact_sample[layer, head]),
@@ -431,8 +440,12 @@ def summary_lines(data: dict, *, per_role: int = 3) -> list[str]:
         )
     loss = data.get("loss_effect")
     if loss:
+        sample = ""
+        if loss.get("sample_tokens") is not None and loss["sample_tokens"] < loss.get("predicted_tokens", 0):
+            sample = f" over {loss['sample_tokens']:,} of {loss['predicted_tokens']:,} tokens"
         lines.append(
-            f"direct loss effects are first-order estimates; on {loss['tokens']} tokens measured exactly: Spearman "
+            f"direct loss effects are first-order estimates{sample}; on {loss['tokens']} tokens measured exactly: "
+            "Spearman "
             f"{_fmt(loss['spearman'])}, signs agree {_fmt(loss['sign'])}, median ratio {_fmt(loss['median_ratio'])}"
         )
     return lines

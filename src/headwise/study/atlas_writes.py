@@ -15,8 +15,13 @@ through a norm on the attention's write frozen at the run and times the layer's 
   definition.
 - **Direct effect on the loss**: the first-order change of the next-token loss when the head's direct write is
   removed from the final residual stream, ``lin_t(w_t) · U^T (e_{y_t} − p_t)`` (the soft-cap's derivative included),
-  mean over predicted tokens: positive where the head's write helps the model predict the next token. It is an
-  estimate; on the first :data:`EXACT_TOKENS` predicted tokens every head's effect is also computed exactly (the
+  mean over predicted tokens: positive where the head's write helps the model predict the next token. Each token
+  costs a softmax over the vocabulary, so it is measured on every ``s``-th predicted token of the corpus, ``s`` the
+  smallest power of two that keeps at most :func:`loss_budget` tokens (``2^29`` logits, at most
+  :data:`LOSS_TOKENS`: SmolLM2's 49,152-token vocabulary 8,192 tokens, Gemma 3's 262,144 2,048) — each kept token's
+  effects are held, the stride doubled and every other one dropped when the budget is passed, so the sample spreads
+  over the whole corpus whatever its length; each head's standard error over the sample is kept beside its mean. It
+  is an estimate; on the first :data:`EXACT_TOKENS` predicted tokens every head's effect is also computed exactly (the
   final norm recomputed on ``x − w``, the full softmax), and the estimate's Spearman, sign agreement and median ratio
   to exact on those tokens are reported beside it.
 - **Where the write is largest**: the ``k`` tokens of the corpus with the largest ``‖w_t‖`` (after the post-norm and
@@ -26,8 +31,8 @@ through a norm on the attention's write frozen at the run and times the layer's 
   corpus's tokens: each source's strongest target, and the share of sources whose strongest target is themselves.
 
 Memory beyond the pass: every layer's heads' outputs of one batch ``NL · B · L · H · Dv · 4`` bytes, one layer's
-writes ``N · H · D · 4``, a chunk of logits and its softmax ``2 · 2^23 · 4`` bytes, and ``NL · H · (D + k)`` sums —
-bounded at any corpus length.
+writes ``N · H · D · 4``, a chunk of logits and its softmax ``2 · 2^24 · 4`` bytes, the sampled tokens' effects
+``2 · LOSS_TOKENS · NL · H · 4`` and ``NL · H · (D + k)`` sums — bounded at any corpus length.
 """
 
 from __future__ import annotations
@@ -41,13 +46,24 @@ from torch import Tensor
 
 from headwise.points import layer_point
 
-__all__ = ["EXACT_TOKENS", "HeadWrites", "WrittenTokens", "ov_mappings"]
+__all__ = ["EXACT_TOKENS", "LOSS_TOKENS", "HeadWrites", "WrittenTokens", "loss_budget", "ov_mappings"]
 
 #: Predicted tokens on which every head's direct effect on the loss is also computed exactly (the estimate's error).
 EXACT_TOKENS = 16
-#: Elements of one chunk of logits (tokens × vocabulary): 32 MB of float32 (a chunk of 2^25 held 0.5 GB at its peak
-#: on SmolLM2, the softmax and its products beside the logits).
-_LOGIT_ELEMENTS = 1 << 23
+#: Most predicted tokens the direct loss effect keeps (:func:`loss_budget`).
+LOSS_TOKENS = 8192
+#: Logits (tokens × vocabulary) the direct loss effect's sample may cost: 2^29, about 0.7 TFLOP at D = 640.
+_LOSS_LOGITS = 1 << 29
+#: Elements of one chunk of logits (tokens × vocabulary): 64 MB of float32, the softmax taking the logits' place (a
+#: chunk of 2^25 held 0.5 GB at its peak on SmolLM2 before the softmax's products were made in place); Gemma 3's
+#: vocabulary gets 64 tokens a chunk (32 ran its matrix products at half their rate of 512).
+_LOGIT_ELEMENTS = 1 << 24
+
+
+def loss_budget(vocab: int) -> int:
+    """The most predicted tokens the direct loss effect keeps for a vocabulary of ``vocab``: ``2^29 / vocab``, at least
+    :data:`EXACT_TOKENS` and at most :data:`LOSS_TOKENS`."""
+    return int(min(LOSS_TOKENS, max(EXACT_TOKENS, _LOSS_LOGITS // max(vocab, 1))))
 
 
 @dataclass
@@ -56,8 +72,9 @@ class WrittenTokens:
 
     Attributes:
         mean_write: ``(NL, H, D)`` each head's mean write through the frozen final norm, over ``tokens`` tokens.
-        loss_effect: ``(NL, H)`` the first-order direct effect on the next-token loss (nats, mean over
-            ``predicted`` tokens; positive: the write lowers the loss).
+        loss_effect: ``(NL, H)`` the first-order direct effect on the next-token loss (nats, mean over the
+            ``loss_tokens`` sampled of the ``predicted`` tokens, every ``stride``-th; positive: the write lowers the
+            loss); loss_stderr: ``(NL, H)`` its standard error over the sample.
         exact_sample, estimate_sample: ``(NL, H)`` on the first ``sampled`` predicted tokens, the exact direct effect
             and the estimate (means over those tokens).
         top: ``[layer][head]`` up to k ``(norm, text, position, ids, at)`` records, largest first.
@@ -65,6 +82,9 @@ class WrittenTokens:
 
     mean_write: np.ndarray
     loss_effect: np.ndarray
+    loss_stderr: np.ndarray
+    loss_tokens: int
+    stride: int
     exact_sample: np.ndarray
     estimate_sample: np.ndarray
     sampled: int
@@ -105,20 +125,38 @@ class HeadWrites:
             layer's output projection).
         top: largest writes kept per head; context: tokens of each snippet.
         exact_tokens: predicted tokens on which the loss effect is also computed exactly.
+        loss_tokens: the most predicted tokens the loss effect keeps (None: :func:`loss_budget` of the vocabulary).
+        texts: the corpus's texts, when known: after the first batch the stride is set from its predicted tokens a
+            text, so that later batches compute only the tokens the sample will keep.
     Raises:
         ValueError: a model without an unembedding (an encoder), in the anatomy's one sentence.
     """
 
-    def __init__(self, hm, *, top: int = 8, context: int = 24, exact_tokens: int = EXACT_TOKENS):
+    def __init__(
+        self,
+        hm,
+        *,
+        top: int = 8,
+        context: int = 24,
+        exact_tokens: int = EXACT_TOKENS,
+        loss_tokens: int | None = None,
+        texts: int | None = None,
+    ):
         self.hm = hm
         self.anatomy = anatomy = hm.anatomy
         if anatomy.unembed is None:
             raise anatomy.refuse("its written tokens (no unembedding)")
         self.top_k, self.context, self.exact_tokens = top, context, exact_tokens
         NL, H, D = hm.num_layers, hm.max_heads, hm.width
+        self.budget = loss_budget(hm.vocab_size or 1) if loss_tokens is None else loss_tokens
+        if self.budget < 1:
+            raise ValueError(f"loss_tokens: expected at least 1 token, got {loss_tokens}")
         self.heads = list(hm.heads_per_layer)
         self.sums = torch.zeros(NL, H, D, dtype=torch.float64)
-        self.loss = torch.zeros(NL, H, dtype=torch.float64)
+        self.texts, self.seen = texts, 0
+        self.stride = 1  # every stride-th predicted token of the corpus is sampled (a power of two)
+        self.kept_at: list[Tensor] = []  # the sampled tokens' indices among the corpus's predicted tokens, (m,) each
+        self.kept: list[Tensor] = []  # their effects, (m, NL, H) float32 each
         self.exact = torch.zeros(NL, H, dtype=torch.float64)
         self.estimate = torch.zeros(NL, H, dtype=torch.float64)
         self.tokens = self.predicted = self.sampled = 0
@@ -165,7 +203,11 @@ class HeadWrites:
 
     def _logits(self, y: Tensor, W: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``y (n, D)`` the final norm's output -> the model's logits ``(n, V)`` and the soft-cap's derivative."""
-        raw = (y @ W.T + (0 if b is None else b)) * self.anatomy.logit_scale
+        raw = y @ W.T  # in place after: each pass over (n, V) costs as much as a sixth of the product at V = 262,144
+        if b is not None:
+            raw += b
+        if self.anatomy.logit_scale != 1:
+            raw *= self.anatomy.logit_scale
         cap = self.anatomy.softcap
         if cap is None:
             return raw, None
@@ -189,24 +231,34 @@ class HeadWrites:
             pred_mask = (mask & nxt)[mask]  # (N,)
             targets = ids[:, 1:][mask[:, :-1] & mask[:, 1:]]  # (M,)
             pred = pred_mask.nonzero().squeeze(1)
-            g = torch.zeros(pred.shape[0], W.shape[1])  # (M, D)  U^T (e_y − p)
+            M = pred.shape[0]
+            at = self.predicted + torch.arange(M)  # (M,) the corpus's predicted-token index
+            take = min(self.exact_tokens - self.sampled, M)
+            sampled = (at % self.stride == 0) | (at < self.predicted + max(take, 0))  # the sample and the exact check
+            sel = pred[sampled]
+            g = torch.zeros(sel.shape[0], W.shape[1])  # (m, D)  U^T (e_y − p) at the selected tokens
+            sel_targets = targets[sampled]
             chunk = max(1, _LOGIT_ELEMENTS // W.shape[0])
-            for s in range(0, pred.shape[0], chunk):
-                sel = pred[s : s + chunk]
-                logits, slope = self._logits(y[sel], W, b)
+            for s in range(0, sel.shape[0], chunk):
+                rows_s = sel[s : s + chunk]
+                logits, slope = self._logits(y[rows_s], W, b)
                 p = torch.softmax(logits, -1)  # (c, V), then in place: the logits' memory alone beside it
                 del logits
-                p[torch.arange(sel.shape[0]), targets[s : s + chunk]] -= 1.0
+                p[torch.arange(rows_s.shape[0]), sel_targets[s : s + chunk]] -= 1.0
                 p.mul_(-self.anatomy.logit_scale)  # e_y − p, times the logit scale
                 if slope is not None:
                     p.mul_(slope)
                 g[s : s + chunk] = p @ W
-            take = min(self.exact_tokens - self.sampled, pred.shape[0])
-            sample = pred[:take]
+            keep = (at[sampled] % self.stride == 0).nonzero().squeeze(1)  # among the selected: the loss sample
+            first = torch.arange(max(take, 0))  # the exact check's tokens lead the selected ones
+            sample = pred[: max(take, 0)]
+            xs = rows[sample].double()
+            base = self._loss(xs, targets[:take], W, b) if take > 0 else None  # the intact rows' loss, once a batch
         positions = torch.arange(L).expand(B, L)[mask]  # (N,)
         texts = (torch.arange(B)[:, None].expand(B, L) + first_text)[mask]  # (N,)
         b_of = torch.arange(B)[:, None].expand(B, L)[mask]
         ids_np, n_np = ids.numpy(), n.numpy()
+        effects = torch.full((keep.shape[0], *self.sums.shape[:2]), float("nan"))  # (m, NL, H)
         for layer, part in enumerate(anatomy.layers):
             H = self.heads[layer]
             with hm.holding(layer):
@@ -224,31 +276,51 @@ class HeadWrites:
             w = w * part.scale
             u = lin(w)  # (N, H, D) through the frozen final norm
             self.sums[layer, :H] += u.sum(0, dtype=torch.float64)
-            if pred.numel():
-                self.loss[layer, :H] += torch.einsum("mhd,md->h", u[pred], g).double()
+            if sel.numel():
+                each = torch.einsum("mhd,md->mh", u[sel], g)  # (m, H) every selected token's first-order effect
+                effects[:, layer, :H] = each[keep]
             if take > 0:
-                self.estimate[layer, :H] += torch.einsum("mhd,md->h", u[sample], g[:take]).double()
-                self.exact[layer, :H] += self._exact(rows[sample].double(), w[sample].double(), targets[:take], W, b)
+                self.estimate[layer, :H] += each[first].sum(0, dtype=torch.float64)
+                self.exact[layer, :H] += self._exact(xs, w[sample].double(), targets[:take], W, b, base)
             self._keep_top(layer, w.norm(dim=-1), texts, positions, b_of, ids_np, n_np)
+        self.kept_at.append(at[sampled][keep])
+        self.kept.append(effects)
         self.tokens += N
-        self.predicted += pred.shape[0]
+        self.predicted += M
         self.sampled += max(take, 0)
+        self.seen += B
+        self._thin(self.seen == B)
 
-    def _exact(self, x: Tensor, w: Tensor, targets: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        """``(H,)`` the exact change of the summed next-token loss over ``x (m, D)`` when each head's write ``w (m, H,
-        D)`` leaves the final residual stream (the final norm recomputed)."""
+    def _thin(self, first: bool) -> None:
+        """Past the budget: the stride doubled and the tokens off it dropped, until the sample fits; after the
+        ``first`` batch of a corpus of known length, doubled until the corpus's expected tokens fit."""
+        if first and self.texts:
+            expected = self.predicted / self.seen * max(self.texts, self.seen)
+            while expected / self.stride > self.budget:
+                self.stride *= 2
+        while True:
+            if self.stride > 1:
+                on = [a % self.stride == 0 for a in self.kept_at]
+                self.kept_at = [a[o] for a, o in zip(self.kept_at, on)]
+                self.kept = [e[o] for e, o in zip(self.kept, on)]
+            if sum(int(a.shape[0]) for a in self.kept_at) <= self.budget:
+                return
+            self.stride *= 2
+
+    def _loss(self, xs: Tensor, targets: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        """``xs (…, m, D)`` final residual rows -> ``(…,)`` their summed next-token cross-entropy on ``targets (m,)``
+        (the final norm recomputed, the log-softmax in float64)."""
         anatomy = self.anatomy
+        y = xs.float() if anatomy.final_norm is None else anatomy.final_norm(xs.float())
+        logits, _ = self._logits(y.reshape(-1, y.shape[-1]), W, b)
+        logits = logits.double().reshape(*xs.shape[:-1], -1)
+        lp = torch.log_softmax(logits, -1)
+        return -lp.gather(-1, targets.expand(*xs.shape[:-1]).unsqueeze(-1)).squeeze(-1).sum(-1)
 
-        def loss(xs: Tensor) -> Tensor:  # (…, m, D) -> (…,) summed cross-entropy
-            y = xs.float() if anatomy.final_norm is None else anatomy.final_norm(xs.float())
-            logits, _ = self._logits(y.reshape(-1, y.shape[-1]), W, b)
-            logits = logits.double().reshape(*xs.shape[:-1], -1)
-            lp = torch.log_softmax(logits, -1)
-            return -lp.gather(-1, targets.expand(*xs.shape[:-1]).unsqueeze(-1)).squeeze(-1).sum(-1)
-
-        base = loss(x)
-        moved = loss(x[None] - w.permute(1, 0, 2))  # (H,)
-        return moved - base
+    def _exact(self, x: Tensor, w: Tensor, targets: Tensor, W: Tensor, b: Tensor | None, base: Tensor) -> Tensor:
+        """``(H,)`` the exact change of the summed next-token loss over ``x (m, D)`` when each head's write ``w (m, H,
+        D)`` leaves the final residual stream (the final norm recomputed); ``base``: the intact rows' loss."""
+        return self._loss(x[None] - w.permute(1, 0, 2), targets, W, b) - base
 
     def _keep_top(self, layer, norms: Tensor, texts, positions, b_of, ids_np, n_np) -> None:
         """Merge this batch's largest writes ``norms (N, H)`` into each head's kept ``k``."""
@@ -270,7 +342,7 @@ class HeadWrites:
     # -- the end -------------------------------------------------------------------------------------------
     def result(self) -> WrittenTokens:
         """What the batches added up to (:class:`WrittenTokens`)."""
-        NL, H = self.loss.shape
+        NL, H = self.sums.shape[:2]
         missing = torch.tensor([[h >= self.heads[i] for h in range(H)] for i in range(NL)])
         nan = float("nan")
 
@@ -286,9 +358,15 @@ class HeadWrites:
              for h in range(H)]
             for i in range(NL)
         ]  # fmt: skip
+        effects = torch.cat(self.kept).double() if self.kept else torch.zeros(0, NL, H, dtype=torch.float64)
+        m = effects.shape[0]
+        spread = effects.std(0, unbiased=True) / m**0.5 if m > 1 else torch.full((NL, H), nan, dtype=torch.float64)
         return WrittenTokens(
             mean_write=mean.numpy(),
-            loss_effect=grid(self.loss, self.predicted),
+            loss_effect=grid(effects.sum(0), m),
+            loss_stderr=spread.masked_fill(missing, nan).numpy(),
+            loss_tokens=m,
+            stride=self.stride,
             exact_sample=grid(self.exact, self.sampled),
             estimate_sample=grid(self.estimate, self.sampled),
             sampled=self.sampled,

@@ -59,9 +59,10 @@ def open_heads_model(
 
 
 def heads_backend(opts: HeadsOptions) -> str:
-    """``"headwise"`` for a plain statistics run (a Llama-family decoder then runs on headwise's own modules, without
-    transformers' import time or the memory its modelling code holds — what lets a GGUF file opened without a cache
-    run layer by layer in 0.5 GB), else ``"auto"``: ``--importance`` and ``--composition`` read Hugging Face
-    internals. Under torchrun the ranks take the same route as one process does (their files equal its files, the
-    recorded backend included)."""
-    return "auto" if opts.importance or opts.composition else "headwise"
+    """``"headwise"``: a Llama-family decoder runs on headwise's own modules, without transformers' import time or the
+    memory its modelling code holds (what lets a GGUF file opened without a cache run layer by layer in 0.5 GB) —
+    the statistics, ``--importance`` and ``--composition`` alike (every tool reads the model through its anatomy;
+    they equal the Hugging Face route to float precision); any other family takes the default route. Under torchrun
+    the ranks take the same route as one process does (their files equal its files, the recorded backend
+    included)."""
+    return "headwise"

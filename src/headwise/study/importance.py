@@ -52,9 +52,9 @@ def _largest(hm: HeadModel, batches: list[tuple], mode: str | None) -> tuple[int
     as given."""
     if mode is not None and hm.kind == "decoder" and batches:
         from headwise.analysis.sweep_plan import row_parts
-        from headwise.study.importance_estimate import ESTIMATE_TOKENS
+        from headwise.study.importance_estimate import estimate_tokens
 
-        parts, _ = row_parts(batches, "next_token", None, mode == "zero", ESTIMATE_TOKENS)
+        parts, _ = row_parts(batches, "next_token", None, mode == "zero", estimate_tokens(hm.vocab_size))
         shapes = [tuple(part.ids.shape) for part in parts]
     else:
         shapes = [(int(b[0].shape[0]), int(b[0].shape[1])) for b in batches]

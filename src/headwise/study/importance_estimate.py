@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from headwise.models import HeadModel
 
 __all__ = [
-    "GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "agreement",
-    "spearman_or_none",
+    "GRID", "RANDOM_HEADS", "EstimatedImportance", "default_top_k", "estimate_importance", "estimate_tokens",
+    "agreement", "spearman_or_none",
 ]  # fmt: skip
 
 #: The pruning curve's points: fractions of the heads removed (each point one head set of the batched engine; with
@@ -55,6 +55,16 @@ GRID = (0.0, 0.125, 0.25, 0.5, 1.0)
 RANDOM_HEADS = 6
 #: Most tokens of one part of the estimate's forward and backward pass (its logits and their gradient are held).
 ESTIMATE_TOKENS = 1024
+#: Most logits (tokens × vocabulary) of one part: 256 MB of float32 each for the logits, their log-softmax and their
+#: gradient (Gemma 3's 262,144-token vocabulary held 3.8 GB more than its statistics at 1,024 tokens a part).
+ESTIMATE_LOGITS = 1 << 26
+
+
+def estimate_tokens(vocab: int | None) -> int:
+    """Most tokens of one part of the estimate's pass for a vocabulary of ``vocab``: :data:`ESTIMATE_TOKENS`, fewer
+    where the logits would pass :data:`ESTIMATE_LOGITS` (SmolLM2's 49,152: 1,024; Llama 3's 128,256: 523; Gemma 3's
+    262,144: 256), at least 64."""
+    return int(max(64, min(ESTIMATE_TOKENS, ESTIMATE_LOGITS // max(vocab or 1, 1))))
 
 
 def default_top_k(heads: int) -> int:
@@ -294,7 +304,7 @@ def _estimated(hm: HeadModel, batches: Sequence, mode: str, progress, reduce) ->
         from headwise.circuits.wiring import wiring
 
         wired = wiring(hm)  # refuses a structure it does not read, before any pass
-        parts, tokens = row_parts(batches, scored, None, mode == "zero", ESTIMATE_TOKENS)
+        parts, tokens = row_parts(batches, scored, None, mode == "zero", estimate_tokens(hm.vocab_size))
         estimator = partial(_attention_aware, head_ablation_estimates, wired)
         est, michel, counts = _decoder_estimates(hm, parts, mode, estimator, progress)
         sums = np.concatenate([est.ravel(), michel.ravel(), counts, [tokens]])

@@ -357,7 +357,7 @@
       row.id = item[2];
       row.appendChild(el("strong", null, item[0] + ": "));
       if (v) {
-        row.appendChild(document.createTextNode(fmt(v.value) + " "));
+        row.appendChild(document.createTextNode(fmt(v.value) + (v.stderr != null ? " ± " + fmt(v.stderr) : "") + " "));
         row.appendChild(badge(!!v.exact));
         if (v.rank != null) row.appendChild(document.createTextNode(" rank " + v.rank + " of " + heads.length));
         if (v.label) row.appendChild(el("div", "hint", v.label));
