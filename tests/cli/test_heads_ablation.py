@@ -48,7 +48,7 @@ def test_heads_ablation_mode_equals_the_library(run_cli, tmp_path, llama, mode):
     assert outcome.code == 0, outcome.err
     data = json.loads((out / "heads.json").read_text())
     assert data["importance"]["sweep"]["mode"] == mode
-    hm = open_model(llama)
+    hm = open_model(llama, backend=study.heads_backend(study.HeadsOptions(importance=True)))  # the command's route
     batches = study.importance_batches(hm, LINES.splitlines(), None, 32, lambda m: None)
     want = head_importance(hm, batches, seed=0, mode=mode)
     got = np.array([row["ablation_delta"] for row in data["heads"]]).reshape(want.ablation.shape)

@@ -66,7 +66,7 @@ def _same_csv(a, b, rel=1e-4):
 def test_layer_by_layer_files_equal_the_whole_route(folder, tmp_path, run_cli, monkeypatch, backend):
     import headwise.study
 
-    if backend == "auto":  # the Hugging Face route (what --importance / --no-cache take), statistics alike
+    if backend == "auto":  # the Hugging Face route (what a non-Llama family takes), statistics alike
         monkeypatch.setattr(headwise.study, "heads_backend", lambda opts: "auto")
     whole = run_cli("heads", TEXT, "--model", str(folder), "--out", str(tmp_path / "whole"), "--max-memory", "20GB")
     assert whole.code == 0, whole.err
