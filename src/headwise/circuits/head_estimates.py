@@ -93,7 +93,7 @@ def head_ablation_estimates(
         torch.autograd.grad(value.sum(), [zero], allow_unused=True)
     out = torch.zeros(NL, max(lw.num_heads for lw in w.layers))
     gates = torch.zeros(ids.shape[0], *out.shape)  # (N, NL, H)
-    changes = []  # per layer: Δw (N, H, L, D) exact, Δw_lin (N, H, L, D), its factors (LowRank) or None
+    changes = []  # per layer: Δw (N, H, L, D) exact and Δw_lin (N, H, L, D), or its factors (LowRank) alone
     for layer, lw in enumerate(w.layers):
         rec = taps.records[layer]
         z, gz = rec.z.float(), rec.gz
@@ -103,11 +103,14 @@ def head_ablation_estimates(
             if gate_gradients:
                 gates[:, layer, : lw.num_heads] = (gz.float() * z).sum((2, 3)).cpu()
         if attention_aware and layer < NL - 1:
+            if lw.attn_post is None and tgt.stream is None:  # layer by layer: W_O not held for the factors
+                # factors alone: every layer's dense (N, H, L, D) writes held to the end took SmolLM2's parts of
+                # 1,024 tokens 0.64 GB
+                changes.append((None, None, LowRank(dz, lw.heads_out().float() * lw.scale)))
+                continue
             with tgt.holding(layer):  # W_O and a norm on the write (a model opened layer by layer: this layer's)
                 exact, lin = _write_change(lw, dz, outputs.get(layer))
-            whole = lw.attn_post is None and tgt.stream is None  # layer by layer: W_O not held for the factors
-            factors = LowRank(dz, lw.heads_out().float() * lw.scale) if whole else None
-            changes.append((exact, lin, factors))
+            changes.append((exact, lin, None))
     if not attention_aware:
         return (out, gates) if gate_gradients else out
     with torch.no_grad():
@@ -143,9 +146,15 @@ def _correct_at(w: Wiring, taps: AttentionTaps, grads: dict, changes: list, out:
         pattern = lp.scores(given, queries=False, keys=False, both=True)["qk"].sum((0, 2))  # (Σ H,)
         start = 0
         for layer in layers:
-            lin = changes[layer][1]
-            H = lin.shape[1]
-            linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
+            _, lin, factors = changes[layer]
+            if factors is not None:  # Σ Δz_h (W_O[h] g)^T: the write's change is exact and linear alike here
+                coef = factors.coef
+                H = coef.shape[1]
+                proj = torch.einsum("nld,hvd->nhlv", g_qk.to(coef.dtype), factors.basis.to(coef.dtype))
+                linear = (coef * proj).sum((0, 2, 3))
+            else:
+                H = lin.shape[1]
+                linear = torch.einsum("nhld,nld->h", lin, g_qk.to(lin.dtype))
             out[layer, :H] += (pattern[start : start + H] - linear).float().cpu()
             start += H
 
