@@ -203,7 +203,7 @@ class HeadWrites:
 
     def _logits(self, y: Tensor, W: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``y (n, D)`` the final norm's output -> the model's logits ``(n, V)`` and the soft-cap's derivative."""
-        raw = y @ W.T  # in place after: each pass over (n, V) costs as much as a sixth of the product at V = 262,144
+        raw = y @ W.T  # the bias and the scale in place: no second (n, V) tensor
         if b is not None:
             raw += b
         if self.anatomy.logit_scale != 1:
