@@ -249,7 +249,7 @@ def atlas_dict(
     agreement = loss_agreement(written) if written is not None else None
     loss_label = None
     if agreement is not None:
-        every = "every" if written.stride == 1 else f"every {written.stride}th"
+        every = "every" if written.stride == 1 else f"every {_ordinal(written.stride)}"
         loss_label = (
             "estimate: first-order change of the next-token loss when the head's direct write is removed (final "
             f"norm frozen), mean over {written.loss_tokens} of the corpus's {written.predicted} predicted tokens "
@@ -332,6 +332,13 @@ def atlas_dict(
         "loss_effect": agreement,
         "heads": heads,
     }
+
+
+def _ordinal(n: int) -> str:
+    """``2`` -> ``"2nd"``, ``32`` -> ``"32nd"``, ``512`` -> ``"512th"``."""
+    if 10 <= n % 100 <= 20:
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
 def _fmt(v) -> str:
