@@ -133,7 +133,7 @@ def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path
     """A budget under the whole route's opens the model layer by layer and holds two of its four layers' senders at
     a time: heads.csv and heads.json equal the whole route's."""
     import headwise.models.memory as memory
-    from headwise.circuits import composition
+    from headwise.circuits import composition, composition_layers
     from headwise.models import open_model
 
     monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact
@@ -142,10 +142,11 @@ def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path
     deep = save_decoder(tmp_path_factory.mktemp("deep") / "llama", "llama", init=0.5, layers=4)
     whole = run_cli("heads", TEXT, "--model", str(deep), "--composition", "--out", str(tmp_path / "whole"))
     assert whole.code == 0, whole.err
-    budget = composition.composition_need(open_model(deep, by_layer=True), 2)
+    budget = composition_layers.composition_need(open_model(deep, by_layer=True), 2)
     groups = []
-    by_groups = composition._by_groups
-    monkeypatch.setattr(composition, "_by_groups", lambda t, group, *a: groups.append(group) or by_groups(t, group, *a))
+    by_groups = composition_layers._by_groups
+    monkeypatch.setattr(composition_layers, "_by_groups",
+                        lambda t, group, *a: groups.append(group) or by_groups(t, group, *a))  # fmt: skip
     out = run_cli("heads", TEXT, "--model", str(deep), "--composition", "--out", str(tmp_path / "layers"),
                   "--max-memory", str(budget))  # fmt: skip
     assert out.code == 0, out.err
@@ -158,7 +159,7 @@ def test_composition_under_a_budget_that_streams_equals_the_whole_route(tmp_path
 def test_composition_under_a_budget_too_small_for_one_group(folder, tmp_path, run_cli, monkeypatch):
     """Not even one sender layer beside its receiver fits: one line naming the memory that does, nothing written."""
     import headwise.models.memory as memory
-    from headwise.circuits.composition import composition_need
+    from headwise.circuits.composition_layers import composition_need
     from headwise.models import open_model
 
     monkeypatch.setattr(memory, "current_rss", lambda: 300 * 10**6)  # a fixed process: the sums are exact

@@ -1,6 +1,6 @@
 """The weights' circuits on a model opened layer by layer, a group of sender layers at a time
-(:func:`headwise.circuits.composition.weights_circuits`): every composition score (Q, K, V, per key/value group) and
-every copying score equal the whole float32 route's for groups of one layer, two and every layer, on tiny random
+(:func:`headwise.circuits.composition_layers.weights_circuits`): every composition score (Q, K, V, per key/value group)
+and every copying score equal the whole float32 route's for groups of one layer, two and every layer, on tiny random
 models of several families stored as bf16 (a GGUF file read without a cache and matrices read by rows too); at most
 one layer's attention parts are in at a time and no MLP matrix is read by the groups' reads; the group follows the
 budget, and a budget too small for one sender layer beside its receiver is refused in one line naming the memory
@@ -16,8 +16,8 @@ import torch
 
 from _anatomy_models import tiny
 from _helpers import all_meta
-from headwise.circuits import composition
-from headwise.circuits.composition import composition_group, composition_need, weights_circuits
+from headwise.circuits import composition, composition_layers
+from headwise.circuits.composition_layers import composition_group, composition_need, weights_circuits
 from headwise.models import open_model
 from headwise.models.memory import MemoryBudgetError, format_size
 
@@ -130,7 +130,7 @@ def test_the_group_follows_the_budget_and_too_small_a_budget_is_refused(tmp_path
     folder = _save("llama", tmp_path / "llama")
     whole, hm = open_model(folder, by_layer=False), open_model(folder, by_layer=True)
     reference = weights_circuits(whole)
-    first, fixed, sender, layers = composition._need_parts(hm)
+    first, fixed, sender, layers = composition_layers._need_parts(hm)
     assert layers == LAYERS and sender == 4 * 64 * 64  # W_O's (H·Dh, D) entries: the sender factors' (H, Dh, D)
     needs = [composition_need(hm, g) for g in range(1, LAYERS + 1)]
     assert needs == [300 * 10**6 + memory.MIN_WORKING + max(first, fixed + g * sender) for g in range(1, LAYERS + 1)]

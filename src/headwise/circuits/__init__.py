@@ -20,8 +20,8 @@ from headwise.circuits.composition import (
     head_weights,
     ov_top_tokens,
     qk_top_pairs,
-    weights_circuits,
 )
+from headwise.circuits.composition_layers import weights_circuits
 
 # -- paths, edges and faithfulness (docs/circuits.md) --
 from headwise.circuits.edges import EDGE_METHODS, EdgeScores, edge_attribution

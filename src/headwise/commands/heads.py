@@ -246,7 +246,7 @@ def check_opened(hm: HeadModel | None, opts: HeadsOptions) -> None:
     from headwise.distributed.ranks import launched
 
     if hm is not None and hm.stream is not None and opts.composition:
-        from headwise.circuits.composition import check_composition
+        from headwise.circuits.composition_layers import check_composition
 
         # opened layer by layer: a receiver layer and a group of its senders' layers at a time, within the budget
         check_composition(hm)

@@ -328,8 +328,8 @@ def query_rows(
 def composition_columns(hm: HeadModel, *, progress=None) -> tuple[dict[str, np.ndarray], dict]:
     """The weights' circuits of every head (:mod:`headwise.circuits.composition`, Elhage et al. 2021) for
     ``heads.json`` / ``heads.csv``: ``(columns, summary)``. A model opened layer by layer reads a group of layers'
-    attention parts at a time (:func:`headwise.circuits.composition.weights_circuits`; ``progress(done, total)`` as
-    each layer is read).
+    attention parts at a time (:func:`headwise.circuits.composition_layers.weights_circuits`; ``progress(done,
+    total)`` as each layer is read).
 
     Returns:
         columns: per-head ``(NL, H)`` values — ``copying`` (``Σ Re λ / Σ |λ|`` of the OV circuit through the
@@ -339,7 +339,7 @@ def composition_columns(hm: HeadModel, *, progress=None) -> tuple[dict[str, np.n
         summary: the conventions, the 20 strongest pairs of each kind, and the full ``(NL, H, NL, H)`` Q/K/V and
             ``(NL, H, NL, Hkv)`` per-group K/V scores (None where no score: same or later sender).
     """
-    from headwise.circuits.composition import weights_circuits
+    from headwise.circuits.composition_layers import weights_circuits
 
     scores, copying = weights_circuits(hm, progress=progress)  # W_U W_E alone: the (V, D) matrices are not copied
 
