@@ -336,9 +336,8 @@ def atlas_dict(
 
 def _ordinal(n: int) -> str:
     """``2`` -> ``"2nd"``, ``32`` -> ``"32nd"``, ``512`` -> ``"512th"``."""
-    if 10 <= n % 100 <= 20:
-        return f"{n}th"
-    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _fmt(v) -> str:
