@@ -22,7 +22,7 @@ import numpy as np
 from headwise.circuits.graph import head_id
 from headwise.study.importance_estimate import spearman_or_none
 
-__all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "head_id", "loss_agreement", "summary_lines"]
+__all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "loss_agreement", "summary_lines"]
 
 #: The format name ``atlas.json`` carries.
 ATLAS_FORMAT = "headwise.atlas/1"
