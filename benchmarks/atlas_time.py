@@ -4,7 +4,8 @@ round, every one on the same torch threads.
 
     python benchmarks/atlas_time.py --model smollm2 --rounds 1 [--corpus sample] [--out FILE]
 
-Contenders: ``heads`` (the statistics alone), ``heads --importance --composition`` (the same runs the atlas makes
+Contenders: ``heads`` (the statistics alone), ``heads --importance`` (with the importance's search for the heads
+that matter, to 8 × the top k), ``heads --importance --composition`` (the same runs the atlas makes
 beside its pass) and ``atlas`` (the pass with the evidence and the writes, the importance, the weights' circuits, the
 page); ``atlas --no-importance`` (with ``--only``) the pass and the weights' circuits alone. Results go to
 ``benchmarks/results/atlas_time.json`` (merged by ``--name``), with the CPU named and the load average before and
@@ -29,6 +30,7 @@ from headwise._machine import cpu_name  # noqa: E402
 
 CONTENDERS = {
     "heads": ["heads", "--corpus", "{corpus}"],
+    "heads --importance": ["heads", "--corpus", "{corpus}", "--importance"],
     "heads --importance --composition": ["heads", "--corpus", "{corpus}", "--importance", "--composition"],
     "atlas": ["atlas", "--corpus", "{corpus}"],
     "atlas --no-importance": ["atlas", "--corpus", "{corpus}", "--no-importance"],
@@ -81,8 +83,8 @@ def main() -> None:
     entry = {
         "cpu": cpu_name(), "threads": os.cpu_count(), "model": args.model, "corpus": args.corpus,
         "rounds": args.rounds, "runs": runs,
-        "ratios": {f"{a} / {h}": round(best[a] / best[h], 2) for a in best if a.startswith("atlas")
-                   for h in best if h.startswith("heads")},
+        "ratios": {f"{a} / {h}": round(best[a] / best[h], 2) for a in best for h in best
+                   if a != h and h.startswith("heads") and (a.startswith("atlas") or h == "heads")},
     }  # fmt: skip
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
     data[args.name or args.model] = entry

@@ -44,7 +44,9 @@ def test_importance_estimates_every_head_and_measures_the_top(run_cli, tmp_path,
     data = json.loads((out / "heads.json").read_text())
     imp = data["importance"]
     assert imp["route"] == "estimate" and "attention-aware" in imp["estimator"]
-    assert imp["exact_heads"]["top_k"] == 3 and imp["exact_heads"]["random"] == 5  # 8 heads: the rest at random
+    search = imp["exact_heads"]
+    assert search["top_k"] == 3 and search["why"][:3] == ["estimate"] * 3 and search["stopped"] == "complete"
+    assert sum(search["counts"].values()) == len(search["heads"]) == len(set(map(tuple, search["heads"])))
     assert set(imp["agreement"]) >= {"spearman", "top_k_overlap", "largest_error", "random_largest_exact"}
     rows = data["heads"]
     assert all(isinstance(row["ablation_estimate"], float) for row in rows)
@@ -65,7 +67,9 @@ def test_importance_estimates_every_head_and_measures_the_top(run_cli, tmp_path,
     header = next(csv.reader((out / "heads.csv").open()))
     assert header[-4:] == ["importance", "importance_norm", "ablation_estimate", "ablation_delta"]
     assert (out / "pruning.png").stat().st_size > 10_000
-    assert "every head estimated, 8 measured exactly (3 by |estimate|, 5 at random)" in " ".join(outcome.out.split())
+    said = " ".join(outcome.out.split())
+    assert f"every head estimated, {len(measured)} measured exactly (3 by |estimate|" in said
+    assert "search complete: no other head's bound reaches the 3rd largest exact effect" in said
 
 
 def test_exact_runs_the_full_sweep(run_cli, tmp_path, llama):
@@ -88,6 +92,10 @@ def test_exact_runs_the_full_sweep(run_cli, tmp_path, llama):
         (("--importance", "--exact", "--top-k", "3"), ("--top-k", "without --exact")),
         (("--top-k", "3"), ("--top-k", "with --importance")),
         (("--importance", "--top-k", "9"), ("--top-k", "at most the model's 8 heads", "9")),
+        (("--importance", "--max-exact", "0"), ("--max-exact", "positive", "0")),
+        (("--max-exact", "3"), ("--max-exact", "with --importance")),
+        (("--importance", "--top-k", "3", "--max-exact", "2"), ("--max-exact", "at least --top-k (3)", "2")),
+        (("--importance", "--max-exact", "1"), ("--max-exact", "at least the 2 heads --top-k seeks", "1")),
     ],
 )
 def test_bad_importance_options_are_one_line(run_cli, tmp_path, llama, args, words):

@@ -193,7 +193,7 @@ def test_ov_mappings_by_hand(hm):
 
 
 def test_the_sample_is_named_with_an_ordinal():
-    from headwise.study.atlas import _ordinal
+    from headwise.study.heads_lines import ordinal
 
-    got = [_ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 32, 112, 512)]
+    got = [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 32, 112, 512)]
     assert got == ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "32nd", "112th", "512th"]

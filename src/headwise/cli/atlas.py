@@ -57,7 +57,15 @@ def atlas(
         int, typer.Option("--importance-sentences", help="Corpus texts the importance is measured on.", min=1)
     ] = 64,
     top_k: Annotated[
-        int | None, typer.Option("--top-k", help="Heads measured exactly by |estimate| (default min(20, heads/4)).")
+        int | None,
+        typer.Option(
+            "--top-k",
+            help="The exact top heads sought; the top K by |estimate| and by Michel's importance are measured first, "
+            "then more by their bounds (default min(10, heads/4)).",
+        ),
+    ] = None,
+    max_exact: Annotated[
+        int | None, typer.Option("--max-exact", help="Most heads measured exactly (default 2 × --top-k).")
     ] = None,
     ablation: Annotated[str, typer.Option("--ablation", help="How a head is removed: zero or mean.")] = "zero",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus texts per model call.", min=1)] = 32,
@@ -77,6 +85,7 @@ def atlas(
     opts = flow.AtlasOptions(
         model=model, corpus=corpus, out=out, top=top, importance=not no_importance, composition=not no_composition,
         batch_size=batch_size, importance_sentences=importance_sentences, ablation=ablation, top_k=top_k, seed=seed,
+        max_exact=max_exact,
         max_memory=max_memory, cache=not no_cache,
     )  # fmt: skip
     bars = Bars(corpus=partial(corpus_progress, command="atlas"), stages=partial(stage_progress, "atlas"),

@@ -110,7 +110,15 @@ def heads(
     ] = False,
     top_k: Annotated[
         int | None,
-        typer.Option("--top-k", help="--importance: heads measured exactly by |estimate| (default min(20, heads/4))."),
+        typer.Option(
+            "--top-k",
+            help="--importance: the exact top heads sought; the top K by |estimate| and by Michel's importance are "
+            "measured first, then more by their bounds (default min(10, heads/4)).",
+        ),
+    ] = None,
+    max_exact: Annotated[
+        int | None,
+        typer.Option("--max-exact", help="--importance: most heads measured exactly (default 8 × --top-k)."),
     ] = None,
     probe_length: Annotated[
         int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)
@@ -157,6 +165,7 @@ def heads(
         text=text, corpus=corpus, model=model, cache=not no_cache, layer=layer, out=out,
         batch_size=32 if batch_size is None else batch_size, batch_size_auto=batch_size is None,
         importance=importance, importance_sentences=importance_sentences, ablation=ablation, exact=exact, top_k=top_k,
+        max_exact=max_exact,
         probe_length=probe_length, probe_repeats=probe_repeats, seed=seed, block_size=block_size, queries=queries,
         queries_only=queries_only, composition=composition, max_memory=max_memory,
     )  # fmt: skip  # every check that needs no model, before anything is loaded

@@ -21,7 +21,7 @@ from pathlib import Path
 from headwise.commands import said
 from headwise.commands.heads import Bars
 
-__all__ = ["Atlas", "AtlasOptions", "AtlasResult", "atlas", "run"]
+__all__ = ["Atlas", "AtlasOptions", "AtlasResult", "atlas", "atlas_max_exact", "run"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class AtlasOptions:
         out: the output folder (None: nothing written — the library's :func:`atlas`).
         top: contexts kept per head (its strongest attention, its largest writes).
         importance: measure every head's importance (``--importance``'s run); composition: the weights' circuits.
+        max_exact: most heads measured exactly (None: :func:`atlas_max_exact`, 2 × the top k).
         batch_size, importance_sentences, ablation, top_k, seed, max_memory, cache: as ``headwise heads``'s.
     Raises:
         ValueError: naming the option, as :class:`~headwise.study.HeadsOptions` does.
@@ -49,6 +50,7 @@ class AtlasOptions:
     importance_sentences: int = 64
     ablation: str = "zero"
     top_k: int | None = None
+    max_exact: int | None = None
     seed: int = 0
     max_memory: str | None = None
     cache: bool = True
@@ -69,7 +71,8 @@ class AtlasOptions:
             corpus=self.corpus, model=self.model, cache=self.cache,
             out=self.out if self.out is not None else Path("."), batch_size=self.batch_size,
             importance=self.importance, importance_sentences=self.importance_sentences, ablation=self.ablation,
-            top_k=self.top_k, seed=self.seed, composition=self.composition, max_memory=self.max_memory,
+            top_k=self.top_k, max_exact=self.max_exact, seed=self.seed, composition=self.composition,
+            max_memory=self.max_memory,
         )  # fmt: skip
 
 
@@ -240,9 +243,22 @@ def _importance(hm, opts: AtlasOptions, hopts, probe, *, warn, bars: Bars) -> di
 
     if not opts.importance:
         return None
+    if hopts.max_exact is None:
+        hopts = dataclasses.replace(hopts, max_exact=atlas_max_exact(hm, hopts.top_k))
     holder = types.SimpleNamespace(ranked=None, extra={})  # what heads' flow would hand it: no ranks, no files
     result, columns = heads_importance(hm, hopts, holder, probe, warn=warn, bars=bars, curves=False)
     return {"columns": columns, "header": _importance_header(holder.extra["importance"], result, opts.ablation)}
+
+
+def atlas_max_exact(hm, top_k: int | None) -> int:
+    """The atlas's default ``--max-exact``: 2 × the top k (at most every head) — about the search's first round (the
+    top k by |estimate| and by Michel's importance, which overlap, and the random heads), so the importance stays a
+    small share of the atlas's time; ``headwise heads --importance`` searches on to 8 × (its summary says where the
+    search stopped)."""
+    from headwise.study.importance_estimate import default_top_k
+
+    n = hm.num_layers * hm.num_heads
+    return int(min(n, 2 * (default_top_k(n) if top_k is None else top_k)))
 
 
 def _result(found: Atlas) -> AtlasResult:
@@ -269,7 +285,10 @@ def _assemble(hm, opts: AtlasOptions, report, atlas_pass, importance, comp) -> d
 
 
 def _importance_header(summary: dict, result, ablation: str) -> dict:
-    """What the page says of the importance run: the metric, the estimator, the heads measured and the agreement."""
+    """What the page says of the importance run: the metric, the estimator, the heads measured (why, and how the
+    search for them ended) and the agreement."""
+    from headwise.study.heads_lines import search_words
+
     n = int(result.importance.size)
     exact = summary.get("route") == "exact"
     measured = n if exact else len(summary.get("exact_heads", {}).get("heads", []))
@@ -286,5 +305,6 @@ def _importance_header(summary: dict, result, ablation: str) -> dict:
         "estimator": None if exact else summary.get("estimator"),
         "measured": measured,
         "of": n,
+        "search": search_words(summary.get("exact_heads") or {}) or None,
         "agreement": agreement,
     }

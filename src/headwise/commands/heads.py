@@ -216,7 +216,8 @@ def _importance_bar(bar, suffix: str = ""):
         "ablation": "ablation (passes)",
         "pruning": "pruning (passes)",
         "estimate": "estimate, every head (forward + backward passes)",
-        "exact": "exact: the top heads and the curve (passes)",
+        "exact": "exact: the first heads and the curve (passes)",
+        "search": "exact: more heads by their bounds (passes)",
     }
     return lambda stage, done, total: bar(units.get(stage, stage) + suffix, done, total)
 
@@ -539,6 +540,7 @@ def heads_importance(
             if route:
                 grid = {} if curves else {"grid": (0.0,), "random_orders": 1}  # the intact run's point alone
                 result = estimate_importance(hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k,
+                                             max_exact=opts.max_exact,
                                              progress=progress, memory=memory, **grid)  # fmt: skip
             else:
                 result = run_importance(hm, batches, seed=opts.seed, mode=opts.ablation, progress=progress,

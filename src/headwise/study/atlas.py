@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from headwise.circuits.graph import head_id
+from headwise.study.heads_lines import ordinal
 from headwise.study.importance_estimate import spearman_or_none
 
 __all__ = ["ATLAS_FORMAT", "AtlasPass", "PARTNERS", "atlas_dict", "loss_agreement", "summary_lines"]
@@ -249,7 +250,7 @@ def atlas_dict(
     agreement = loss_agreement(written) if written is not None else None
     loss_label = None
     if agreement is not None:
-        every = "every" if written.stride == 1 else f"every {_ordinal(written.stride)}"
+        every = "every" if written.stride == 1 else f"every {ordinal(written.stride)}"
         loss_label = (
             "estimate: first-order change of the next-token loss when the head's direct write is removed (final "
             f"norm frozen), mean over {written.loss_tokens} of the corpus's {written.predicted} predicted tokens "
@@ -332,12 +333,6 @@ def atlas_dict(
         "loss_effect": agreement,
         "heads": heads,
     }
-
-
-def _ordinal(n: int) -> str:
-    """``2`` -> ``"2nd"``, ``32`` -> ``"32nd"``, ``512`` -> ``"512th"``."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def _fmt(v) -> str:
@@ -442,6 +437,7 @@ def summary_lines(data: dict, *, per_role: int = 3) -> list[str]:
         agreement = imp.get("agreement") or {}
         lines.append(
             f"importance: {imp['measured']} of {imp['of']} heads measured exactly (*)"
+            + (f" ({imp['search']})" if imp.get("search") else "")
             + (f"; estimate's Spearman over them {_fmt(_num(agreement.get('spearman')))}" if agreement else "")
         )
     loss = data.get("loss_effect")

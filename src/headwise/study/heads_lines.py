@@ -19,9 +19,11 @@ __all__ = [
     "drawn",
     "head_row",
     "importance_line",
+    "ordinal",
     "positional_line",
     "probe_line",
     "roles_line",
+    "search_words",
     "sweep_note",
     "view_command",
     "view_note",
@@ -224,12 +226,36 @@ def _estimate_line(result) -> str:
     k = len(result.removed) // 2
     return (
         f"importance ({result.objective}, {result.num_sequences} sequences): intact {result.base_loss:.4f}; every "
-        f"head estimated, {len(result.measured)} measured exactly ({result.top_k} by |estimate|, "
-        f"{len(result.measured) - result.top_k} at random): Spearman {rho}, top-{result.top_k} overlap "
+        f"head estimated, {len(result.measured)} measured exactly ({search_words(result.search)}): Spearman {rho}, "
+        f"top-{result.top_k} overlap "
         f"{a.get('top_k_overlap', 0):.0%}, largest error {abs(worst.get('error', 0.0)):.4f}; removing "
         f"L{top // h} H{top % h} alone costs most (+{measured[top]:.4f}); {int(result.removed[k])} heads removed "
         f"by the estimate: {result.curves['estimate'][k]:.4f}" + sweep_note(result.sweep)
     )
+
+
+def search_words(search: dict) -> str:
+    """Why the heads were measured and how the search ended, in words (:meth:`HeadSearch.summary
+    <headwise.study.importance_search.HeadSearch.summary>`)."""
+    if "counts" not in search:  # none, or the exact route's
+        return ""
+    counts = search["counts"]
+    words = {"estimate": "by |estimate|", "michel": "more by Michel's importance", "random": "at random",
+             "bound": "by their bounds"}  # fmt: skip
+    parts = ", ".join(f"{counts[r]} {w}" for r, w in words.items() if counts.get(r))
+    kth = f"the {ordinal(search['top_k'])} largest exact effect, {search['threshold']:.4f}"
+    if search["stopped"] == "complete":
+        end = f"complete: no other head's bound reaches {kth}"
+    else:
+        end = (f"stopped at --max-exact {search['budget']}: {search['candidates_left']} heads' bounds (up to "
+               f"{search['next_bound']:.4f}) still reach {kth}")  # fmt: skip
+    return f"{parts}; search {end}"
+
+
+def ordinal(n: int) -> str:
+    """``2`` -> ``"2nd"``, ``32`` -> ``"32nd"``, ``512`` -> ``"512th"``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def sweep_note(sweep: dict) -> str:

@@ -69,7 +69,13 @@ def heads_across_ranks(
             batches = importance_batches(hm, lines, probe, run.batch_size, lambda m: None)
             if estimated(hm, opts, lambda m: None):
                 ranked = estimate_across_ranks(
-                    hm, batches, seed=opts.seed, mode=opts.ablation, top_k=opts.top_k, progress=importance_progress
+                    hm,
+                    batches,
+                    seed=opts.seed,
+                    mode=opts.ablation,
+                    top_k=opts.top_k,
+                    max_exact=opts.max_exact,
+                    progress=importance_progress,
                 )
             else:
                 ranked = importance_across_ranks(

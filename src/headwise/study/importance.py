@@ -174,10 +174,16 @@ def importance_room(hm: HeadModel, batches: list[tuple], mode: str | None = None
 
 
 def check_top_k(hm: HeadModel, opts: HeadsOptions) -> None:
-    """``--top-k`` against the opened model's heads (ValueError naming it, before anything is written)."""
+    """``--top-k`` against the opened model's heads, ``--max-exact`` against the top k (ValueError naming the
+    option, before anything is written)."""
+    from headwise.study.importance_estimate import default_top_k
+
     n = hm.num_layers * hm.num_heads
     if opts.top_k is not None and opts.top_k > n:
         raise ValueError(f"--top-k: expected at most the model's {n} heads, got {opts.top_k}")
+    k = default_top_k(n) if opts.top_k is None else opts.top_k
+    if getattr(opts, "max_exact", None) is not None and opts.max_exact < k:
+        raise ValueError(f"--max-exact: expected at least the {k} heads --top-k seeks, got {opts.max_exact}")
 
 
 def estimated(hm: HeadModel, opts: HeadsOptions, warn: Callable[[str], None]) -> bool:
@@ -271,9 +277,9 @@ def importance_summary(result) -> dict:
         route = {
             "route": "estimate",
             "estimator": result.estimator,
-            "exact_heads": {
+            "exact_heads": result.search
+            or {
                 "top_k": result.top_k,
-                "random": int(len(result.measured) - result.top_k),
                 "heads": [[int(f) // h, int(f) % h] for f in result.measured],
             },
             "agreement": agreement,

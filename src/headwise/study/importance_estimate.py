@@ -13,10 +13,13 @@ Three steps, each in batched passes:
    gate gradient). Encoders (no wiring: the circuits read decoders): the forward-mode turning rate of the pooled
    embedding (:func:`headwise.analysis.gates.encoder_importance`), the estimate ``E_x θ_h² / 2`` of ``1 − cos`` —
    a linearisation of the whole model, not attention-aware.
-2. **The exact ablation** of the ``top_k`` heads by |estimate| and ``random_heads`` more drawn at random (seeded)
-   from the rest, through the batched engine (:func:`headwise.analysis.ablation_objectives`): measured, never read
-   from the estimate. Their agreement (Spearman, top-k overlap, the largest error) says how far the estimate can be
-   trusted; the random heads bound what it may have missed.
+2. **The exact ablation** of the heads a search chooses (:class:`~headwise.study.importance_search.HeadSearch`):
+   the top ``top_k`` by |estimate| and by Michel et al.'s importance and ``random_heads`` more drawn at random
+   (seeded), then more in the order their bounds give (Michel's score times the largest ratio of exact to it seen)
+   until no unmeasured head can enter the exact top k or ``max_exact`` heads are measured — through the batched
+   engine (:func:`headwise.analysis.ablation_objectives`): measured, never read from the estimate. The estimate's
+   agreement with them (Spearman, top-k overlap, the largest error) says how far it can be trusted; the answer — the
+   heads that matter most — is the exact values', never the estimate's order.
 3. **The pruning curve** at :data:`GRID` (fractions of the heads removed), least important first by the estimate,
    by Michel et al.'s importance and in random orders; each point one head set of the batched engine. Its orders need
    no exact number, so its sets run in the same call of the engine as the measured heads (one kept pass a part).
@@ -39,6 +42,7 @@ import torch
 
 from headwise.analysis.importance import ImportanceResult, order_curves, prefix_sets, removal_orders
 from headwise.circuits.areas import spearman
+from headwise.study.importance_search import HeadSearch
 
 if TYPE_CHECKING:
     from headwise.models import HeadModel
@@ -81,10 +85,13 @@ class EstimatedImportance(ImportanceResult):
 
     Attributes:
         estimate: ``(NL, H)`` every head's estimated ablation effect (the objective's units).
-        measured: ``(M,)`` flat heads ``layer · H + head`` measured exactly: the top k by |estimate| first, then the
-            random ones.
-        top_k: how many of ``measured`` are the top k; estimator: what estimated (one phrase).
+        measured: ``(M,)`` flat heads ``layer · H + head`` measured exactly, in the order chosen: the top k by
+            |estimate| first, then the top k by Michel et al.'s importance, the random ones, and those the search's
+            bounds chose (:class:`~headwise.study.importance_search.HeadSearch`).
+        top_k: the exact top heads sought; estimator: what estimated (one phrase).
         agreement: :func:`agreement` of the estimate with the measured heads.
+        search: :meth:`HeadSearch.summary <headwise.study.importance_search.HeadSearch.summary>` — each measured
+            head's reason, how the search ended (``"complete"`` or ``"budget"``), its threshold and factors.
     """
 
     estimate: np.ndarray | None = None
@@ -92,6 +99,7 @@ class EstimatedImportance(ImportanceResult):
     top_k: int = 0
     estimator: str = ""
     agreement: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
 
 
 def spearman_or_none(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -105,18 +113,21 @@ def spearman_or_none(a: np.ndarray, b: np.ndarray) -> float | None:
     return None if math.isnan(rho) else rho
 
 
-def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top_k: int) -> dict:
+def agreement(
+    estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top_k: int, random: np.ndarray | None = None
+) -> dict:
     """How the estimate agrees with the exact ablation on the measured heads.
 
     Args:
         estimate: ``(N,)`` flat estimates; exact: ``(N,)`` flat exact effects (read at ``measured`` only).
         measured: ``(M,)`` flat heads measured, the top ``top_k`` by |estimate| first.
+        random: the flat heads of ``measured`` drawn at random (None: every one after the top ``top_k``).
     Returns:
         ``spearman`` over the measured heads; ``top_k_overlap``: the share of the ``top_k`` heads with the largest
         |exact| among the measured that are in the estimate's top ``top_k``; ``largest_error``: the head with the
         largest |estimate − exact| (``layer``, ``head``, ``estimate``, ``exact``, ``error``);
-        ``random_largest_exact``: the largest |exact| among the random heads (outside the top k: what the estimate
-        may have missed), ``random_mean_abs_error``.
+        ``random_largest_exact``: the largest |exact| among the random heads (what the estimate may have missed),
+        ``random_mean_abs_error``.
     """
     m = np.asarray(measured, dtype=np.int64)
     est, ex = np.asarray(estimate, float)[m], np.asarray(exact, float)[m]
@@ -130,8 +141,8 @@ def agreement(estimate: np.ndarray, exact: np.ndarray, measured: np.ndarray, top
         i = int(np.argmax(np.abs(err)))
         out["largest_error"] = {"flat": int(m[i]), "estimate": float(est[i]), "exact": float(ex[i]),
                                 "error": float(err[i])}  # fmt: skip
-    rand = slice(k, None)
-    if len(m) > k:
+    rand = np.arange(k, len(m)) if random is None else np.nonzero(np.isin(m, np.asarray(random, dtype=np.int64)))[0]
+    if rand.size:
         out["random_largest_exact"] = float(np.abs(ex[rand]).max())
         out["random_mean_abs_error"] = float(np.abs(err[rand]).mean())
     return out
@@ -183,9 +194,10 @@ def estimate_importance(
     memory: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+    max_exact: int | None = None,
 ) -> EstimatedImportance:
-    """Every head's ablation estimated at once, the exact ablation of the top ``top_k`` and ``random_heads`` random
-    ones, and the pruning curve at ``grid`` (see the module's text).
+    """Every head's ablation estimated at once, the exact ablation of the heads the search chooses, and the pruning
+    curve at ``grid`` (see the module's text).
 
     Args:
         hm: an opened :class:`~headwise.models.HeadModel`: a decoder the circuits' wiring reads
@@ -194,18 +206,20 @@ def estimate_importance(
         seed: the random heads' and the first random order's seed.
         mode: ``"zero"`` or ``"mean"`` (the head's mean over the batch's real positions): the estimate's and the
             exact ablation's.
-        top_k: heads measured exactly by |estimate| (None: :func:`default_top_k`); random_heads: more drawn from the
-            rest.
+        top_k: the exact top heads sought: the top ``top_k`` by |estimate| and by Michel's importance measured first
+            (None: :func:`default_top_k`); random_heads: more drawn from the rest in that first round.
         grid: the pruning curve's fractions of the heads removed; random_orders: its random orders.
         copies, memory: the batched engine's (:func:`~headwise.analysis.ablation_objectives`).
         progress: ``(stage, done, total)``: ``"estimate"`` in parts (a forward and a backward pass each), ``"exact"``
-            in passes (the measured heads and the curve's sets together).
+            in passes (the first round's heads and the curve's sets together), ``"search"`` in passes (each later
+            round's).
         reduce: a data-parallel run's all-reduce of float64 sums (this process's share of ``batches``).
+        max_exact: most heads measured exactly (None: :func:`~headwise.study.importance_search.default_budget`).
     Returns:
         :class:`EstimatedImportance`.
     Raises:
-        ValueError: no batch, a ``top_k`` or ``random_heads`` out of range, an unknown ``mode``, a decoder whose
-            structure the wiring does not read (its one sentence).
+        ValueError: no batch, a ``top_k``, ``random_heads`` or ``max_exact`` out of range, an unknown ``mode``, a
+            decoder whose structure the wiring does not read (its one sentence).
     """
 
     from headwise.analysis import ablation_objectives
@@ -224,29 +238,39 @@ def estimate_importance(
         raise ValueError(f"top_k: expected 1 … {n} (the model's heads), got {top_k}")
     if random_heads < 0:
         raise ValueError(f"random_heads: expected ≥ 0, got {random_heads}")
+    if max_exact is not None and max_exact < top_k:
+        raise ValueError(f"max_exact: expected at least top_k ({top_k}) heads, got {max_exact}")
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
     got = _estimated(hm, batches, mode, progress, reduce)
     return_freed()  # the estimate's freed memory given back before the exact passes take what a budget leaves
     seconds_estimate = time.perf_counter() - t0
-    measured = _measured_heads(got.estimate, top_k, random_heads, seed)
+    # a decoder's bound: the gate gradient's magnitude (the loss's slope along the removal); an encoder's: θ²/2,
+    # the second-order estimate of 1 − cos (its first-order rate is the turning rate θ, not the effect's size)
+    bound = "michel" if got.scored == "next_token" else "estimate"
+    search = HeadSearch({"estimate": got.estimate, "michel": got.importance.ravel()}, top_k, random_heads, seed,
+                        budget=max_exact, bound=bound)  # fmt: skip
+    first = search.first()
     norms = np.linalg.norm(got.importance, axis=1, keepdims=True)  # (NL, 1)
     importance_norm = np.divide(got.importance, norms, out=np.zeros_like(got.importance), where=norms > 0)
     steps = np.unique(np.round(np.asarray(grid, dtype=float) * n).astype(np.int64).clip(0, n))
     by = {"importance": importance_norm.ravel(), "estimate": got.estimate}
     orders, seeds = removal_orders(by, n, seed, random_orders)
-    sets = prefix_sets(orders, steps, {(int(f),): i for i, f in enumerate(measured)})  # the measured heads first
+    sets = prefix_sets(orders, steps, {(f,): i for i, f in enumerate(first)})  # the first round's heads first
     cost = SweepCost()
-    values = ablation_objectives(
-        hm, batches, [_job(s, h) for s in sets], scored=got.scored, reference=got.references, mode=mode,
-        copies=copies, memory=memory, cost=cost, progress=lambda done, total: progress("exact", done, total),
-    )  # fmt: skip
-    values, base = got.pooled(values), got.base
-    exact = np.full(n, np.nan)
-    exact[measured] = values[: len(measured)] - base
+    engine = partial(ablation_objectives, hm, batches, scored=got.scored, reference=got.references, mode=mode,
+                     copies=copies, memory=memory, cost=cost)  # fmt: skip
+    values = got.pooled(engine([_job(s, h) for s in sets], progress=lambda done, total: progress("exact", done, total)))
+    base = got.base
+    heads = search.record(first, values[: len(first)] - base)
+    while heads:  # more heads in the order their bounds give, until none can enter the exact top k or the budget ends
+        more = got.pooled(engine([_job((f,), h) for f in heads], progress=lambda d, t: progress("search", d, t)))
+        heads = search.record(heads, more - base)
+    measured, exact = search.measured, search.exact
     curves, random = order_curves(values, sets, orders, steps, seeds, base)
     sweep = cost.to_dict() | {
-        "mode": mode, "head_sets": len(sets), "route": "estimate", "estimate_seconds": seconds_estimate,
+        "mode": mode, "head_sets": len(sets) + len(measured) - len(first), "route": "estimate",
+        "estimate_seconds": seconds_estimate,
         "seconds_total": time.perf_counter() - t0,
     }  # fmt: skip
     return EstimatedImportance(
@@ -254,7 +278,8 @@ def estimate_importance(
         base_loss=base, ablation=exact.reshape(nl, h), removed=steps, curves=curves, random_seeds=seeds,
         num_sequences=got.sequences, num_tokens=int(round(got.tokens)), order=orders["importance"],
         random_curves=random, sweep=sweep, estimate=got.estimate.reshape(nl, h), measured=measured, top_k=top_k,
-        estimator=got.what, agreement=agreement(got.estimate, exact, measured, top_k),
+        estimator=got.what, search=search.summary(h),
+        agreement=agreement(got.estimate, exact, measured, top_k, random=search.chosen("random")),
     )  # fmt: skip
 
 
@@ -324,15 +349,6 @@ def _estimated(hm: HeadModel, batches: Sequence, mode: str, progress, reduce) ->
         raise ValueError(f"the intact model's objective is not finite ({base})")
     estimate, importance = sums[:n] / max(tokens, 1), sums[n : 2 * n].reshape(nl, h) / max(sequences, 1)
     return _Estimated(estimate, importance, base, sequences, tokens, scored, references, what, local_tokens, reduce)
-
-
-def _measured_heads(estimate: np.ndarray, top_k: int, random_heads: int, seed: int) -> np.ndarray:
-    """The heads measured exactly: the top ``top_k`` by |estimate|, then ``random_heads`` drawn from the rest
-    (``seed``), in ascending order."""
-    top = np.argsort(-np.abs(estimate), kind="stable")[:top_k]
-    rest = np.setdiff1d(np.arange(len(estimate)), top)
-    drawn = np.random.default_rng(seed).choice(rest, size=min(random_heads, len(rest)), replace=False)
-    return np.concatenate([top, np.sort(drawn)]).astype(np.int64)
 
 
 def _job(heads: Sequence[int], h: int) -> dict[int, list[int]]:

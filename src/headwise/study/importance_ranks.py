@@ -295,9 +295,10 @@ def estimate_across_ranks(
 ) -> ImportanceRun:
     """``--importance``'s default route (:func:`~headwise.study.estimate_importance`) with ``batches`` dealt across
     the ranks of a torchrun launch: each rank estimates and measures its own batches (whole batches, dealt by padded
-    size ``B · L``), and the float64 sums go through one all-reduce at each of the route's two reductions (the
-    estimate with Michel et al.'s importance and the intact objective; the measured heads with the pruning sets), each
-    after a monitored barrier. Every rank then picks the same heads and orders from the same reduced numbers; the
+    size ``B · L``), and the float64 sums go through one all-reduce at each of the route's reductions (the estimate
+    with Michel et al.'s importance and the intact objective; the first round's heads with the pruning sets; each
+    later round of the exact heads' search), each after a monitored barrier. Every rank then picks the same heads and
+    orders from the same reduced numbers; the
     result equals the one-process run's up to the order of the float64 additions. Not resumable (the route's passes
     are minutes).
 

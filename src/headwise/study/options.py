@@ -48,8 +48,11 @@ class HeadsOptions:
             random, Michel et al.'s importance and the pruning curve (:func:`headwise.study.estimate_importance`).
         exact: with ``importance``, every head's exact ablation and the full pruning curves instead
             (:func:`headwise.study.run_importance`).
-        top_k: with ``importance``, the heads measured exactly by |estimate| (None: the default,
+        top_k: with ``importance``, the exact top heads sought: the top ``top_k`` by |estimate| and by Michel et
+            al.'s importance measured first, then more as their bounds give (None: the default,
             :func:`headwise.study.default_top_k`; at most the model's heads, checked once it is open).
+        max_exact: with ``importance``, most heads measured exactly (None: :func:`headwise.study.default_budget`);
+            at least ``top_k``.
         importance_sentences: corpus sentences the importance is measured on.
         ablation: how ``importance`` removes a head: ``"zero"`` (ξ_h = 0) or ``"mean"`` (its mean output over the
             batch's real positions) — :data:`headwise.analysis.batched.MODES`.
@@ -83,6 +86,7 @@ class HeadsOptions:
     ablation: str = "zero"
     exact: bool = False
     top_k: int | None = None
+    max_exact: int | None = None
     probe_length: int = 32
     probe_repeats: int = 2
     seed: int = 0
@@ -131,6 +135,15 @@ class HeadsOptions:
                 raise ValueError(f"--top-k: expected a positive number of heads, got {self.top_k!r}")
             if not self.importance or self.exact:
                 raise ValueError(f"--top-k: expected with --importance and without --exact, got --top-k {self.top_k}")
+        if self.max_exact is not None:
+            if isinstance(self.max_exact, bool) or not isinstance(self.max_exact, int) or self.max_exact < 1:
+                raise ValueError(f"--max-exact: expected a positive number of heads, got {self.max_exact!r}")
+            if not self.importance or self.exact:
+                raise ValueError(
+                    f"--max-exact: expected with --importance and without --exact, got --max-exact {self.max_exact}"
+                )
+            if self.top_k is not None and self.max_exact < self.top_k:
+                raise ValueError(f"--max-exact: expected at least --top-k ({self.top_k}) heads, got {self.max_exact}")
         object.__setattr__(self, "out", Path(self.out))
 
     @staticmethod

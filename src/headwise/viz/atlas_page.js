@@ -72,6 +72,7 @@
     var note = ["importance: " + (imp.metric || "—")];
     if (imp.estimator) note.push("estimated by " + imp.estimator);
     if (imp.measured != null) note.push(imp.measured + " of " + (imp.of != null ? imp.of : heads.length) + " measured exactly");
+    if (imp.search) note.push(imp.search);
     var ag = imp.agreement;
     if (ag) note.push("estimate vs measured: " + Object.keys(ag).map(function (k) { return k + " " + fmt(ag[k]); }).join(", "));
     text("aw-importance-note", note.join(" \u00b7 "));
