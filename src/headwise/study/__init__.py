@@ -29,7 +29,8 @@ ValueErrors naming the option (:class:`HeadsOptions`).
 - :func:`run_importance`, :func:`importance_batches`, :func:`importance_texts`, :func:`importance_columns`,
   :func:`importance_summary` — head importance, ablation and pruning curves; :func:`estimate_importance` →
   :class:`EstimatedImportance` (``--importance``'s default: every head estimated at once, the exact ablation of the
-  top k and a few at random, the pruning curve at :data:`GRID`), :func:`estimate_across_ranks` the same across ranks.
+  heads :class:`HeadSearch` chooses — the top k of two estimators, a few at random, then more by their bounds — the
+  pruning curve at :data:`GRID`), :func:`estimate_across_ranks` the same across ranks.
 
 Importing it loads nothing else (PEP 562): each name's module loads at its first use, torch and the analysis at the
 first call — the command line imports this package at start-up for every command.
@@ -57,6 +58,7 @@ _MODULES = {
     "headwise.study.importance_estimate": [
         "GRID", "RANDOM_HEADS", "EstimatedImportance", "agreement", "default_top_k", "estimate_importance",
     ],
+    "headwise.study.importance_search": ["HeadSearch", "default_budget"],
     "headwise.study.patch_ranks": ["PatchRun", "SweepShard", "patch_across_ranks", "plan_sweep"],
     "headwise.study.circuit_ranks": ["CIRCUIT_STAGES", "CircuitRun", "circuit_across_ranks"],
     "headwise.study.encoder": [
@@ -67,8 +69,8 @@ _MODULES = {
     "headwise.study.heads_ranks": ["RankedHeads", "heads_across_ranks"],
     "headwise.study.heads_lines": [
         "COLUMNS", "COMMAND_TEXT_UP_TO", "DECODER_COLUMNS", "composition_line", "drawn", "head_row",
-        "importance_line", "positional_line", "probe_line", "role_summary", "roles_line", "SCREEN_ROWS", "sweep_note",
-        "view_command", "view_note",
+        "importance_line", "ordinal", "positional_line", "probe_line", "role_summary", "roles_line", "SCREEN_ROWS",
+        "search_words", "sweep_note", "view_command", "view_note",
     ],
     "headwise.study.importance": [
         "importance_batches", "importance_columns", "importance_summary", "importance_texts", "run_importance",

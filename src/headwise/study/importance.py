@@ -182,7 +182,7 @@ def check_top_k(hm: HeadModel, opts: HeadsOptions) -> None:
     if opts.top_k is not None and opts.top_k > n:
         raise ValueError(f"--top-k: expected at most the model's {n} heads, got {opts.top_k}")
     k = default_top_k(n) if opts.top_k is None else opts.top_k
-    if getattr(opts, "max_exact", None) is not None and opts.max_exact < k:
+    if opts.max_exact is not None and opts.max_exact < k:
         raise ValueError(f"--max-exact: expected at least the {k} heads --top-k seeks, got {opts.max_exact}")
 
 
