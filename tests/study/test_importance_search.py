@@ -87,7 +87,7 @@ def test_the_budget_ends_the_search_and_says_so():
 
 
 def test_the_default_budget():
-    assert default_budget(270, 10) == 80 and default_budget(72, 10) == 72 and default_budget(8, 2) == 8
+    assert default_budget(270, 10) == 40 and default_budget(72, 10) == 40 and default_budget(6, 2) == 6
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_on_a_decoder_the_exact_top_k_are_measured(tmp_path, family):
     for f in range(brute.size):
         with ablate(hm.model, {f // h: [f % h]}, mode="zero"):
             brute[f] = objective(hm, batches)[0] - base
-    r = estimate_importance(hm, batches, top_k=2, random_heads=1, seed=0, grid=(0.0,))
+    r = estimate_importance(hm, batches, top_k=2, random_heads=1, seed=0, grid=(0.0,), max_exact=brute.size)
     m = r.measured
     np.testing.assert_allclose(r.ablation.ravel()[m], brute[m], rtol=0, atol=2e-5)
     assert r.search["stopped"] == "complete" and len(m) < brute.size, r.search  # it stopped before every head

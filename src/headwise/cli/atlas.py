@@ -66,7 +66,7 @@ def atlas(
     ] = None,
     max_exact: Annotated[
         int | None,
-        typer.Option("--max-exact", help="Most heads measured exactly (default 2 × --top-k + 6: the first round)."),
+        typer.Option("--max-exact", help="Most heads measured exactly (default --top-k + 6)."),
     ] = None,
     ablation: Annotated[str, typer.Option("--ablation", help="How a head is removed: zero or mean.")] = "zero",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Corpus texts per model call.", min=1)] = 32,

@@ -118,7 +118,7 @@ def heads(
     ] = None,
     max_exact: Annotated[
         int | None,
-        typer.Option("--max-exact", help="--importance: most heads measured exactly (default 8 × --top-k)."),
+        typer.Option("--max-exact", help="--importance: most heads measured exactly (default 4 × --top-k)."),
     ] = None,
     probe_length: Annotated[
         int, typer.Option("--probe-length", help="Decoders: random tokens in the probe's segment.", min=2)

@@ -34,7 +34,7 @@ class AtlasOptions:
         out: the output folder (None: nothing written — the library's :func:`atlas`).
         top: contexts kept per head (its strongest attention, its largest writes).
         importance: measure every head's importance (``--importance``'s run); composition: the weights' circuits.
-        max_exact: most heads measured exactly (None: :func:`atlas_max_exact`, the search's first round).
+        max_exact: most heads measured exactly (None: :func:`atlas_max_exact`, the top k + 6).
         batch_size, importance_sentences, ablation, top_k, seed, max_memory, cache: as ``headwise heads``'s.
     Raises:
         ValueError: naming the option, as :class:`~headwise.study.HeadsOptions` does.
@@ -251,14 +251,14 @@ def _importance(hm, opts: AtlasOptions, hopts, probe, *, warn, bars: Bars) -> di
 
 
 def atlas_max_exact(hm, top_k: int | None) -> int:
-    """The atlas's default ``--max-exact``: the search's first round at most — 2 × the top k (the top k by |estimate|
-    and by Michel's importance) and the random heads, at most every head — so the importance stays a small share of
-    the atlas's time; ``headwise heads --importance`` searches on to 8 × the top k (the summary says where the search
-    stopped)."""
+    """The atlas's default ``--max-exact``: the top k and :data:`~headwise.study.RANDOM_HEADS` more (at most every
+    head) — the top k by |estimate| first, then Michel's strongest (the search's first round, cut) — as many heads as
+    the route measured before its search, so the importance stays a small share of the atlas's time (each head about
+    one forward pass of the sample). ``headwise heads --importance`` searches on to 4 × the top k."""
     from headwise.study.importance_estimate import RANDOM_HEADS, default_top_k
 
     n = hm.num_layers * hm.num_heads
-    return int(min(n, 2 * (default_top_k(n) if top_k is None else top_k) + RANDOM_HEADS))
+    return int(min(n, (default_top_k(n) if top_k is None else top_k) + RANDOM_HEADS))
 
 
 def _result(found: Atlas) -> AtlasResult:

@@ -26,7 +26,7 @@ been measured (the summary says which, with the next bound and the threshold).
 The bound is empirical, not a proof: a head whose gradient grows along its path more than ``margin`` times every
 measured head's did can still be missed. Measured: on SmolLM2's default sample (64 lines, 270 heads, every head also
 ablated exactly) the largest ratio over all heads is 1.76 and the search, in the bounds' order, has the exact top 10
-within its first 80 heads on every seed tried; with ``margin`` 1 one tiny random GPT-2 of twelve models tried missed
+within its first 40 heads on every seed tried; with ``margin`` 1 one tiny random GPT-2 of twelve models tried missed
 one of its exact top 2, with 1.25 none did (``tests/study/test_importance_search.py``).
 """
 
@@ -45,9 +45,11 @@ REASONS = ("estimate", "michel", "random", "bound")
 
 
 def default_budget(heads: int, top_k: int) -> int:
-    """Most heads measured exactly by default: 8 × ``top_k``, at most all ``heads`` (SmolLM2's 270 heads: 80; the exact
-    top 10 of its default sample sat within the first 33 by Michel's score and 142 by the estimate's)."""
-    return int(min(heads, 8 * top_k))
+    """Most heads measured exactly by default: 4 × ``top_k``, at most all ``heads`` — SmolLM2's 270 heads: 40, which
+    hold the exact top 10 of its default sample on every seed tried (50 on its first 4 or 8 lines; docs/heads.md);
+    each is about one forward pass of the sample (2.5 s there), so the default run stays within 2.5 × ``headwise
+    heads``'s time."""
+    return int(min(heads, 4 * top_k))
 
 
 @dataclass
