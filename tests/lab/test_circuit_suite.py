@@ -134,7 +134,8 @@ def test_a_tiny_run_has_every_number_and_says_it_failed():
     assert c["confirmed"] is False and c["checks"]["accuracy"] is False
     assert len(r["known"]["edges"]) >= 2 and set(c["known_ranks"]) == set(r["known"]["edges"])
     for m in r["methods"].values():
-        assert set(m) >= {"auroc", "cpr", "cmd", "top_k_recall", "faithfulness", "seconds"}
+        assert set(m) >= {"auroc", "cpr", "cmd", "top_k_recall", "faithfulness", "bootstrap", "seconds"}
+        assert m["bootstrap"]["size"] == len(r["known"]["edges"]) and 0 <= m["bootstrap"]["jaccard"] <= 1
         assert len(m["faithfulness"]["recovered"]) == len(m["faithfulness"]["sizes"])
     json.dumps(r, allow_nan=False)  # NaN written as null
     lines = table_lines({"tasks": {"offset": r}})
@@ -152,3 +153,5 @@ def test_the_suite_confirms_every_known_circuit_and_exact_recovers_it():
         assert c["confirmed"], (name, c)
         assert set(r["methods"]) == set(suite_methods())
         assert r["methods"]["exact"]["auroc"] >= 0.9, (name, r["methods"]["exact"])
+        # a circuit exact patching confirms is stable across resamples of its pairs (the ≥ 0.8 bar)
+        assert r["methods"]["exact"]["bootstrap"]["jaccard"] >= 0.8, (name, r["methods"]["exact"]["bootstrap"])

@@ -140,3 +140,33 @@ def test_a_model_of_thirty_layers_and_seventy_thousand_edges(browser, tmp_path):
     assert page.locator("#cg-edges tbody tr").count() == 12
     assert problems == [] and requests == []
     page.close()
+
+
+def test_edges_are_drawn_fainter_the_less_often_they_survive(browser, tmp_path):
+    """With a bootstrap the circuit's edges fade by survival (a page where every edge survives against one where none
+    does), and the agreement box states the bootstrap."""
+    d = make_circuit(layers=2, heads=4, kv_groups=2, keep=6)
+    images = []
+    for survival in (1.0, 0.0):
+        for e in d["edges"]:
+            e["survival"] = survival
+        d["bootstrap"] = {"resamples": 40, "pairs": 8, "size": 6, "circuit_jaccard": 0.5, "stable_share": survival}
+        page, problems, requests = open_page(browser, write_circuit_page(d, tmp_path / f"c{survival}.html"))
+        images.append(_alpha(page))
+        said = page.text_content("#cg-agreement")
+        assert "bootstrap (40 resamples of 8 pairs)" in said and f"{round(100 * survival)}% of its edges" in said
+        assert problems == [] and requests == []
+        page.close()
+    assert images[1].sum() < 0.8 * images[0].sum()  # less ink where no edge survives
+
+
+def _alpha(page):
+    """The graph canvas's alpha channel (what is drawn on its transparent ground), as integers."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    url = page.evaluate("document.getElementById('cg-canvas').toDataURL()")
+    png = base64.b64decode(url.split(",", 1)[1])
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGBA"))[..., 3].astype(int)

@@ -83,3 +83,16 @@ def test_a_malformed_circuit_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="receiver 'nowhere', which is not a node"):
         write_circuit_page(d, tmp_path / "circuit.html")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bootstrap_gives_each_edge_its_survival():
+    d = make_circuit(layers=2, heads=4, kv_groups=2)
+    assert circuit_page_payload(d)["survival"] is None and circuit_page_payload(d)["bootstrap"] is None
+    rng = np.random.default_rng(0)
+    for e in d["edges"]:
+        e["survival"] = float(rng.uniform())
+    d["bootstrap"] = {"resamples": 50, "pairs": 8, "size": 6, "circuit_jaccard": 0.8312345678, "stable_share": 0.5,
+                      "jaccard": [0.1]}  # fmt: skip
+    p = circuit_page_payload(d)
+    assert p["survival"] == pytest.approx([e["survival"] for e in d["edges"]], abs=1e-3)
+    assert p["bootstrap"] == {"resamples": 50, "pairs": 8, "size": 6, "circuit_jaccard": 0.831235, "stable_share": 0.5}

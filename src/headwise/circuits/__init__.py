@@ -9,8 +9,10 @@ above :mod:`headwise.patching` (it reuses its metrics and sweeps), below ``study
 
 from __future__ import annotations
 
-# -- why a head attends, and the weights' circuits (docs/qk.md) --
+# -- why a head attends and the weights' circuits (docs/qk.md); paths, edges, faithfulness and stability
+# (docs/circuits.md) --
 from headwise.circuits.addresses import Receiver, Write
+from headwise.circuits.bootstrap import bootstrap_circuit
 from headwise.circuits.composition import (
     CompositionScores,
     CopyingScores,
@@ -22,8 +24,6 @@ from headwise.circuits.composition import (
     qk_top_pairs,
 )
 from headwise.circuits.composition_layers import weights_circuits
-
-# -- paths, edges and faithfulness (docs/circuits.md) --
 from headwise.circuits.edges import EDGE_METHODS, EdgeScores, edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, Faithfulness, faithfulness, smallest_circuit
 from headwise.circuits.find import CIRCUIT_METHODS, PairShard, find_circuit
@@ -53,6 +53,7 @@ __all__ = [
     "Receiver",
     "Wiring",
     "Write",
+    "bootstrap_circuit",
     "build_graph",
     "edge_attribution",
     "evaluate_mib",

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from headwise.checks import one_of, positive_int
 from headwise.circuits.areas import spearman
+from headwise.circuits.bootstrap import bootstrap_circuit
 from headwise.circuits.edges import edge_attribution
 from headwise.circuits.faithfulness import ABLATIONS, faithfulness, smallest_circuit
 from headwise.circuits.graph import Graph, build_graph
@@ -93,6 +94,8 @@ def find_circuit(
     pairs: PairShard | None = None,
     stages: Callable[[str, Callable[[], object]], object] | None = None,
     shares: bool = False,
+    bootstrap: int = 0,
+    seed: int = 0,
 ) -> Circuit:
     """Find the edges that carry a behaviour from a set of prompt pairs, check them, and keep a faithful circuit.
 
@@ -120,6 +123,10 @@ def find_circuit(
         exact_top: edges patched exactly beside the estimate (0: none).
         progress: ``fn(stage, done, total)``, stage ``"attribution"``, ``"exact"``, ``"faithfulness"``, ``"mib"``.
         batch_size: jobs per forward pass (default 16 for exact patching, 8 for faithfulness).
+        bootstrap: resamples of the prompt pairs (0: none; else at least 2): every edge's interval and the
+            circuit's Jaccard across resamples at every size of the faithfulness curve, from the per-pair scores
+            the run holds (:func:`~headwise.circuits.bootstrap.bootstrap_circuit`; no pass of the model).
+            seed: the resamples' seed.
         shares: also split each key/value group edge's estimate among the group's query heads
             (:attr:`~headwise.circuits.EdgeScores.shares`, kept as :attr:`Circuit.shares` for MIB's files; the
             attribution stage then holds ``(P, E, G)``). Not with ``"exact"``.
@@ -144,6 +151,8 @@ def find_circuit(
     """
     t0 = time.perf_counter()
     batch_size, steps = _checked(method, metric, ablation, fraction, exact_top, batch_size, steps)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0 or bootstrap == 1:
+        raise ValueError(f"bootstrap: expected 0 (none) or at least 2 resamples, got {bootstrap!r}")
     run = _pairs_run(hm, clean, corrupted, answer, wrong, metric=metric, ablation=ablation, pairs=pairs)
     keep = stages if stages is not None else (lambda name, work: work())
     graph = build_graph(run.w)
@@ -151,8 +160,14 @@ def find_circuit(
                            exact_batch=batch_size or 16, keep=keep, progress=progress)  # fmt: skip
     curves = _curves(run, scored.scores, fraction, ablation=ablation, batch_size=batch_size or 8, keep=keep,
                      progress=progress)  # fmt: skip
-    return _circuit(run, graph, scored, curves, method=method, metric=metric, ablation=ablation, steps=steps,
-                    fraction=fraction, seconds=lambda: time.perf_counter() - t0)  # fmt: skip
+    found = _circuit(run, graph, scored, curves, method=method, metric=metric, ablation=ablation, steps=steps,
+                     fraction=fraction, seconds=lambda: time.perf_counter() - t0)  # fmt: skip
+    if bootstrap:
+        sizes = [n for n in curves[0].sizes if n > 0]  # the faithfulness curve's (its empty circuit left out)
+        found.add_bootstrap(bootstrap_circuit(scored.per_pair, sizes, max(1, len(found.circuit["edges"])),
+                                              resamples=bootstrap, seed=seed))  # fmt: skip
+        found.seconds = time.perf_counter() - t0
+    return found
 
 
 def _checked(method, metric, ablation, fraction, exact_top, batch_size, steps) -> tuple[int | None, int]:
@@ -249,6 +264,7 @@ class _Scored:
     exact: dict
     agreement: dict | None
     shares: Tensor | None
+    per_pair: Tensor | None = None  # (P, E) every pair's scores (their mean is ``scores``)
 
 
 def _scored_edges(run: _PairsRun, graph: Graph, *, method, steps, shares, exact_top, exact_batch, keep, progress):
@@ -260,8 +276,9 @@ def _scored_edges(run: _PairsRun, graph: Graph, *, method, steps, shares, exact_
         return _pair_effects(ex, run.gather)
 
     if method == "exact":
-        scores = keep("attribution", lambda: exact_patches(graph.edges, "attribution")).mean(0)
-        return _Scored(scores, {e: float(v) for e, v in enumerate(scores)}, None, None)
+        per_pair = keep("attribution", lambda: exact_patches(graph.edges, "attribution"))
+        scores = per_pair.mean(0)
+        return _Scored(scores, {e: float(v) for e, v in enumerate(scores)}, None, None, per_pair)
 
     def attribution() -> Tensor:  # (P, E) every pair's scores, or (P, E, G) their shares
         est = edge_attribution(
@@ -286,7 +303,7 @@ def _scored_edges(run: _PairsRun, graph: Graph, *, method, steps, shares, exact_
             ta = set(torch.argsort(a.abs(), descending=True, stable=True)[:k].tolist())
             tb = set(torch.argsort(b.abs(), descending=True, stable=True)[:k].tolist())
             agreement = {"spearman": spearman(a, b), "top_k": k, "overlap": len(ta & tb) / k}
-    return _Scored(scores, exact, agreement, head_shares)
+    return _Scored(scores, exact, agreement, head_shares, values)
 
 
 def _curves(run: _PairsRun, scores: Tensor, fraction, *, ablation, batch_size, keep, progress):

@@ -40,6 +40,13 @@ class Circuit:
       — MIB's curve (:func:`headwise.circuits.mib.mib_report`): for each of MIB's fractions f the top ``int(f·E)``
       edges (``sizes``), pruned to the ``edges`` on a path from the embeddings to the logits as MIB prunes them, their
       faithfulness, and its areas CPR (higher is better) and CMD (lower), by MIB's trapezoids over the fractions;
+    - ``"bootstrap"`` (``find_circuit(bootstrap=B)``; else null): the pairs resampled B times
+      (:mod:`headwise.circuits.bootstrap`): ``resamples``, ``pairs``, ``seed``, ``interval`` (its percentiles),
+      ``sizes``, ``jaccard`` / ``jaccard_min`` (each resample's top-n circuit against the run's, at every size),
+      ``jaccard_pairwise`` (between resamples), ``size``, ``circuit_jaccard`` and ``stable_share`` (the chosen
+      circuit's edges held by at least 90 % of the resamples' circuits of its size); and every edge gains
+      ``"interval"`` ([low, high] of its score) and ``"survival"`` (the share of the resamples' circuits of the chosen
+      size that hold it);
     - ``"node_details"``: ``{node id: {"pattern", "direct_effect"}}`` — ``pattern`` a head's attention weights
       on the first clean prompt (L lists of L floats; heads only), ``direct_effect`` the node's direct logit
       attribution to logit(answer) − logit(wrong) on that prompt (heads, MLPs, the embeddings;
@@ -63,6 +70,8 @@ class Circuit:
     mib: dict | None = None
     #: ``(E, G)`` each edge's score split among the query heads that read it (``EdgeScores.shares``), or None
     shares: object = None
+    #: the bootstrap's summary (:meth:`add_bootstrap`), or None
+    bootstrap: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -79,8 +88,18 @@ class Circuit:
             "faithfulness": self.faithfulness,
             "circuit": self.circuit,
             "mib": self.mib,
+            "bootstrap": self.bootstrap,
             "node_details": self.node_details,
         }
+
+    def add_bootstrap(self, report: dict) -> None:
+        """A :func:`~headwise.circuits.bootstrap.bootstrap_circuit` report kept: its summary as ``bootstrap``, each
+        edge's interval and survival on the edge."""
+        low, high, survival = report["low"], report["high"], report["survival"]
+        for e, edge in enumerate(self.edges):
+            edge["interval"] = [_number(low[e]), _number(high[e])]
+            edge["survival"] = round(float(survival[e]), 4)
+        self.bootstrap = {k: v for k, v in report.items() if k not in ("low", "high", "survival")}
 
     def scores(self, method: str | None = None):
         """``(E,)`` every edge's ``method`` score (default: this circuit's method); NaN where missing."""
@@ -99,3 +118,9 @@ class Circuit:
     def circuit_edges(self) -> list[dict]:
         """The chosen circuit's edges."""
         return [self.edges[i] for i in self.circuit["edges"]]
+
+
+def _number(v) -> float | None:
+    """A JSON number: None for NaN / inf."""
+    v = float(v)
+    return v if v == v and v not in (float("inf"), float("-inf")) else None

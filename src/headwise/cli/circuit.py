@@ -127,6 +127,15 @@ def circuit(
     max_memory: Annotated[
         str | None, typer.Option("--max-memory", help="Peak memory budget: 4GB, 400MB (default 80% free).")
     ] = None,
+    bootstrap: Annotated[
+        int,
+        typer.Option(
+            "--bootstrap",
+            min=0,
+            help="Resample the prompt pairs N times (≥ 2): each edge's interval, the circuit's Jaccard (0: none).",
+        ),
+    ] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the bootstrap's resamples.")] = 0,
 ) -> None:
     """Find the circuit of heads that carries an answer: every edge scored, the strongest checked exactly, the
     smallest faithful circuit kept; circuit.json, circuit.png and an offline circuit.html."""
@@ -136,7 +145,7 @@ def circuit(
         model=model, out=out, clean=tuple(clean or ()), corrupted=tuple(corrupted or ()), answer=tuple(answer or ()),
         wrong=tuple(wrong or ()), pairs=pairs, method=method, steps=steps, metric=metric, ablation=ablation,
         fraction=fraction, exact_top=exact_top, batch_size=batch_size, qk_heads=qk_heads, mib=mib, evaluate=evaluate,
-        max_memory=max_memory,
+        max_memory=max_memory, bootstrap=bootstrap, seed=seed,
     )  # fmt: skip
     try:
         got = flow.run(options, stages=partial(stage_progress, "circuit"), warn=lambda m: typer.echo(m, err=True),

@@ -32,6 +32,7 @@ __all__ = [
     "FIELDS",
     "METHODS",
     "METRICS",
+    "STABLE_JACCARD",
     "CircuitFound",
     "CircuitOptions",
     "CircuitResult",
@@ -40,6 +41,7 @@ __all__ = [
     "read_pairs",
     "run",
     "add_qk",
+    "bootstrap_line",
     "circuit_heads",
     "circuit_lines",
     "circuit_study",
@@ -55,6 +57,9 @@ ABLATIONS = ("corrupted", "mean")
 FIELDS = ("clean", "corrupted", "answer", "wrong")
 
 #: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
+#: The circuit's Jaccard across resamples at or above which it is called stable (the bar proposed in print).
+STABLE_JACCARD = 0.8
+
 CIRCUIT_STEPS = {
     "attribution": "edges scored",
     "exact": "top edges patched exactly",
@@ -81,6 +86,8 @@ class CircuitOptions:
         qk_heads: the circuit's strongest heads given their QK attribution (circuit.html).
         mib: also write the run in MIB's format into this folder; evaluate: score this MIB-format importance file
             instead of finding a circuit.
+        bootstrap: resamples of the prompt pairs (0: none, else at least 2; not with ``evaluate``); seed: theirs —
+            :func:`headwise.circuits.find_circuit`'s.
         max_memory: the process's peak memory budget (``"4GB"``; None: what the machine has free) — a model that
             does not fit whole is opened layer by layer and differentiated layer by layer
             (:func:`headwise.models.layer_walk.layer_walk`).
@@ -107,6 +114,8 @@ class CircuitOptions:
     mib: Path | None = None
     evaluate: Path | None = None
     max_memory: str | None = None
+    bootstrap: int = 0
+    seed: int = 0
 
     def __post_init__(self):
         from headwise.commands._folders import check_out
@@ -124,6 +133,12 @@ class CircuitOptions:
                 "eap-ig"
             )
         check_out(Path(self.out))
+        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) or self.bootstrap < 0:
+            raise ValueError(f"--bootstrap: expected 0 (none) or at least 2 resamples, got {self.bootstrap!r}")
+        if self.bootstrap == 1:
+            raise ValueError("--bootstrap: expected 0 (none) or at least 2 resamples, got 1")
+        if self.bootstrap and self.evaluate is not None:
+            raise ValueError("--bootstrap: given with --evaluate, which scores a file and finds no circuit")
         mib, evaluate = self.mib, self.evaluate
         if mib is not None and (evaluate is not None or (mib.exists() and not mib.is_dir())):
             said = "given with --evaluate" if evaluate else "exists and is not a folder"
@@ -218,7 +233,7 @@ def _run(o: CircuitOptions, hm, prompts, ids, clean, corrupted, *, stages, warn,
     found = circuit_study(
         hm, clean, corrupted, answer=ids["answer"], wrong=ids["wrong"], out=o.out, stages=stages, method=o.method,
         steps=o.steps, metric=o.metric, ablation=o.ablation, fraction=o.fraction, exact_top=o.exact_top,
-        batch_size=batch_size, shares=o.mib is not None and o.method != "exact",
+        batch_size=batch_size, shares=o.mib is not None and o.method != "exact", bootstrap=o.bootstrap, seed=o.seed,
     )  # fmt: skip
     if found is None:  # not rank 0: rank 0 writes
         return None
@@ -421,12 +436,31 @@ def circuit_lines(found, report: dict, *, method: str, metric: str, ablation: st
         )
     if report.get("mib"):
         lines += mib_lines(report["mib"])
+    if report.get("bootstrap"):
+        lines.append(bootstrap_line(report["bootstrap"]))
     top = found.top_edges(5)
     lines.append(
         "strongest edges: "
         + ", ".join(f"{e['sender']}→{e['receiver']}.{e['input']} {e['scores'][method]:+.3f}" for e in top)
     )
     return lines
+
+
+def bootstrap_line(boot: dict) -> str:
+    """The bootstrap for the terminal: the circuit's Jaccard across resamples of the pairs and its stable edges
+    (``boot``: ``circuit.json``'s ``"bootstrap"``)."""
+    stable = "stable" if boot["circuit_jaccard"] >= STABLE_JACCARD else "not stable"
+    return (
+        f"bootstrap ({boot['resamples']} resamples of the {boot['pairs']} pairs): the {boot['size']}-edge circuit's "
+        f"Jaccard with each resample's {boot['circuit_jaccard']:.2f} (least {_at(boot, 'jaccard_min'):.2f}, "
+        f"between resamples {_at(boot, 'jaccard_pairwise'):.2f}) — {stable} by the ≥ {STABLE_JACCARD} bar; "
+        f"{boot['stable_share']:.0%} of its edges in ≥ 90% of the resamples; every edge's interval in circuit.json"
+    )
+
+
+def _at(boot: dict, key: str) -> float:
+    """``boot[key]`` at the chosen circuit's size."""
+    return boot[key][boot["sizes"].index(boot["size"])]
 
 
 def mib_lines(mib: dict) -> list[str]:

@@ -20,7 +20,8 @@ For each task:
    added there is scored too) and ``"exact"`` (the patches of step 3): the AUROC of recovering the known edges by
    ``|score|`` (:func:`headwise.circuits.areas.auroc`), MIB's CPR and CMD from the faithfulness at MIB's fractions
    of the edges (:func:`headwise.circuits.areas.curve_areas`), the share of the known edges in the method's top K,
-   and its wall time.
+   the stability of its top-K circuit across :data:`BOOTSTRAP` resamples of the pairs (its mean Jaccard with the
+   run's, :func:`headwise.circuits.bootstrap_circuit`) and its wall time.
 
 Shape legend: P prompt pairs, L length, E edges, K known edges.
 """
@@ -57,6 +58,8 @@ TOP_FACTOR = 2
 PAIRS, ACCURACY_PAIRS = 16, 256
 #: EAP-IG's interpolation steps
 IG_STEPS = 5
+#: resamples of the pairs for each method's bootstrap (its top-K circuit's Jaccard; :mod:`headwise.circuits.bootstrap`)
+BOOTSTRAP = 200
 
 Stage = Callable[[str, str], None]
 
@@ -190,21 +193,25 @@ def _confirm(bench: _Bench, accuracy: float) -> tuple:
     return exact, exact_seconds, confirmation
 
 
-def _score(bench: _Bench, method: str, effect: Tensor, exact_seconds: float) -> dict:
-    """Step 4 for one method (``"exact"``: the patches' ``effect (E,)``, timed by step 3): its AUROC, CPR, CMD,
-    top-K recall, faithfulness at MIB's sizes and wall time."""
-    from headwise.circuits import edge_attribution, faithfulness
+def _score(bench: _Bench, method: str, exact, exact_seconds: float, seed: int) -> dict:
+    """Step 4 for one method (``"exact"``: the patches of step 3, ``exact``, timed there): its AUROC, CPR, CMD,
+    top-K recall, faithfulness at MIB's sizes, its top-K circuit's stability across resamples of the pairs and its
+    wall time."""
+    from headwise.circuits import bootstrap_circuit, edge_attribution, faithfulness
     from headwise.circuits.areas import MIB_FRACTIONS, auroc, curve_areas, mib_sizes
 
     w, clean, corrupted, metric, truth = bench.w, bench.clean, bench.corrupted, bench.metric, bench.truth
     E, K = len(bench.graph.edges), len(bench.known)
     if method == "exact":
-        s, seconds = effect, exact_seconds
+        per_pair, seconds = exact.patched - exact.base[:, None], exact_seconds  # (P, E) patched − clean
+        s = exact.effect
     else:
         t = time.perf_counter()
         kw = {"steps": IG_STEPS} if method == "eap-ig" else {}
-        s = edge_attribution(w, clean, corrupted, metric, method=method, **kw).scores
+        found = edge_attribution(w, clean, corrupted, metric, method=method, **kw)
+        s, per_pair = found.scores, found.per_pair
         seconds = time.perf_counter() - t
+    boot = bootstrap_circuit(per_pair, [K], K, resamples=BOOTSTRAP, seed=seed)
     sizes = mib_sizes(E)
     curve = faithfulness(w, clean, corrupted, metric, s, sizes=sizes)
     recovered = curve.recovered[len(curve.sizes) - len(sizes) :].tolist()
@@ -216,8 +223,10 @@ def _score(bench: _Bench, method: str, effect: Tensor, exact_seconds: float) -> 
         "cmd": _num(cmd),
         "top_k_recall": len(mine & set(truth.nonzero()[:, 0].tolist())) / K,
         "faithfulness": {"sizes": sizes, "recovered": [_num(v) for v in recovered]},
+        "bootstrap": {"resamples": BOOTSTRAP, "size": K, "jaccard": boot["circuit_jaccard"],
+                      "jaccard_pairwise": boot["jaccard_pairwise"][0], "stable_share": boot["stable_share"]},
         "seconds": seconds,
-    }
+    }  # fmt: skip
 
 
 def run_task(
@@ -261,7 +270,7 @@ def run_task(
         scores: dict = {}
         for method in suite_methods():
             say(task.name, f"scoring {method}")
-            scores[method] = _score(bench, method, exact.effect, exact_seconds)
+            scores[method] = _score(bench, method, exact, exact_seconds, seed)
     graph, known, clean = bench.graph, bench.known, bench.clean
     E = len(graph.edges)
     m_clean, m_corr = float(exact.metric_clean.mean()), float(exact.metric_corrupted.mean())
@@ -326,8 +335,8 @@ def run_suite(
 
 
 def table_lines(result: dict) -> list[str]:
-    """The suite's table for the terminal: per task its confirmation, then per method AUROC, CPR, CMD, top-K recall
-    and seconds."""
+    """The suite's table for the terminal: per task its confirmation, then per method AUROC, CPR, CMD, top-K recall,
+    its top-K circuit's bootstrap Jaccard and seconds."""
     lines = []
     for name, r in result["tasks"].items():
         c = r["confirmation"]
@@ -343,7 +352,8 @@ def table_lines(result: dict) -> list[str]:
         for method, m in r["methods"].items():
             lines.append(
                 f"  {method:8s} AUROC {_fmt(m['auroc'])}  CPR {_fmt(m['cpr'])}  CMD {_fmt(m['cmd'])}  "
-                f"top-K recall {m['top_k_recall']:.2f}  {m['seconds']:.2f} s"
+                f"top-K recall {m['top_k_recall']:.2f}  bootstrap Jaccard {_fmt(m['bootstrap']['jaccard'])}  "
+                f"{m['seconds']:.2f} s"
             )
     return lines
 

@@ -112,6 +112,7 @@
         ctx.beginPath(); ctx.moveTo(px(a), py(a)); ctx.lineTo(px(b), py(b)); ctx.stroke();
       }
       var alpha = !near ? 0.06 : inCircuit[e] || sel >= 0 ? 0.9 : 0.45;
+      if (near && data.survival && data.survival[e] !== null) alpha *= 0.2 + 0.8 * data.survival[e];  // how often it survives
       ctx.strokeStyle = (s[e] >= 0 ? "rgba(204,41,36," : "rgba(38,89,191,") + alpha + ")";
       ctx.lineWidth = w;
       ctx.beginPath(); ctx.moveTo(px(a), py(a)); ctx.lineTo(px(b), py(b)); ctx.stroke();
@@ -293,10 +294,13 @@
   }
 
   function showAgreement() {
-    var a = data.agreement, box = document.getElementById("cg-agreement");
-    if (!a) { box.textContent = "one method only"; return; }
-    box.textContent = Object.keys(a).map(function (k) { var v = a[k];
+    var a = data.agreement, box = document.getElementById("cg-agreement"), b = data.bootstrap;
+    var said = !a ? "one method only" : Object.keys(a).map(function (k) { var v = a[k];
       return k + " " + (typeof v !== "number" ? JSON.stringify(v) : Number.isInteger(v) ? String(v) : fmt(v)); }).join(" · ");
+    if (b) said += " — bootstrap (" + b.resamples + " resamples of " + b.pairs + " pairs): the " + b.size +
+      "-edge circuit's Jaccard " + fmt(b.circuit_jaccard) + ", " + Math.round(100 * b.stable_share) +
+      "% of its edges in ≥ 90% of the resamples; edges drawn fainter the less often they survive";
+    box.textContent = said;
   }
 
   function showPrompts() {

@@ -81,7 +81,8 @@ def circuit_page_payload(circuit, *, title: str | None = None, subtitle: str | N
         (N × {id, kind, layer, head, kv_group, heads, x, y}), "rows", "senders", "receivers" (E node indices),
         "inputs" (E indices into "input_names"), "input_names", "scores" ({method: E scores; an edge the method
         did not score takes the circuit method's}), "measured" ({method: edges it scored}), "circuit", "circuit_edges",
-        "faithfulness", "agreement", "details", "default_edges"}``.
+        "faithfulness", "agreement", "bootstrap" (its summary, or None), "survival" (each edge's share of the
+        resamples' circuits holding it, or None), "details", "default_edges"}``.
     Raises:
         ValueError / TypeError: a malformed circuit (:func:`headwise.viz.circuit.check_circuit`).
     """
@@ -123,6 +124,12 @@ def circuit_page_payload(circuit, *, title: str | None = None, subtitle: str | N
     agreement = d.get("agreement")
     if agreement is not None:
         agreement = {k: (_round(v) if isinstance(v, float) else v) for k, v in dict(agreement).items()}
+    boot = d.get("bootstrap")
+    survival = None
+    if boot is not None:
+        keys = ("resamples", "pairs", "size", "circuit_jaccard", "stable_share")
+        boot = {k: (_round(boot[k]) if isinstance(boot.get(k), float) else boot.get(k)) for k in keys}
+        survival = [_round(e.get("survival"), 3) for e in d["edges"]]
     heading = [str(x) for x in (d.get("method"), d.get("metric"), f"{d.get('ablation')} ablation") if x]
     return {
         "title": str(title if title is not None else d.get("model") or "circuit"),
@@ -152,6 +159,8 @@ def circuit_page_payload(circuit, *, title: str | None = None, subtitle: str | N
         "circuit_edges": circuit_edges,
         "faithfulness": faith,
         "agreement": agreement,
+        "bootstrap": boot,
+        "survival": survival,
         "details": {str(k): _detail(v) for k, v in (d.get("node_details") or {}).items() if isinstance(v, Mapping)},
         "default_edges": min(DEFAULT_EDGES, len(d["edges"])),
     }
