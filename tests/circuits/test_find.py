@@ -16,7 +16,7 @@ from headwise.patching import logit_difference
 pytest.importorskip("transformers")
 
 KEYS = {"model", "method", "metric", "ablation", "steps", "prompts", "tokens", "nodes", "edges", "agreement"}
-KEYS |= {"faithfulness", "circuit", "mib", "node_details"}
+KEYS |= {"faithfulness", "circuit", "mib", "bootstrap", "node_details"}
 
 
 @pytest.mark.parametrize("case", ["llama", "stack"])
@@ -36,6 +36,7 @@ def test_the_circuit_json(case):
     assert isinstance(circuit, Circuit)
     d = json.loads(json.dumps(circuit.to_dict()))
     assert set(d) == KEYS and d["method"] == "eap" and d["metric"] == "logit_diff" and d["steps"] is None
+    assert d["bootstrap"] is None  # no resamples asked
     assert d["prompts"][1] == {
         "clean": clean[1].tolist(),
         "corrupted": corrupted[1].tolist(),
