@@ -76,9 +76,14 @@ class PathPatching:
         return self.metric_corrupted if self.direction == "denoise" else self.metric_clean
 
     @property
+    def per_pair(self) -> Tensor:
+        """``(P, J)`` patched − base, each pair's."""
+        return self.patched - self.base[:, None]
+
+    @property
     def effect(self) -> Tensor:
         """``(J,)`` patched − base, the mean over pairs."""
-        return (self.patched - self.base[:, None]).mean(0)
+        return self.per_pair.mean(0)
 
 
 def stack_writes(graph: Graph, writes: dict, upto: int | None = None) -> Tensor:

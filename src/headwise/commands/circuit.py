@@ -56,10 +56,10 @@ METRICS = ("logit_diff", "prob", "kl")
 ABLATIONS = ("corrupted", "mean")
 FIELDS = ("clean", "corrupted", "answer", "wrong")
 
-#: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
 #: The circuit's Jaccard across resamples at or above which it is called stable (the bar proposed in print).
 STABLE_JACCARD = 0.8
 
+#: What each stage of :func:`headwise.circuits.find_circuit` is called on a progress bar.
 CIRCUIT_STEPS = {
     "attribution": "edges scored",
     "exact": "top edges patched exactly",
@@ -133,10 +133,9 @@ class CircuitOptions:
                 "eap-ig"
             )
         check_out(Path(self.out))
-        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) or self.bootstrap < 0:
-            raise ValueError(f"--bootstrap: expected 0 (none) or at least 2 resamples, got {self.bootstrap!r}")
-        if self.bootstrap == 1:
-            raise ValueError("--bootstrap: expected 0 (none) or at least 2 resamples, got 1")
+        b = self.bootstrap
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or b == 1:
+            raise ValueError(f"--bootstrap: expected 0 (none) or at least 2 resamples, got {b!r}")
         if self.bootstrap and self.evaluate is not None:
             raise ValueError("--bootstrap: given with --evaluate, which scores a file and finds no circuit")
         mib, evaluate = self.mib, self.evaluate
@@ -449,12 +448,15 @@ def circuit_lines(found, report: dict, *, method: str, metric: str, ablation: st
 def bootstrap_line(boot: dict) -> str:
     """The bootstrap for the terminal: the circuit's Jaccard across resamples of the pairs and its stable edges
     (``boot``: ``circuit.json``'s ``"bootstrap"``)."""
+    from headwise.circuits.bootstrap import STABLE
+
     stable = "stable" if boot["circuit_jaccard"] >= STABLE_JACCARD else "not stable"
     return (
         f"bootstrap ({boot['resamples']} resamples of the {boot['pairs']} pairs): the {boot['size']}-edge circuit's "
         f"Jaccard with each resample's {boot['circuit_jaccard']:.2f} (least {_at(boot, 'jaccard_min'):.2f}, "
         f"between resamples {_at(boot, 'jaccard_pairwise'):.2f}) — {stable} by the ≥ {STABLE_JACCARD} bar; "
-        f"{boot['stable_share']:.0%} of its edges in ≥ 90% of the resamples; every edge's interval in circuit.json"
+        f"{boot['stable_share']:.0%} of its edges in ≥ {STABLE:.0%} of the resamples; every edge's interval in "
+        "circuit.json"
     )
 
 

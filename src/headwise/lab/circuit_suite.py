@@ -203,8 +203,7 @@ def _score(bench: _Bench, method: str, exact, exact_seconds: float, seed: int) -
     w, clean, corrupted, metric, truth = bench.w, bench.clean, bench.corrupted, bench.metric, bench.truth
     E, K = len(bench.graph.edges), len(bench.known)
     if method == "exact":
-        per_pair, seconds = exact.patched - exact.base[:, None], exact_seconds  # (P, E) patched − clean
-        s = exact.effect
+        per_pair, s, seconds = exact.per_pair, exact.effect, exact_seconds  # (P, E) patched − clean, its mean
     else:
         t = time.perf_counter()
         kw = {"steps": IG_STEPS} if method == "eap-ig" else {}

@@ -86,7 +86,7 @@ class EstimatedImportance(ImportanceResult):
     Attributes:
         estimate: ``(NL, H)`` every head's estimated ablation effect (the objective's units).
         measured: ``(M,)`` flat heads ``layer · H + head`` measured exactly, in the order chosen: the top k by
-            |estimate| first, then the top k by Michel et al.'s importance, the random ones, and those the search's
+            |estimate| first, then the random ones, the top k by Michel et al.'s importance, and those the search's
             bounds chose (:class:`~headwise.study.importance_search.HeadSearch`).
         top_k: the exact top heads sought; estimator: what estimated (one phrase).
         agreement: :func:`agreement` of the estimate with the measured heads.

@@ -44,8 +44,9 @@ class HeadsOptions:
         batch_size: texts per model call.
         batch_size_auto: ``batch_size`` is the default, not the user's: a corpus run across ranks may take fewer
             documents a shard so that every rank gets one (:func:`headwise.study.shards.corpus_batch_size`).
-        importance: add every head's estimated ablation, the exact ablation of the top ``top_k`` heads and a few at
-            random, Michel et al.'s importance and the pruning curve (:func:`headwise.study.estimate_importance`).
+        importance: add every head's estimated ablation, the exact ablation of the heads a search chooses (the top
+            ``top_k`` by the estimate and by Michel et al.'s importance, a few at random, more by their bounds),
+            Michel et al.'s importance and the pruning curve (:func:`headwise.study.estimate_importance`).
         exact: with ``importance``, every head's exact ablation and the full pruning curves instead
             (:func:`headwise.study.run_importance`).
         top_k: with ``importance``, the exact top heads sought: the top ``top_k`` by |estimate| and by Michel et
